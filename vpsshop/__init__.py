@@ -1,0 +1,92 @@
+"""vpsshop: a framework for running a prepaid, crypto-funded VPS shop.
+
+The public API, all a plugin author imports::
+
+    from vpsshop import hookimpl, PaymentCoin, HypervisorBackend, CatalogSource, RateSource
+
+Everything named in ``__all__`` is public and stable within a major version; other modules are
+internal unless the docs say otherwise. Heavy modules (the web app) are imported only on first
+use, so a plugin importing ``vpsshop`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "1.0.0"
+
+from vpsshop.catalog import CatalogData, CatalogSource, Location, OperatingSystem, Plan
+from vpsshop.clock import Clock, FrozenClock
+from vpsshop.coins import PaymentCoin
+from vpsshop.component import Component, NoConfig, Readiness
+from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
+from vpsshop.hookspecs import hookimpl
+from vpsshop.hypervisor import DomainState, HypervisorBackend, ServerHandle, ServerSpec
+from vpsshop.rates import RateSource
+from vpsshop.tasks import BackgroundTask
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.app import create_app
+    from vpsshop.context import AppContext
+    from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
+    from vpsshop.settings import Settings, load_settings
+
+_LAZY = {
+    "create_app": "vpsshop.app",
+    "AppContext": "vpsshop.context",
+    "ApiModel": "vpsshop.routing",
+    "ApiRoute": "vpsshop.routing",
+    "Call": "vpsshop.routing",
+    "Header": "vpsshop.routing",
+    "Reply": "vpsshop.routing",
+    "Settings": "vpsshop.settings",
+    "load_settings": "vpsshop.settings",
+}
+
+__all__ = [
+    "ApiError",
+    "ApiModel",
+    "ApiRoute",
+    "AppContext",
+    "BackgroundTask",
+    "BadRequest",
+    "Call",
+    "CatalogData",
+    "CatalogSource",
+    "Clock",
+    "Component",
+    "ConfigError",
+    "DomainState",
+    "FrozenClock",
+    "Header",
+    "HypervisorBackend",
+    "Location",
+    "NoConfig",
+    "NotFound",
+    "OperatingSystem",
+    "PaymentCoin",
+    "Plan",
+    "PluginError",
+    "RateSource",
+    "Readiness",
+    "Reply",
+    "ServerHandle",
+    "ServerSpec",
+    "Settings",
+    "StartupError",
+    "create_app",
+    "hookimpl",
+    "load_settings",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vpsshop' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,10 @@
+"""The core endpoints. Each module exposes ``routes() -> list[ApiRoute]``."""
+
+from __future__ import annotations
+
+from vpsshop.api import accounts, service
+from vpsshop.routing import ApiRoute
+
+
+def core_routes() -> list[ApiRoute]:
+    return [*accounts.routes(), *service.routes()]

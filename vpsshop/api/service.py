@@ -1,0 +1,123 @@
+"""Catalog, health and the OpenAPI document: the unauthenticated endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from vpsshop import __version__
+from vpsshop.catalog import Catalog
+from vpsshop.component import Readiness
+from vpsshop.routing import ApiRoute, Call, Reply
+
+HEALTH_CHECK_TIMEOUT = 3.0
+HEALTH_CACHE_SECONDS = 2.0
+
+
+class DatabaseHealth(BaseModel):
+    ok: bool
+    backend: str = Field(description="sqlite or postgresql")
+
+
+class ComponentHealth(BaseModel):
+    kind: str = Field(description="coin, hypervisor, catalog or rates")
+    id: str = Field(description="The coin code, backend kind or source name.")
+    plugin: str = Field(description="Name of the plugin that provides it.")
+    ready: bool
+    detail: str = ""
+
+
+class Health(BaseModel):
+    """Response of ``GET /health``."""
+
+    status: Literal["ok", "degraded", "down"] = Field(
+        description="ok: everything ready; degraded: the database works but a component is not ready; "
+        "down: the database does not answer (status code 503)."
+    )
+    version: str
+    mode: Literal["sandbox", "production"]
+    database: DatabaseHealth
+    components: list[ComponentHealth]
+
+
+async def get_catalog(call: Call) -> Response:
+    cached = call.ctx.extras.get("catalog_json")
+    if cached is None:
+        cached = call.ctx.extras["catalog_json"] = call.ctx.catalog.__pydantic_serializer__.to_json(call.ctx.catalog)
+    return Response(cached, media_type="application/json", headers={"Cache-Control": "public, max-age=60"})
+
+
+async def _readiness(component: object | None) -> Readiness:
+    if component is None:
+        return Readiness(False, "no plugin loaded for this")
+    try:
+        return await asyncio.wait_for(component.check_ready(), HEALTH_CHECK_TIMEOUT)  # type: ignore[attr-defined]
+    except asyncio.TimeoutError:
+        return Readiness(False, f"no answer within {HEALTH_CHECK_TIMEOUT:g}s")
+    except Exception as exc:  # noqa: BLE001 - a failing check is reported, never raised
+        return Readiness(False, f"check failed: {type(exc).__name__}")
+
+
+async def get_health(call: Call) -> Reply:
+    ctx = call.ctx
+    cached = ctx.extras.get("health")
+    if cached is not None and time.monotonic() - cached[0] < HEALTH_CACHE_SECONDS:
+        return cached[1]
+    items = list(ctx.components())
+    db_ok, readiness = await asyncio.gather(
+        run_in_threadpool(ctx.db.check), asyncio.gather(*(_readiness(item.component) for item in items))
+    )
+    components = [
+        ComponentHealth(kind=item.kind, id=item.key, plugin=item.plugin, ready=r.ok, detail=r.detail)
+        for item, r in zip(items, readiness)
+    ]
+    status = "down" if not db_ok else ("ok" if all(c.ready for c in components) else "degraded")
+    body = Health(
+        status=status,
+        version=__version__,
+        mode=ctx.settings.mode,
+        database=DatabaseHealth(ok=db_ok, backend=ctx.db.dialect),
+        components=components,
+    )
+    reply = Reply(body, 503 if status == "down" else 200, {"Cache-Control": "no-store"})
+    ctx.extras["health"] = (time.monotonic(), reply)
+    return reply
+
+
+async def get_openapi(call: Call) -> Response:
+    return Response(call.ctx.extras["openapi_json"], media_type="application/json")
+
+
+class OpenApiDocument(BaseModel):
+    """The OpenAPI 3.1 description of this API."""
+
+    openapi: str
+
+
+def routes() -> list[ApiRoute]:
+    return [
+        ApiRoute(
+            "GET", "/catalog", get_catalog, "Plans, locations, operating systems, prices, payment options", Catalog,
+            auth=False, tags=("catalog",), operation_id="getCatalog",
+            description="Prices follow one rule: monthly = plan base price x location modifier (rounded to a "
+            "cent); annual = 10 x monthly. `pricing` lists every plan at every location. `payment_options` lists "
+            "the coins this service accepts right now.",
+        ),
+        ApiRoute(
+            "GET", "/health", get_health, "Service health", Health, auth=False, tags=("service",),
+            operation_id="getHealth",
+            description="The database and each loaded component (coins, hypervisor backend, catalog, rates). "
+            "200 while the database answers, even when a component is not ready (status degraded); 503 when the "
+            "database does not answer. Results are cached for two seconds.",
+            responses={503: ("The database does not answer.", Health)},
+        ),
+        ApiRoute(
+            "GET", "/openapi.json", get_openapi, "This description", OpenApiDocument, auth=False, tags=("service",),
+            operation_id="getOpenApi",
+        ),
+    ]

@@ -1,0 +1,204 @@
+"""The app factory: builds a fresh plugin manager, context and Starlette app for one shop."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+from typing import AsyncIterator
+
+import pluggy
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vpsshop.api import core_routes
+from vpsshop.clock import Clock
+from vpsshop.context import AppContext
+from vpsshop.errors import ApiError, PluginError, StartupError
+from vpsshop.openapi import InsufficientBalanceBody, build_openapi
+from vpsshop.routing import ApiRoute, json_response
+from vpsshop.settings import Settings, load_settings
+from vpsshop.tasks import TaskRunner
+
+log = logging.getLogger("vpsshop")
+
+BASE_PATH = "/v1"
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    pm: pluggy.PluginManager | None = None,
+    clock: Clock | None = None,
+    background: bool | None = None,
+) -> Starlette:
+    """Assemble the API of one shop.
+
+    :param settings: validated settings; default :func:`vpsshop.settings.load_settings`.
+    :param pm: a plugin manager to use instead of building one (tests registering plugin objects).
+    :param clock: the clock of the service (tests pass a :class:`vpsshop.clock.FrozenClock`).
+    :param background: run the plugins' background tasks in this app's lifespan; default the
+        ``server.background`` setting.
+    :raises StartupError: a plugin clash, a misspelt hook, a missing setting, a route claimed twice.
+    """
+    settings = settings or load_settings()
+    ctx = AppContext.build(settings, pm=pm, clock=clock)
+    routes = list(core_routes())
+    for plugin_routes in ctx.pm.hook.vpsshop_routes(ctx=ctx):
+        routes.extend(plugin_routes or ())
+    _check_unique(routes)
+    openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody])
+    ctx.extras["openapi"] = openapi
+    ctx.extras["openapi_json"] = json.dumps(openapi, separators=(",", ":")).encode()
+    ctx.extras["routes"] = routes
+    run_background = settings.server.background if background is None else background
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runner = await start_services(ctx, background=run_background)
+        try:
+            yield
+        finally:
+            await stop_services(ctx, runner)
+
+    app = Starlette(
+        routes=[Mount(BASE_PATH, routes=[r.to_starlette(ctx) for r in routes])],
+        middleware=[Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)],
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            PluginError: _plugin_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    return app
+
+
+def app_from_env() -> Starlette:
+    """Factory for ``uvicorn --factory`` workers: settings from ``VPSSHOP_CONFIG`` and the environment."""
+    return create_app(load_settings(os.environ.get("VPSSHOP_CONFIG") or None))
+
+
+async def start_services(ctx: AppContext, *, background: bool) -> TaskRunner | None:
+    """Migrate, run the start-up hooks and (optionally) the background tasks."""
+    ctx.db.migrate()
+    for result in ctx.pm.hook.vpsshop_startup(ctx=ctx):
+        if inspect.isawaitable(result):
+            await result
+    if not background:
+        return None
+    tasks = [task for declared in ctx.pm.hook.vpsshop_background_tasks(ctx=ctx) for task in (declared or ())]
+    runner = TaskRunner(tasks)
+    runner.start()
+    return runner
+
+
+async def stop_services(ctx: AppContext, runner: TaskRunner | None) -> None:
+    if runner is not None:
+        await runner.stop()
+    for impl in ctx.pm.hook.vpsshop_shutdown.get_hookimpls():
+        try:
+            result = impl.function(ctx=ctx)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # noqa: BLE001 - every plugin gets to shut down
+            log.exception("vpsshop_shutdown of plugin %s failed", impl.plugin_name)
+    await ctx.close()
+
+
+def _check_unique(routes: list[ApiRoute]) -> None:
+    seen: dict[tuple[str, str], ApiRoute] = {}
+    for route in routes:
+        key = (route.method.upper(), route.path)
+        if key in seen:
+            raise StartupError(f"{key[0]} {BASE_PATH}{key[1]} is declared twice (by two plugins, or a plugin and core)")
+        seen[key] = route
+
+
+# ---- errors: every failure is the seed's error body -----------------------------------------------
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return json_response(exc.body(), exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    if exc.status_code == 404:
+        message = f"No endpoint at {request.url.path}. The API lives under {BASE_PATH}; see {BASE_PATH}/openapi.json."
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}."
+    else:
+        message = str(exc.detail)
+    return json_response({"error": code, "message": message}, exc.status_code, dict(exc.headers or {}))
+
+
+async def _plugin_error(request: Request, exc: Exception) -> Response:
+    log.error("plugin failure on %s %s: %s", request.method, request.url.path, exc)
+    return json_response(
+        {"error": "service_unavailable", "message": f"A backend this request needs is not available: {exc}"}, 503
+    )
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return json_response({"error": "internal_error", "message": "The server failed; retry shortly."}, 500)
+
+
+class BodyLimit:
+    """Refuses request bodies over ``max_bytes``: by Content-Length at once, else while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared < 0 or declared > self.max_bytes:
+                    await self._refuse(scope, receive, send, declared)
+                    return
+                break
+        received = 0
+        limit = self.max_bytes
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise ApiError(413, "body_too_large", f"The request body is larger than {limit} bytes.")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, declared: int) -> None:
+        if declared < 0:
+            response = json_response({"error": "invalid_request", "message": "Content-Length is not a number."}, 400)
+        else:
+            response = json_response(
+                {"error": "body_too_large", "message": f"The request body is larger than {self.max_bytes} bytes."}, 413
+            )
+        await response(scope, receive, send)
+

@@ -1,0 +1,83 @@
+"""Credentials: API keys (checked on every request) and login tokens (checked once per sign-in).
+
+* An API key is ``vpsk_`` + 43 characters of ``secrets.token_urlsafe`` (256 bits). With that much
+  entropy a keyed hash is enough: the database holds ``HMAC-SHA256(secret_key, key)``, a lookup by
+  that digest costs microseconds, and a stolen database without the secret key reveals nothing
+  usable. No slow hash ever runs per request.
+* A login token is ``vpsl_`` + a 12-character selector + ``.`` + a 43-character verifier. The
+  selector finds the account; the whole token is checked against an argon2id hash, which is slow
+  on purpose because a sign-in happens once per dashboard session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+API_KEY_PREFIX = "vpsk_"
+LOGIN_TOKEN_PREFIX = "vpsl_"
+KEY_DISPLAY_LENGTH = 12  # "vpsk_" + 7 characters: enough to tell keys apart, useless to an attacker
+_API_KEY_LENGTH = len(API_KEY_PREFIX) + 43
+_SELECTOR_LENGTH = 12
+
+_password_hasher = PasswordHasher()
+
+
+@dataclass(frozen=True)
+class NewApiKey:
+    value: str
+    digest: str
+    prefix: str
+
+
+def new_api_key(secret_key: bytes) -> NewApiKey:
+    value = API_KEY_PREFIX + secrets.token_urlsafe(32)
+    return NewApiKey(value=value, digest=api_key_digest(secret_key, value), prefix=value[:KEY_DISPLAY_LENGTH])
+
+
+def api_key_digest(secret_key: bytes, value: str) -> str:
+    return hmac.new(secret_key, value.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_bearer(header: str | None) -> str | None:
+    """The API key of an ``Authorization: Bearer vpsk_...`` header, or None when it cannot be one."""
+    if not header or len(header) != 7 + _API_KEY_LENGTH:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.startswith(API_KEY_PREFIX):
+        return None
+    return token
+
+
+@dataclass(frozen=True)
+class NewLoginToken:
+    value: str
+    selector: str
+    hash: str
+
+
+def new_login_token() -> NewLoginToken:
+    selector = secrets.token_urlsafe(9)  # 12 characters
+    value = f"{LOGIN_TOKEN_PREFIX}{selector}.{secrets.token_urlsafe(32)}"
+    return NewLoginToken(value=value, selector=selector, hash=_password_hasher.hash(value))
+
+
+def login_token_selector(value: str) -> str | None:
+    if not value.startswith(LOGIN_TOKEN_PREFIX):
+        return None
+    selector, dot, verifier = value[len(LOGIN_TOKEN_PREFIX) :].partition(".")
+    if len(selector) != _SELECTOR_LENGTH or not dot or not verifier:
+        return None
+    return selector
+
+
+def verify_login_token(stored_hash: str, value: str) -> bool:
+    try:
+        return _password_hasher.verify(stored_hash, value)
+    except (VerificationError, InvalidHashError):
+        return False

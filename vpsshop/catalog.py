@@ -1,0 +1,187 @@
+"""The catalog: what a catalog source provides, and the prices core computes from it.
+
+A source only describes plans, locations and operating systems. Prices follow the seed's rule,
+computed here so that every source prices the same way:
+
+* monthly price = plan base price x location modifier, rounded half up to a cent;
+* annual price = 10 x monthly price (two months free).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from vpsshop.component import Component
+from vpsshop.money import MICROS_PER_CENT, UsdAmount, apply_modifier, micros_to_usd
+
+CYCLES: tuple[str, ...] = ("monthly", "annual")
+ANNUAL_MONTHS_CHARGED = 10
+_ID = r"^[a-z0-9][a-z0-9.\-]{0,31}$"
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=_ID)
+    name: str
+    vcpu: int = Field(ge=1, le=256)
+    memory_mib: int = Field(ge=256)
+    disk_gib: int = Field(ge=5)
+    bandwidth_tb: int = Field(ge=0)
+    base_price_cents: int = Field(gt=0, description="Monthly price before the location modifier, in cents.")
+
+
+class Location(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=_ID)
+    name: str
+    country: str = Field(pattern=r"^[A-Z]{2}$")
+    price_modifier: Decimal = Field(gt=0, le=10, decimal_places=3)
+
+
+class OperatingSystem(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=_ID)
+    name: str
+    family: str
+    image: str = Field(description="Base image file name the hypervisor backend clones.")
+
+
+class CatalogData(BaseModel):
+    """What a :class:`CatalogSource` loads. Validated when the service starts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plans: tuple[Plan, ...] = Field(min_length=1)
+    locations: tuple[Location, ...] = Field(min_length=1)
+    operating_systems: tuple[OperatingSystem, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "CatalogData":
+        for kind in ("plans", "locations", "operating_systems"):
+            ids = [item.id for item in getattr(self, kind)]
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            if dupes:
+                raise ValueError(f"duplicate {kind} ids: {', '.join(dupes)}")
+        return self
+
+
+class CatalogSource(Component):
+    """Provides plans, locations and operating systems.
+
+    ``name`` identifies the source in the ``catalog.source`` setting. :meth:`load` must be
+    overridden; core calls it once at start-up and serves the result until restart.
+    """
+
+    name: ClassVar[str]
+
+    def load(self) -> CatalogData:
+        raise NotImplementedError(f"{type(self).__name__} must implement load()")
+
+
+# ---- the catalog as served by GET /v1/catalog -------------------------------------------------
+
+
+class PlanOut(BaseModel):
+    id: str
+    name: str
+    vcpu: int
+    memory_mib: int
+    disk_gib: int
+    bandwidth_tb: int
+    base_price_usd: UsdAmount
+
+
+class LocationOut(BaseModel):
+    id: str
+    name: str
+    country: str
+    price_modifier: UsdAmount = Field(description="Multiplies each plan's base price.")
+
+
+class OperatingSystemOut(BaseModel):
+    id: str
+    name: str
+    family: str
+
+
+class PriceOut(BaseModel):
+    plan: str
+    location: str
+    monthly_usd: UsdAmount
+    annual_usd: UsdAmount
+
+
+class PaymentOption(BaseModel):
+    coin: str
+    name: str
+    network: str
+    method: Literal["deposit", "x402"]
+
+
+class TopupLimits(BaseModel):
+    min_usd: UsdAmount
+    max_usd: UsdAmount
+
+
+class Catalog(BaseModel):
+    """Response of ``GET /v1/catalog``."""
+
+    currency: Literal["USD"] = "USD"
+    plans: list[PlanOut]
+    locations: list[LocationOut]
+    operating_systems: list[OperatingSystemOut]
+    cycles: list[str] = Field(description="Billing cycles; annual costs 10 monthly prices.")
+    pricing: list[PriceOut] = Field(description="Every plan at every location.")
+    payment_options: list[PaymentOption] = Field(description="Coins this service accepts now.")
+    topup_limits: TopupLimits
+
+
+def monthly_price_cents(plan: Plan, location: Location) -> int:
+    return apply_modifier(plan.base_price_cents, location.price_modifier)
+
+
+def price_cents(plan: Plan, location: Location, cycle: str) -> int:
+    """The price of one billing ``cycle`` of ``plan`` at ``location`` in cents."""
+    monthly = monthly_price_cents(plan, location)
+    if cycle == "monthly":
+        return monthly
+    if cycle == "annual":
+        return ANNUAL_MONTHS_CHARGED * monthly
+    raise ValueError(f"unknown cycle {cycle!r}")
+
+
+def _usd(cents: int) -> Decimal:
+    return micros_to_usd(cents * MICROS_PER_CENT)
+
+
+def build_catalog(
+    data: CatalogData, payment_options: list[PaymentOption], min_topup_cents: int, max_topup_cents: int
+) -> Catalog:
+    pricing = [
+        PriceOut(
+            plan=plan.id,
+            location=loc.id,
+            monthly_usd=_usd(price_cents(plan, loc, "monthly")),
+            annual_usd=_usd(price_cents(plan, loc, "annual")),
+        )
+        for plan in data.plans
+        for loc in data.locations
+    ]
+    return Catalog(
+        plans=[
+            PlanOut(**plan.model_dump(exclude={"base_price_cents"}), base_price_usd=_usd(plan.base_price_cents))
+            for plan in data.plans
+        ],
+        locations=[LocationOut(**loc.model_dump()) for loc in data.locations],
+        operating_systems=[OperatingSystemOut(**os_.model_dump(exclude={"image"})) for os_ in data.operating_systems],
+        cycles=list(CYCLES),
+        pricing=pricing,
+        payment_options=payment_options,
+        topup_limits=TopupLimits(min_usd=_usd(min_topup_cents), max_usd=_usd(max_topup_cents)),
+    )

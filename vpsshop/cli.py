@@ -1,0 +1,289 @@
+"""The ``vpsshop`` command: serve, worker, init, plugins, migrate, admin."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Sequence
+
+from vpsshop import __version__
+from vpsshop.errors import StartupError
+from vpsshop.settings import Settings, load_settings
+
+SANDBOX_BANNER = """\
+==============================================================================
+  vpsshop {version} is running as a SANDBOX
+  - database: {database}
+  - test networks only; coins accept no real money
+  - hypervisor: libvirt test driver (test:///default); servers are simulated
+  - exchange rates: fixed, not market prices
+  Nothing here is for real customers. `vpsshop init` writes a production config.
+==============================================================================
+"""
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(getattr(args, "config", None))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vpsshop.app import create_app
+    from vpsshop.context import AppContext
+
+    overrides: dict[str, object] = {}
+    if args.no_worker:
+        overrides["server"] = {"background": False}
+    settings = load_settings(args.config, overrides=overrides or None)
+    host = args.host or settings.server.host
+    port = args.port or settings.server.port
+    workers = args.workers or settings.server.workers
+    if settings.sandbox:
+        print(SANDBOX_BANNER.format(version=__version__, database=settings.database_url), file=sys.stderr, flush=True)
+    if workers == 1:
+        app = create_app(settings)
+        uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+        return 0
+    # Several processes: validate and migrate once here, then each worker builds its own app.
+    ctx = AppContext.build(settings)
+    ctx.db.migrate()
+    ctx.db.dispose()
+    if args.config:
+        os.environ["VPSSHOP_CONFIG"] = str(Path(args.config).resolve())
+    if args.no_worker:
+        os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
+    uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run the background tasks without serving HTTP."""
+    from vpsshop.app import start_services, stop_services
+    from vpsshop.context import AppContext
+
+    settings = _settings(args)
+    ctx = AppContext.build(settings)
+
+    async def run() -> None:
+        runner = await start_services(ctx, background=True)
+        names = ", ".join(t.name for t in runner.tasks) if runner else ""
+        print(f"vpsshop worker: running {names or 'no background tasks'}", file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await stop_services(ctx, runner)
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from vpsshop.db import Database
+
+    settings = _settings(args)
+    db = Database(settings.database_url)
+    db.migrate()
+    db.dispose()
+    print(f"schema of {settings.database_url.split('@')[-1]} is current")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from vpsshop.context import AppContext
+    from vpsshop.plugins import describe_plugins
+
+    settings = _settings(args)
+    ctx = AppContext.build(settings)
+    rows = describe_plugins(ctx.pm)
+    provides: dict[str, list[str]] = {}
+    for kind, registered in ctx.registered.items():
+        for key, reg in registered.items():
+            provides.setdefault(reg.plugin, []).append(f"{kind[:-1] if kind.endswith('s') else kind}:{key}")
+    for row in rows:
+        row["provides"] = sorted(provides.get(row["name"], []))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        print(f"{row['name']}  ({row['module']}, {row['origin']})")
+        print(f"    file:     {row['file']}")
+        print(f"    hooks:    {', '.join(row['hooks']) or '-'}")
+        print(f"    provides: {', '.join(row['provides']) or '-'}")
+    return 0
+
+
+def cmd_admin_credit(args: argparse.Namespace) -> int:
+    from vpsshop import ledger
+    from vpsshop.db import Database
+    from vpsshop.money import micros_to_usd, usd_to_micros
+
+    try:
+        amount = Decimal(args.amount)
+        micros = usd_to_micros(amount)
+    except (InvalidOperation, ValueError):
+        print(f"error: AMOUNT must be a USD amount like 25 or 12.50, not {args.amount!r}", file=sys.stderr)
+        return 2
+    if micros <= 0:
+        print("error: AMOUNT must be positive", file=sys.stderr)
+        return 2
+    if not args.reason.strip():
+        print("error: --reason must say why", file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    db = Database(settings.database_url)
+    db.migrate()
+    try:
+        with db.session() as session:
+            posting = ledger.post(session, args.user_id, micros, "admin_credit", memo=args.reason.strip()[:500])
+    except LookupError:
+        print(f"error: no account {args.user_id}", file=sys.stderr)
+        return 1
+    finally:
+        db.dispose()
+    entry = posting.entry
+    print(
+        f"credited {micros_to_usd(micros)} USD to account {args.user_id} "
+        f"(ledger entry {entry.id}); balance now {micros_to_usd(entry.balance_after_micros)} USD"
+    )
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if path.exists() and not args.force:
+        print(f"error: {path} exists; pass --force to overwrite it", file=sys.stderr)
+        return 1
+    text = PRODUCTION_TEMPLATE.format(
+        secret_key=secrets.token_urlsafe(32),
+        encryption_key=base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    print(f"wrote {path} (mode 0600). Fill in every value marked REQUIRED, then: vpsshop serve --config {path}")
+    return 0
+
+
+PRODUCTION_TEMPLATE = """\
+# vpsshop production configuration (written by `vpsshop init`).
+#
+# A config file is production unless it says mode = "sandbox". Production never falls back to
+# sandbox values: every missing setting stops start-up with an error naming it.
+# Any value can be overridden from the environment: VPSSHOP_DATABASE_URL, VPSSHOP_SECRET_KEY,
+# VPSSHOP_ENCRYPTION_KEY, VPSSHOP_PUBLIC_URL, or VPSSHOP__SECTION__KEY for nested ones
+# (VPSSHOP__COINS__BTC__XPUB=zpub...). Keep this file private: it holds secrets (mode 0600).
+
+mode = "production"
+
+# REQUIRED. PostgreSQL for production: postgresql+psycopg://user:password@host:5432/vpsshop
+database_url = "postgresql+psycopg://vpsshop@127.0.0.1:5432/vpsshop"
+
+# REQUIRED. The public address of the API, ending in /v1 (used in payment requirements).
+public_url = "https://api.example.com/v1"
+
+# Generated for you. secret_key keys the hashes of API keys: changing it invalidates every key.
+secret_key = "{secret_key}"
+# encryption_key encrypts root passwords at rest (a Fernet key). Back it up apart from the database.
+encryption_key = "{encryption_key}"
+
+[server]
+host = "127.0.0.1"          # put a TLS-terminating proxy in front
+port = 8000
+workers = 2
+max_body_bytes = 65536
+background = true           # run watchers and provisioning inside `serve`; false if you run `vpsshop worker`
+
+[plugins]
+disabled = []               # plugin names never to load (also: VPSSHOP_BLOCK_PLUGINS=a,b)
+modules = []                # extra plugin modules to import by name
+
+[catalog]
+source = "file"             # the catalog shipped with vpsshop, or:
+# [catalog.file]
+# path = "/etc/vpsshop/catalog.toml"
+
+[rates]
+# REQUIRED. Where exchange rates come from ("fixed" prices them by hand).
+source = "fixed"
+[rates.fixed]
+prices = {{ BTC = "60000", XMR = "150" }}
+
+[hypervisor]
+# REQUIRED. The backend that runs servers.
+backend = "libvirt"
+
+# Coins: production accepts exactly the coins that have a [coins.CODE] table here.
+# Each coin plugin documents its settings (docs/coins.md). For example:
+# [coins.BTC]
+# xpub = "zpub..."          # watch-only: the server never holds a spending key
+# rpc_url = "http://user:pass@127.0.0.1:8332"
+# confirmations = 2
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vpsshop", description="Run a prepaid crypto VPS shop.")
+    parser.add_argument("--version", action="version", version=f"vpsshop {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", help="TOML config file (default: $VPSSHOP_CONFIG, ./vpsshop.toml, else sandbox)")
+        return p
+
+    serve = with_config(sub.add_parser("serve", help="serve the API (a sandbox when there is no config file)"))
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=int)
+    serve.add_argument("--no-worker", action="store_true", help="do not run background tasks in this process")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = with_config(sub.add_parser("worker", help="run background tasks (chain watchers, provisioning)"))
+    worker.set_defaults(func=cmd_worker)
+
+    init = sub.add_parser("init", help="write a commented production config")
+    init.add_argument("path", nargs="?", default="vpsshop.toml")
+    init.add_argument("--force", action="store_true")
+    init.set_defaults(func=cmd_init)
+
+    plugins = with_config(sub.add_parser("plugins", help="list loaded plugins, where they come from, their hooks"))
+    plugins.add_argument("--json", action="store_true")
+    plugins.set_defaults(func=cmd_plugins)
+
+    migrate = with_config(sub.add_parser("migrate", help="bring the database schema up to date"))
+    migrate.set_defaults(func=cmd_migrate)
+
+    admin = sub.add_parser("admin", help="support tasks")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    credit = with_config(admin_sub.add_parser("credit", help="credit an account through the ledger"))
+    credit.add_argument("user_id", type=int)
+    credit.add_argument("amount", help="USD, e.g. 25 or 12.50")
+    credit.add_argument("--reason", required=True, help="why (kept in the ledger entry)")
+    credit.set_defaults(func=cmd_admin_credit)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except StartupError as exc:
+        print(f"vpsshop: cannot start: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The application context: settings, database, plugins and the components they provide.
+
+Built by :meth:`AppContext.build`, once per app or worker. It is what every hook receives and what
+every endpoint reaches through ``call.ctx``.
+
+Settings layout of the components (``docs/configuration.md``)::
+
+    [coins.BTC]            # one table per enabled coin; production enables exactly these
+    [hypervisor]  backend = "libvirt"   and   [hypervisor.libvirt]  its settings
+    [catalog]     source = "file"       and   [catalog.file]        its settings
+    [rates]       source = "kraken"     and   [rates.kraken]        its settings
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pluggy
+
+from vpsshop.catalog import Catalog, CatalogData, CatalogSource, PaymentOption, build_catalog
+from vpsshop.clock import Clock
+from vpsshop.coins import PaymentCoin
+from vpsshop.component import Component
+from vpsshop.db import Database
+from vpsshop.errors import ConfigError, StartupError
+from vpsshop.hypervisor import HypervisorBackend
+from vpsshop.plugins import Registered, blocked_from_env, build_plugin_manager, collect_classes
+from vpsshop.rates import RateSource
+from vpsshop.settings import Settings
+
+log = logging.getLogger("vpsshop")
+
+MIN_TOPUP_CENTS = 25_00
+MAX_TOPUP_CENTS = 2000_00
+
+
+@dataclass(frozen=True)
+class LoadedComponent:
+    kind: str
+    key: str
+    plugin: str
+    component: Component | None
+    """None when the sandbox runs without a component of this kind (health reports it)."""
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    pm: pluggy.PluginManager
+    db: Database
+    clock: Clock
+    coins: dict[str, PaymentCoin]
+    hypervisor: HypervisorBackend | None
+    catalog_data: CatalogData
+    catalog: Catalog
+    rate_source: RateSource | None
+    loaded: list[LoadedComponent]
+    registered: dict[str, dict[str, Registered]]
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Room for plugins to keep per-app state, under their own plugin name."""
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        *,
+        pm: pluggy.PluginManager | None = None,
+        clock: Clock | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> "AppContext":
+        if pm is None:
+            pm = build_plugin_manager(
+                blocked=[*settings.plugins.disabled, *blocked_from_env(environ)],
+                modules=settings.plugins.modules,
+            )
+        registered = {
+            "coins": collect_classes(pm, "vpsshop_register_coins", "code", "coin"),
+            "hypervisors": collect_classes(pm, "vpsshop_register_hypervisors", "kind", "hypervisor backend"),
+            "catalog_sources": collect_classes(pm, "vpsshop_register_catalog_sources", "name", "catalog source"),
+            "rate_sources": collect_classes(pm, "vpsshop_register_rate_sources", "name", "rate source"),
+        }
+        sandbox = settings.sandbox
+        loaded: list[LoadedComponent] = []
+
+        coins = _build_coins(settings, registered["coins"], loaded)
+
+        catalog_source = _build_named(
+            settings.catalog, "source", "catalog", registered["catalog_sources"], sandbox, "catalog source", loaded,
+            default="file",
+        )
+        assert isinstance(catalog_source, CatalogSource)
+        try:
+            catalog_data = catalog_source.load()
+        except Exception as exc:  # noqa: BLE001 - any failure to load is a start-up error
+            raise StartupError(f"catalog source {catalog_source.name!r} failed to load: {exc}") from None
+
+        rate_source = _build_named(
+            settings.rates, "source", "rates", registered["rate_sources"], sandbox, "rate source", loaded,
+            optional_in_sandbox=True,
+        )
+        hypervisor = _build_named(
+            settings.hypervisor, "backend", "hypervisor", registered["hypervisors"], sandbox, "hypervisor backend",
+            loaded, optional_in_sandbox=True,
+        )
+        options = [PaymentOption(**coin.payment_option()) for coin in coins.values()]
+        catalog = build_catalog(catalog_data, options, MIN_TOPUP_CENTS, MAX_TOPUP_CENTS)
+        return cls(
+            settings=settings,
+            pm=pm,
+            db=Database(settings.database_url),
+            clock=clock or Clock(),
+            coins=coins,
+            hypervisor=hypervisor,  # type: ignore[arg-type]
+            catalog_data=catalog_data,
+            catalog=catalog,
+            rate_source=rate_source,  # type: ignore[arg-type]
+            loaded=loaded,
+            registered=registered,
+        )
+
+    def components(self) -> Iterator[LoadedComponent]:
+        return iter(self.loaded)
+
+    async def close(self) -> None:
+        for item in self.loaded:
+            if item.component is not None:
+                try:
+                    await item.component.close()
+                except Exception:  # noqa: BLE001 - one plugin's failure must not stop the others
+                    log.exception("closing %s %s failed", item.kind, item.key)
+        self.db.dispose()
+
+
+def _build_coins(
+    settings: Settings, registered: dict[str, Registered], loaded: list[LoadedComponent]
+) -> dict[str, PaymentCoin]:
+    unknown = sorted(set(settings.coins) - set(registered))
+    if unknown:
+        offered = ", ".join(sorted(registered)) or "none"
+        raise ConfigError(
+            f"settings configure coins.{unknown[0]} but no loaded plugin offers coin {unknown[0]!r} (offered: {offered})"
+        )
+    coins: dict[str, PaymentCoin] = {}
+    for code, reg in registered.items():
+        section = settings.coins.get(code)
+        if settings.sandbox:
+            enabled = section is None or section.get("enabled", True)
+        else:
+            enabled = section is not None and section.get("enabled", True)
+        if not enabled:
+            continue
+        coin = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}")
+        coins[code] = coin  # type: ignore[assignment]
+        loaded.append(LoadedComponent("coin", code, reg.plugin, coin))
+    return coins
+
+
+def _build_named(
+    section: dict[str, Any],
+    selector: str,
+    where: str,
+    registered: dict[str, Registered],
+    sandbox: bool,
+    label: str,
+    loaded: list[LoadedComponent],
+    *,
+    default: str | None = None,
+    optional_in_sandbox: bool = False,
+) -> Component | None:
+    name = section.get(selector, default)
+    if name is None:
+        raise ConfigError(f"missing setting '{where}.{selector}' (one of: {', '.join(sorted(registered)) or 'none'})")
+    reg = registered.get(name)
+    if reg is None:
+        if sandbox and optional_in_sandbox:
+            log.warning("sandbox: no plugin offers %s %r; running without one", label, name)
+            loaded.append(LoadedComponent(where, name, "-", None))
+            return None
+        offered = ", ".join(sorted(registered)) or "none"
+        raise ConfigError(f"setting '{where}.{selector}' names {label} {name!r}, which no loaded plugin offers (offered: {offered})")
+    options = section.get(name, {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"setting '{where}.{name}' must be a table")
+    component = reg.cls.from_settings(options, sandbox=sandbox, where=f"{where}.{name}")
+    loaded.append(LoadedComponent(where, name, reg.plugin, component))
+    return component

@@ -1,0 +1,131 @@
+"""The ledger: the one way a balance changes.
+
+Every change is an appended :class:`~vpsshop.models.LedgerEntry` with a reason, written in the same
+transaction as the conditional update of the account's balance. The update only succeeds while the
+new balance stays at or above zero, which the database checks row by row under concurrency on both
+SQLite and PostgreSQL; a ``CHECK`` constraint backs it up. An entry may carry a ``dedupe_key`` (the
+chain's identity of a payment, an order's idempotency key): the unique index makes a second posting
+with the same key a no-op that returns the first entry, even when two workers race.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from vpsshop.errors import ApiError
+from vpsshop.models import Account, LedgerEntry, utcnow
+from vpsshop.money import micros_to_usd
+
+REASONS = frozenset(
+    {
+        "topup",  # a crypto payment was credited
+        "admin_credit",  # support credit from `vpsshop admin credit`
+        "admin_debit",
+        "order",  # a server was bought
+        "renewal",  # a server's period was extended
+        "refund",  # a charge was returned (provisioning failed)
+    }
+)
+
+
+class InsufficientBalance(ApiError):
+    """A debit larger than the balance. Rendered as the seed's 402 ``insufficient_balance``."""
+
+    def __init__(self, price_micros: int, balance_micros: int) -> None:
+        self.price_micros = price_micros
+        self.balance_micros = balance_micros
+        deficit = price_micros - balance_micros
+        super().__init__(
+            402,
+            "insufficient_balance",
+            f"The balance of {micros_to_usd(balance_micros)} USD does not cover {micros_to_usd(price_micros)} USD; "
+            f"top up at least {micros_to_usd(deficit)} USD.",
+            price=micros_to_usd(price_micros),
+            balance=micros_to_usd(balance_micros),
+            deficit=micros_to_usd(deficit),
+        )
+
+
+@dataclass(frozen=True)
+class Posting:
+    entry: LedgerEntry
+    created: bool
+    """False when an entry with the same ``dedupe_key`` existed: nothing was posted this time."""
+
+
+def post(
+    session: Session,
+    account_id: int,
+    amount_micros: int,
+    reason: str,
+    *,
+    ref: str | None = None,
+    dedupe_key: str | None = None,
+    memo: str | None = None,
+    now: datetime | None = None,
+) -> Posting:
+    """Change ``account_id``'s balance by ``amount_micros`` inside the caller's transaction.
+
+    :raises InsufficientBalance: a debit that would take the balance below zero.
+    :raises LookupError: no such account.
+    :raises ValueError: an unknown reason or a zero amount.
+    """
+    if reason not in REASONS:
+        raise ValueError(f"unknown ledger reason {reason!r}")
+    if amount_micros == 0 or not isinstance(amount_micros, int):
+        raise ValueError("a ledger entry moves a non-zero whole number of micros")
+    if dedupe_key is not None:
+        existing = _by_dedupe_key(session, dedupe_key)
+        if existing is not None:
+            return Posting(existing, created=False)
+    savepoint = session.begin_nested()
+    try:
+        result = session.execute(
+            sa.update(Account)
+            .where(Account.id == account_id, Account.balance_micros + amount_micros >= 0)
+            .values(balance_micros=Account.balance_micros + amount_micros)
+            .returning(Account.balance_micros)
+        ).first()
+        if result is None:
+            savepoint.rollback()
+            balance = session.execute(select(Account.balance_micros).where(Account.id == account_id)).scalar()
+            if balance is None:
+                raise LookupError(f"no account {account_id}")
+            raise InsufficientBalance(-amount_micros, balance)
+        entry = LedgerEntry(
+            account_id=account_id,
+            amount_micros=amount_micros,
+            balance_after_micros=result[0],
+            reason=reason,
+            ref=ref,
+            dedupe_key=dedupe_key,
+            memo=memo,
+            created_at=now or utcnow(),
+        )
+        session.add(entry)
+        session.flush()
+        savepoint.commit()
+    except IntegrityError:
+        savepoint.rollback()
+        existing = _by_dedupe_key(session, dedupe_key) if dedupe_key else None
+        if existing is None:
+            raise
+        return Posting(existing, created=False)
+    return Posting(entry, created=True)
+
+
+def _by_dedupe_key(session: Session, dedupe_key: str) -> LedgerEntry | None:
+    return session.exec(select(LedgerEntry).where(LedgerEntry.dedupe_key == dedupe_key)).first()
+
+
+def balance_from_entries(session: Session, account_id: int) -> int:
+    """The balance recomputed from the entries: equals ``Account.balance_micros`` at all times."""
+    total = session.execute(
+        select(sa.func.coalesce(sa.func.sum(LedgerEntry.amount_micros), 0)).where(LedgerEntry.account_id == account_id)
+    ).scalar()
+    return int(total or 0)

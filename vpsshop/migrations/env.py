@@ -1,0 +1,29 @@
+"""Alembic environment: runs on the connection vpsshop hands it (``Database.migrate``)."""
+
+from alembic import context
+from sqlmodel import SQLModel
+
+import vpsshop.models  # noqa: F401 - registers the tables on SQLModel.metadata
+
+
+
+def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+    # SQLModel's AutoString is a plain VARCHAR: render it as such so migrations import only sqlalchemy.
+    if type_ == "type" and type(obj).__name__ == "AutoString":
+        return f"sa.String(length={obj.length})"  # type: ignore[attr-defined]
+    return False
+
+
+connection = context.config.attributes.get("connection")
+if connection is None:  # pragma: no cover - vpsshop always passes its connection
+    raise RuntimeError("run migrations through `vpsshop migrate` or Database.migrate()")
+
+context.configure(
+    connection=connection,
+    target_metadata=SQLModel.metadata,
+    render_as_batch=connection.dialect.name == "sqlite",
+    compare_type=True,
+    render_item=_render_item,
+)
+with context.begin_transaction():
+    context.run_migrations()

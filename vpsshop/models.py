@@ -1,0 +1,100 @@
+"""Database tables. Money columns are integer micro-dollars; timestamps are aware UTC.
+
+The schema is owned by the Alembic migrations in ``vpsshop/migrations``: change a table here,
+then add a migration (``docs/development.md``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+import sqlalchemy as sa
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores aware datetimes as UTC and always returns them aware (SQLite keeps no offset)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Optional[datetime], dialect: sa.Dialect) -> Optional[datetime]:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Optional[datetime], dialect: sa.Dialect) -> Optional[datetime]:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _ts(nullable: bool = False, index: bool = False) -> Any:
+    return Field(default=None, sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+class Account(SQLModel, table=True):
+    __tablename__ = "accounts"
+    __table_args__ = (sa.CheckConstraint("balance_micros >= 0", name="ck_accounts_balance_nonnegative"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    balance_micros: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+    totp_enabled: bool = Field(default=False, nullable=False)
+    login_selector: str = Field(max_length=32, unique=True, nullable=False)
+    login_hash: str = Field(max_length=200, nullable=False)
+    created_at: datetime = _ts()
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "api_keys"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    key_hash: str = Field(max_length=64, unique=True, nullable=False)
+    prefix: str = Field(max_length=16, nullable=False)
+    name: Optional[str] = Field(default=None, max_length=64)
+    created_at: datetime = _ts()
+    revoked_at: Optional[datetime] = _ts(nullable=True)
+
+
+class LedgerEntry(SQLModel, table=True):
+    """One change of one balance. Rows are only ever inserted; the balance is their running sum."""
+
+    __tablename__ = "ledger_entries"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    amount_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
+    balance_after_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
+    reason: str = Field(max_length=32, nullable=False)
+    ref: Optional[str] = Field(default=None, max_length=200)
+    dedupe_key: Optional[str] = Field(default=None, max_length=200, unique=True)
+    memo: Optional[str] = Field(default=None, max_length=500)
+    created_at: datetime = _ts()
+
+
+class Server(SQLModel, table=True):
+    __tablename__ = "servers"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    plan: str = Field(max_length=32, nullable=False)
+    location: str = Field(max_length=32, nullable=False)
+    os: str = Field(max_length=32, nullable=False)
+    hostname: str = Field(max_length=63, nullable=False)
+    cycle: str = Field(max_length=16, nullable=False)
+    price_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
+    status: str = Field(max_length=16, nullable=False, index=True)
+    ip: Optional[str] = Field(default=None, max_length=45)
+    username: str = Field(default="root", max_length=32, nullable=False)
+    created_at: datetime = _ts()
+    expires_at: datetime = _ts(index=True)

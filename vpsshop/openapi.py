@@ -1,0 +1,143 @@
+"""The OpenAPI 3.1 description, generated from the same routes and models that serve requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from vpsshop.money import UsdAmount
+from vpsshop.routing import ApiRoute
+
+API_VERSION = "1.0.0"
+_REF = "#/components/schemas/{model}"
+
+DESCRIPTION = """\
+REST API for ordering KVM virtual private servers, paid from a prepaid USD balance funded with
+cryptocurrency. No identity is asked for. All paths are relative to the base address, which ends in
+`/v1`. Every endpoint except `POST /account`, `POST /login`, `GET /catalog`, `GET /health` and
+`GET /openapi.json` needs `Authorization: Bearer vpsk_...`.
+
+Every error, including unknown paths, wrong methods, malformed JSON and oversized bodies, has the body
+`{"error": "<code>", "message": "<text>"}`; some errors add fields (`insufficient_balance` adds
+`price`, `balance` and `deficit`, validation errors add `details`). Money is in USD as JSON numbers
+with at most six decimals; balances are kept to the micro-dollar so that no part of a crypto payment
+is lost to rounding.
+
+Decisions where the contract left room (see docs/api.md):
+* the create-account response also carries `user_id`, `key_id`, `balance_usd`, `currency`, `created_at`;
+* `GET /keys` answers `{"keys": [...]}` with `id`, `prefix`, `name`, `created_at` of active keys;
+* `POST /keys` takes an optional body `{"name": "..."}`; `DELETE /keys/{id}` answers the revoked key;
+* `POST /login` exchanges the login token for a new API key (dashboard sign-in and key recovery);
+* request bodies refuse unknown fields (`unknown_field`); a bad field gives `invalid_<field>`;
+* bodies over the size limit are refused with 413 `body_too_large`.
+"""
+
+
+class ErrorBody(BaseModel):
+    """The error body of every failure."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(description="Machine-readable code.")
+    message: str = Field(description="Human-readable text.")
+
+
+class InsufficientBalanceBody(ErrorBody):
+    error: str = Field(description="insufficient_balance")
+    price: UsdAmount
+    balance: UsdAmount
+    deficit: UsdAmount
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorBody")}}},
+    }
+
+
+def build_openapi(routes: list[ApiRoute], *, extra_models: list[type[BaseModel]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorBody, "serialization")]
+    wanted += [(m, "serialization") for m in extra_models]
+    for route in routes:
+        if route.response is not None:
+            wanted.append((route.response, "serialization"))
+        if route.body is not None:
+            wanted.append((route.body, "validation"))
+        wanted += [(model, "serialization") for _, model in route.responses.values() if model is not None]
+    unique = list(dict.fromkeys(wanted))
+    refs, definitions = models_json_schema(unique, ref_template=_REF)
+    schemas = definitions.get("$defs", {})
+
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        operation: dict[str, Any] = {
+            "operationId": route.operation_id or route.endpoint.__name__,
+            "summary": route.summary,
+            "tags": list(route.tags),
+            "responses": {},
+        }
+        if route.description:
+            operation["description"] = route.description
+        parameters: list[dict[str, Any]] = []
+        if "{id}" in route.path:
+            parameters.append(
+                {
+                    "name": "id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+                }
+            )
+        for header in route.headers:
+            parameters.append(
+                {
+                    "name": header.name,
+                    "in": "header",
+                    "required": header.required,
+                    "description": header.description,
+                    "schema": {"type": "string"},
+                }
+            )
+        if parameters:
+            operation["parameters"] = parameters
+        if route.body is not None:
+            operation["requestBody"] = {
+                "required": route.body_required,
+                "content": {"application/json": {"schema": refs[(route.body, "validation")]}},
+            }
+        responses = operation["responses"]
+        success: dict[str, Any] = {"description": route.summary}
+        if route.response is not None:
+            success["content"] = {"application/json": {"schema": refs[(route.response, "serialization")]}}
+        responses[str(route.status)] = success
+        for status, (description, model) in route.responses.items():
+            entry: dict[str, Any] = {"description": description}
+            if model is not None:
+                entry["content"] = {"application/json": {"schema": refs[(model, "serialization")]}}
+            responses[str(status)] = entry
+        if route.body is not None:
+            responses.setdefault("400", _error_response("The body is not valid JSON or a field is invalid."))
+            responses.setdefault("413", _error_response("The body is larger than the limit (body_too_large)."))
+        if route.auth:
+            operation["security"] = [{"bearerAuth": []}]
+            responses.setdefault("401", _error_response("Missing, unknown or revoked API key (unauthorized)."))
+        for status, description in route.errors.items():
+            responses.setdefault(str(status), _error_response(description))
+        responses["default"] = _error_response("Any other failure, with the error body.")
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "vpsshop: prepaid crypto VPS ordering API", "version": API_VERSION, "description": DESCRIPTION},
+        "servers": [{"url": "/v1", "description": "The base path of this service."}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "An API key starting vpsk_."}
+            },
+        },
+    }

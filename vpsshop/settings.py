@@ -1,0 +1,211 @@
+"""Settings: a TOML file, environment overrides, and the sandbox.
+
+Where settings come from, first match wins:
+
+1. environment variables: ``VPSSHOP_DATABASE_URL``, ``VPSSHOP_SECRET_KEY``,
+   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
+   ``VPSSHOP__SECTION__KEY`` (``VPSSHOP__COINS__BTC__XPUB=zpub...``);
+2. the TOML file given by ``--config``, ``VPSSHOP_CONFIG``, or ``./vpsshop.toml`` if it exists;
+3. in the sandbox only, sandbox values.
+
+With no config file the service runs as a **sandbox**: SQLite in ``./vpsshop.db``, test networks,
+the libvirt test driver and fixed exchange rates. A config file is production unless it says
+``mode = "sandbox"``, and production never takes a sandbox value: each missing setting is named in
+the error that stops start-up.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from vpsshop.component import describe_validation_error
+from vpsshop.errors import ConfigError
+
+CONFIG_ENV = "VPSSHOP_CONFIG"
+DEFAULT_CONFIG_FILE = "vpsshop.toml"
+SANDBOX_DATABASE_URL = "sqlite:///./vpsshop.db"
+_TOP_LEVEL_ENV = {
+    "VPSSHOP_DATABASE_URL": "database_url",
+    "VPSSHOP_SECRET_KEY": "secret_key",
+    "VPSSHOP_ENCRYPTION_KEY": "encryption_key",
+    "VPSSHOP_PUBLIC_URL": "public_url",
+    "VPSSHOP_MODE": "mode",
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
+
+
+class PluginSettings(_Section):
+    disabled: list[str] = Field(default_factory=list, description="Plugin names never to load.")
+    modules: list[str] = Field(default_factory=list, description="Extra plugin modules to import by name.")
+
+
+class Settings(BaseModel):
+    """Validated settings of one shop. Plugin sections stay dicts, validated by each plugin."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["sandbox", "production"]
+    database_url: str
+    secret_key: SecretStr = Field(description="Key of the HMAC that stores API keys.")
+    encryption_key: SecretStr = Field(description="Fernet key encrypting root passwords at rest.")
+    public_url: str = Field(description="Public base URL of the API, ending in /v1.")
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
+    catalog: dict[str, Any] = Field(default_factory=dict)
+    rates: dict[str, Any] = Field(default_factory=dict)
+    coins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    hypervisor: dict[str, Any] = Field(default_factory=dict)
+    topups: dict[str, Any] = Field(default_factory=dict)
+    servers: dict[str, Any] = Field(default_factory=dict)
+    config_path: Path | None = None
+
+    @property
+    def sandbox(self) -> bool:
+        return self.mode == "sandbox"
+
+    def secret_key_bytes(self) -> bytes:
+        return self.secret_key.get_secret_value().encode()
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for env_name, key in _TOP_LEVEL_ENV.items():
+        if environ.get(env_name):
+            data[key] = environ[env_name]
+    for env_name, value in environ.items():
+        if not env_name.startswith("VPSSHOP__"):
+            continue
+        parts = [p for p in env_name[len("VPSSHOP__") :].split("__") if p]
+        if not parts:
+            continue
+        parts = [p.lower() for p in parts]
+        if parts[0] == "coins" and len(parts) > 1:
+            parts[1] = parts[1].upper()
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = _parse_env_value(value)
+    return data
+
+
+def _parse_env_value(value: str) -> Any:
+    """Read ``true``, numbers and TOML arrays as TOML would; anything else stays a string."""
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def find_config_file(path: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
+    if path:
+        return Path(path)
+    if environ.get(CONFIG_ENV):
+        return Path(environ[CONFIG_ENV])
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.is_file() else None
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Read settings from ``path`` (or where :func:`find_config_file` looks) and the environment.
+
+    :param overrides: values applied last (tests and embedding applications).
+    :raises ConfigError: naming every missing or invalid setting.
+    """
+    environ = os.environ if environ is None else environ
+    config_path = find_config_file(path, environ)
+    data: dict[str, Any] = {}
+    if config_path is not None:
+        try:
+            data = tomllib.loads(config_path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {config_path} does not exist (run `vpsshop init` to write one)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_path} is not valid TOML: {exc}") from None
+        data.setdefault("mode", "production")
+    else:
+        data["mode"] = "sandbox"
+    data = _merge(data, _env_overrides(environ))
+    if overrides:
+        data = _merge(data, overrides)
+    if data.get("mode") == "sandbox":
+        data = _merge(sandbox_defaults(data), data)
+    data["config_path"] = config_path
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        where = f" (config file {config_path})" if config_path else ""
+        raise ConfigError(describe_validation_error(exc, "") + where) from None
+
+
+def sandbox_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a sandbox uses where the settings are silent."""
+    database_url = data.get("database_url", SANDBOX_DATABASE_URL)
+    defaults: dict[str, Any] = {
+        "database_url": database_url,
+        "public_url": "http://127.0.0.1:8000/v1",
+        "rates": {"source": "fixed"},
+        "hypervisor": {"backend": "libvirt"},
+        "catalog": {"source": "file"},
+    }
+    if not (data.get("secret_key") and data.get("encryption_key")):
+        defaults.update(sandbox_secrets(database_url))
+    return defaults
+
+
+def sandbox_secrets(database_url: str) -> dict[str, str]:
+    """Secrets of a sandbox, made once and kept in ``<database>.keys`` (mode 0600) beside it.
+
+    The encryption key never goes into the database itself, even in the sandbox.
+    """
+    if database_url.startswith("sqlite:///") and database_url != "sqlite:///:memory:":
+        keys_path = Path(database_url[len("sqlite:///") :] + ".keys")
+    else:
+        keys_path = Path("vpsshop-sandbox.keys")
+    if keys_path.is_file():
+        stored = tomllib.loads(keys_path.read_text())
+        if stored.get("secret_key") and stored.get("encryption_key"):
+            return {"secret_key": stored["secret_key"], "encryption_key": stored["encryption_key"]}
+    values = {
+        "secret_key": secrets.token_urlsafe(32),
+        "encryption_key": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    }
+    keys_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(keys_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("# vpsshop sandbox secrets: generated, local to this sandbox database\n")
+        for key, value in values.items():
+            out.write(f'{key} = "{value}"\n')
+    return values
