@@ -17,7 +17,7 @@ __version__ = "1.0.0"
 
 from vpsshop.catalog import CatalogData, CatalogSource, Location, OperatingSystem, Plan
 from vpsshop.clock import Clock, FrozenClock
-from vpsshop.coins import PaymentCoin
+from vpsshop.coins import PaymentCoin, X402Coin, X402Payment, X402Rejected, X402Settlement
 from vpsshop.component import Component, NoConfig, Readiness
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
@@ -77,6 +77,10 @@ __all__ = [
     "create_app",
     "hookimpl",
     "load_settings",
+    "X402Coin",
+    "X402Payment",
+    "X402Rejected",
+    "X402Settlement",
     "__version__",
 ]
 

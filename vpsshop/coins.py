@@ -6,7 +6,8 @@ A coin plugin subclasses :class:`PaymentCoin` and returns the class from
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from vpsshop.component import Component
 
@@ -46,3 +47,84 @@ class PaymentCoin(Component):
     def payment_option(self) -> dict[str, str]:
         """The catalog's entry for this coin. Override only to add fields."""
         return {"coin": self.code, "name": self.name, "network": self.network, "method": self.settlement}
+
+
+# ---- x402: settled during the request ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class X402Payment:
+    """A decoded ``X-PAYMENT`` (or v2 ``PAYMENT-SIGNATURE``) header, before anything is settled.
+
+    ``payer`` and ``nonce`` are the payment's identity on chain (EIP-3009 authorizations are
+    single-use per (payer, nonce)); core keys the credit on them.
+    """
+
+    payer: str
+    nonce: str
+    value_atomic: int
+    version: int
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class X402Settlement:
+    """A settled authorization: what ``X-PAYMENT-RESPONSE`` reports."""
+
+    payer: str
+    nonce: str
+    transaction: str
+    network: str
+    amount_atomic: int
+
+
+class X402Rejected(Exception):
+    """The payment is not acceptable and nothing moved on chain.
+
+    ``code`` is the error code of the response body (``invalid_payment``, ``wrong_amount``,
+    ``authorization_expired``, ``nonce_used``, ``settlement_reverted`` ...), ``status`` 402 (pay
+    again) or 400 (the header itself is malformed).
+    """
+
+    def __init__(self, code: str, message: str, status: int = 402) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+class X402Coin(PaymentCoin):
+    """A coin paid by an x402 authorization (USDCBASE): no deposit address, no watching.
+
+    Core's top-up endpoint answers 402 with :meth:`payment_requirements`; on the re-sent request it
+    calls :meth:`decode_payment`, records (payer, nonce) *before* settling, then :meth:`settle`.
+    If settling ends with an unknown outcome (:class:`vpsshop.PluginError`, an RPC time-out) the
+    record stays open and core later asks :meth:`settlement_status`, so one authorization can
+    never be credited twice nor lost.
+    """
+
+    settlement: ClassVar[SettlementMethod] = "x402"
+
+    def payment_requirements(self, amount_atomic: int, resource: str, description: str) -> dict[str, Any]:
+        """One entry of the 402 body's ``accepts`` (x402 v1 field names). Must be overridden."""
+        raise NotImplementedError
+
+    def decode_payment(self, header_value: str, version: int = 1) -> X402Payment:
+        """Parse the header without touching the network. Raise :class:`X402Rejected` (400) when
+        it is not base64 JSON of the expected shape. Must be overridden."""
+        raise NotImplementedError
+
+    async def settle(self, payment: X402Payment, requirements: dict[str, Any]) -> X402Settlement:
+        """Verify ``payment`` against ``requirements`` (signature, recipient, exact value,
+        validity window, network, asset, unused nonce) and settle it on chain.
+
+        :raises X402Rejected: invalid, nothing moved.
+        :raises vpsshop.PluginError: the outcome is unknown (time-out); core retries through
+            :meth:`settlement_status`. Must be overridden.
+        """
+        raise NotImplementedError
+
+    async def settlement_status(self, payment: X402Payment) -> X402Settlement | None:
+        """After an unknown outcome: the settlement if the authorization was used on chain to pay
+        this shop, else None. Must be overridden."""
+        raise NotImplementedError
