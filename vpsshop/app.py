@@ -23,7 +23,7 @@ from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
-from vpsshop.routing import ApiRoute, json_response
+from vpsshop.routing import ApiRoute, json_response, to_starlette_routes
 from vpsshop.settings import Settings, load_settings
 from vpsshop.tasks import TaskRunner
 
@@ -69,7 +69,7 @@ def create_app(
             await stop_services(ctx, runner)
 
     app = Starlette(
-        routes=[Mount(BASE_PATH, routes=[r.to_starlette(ctx) for r in routes])],
+        routes=[Mount(BASE_PATH, routes=to_starlette_routes(routes, ctx))],
         middleware=[Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)],
         exception_handlers={
             ApiError: _api_error,
@@ -166,8 +166,8 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)  # no endpoint reads the body of a GET or HEAD
             return
         for name, value in scope["headers"]:
             if name == b"content-length":

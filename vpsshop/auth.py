@@ -1,7 +1,8 @@
 """Credentials: API keys (checked on every request) and login tokens (checked once per sign-in).
 
 * An API key is ``vpsk_`` + 43 characters of ``secrets.token_urlsafe`` (256 bits). With that much
-  entropy a keyed hash is enough: the database holds ``HMAC-SHA256(secret_key, key)``, a lookup by
+  entropy a keyed hash is enough: the database holds ``BLAKE2b-256`` of the key, keyed with a
+  digest of ``secret_key`` (BLAKE2b's keyed mode is a MAC, like HMAC, in one C call). A lookup by
   that digest costs microseconds, and a stolen database without the secret key reveals nothing
   usable. No slow hash ever runs per request.
 * A login token is ``vpsl_`` + a 12-character selector + ``.`` + a 43-character verifier. The
@@ -12,7 +13,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 
@@ -36,12 +36,30 @@ class NewApiKey:
 
 
 def new_api_key(secret_key: bytes) -> NewApiKey:
+    """A fresh key; ``secret_key`` is the setting that keys its stored digest."""
     value = API_KEY_PREFIX + secrets.token_urlsafe(32)
     return NewApiKey(value=value, digest=api_key_digest(secret_key, value), prefix=value[:KEY_DISPLAY_LENGTH])
 
 
+def digest_key(secret_key: bytes) -> bytes:
+    """The BLAKE2b key derived from the ``secret_key`` setting (any length in, 32 bytes out)."""
+    return hashlib.sha256(b"vpsshop api key digest\x00" + secret_key).digest()
+
+
 def api_key_digest(secret_key: bytes, value: str) -> str:
-    return hmac.new(secret_key, value.encode(), hashlib.sha256).hexdigest()
+    """Keyed digest of an API key as stored in ``api_keys.key_hash``. ``secret_key`` is the setting."""
+    return hashlib.blake2b(value.encode(), key=digest_key(secret_key), digest_size=32).hexdigest()
+
+
+def api_key_digester(secret_key: bytes):  # noqa: ANN201 - a closure over the derived key
+    """:func:`api_key_digest` with the key derived once, for the per-request path."""
+    key = digest_key(secret_key)
+    blake2b = hashlib.blake2b
+
+    def digest(value: str) -> str:
+        return blake2b(value.encode(), key=key, digest_size=32).hexdigest()
+
+    return digest
 
 
 def parse_bearer(header: str | None) -> str | None:

@@ -130,6 +130,7 @@ class AppContext:
                     await item.component.close()
                 except Exception:  # noqa: BLE001 - one plugin's failure must not stop the others
                     log.exception("closing %s %s failed", item.kind, item.key)
+        await self.db.close_readers()
         self.db.dispose()
 
 

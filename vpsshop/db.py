@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -9,7 +11,6 @@ from importlib.resources import files
 from typing import Any, Iterator
 
 import sqlalchemy as sa
-from anyio import to_thread
 from sqlalchemy.engine import make_url
 from sqlmodel import Session
 
@@ -81,10 +82,17 @@ class Database:
         except Exception:  # noqa: BLE001 - health reports any failure as "not ok"
             return False
 
+    async def close_readers(self) -> None:
+        """Close the hot-path connections this event loop opened (called at shutdown)."""
+        readers: dict[Any, _PgReader] = self.__dict__.get("_pg_readers", {})
+        reader = readers.pop(asyncio.get_running_loop(), None)
+        if reader is not None:
+            await reader.close()
+
     def dispose(self) -> None:
-        conn = getattr(self._local, "sqlite", None)
-        if conn is not None:
-            conn.close()
+        reader = getattr(self._local, "sqlite", None)
+        if reader is not None:
+            reader.close()
             self._local.sqlite = None
         self.engine.dispose()
 
@@ -95,26 +103,91 @@ class Database:
 
         SQLite answers an indexed read in microseconds, so it runs inline on a connection of this
         thread in autocommit mode (each read sees the newest commit; WAL readers never wait for
-        writers). PostgreSQL needs a network round trip, so it runs in the thread pool.
+        writers). Its answers are remembered until SQLite's ``PRAGMA data_version`` says another
+        connection committed anything at all, so a cached answer is never older than the newest
+        commit: a revoked key is refused on the very next request. PostgreSQL needs a network
+        round trip, so it runs on a few asynchronous psycopg connections of this event loop with
+        prepared statements, uncached.
         """
-        if self.dialect == "sqlite":
-            conn = getattr(self._local, "sqlite", None)
-            if conn is None:
-                conn = self._local.sqlite = _open_sqlite_reader(self.url.database or "")
-            return conn.execute(sql, params).fetchone()
-        return await to_thread.run_sync(self._fetch_one_pg, sql, params)
+        if self.dialect != "sqlite":
+            return await self._pg_reader().fetch_one(sql, params)
+        reader: _SqliteReader | None = getattr(self._local, "sqlite", None)
+        if reader is None:
+            reader = self._local.sqlite = _SqliteReader(self.url.database or "")
+        return reader.fetch_one(sql, params)
 
-    def _fetch_one_pg(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.text(sql), params).first()
-            conn.rollback()
-            return tuple(row) if row is not None else None
+    def _pg_reader(self) -> "_PgReader":
+        loop = asyncio.get_running_loop()
+        readers: dict[Any, _PgReader] = self.__dict__.setdefault("_pg_readers", {})
+        reader = readers.get(loop)
+        if reader is None:
+            conninfo = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            reader = readers[loop] = _PgReader(conninfo)
+        return reader
 
 
-def _open_sqlite_reader(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-    conn.execute("PRAGMA query_only = ON")
-    return conn
+class _SqliteReader:
+    """One thread's read-only connection and the answers it gave since the last commit anywhere."""
+
+    MAX_CACHED = 4096
+
+    def __init__(self, path: str) -> None:
+        self.conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self.conn.execute("PRAGMA query_only = ON")
+        self.version = -1
+        self.cache: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+
+    def fetch_one(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        conn = self.conn
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self.version or len(self.cache) >= self.MAX_CACHED:
+            self.cache.clear()
+            self.version = version
+        key = (sql, *params.values())
+        try:
+            return self.cache[key]
+        except KeyError:
+            row = self.cache[key] = conn.execute(sql, params).fetchone()
+            return row
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _PgReader:
+    """A handful of autocommit async connections of one event loop, for hot-path reads."""
+
+    SIZE = 16  # enough concurrent round trips to keep one worker busy; more only adds backends
+    _PARAM = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.idle: list[Any] = []
+        self.opened = 0
+        self.available = asyncio.Semaphore(self.SIZE)
+        self.statements: dict[str, str] = {}
+
+    async def fetch_one(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        import psycopg
+
+        statement = self.statements.get(sql)
+        if statement is None:
+            statement = self.statements[sql] = self._PARAM.sub(r"%(\1)s", sql)
+        async with self.available:
+            conn = self.idle.pop() if self.idle else await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            try:
+                cursor = await conn.execute(statement, params, prepare=True)
+                row = await cursor.fetchone()
+            except BaseException:
+                await conn.close()
+                raise
+            self.idle.append(conn)
+            return row
+
+    async def close(self) -> None:
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            await conn.close()
 
 
 def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:

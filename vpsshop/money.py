@@ -15,7 +15,6 @@ from pydantic import PlainSerializer
 
 MICROS_PER_USD = 1_000_000
 MICROS_PER_CENT = 10_000
-_MICRO = Decimal("0.000001")
 
 
 def usd_to_micros(amount: Decimal | int | str) -> int:
@@ -33,10 +32,10 @@ def usd_to_micros(amount: Decimal | int | str) -> int:
 
 
 def micros_to_usd(micros: int) -> Decimal:
-    """Micros as a Decimal of dollars with no trailing zeros beyond cents (``12.5`` -> ``12.50``)."""
-    value = (Decimal(micros) / MICROS_PER_USD).quantize(_MICRO)
-    cents = value.quantize(Decimal("0.01"))
-    return cents if cents == value else value.normalize()
+    """Micros as a Decimal of dollars, shown to the cent at least (``12500000`` -> ``12.50``)."""
+    if micros % MICROS_PER_CENT == 0:
+        return Decimal(micros // MICROS_PER_CENT).scaleb(-2)
+    return Decimal(micros).scaleb(-6).normalize()
 
 
 def apply_modifier(cents: int, modifier: Decimal) -> int:

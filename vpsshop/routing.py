@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.convertors import Convertor, register_url_convertor
@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from vpsshop.auth import api_key_digest, parse_bearer
+from vpsshop.auth import api_key_digester, parse_bearer
 from vpsshop.errors import ApiError, BadRequest, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,15 +66,17 @@ class Header:
     required: bool = False
 
 
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated caller: the account behind the API key of this request."""
+class Principal(NamedTuple):
+    """The authenticated caller: the account behind the API key of this request, as read at
+    authentication (one read per request; see ``_AUTH_SQL``)."""
 
     key_id: int
     account_id: int
     balance_micros: int
     totp_enabled: bool
     created_at: datetime
+    servers: int
+    """Servers of the account that are not terminated."""
 
 
 @dataclass
@@ -138,19 +140,37 @@ class ApiRoute:
     def starlette_path(self) -> str:
         return self.path.replace("{id}", "{id:id}")
 
-    def to_starlette(self, ctx: "AppContext") -> Route:
-        return Route(self.starlette_path(), _handler(self, ctx), methods=[self.method])
+
+
+def to_starlette_routes(routes: list[ApiRoute], ctx: "AppContext") -> list[Route]:
+    """One Starlette route per path, so a wrong method gets 405 with every allowed method in Allow."""
+    by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
+    for route in routes:
+        by_path.setdefault(route.starlette_path(), {})[route.method.upper()] = _handler(route, ctx)
+    served = []
+    for path, handlers in by_path.items():
+        if len(handlers) == 1:
+            served.append(Route(path, next(iter(handlers.values())), methods=list(handlers)))
+            continue
+        if "GET" in handlers:
+            handlers.setdefault("HEAD", handlers["GET"])
+
+        async def dispatch(request: Request, handlers: dict = handlers) -> Response:  # type: ignore[type-arg]
+            return await handlers[request.method](request)
+
+        served.append(Route(path, dispatch, methods=list(handlers)))
+    return served
 
 
 def _handler(route: ApiRoute, ctx: "AppContext") -> Callable[[Request], Awaitable[Response]]:
-    secret = ctx.settings.secret_key_bytes()
+    digest = api_key_digester(ctx.settings.secret_key_bytes())
     db = ctx.db
     body_model = route.body
     status = route.status
     static_headers = dict(route.response_headers)
 
     async def handle(request: Request) -> Response:
-        principal = await authenticate(request, db, secret) if route.auth else None
+        principal = await authenticate(request, db, digest) if route.auth else None
         body = await _read_body(request, body_model, route.body_required) if body_model is not None else None
         result = await route.endpoint(Call(request, ctx, principal, body, request.path_params))
         if isinstance(result, Response):
@@ -163,13 +183,15 @@ def _handler(route: ApiRoute, ctx: "AppContext") -> Callable[[Request], Awaitabl
     return handle
 
 
+# One indexed read per request authenticates and gives the account summary GET /v1/account shows.
 _AUTH_SQL = (
-    "SELECT k.id, a.id, a.balance_micros, a.totp_enabled, a.created_at FROM api_keys k "
-    "JOIN accounts a ON a.id = k.account_id WHERE k.key_hash = :digest AND k.revoked_at IS NULL"
+    "SELECT k.id, a.id, a.balance_micros, a.totp_enabled, a.created_at, "
+    "(SELECT count(*) FROM servers s WHERE s.account_id = a.id AND s.status != 'terminated') "
+    "FROM api_keys k JOIN accounts a ON a.id = k.account_id WHERE k.key_hash = :digest AND k.revoked_at IS NULL"
 )
 
 
-async def authenticate(request: Request, db: Any, secret: bytes) -> Principal:
+async def authenticate(request: Request, db: Any, digest: Callable[[str], str]) -> Principal:
     """The caller's account, or :class:`Unauthorized`. Revocation takes effect on the next request."""
     header = None
     for name, value in request.scope["headers"]:
@@ -179,10 +201,10 @@ async def authenticate(request: Request, db: Any, secret: bytes) -> Principal:
     key = parse_bearer(header)
     if key is None:
         raise Unauthorized()
-    row = await db.fetch_one(_AUTH_SQL, {"digest": api_key_digest(secret, key)})
+    row = await db.fetch_one(_AUTH_SQL, {"digest": digest(key)})
     if row is None:
         raise Unauthorized("The API key is unknown or revoked.")
-    return Principal(row[0], row[1], row[2], bool(row[3]), as_utc(row[4]))
+    return Principal(row[0], row[1], row[2], bool(row[3]), as_utc(row[4]), row[5])
 
 
 def as_utc(value: Any) -> datetime:
@@ -229,9 +251,24 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot render {type(value).__name__} as JSON")
 
 
+class JsonBody(Response):
+    """A JSON response whose headers are built as raw bytes directly (the hot path renders one per request)."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes, status_code: int, headers: dict[str, str] | None = None) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = content
+        raw = [(b"content-length", str(len(content)).encode()), (b"content-type", b"application/json")]
+        if headers:
+            raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.raw_headers = raw
+
+
 def json_response(model: BaseModel | dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
     if isinstance(model, BaseModel):
         content = model.__pydantic_serializer__.to_json(model)
     else:
         content = json.dumps(model, separators=(",", ":"), default=_json_default).encode()
-    return Response(content, status_code=status, headers=headers, media_type="application/json")
+    return JsonBody(content, status, headers)

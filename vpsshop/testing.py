@@ -45,7 +45,12 @@ def postgres_test_url() -> str:
 
 
 def reset_postgres(url: str) -> None:
-    """Migrate ``url`` once per process, then empty every table and restart the ids."""
+    """Give the test a clean PostgreSQL database at ``url``.
+
+    The first call in a process drops and recreates the schema (whatever another checkout left
+    there) and migrates it; every call then empties the tables and restarts their ids. Never point
+    it at a database that holds anything you want to keep.
+    """
     import sqlalchemy as sa
 
     from vpsshop.db import Database
@@ -53,6 +58,9 @@ def reset_postgres(url: str) -> None:
     db = Database(url)
     try:
         if url not in _migrated:
+            with db.engine.begin() as conn:
+                conn.execute(sa.text("DROP SCHEMA IF EXISTS public CASCADE"))
+                conn.execute(sa.text("CREATE SCHEMA public"))
             db.migrate()
             _migrated.add(url)
         with db.engine.begin() as conn:

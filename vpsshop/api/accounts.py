@@ -98,17 +98,13 @@ async def create_account(call: Call) -> AccountCreated:
     return await run_in_threadpool(_create_account, call.ctx)
 
 
-_SERVER_COUNT_SQL = "SELECT count(*) FROM servers WHERE account_id = :account AND status != 'terminated'"
-
-
 async def get_account(call: Call) -> AccountOut:
     me = call.principal
     assert me is not None
-    row = await call.ctx.db.fetch_one(_SERVER_COUNT_SQL, {"account": me.account_id})
     return AccountOut(
         user_id=me.account_id,
         balance_usd=micros_to_usd(me.balance_micros),
-        servers=row[0] if row else 0,
+        servers=me.servers,
         totp_enabled=me.totp_enabled,
         created_at=me.created_at,
     )
