@@ -15,8 +15,14 @@ ROOT=$(pwd)
 log() { printf '\n==> %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-apt_wanted() { cat scripts/deps/apt-*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \n' '\n' | grep -v '^$' | sort -u; }
-npm_wanted() { cat scripts/deps/npm-*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \n' '\n' | grep -v '^$' | sort -u; }
+deps_wanted() {  # the packages listed in scripts/deps/$1-*.txt, one per line, comments stripped
+    local f
+    for f in scripts/deps/"$1"-*.txt; do
+        if [ -f "$f" ]; then sed 's/#.*//' "$f"; fi
+    done | tr -s ' \t\n' '\n' | { grep -v '^$' || true; } | sort -u
+}
+apt_wanted() { deps_wanted apt; }
+npm_wanted() { deps_wanted npm; }
 
 install_apt() {
     local missing=()
