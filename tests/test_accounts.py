@@ -10,6 +10,7 @@ from vpsshop.testing import create_test_account
 def test_create_account_returns_credentials_once(vpsshop_client):
     response = vpsshop_client.post("/v1/account")
     assert response.status_code == 201
+    assert response.headers["cache-control"] == "no-store"
     body = response.json()
     assert body["api_key"].startswith("vpsk_") and len(body["api_key"]) == 48
     assert body["login_token"].startswith("vpsl_")
@@ -72,7 +73,7 @@ def test_keys_list_mint_revoke(vpsshop_client, vpsshop_account):
     assert vpsshop_account.api_key.startswith(listed[0]["prefix"])
 
     minted = vpsshop_client.post("/v1/keys", headers=h, json={"name": "ci"})
-    assert minted.status_code == 201
+    assert minted.status_code == 201 and minted.headers["cache-control"] == "no-store"
     new = minted.json()
     assert new["api_key"].startswith("vpsk_") and new["name"] == "ci"
     new_headers = {"Authorization": f"Bearer {new['api_key']}"}

@@ -110,6 +110,11 @@ def build_openapi(routes: list[ApiRoute], *, extra_models: list[type[BaseModel]]
             }
         responses = operation["responses"]
         success: dict[str, Any] = {"description": route.summary}
+        if route.response_headers:
+            success["headers"] = {
+                name: {"description": f"Always `{value}`.", "schema": {"type": "string", "const": value}}
+                for name, value in route.response_headers.items()
+            }
         if route.response is not None:
             success["content"] = {"application/json": {"schema": refs[(route.response, "serialization")]}}
         responses[str(route.status)] = success

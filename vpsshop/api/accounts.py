@@ -13,9 +13,10 @@ from vpsshop.context import AppContext
 from vpsshop.errors import NotFound, Unauthorized
 from vpsshop.models import Account, ApiKey
 from vpsshop.money import UsdAmount, micros_to_usd
-from vpsshop.routing import ApiModel, ApiRoute, Call, Reply, as_utc
+from vpsshop.routing import ApiModel, ApiRoute, Call
 
 TAG = ("account",)
+NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
 
 
 class AccountOut(BaseModel):
@@ -167,9 +168,9 @@ def _login(ctx: AppContext, token: str) -> ApiKeyCreated:
     return _mint_key(ctx, account.id, "dashboard")
 
 
-async def login(call: Call) -> Reply:
+async def login(call: Call) -> ApiKeyCreated:
     body: LoginBody = call.body
-    return Reply(await run_in_threadpool(_login, call.ctx, body.login_token), 201)
+    return await run_in_threadpool(_login, call.ctx, body.login_token)
 
 
 def routes() -> list[ApiRoute]:
@@ -179,7 +180,7 @@ def routes() -> list[ApiRoute]:
             description="Creates an account with a zero balance, its first API key and a dashboard login token. "
             "No body is read and no identity is asked for. The key and the token are shown in this response "
             "only: they are stored as hashes.",
-            tags=TAG, operation_id="createAccount",
+            tags=TAG, operation_id="createAccount", response_headers=NO_STORE,
         ),
         ApiRoute(
             "GET", "/account", get_account, "The caller's account", AccountOut,
@@ -194,7 +195,7 @@ def routes() -> list[ApiRoute]:
             "POST", "/keys", create_key, "Mint an API key", ApiKeyCreated, status=201,
             body=NewKeyBody, body_required=False,
             description="The body is optional; it may name the key. The full key is in this response only.",
-            tags=TAG, operation_id="createKey",
+            tags=TAG, operation_id="createKey", response_headers=NO_STORE,
         ),
         ApiRoute(
             "DELETE", "/keys/{id}", revoke_key, "Revoke an API key", ApiKeyRevoked,
@@ -210,6 +211,6 @@ def routes() -> list[ApiRoute]:
             "the web dashboard signs in, and how a customer who lost or revoked every key regains access. "
             "The token is checked with argon2 and is not usable as a Bearer key.",
             errors={401: "The login token is not valid."},
-            tags=TAG, operation_id="login",
+            tags=TAG, operation_id="login", response_headers=NO_STORE,
         ),
     ]
