@@ -46,8 +46,13 @@ install_npm() {
     fi
     mkdir -p .peers/npm
     local need=0
+    local pkg name
     for pkg in $wanted; do
-        [ -d ".peers/npm/node_modules/${pkg%@*}" ] || need=1
+        case $pkg in  # strip a version: @scope/name@1.2 -> @scope/name, name@1.2 -> name
+            @*) name="@$(printf '%s' "${pkg#@}" | cut -d@ -f1)" ;;
+            *) name=${pkg%%@*} ;;
+        esac
+        [ -d ".peers/npm/node_modules/$name" ] || need=1
     done
     if [ $need = 1 ]; then
         log "installing npm packages: $wanted"
