@@ -57,7 +57,9 @@ class X402Payment:
     """A decoded ``X-PAYMENT`` (or v2 ``PAYMENT-SIGNATURE``) header, before anything is settled.
 
     ``payer`` and ``nonce`` are the payment's identity on chain (EIP-3009 authorizations are
-    single-use per (payer, nonce)); core keys the credit on them.
+    single-use per (payer, nonce)); core keys the credit on them. ``valid_before`` (unix seconds,
+    0 when unknown) is when the authorization stops being usable: until then an open record whose
+    :meth:`X402Coin.settlement_status` is None may still be settled, after it None is final.
     """
 
     payer: str
@@ -65,6 +67,7 @@ class X402Payment:
     value_atomic: int
     version: int
     raw: dict[str, Any]
+    valid_before: int = 0
 
 
 @dataclass(frozen=True)
