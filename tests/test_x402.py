@@ -141,3 +141,296 @@ def test_requirements_match_the_seed_and_work_offline(coin: USDCBASE, chain: Cha
     )
     assert mainnet.payment_requirements(1, RESOURCE, "x")["asset"] == "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
     assert mainnet.payment_requirements(1, RESOURCE, "x")["extra"] == {"name": "USD Coin", "version": "2"}
+
+
+# ---- malformed headers: 400, nothing touched -------------------------------------------------
+
+
+def _b64(value: Any) -> str:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return base64.b64encode(raw).decode()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "not base64 at all!",
+        _b64(b"\xff\xfe not json"),
+        _b64(b"{truncated"),
+        _b64([1, 2, 3]),
+        _b64({"x402Version": 2, "scheme": "exact", "network": "base", "payload": {}}),
+        _b64({"x402Version": 1, "scheme": "exact", "network": "base"}),
+        _b64({"x402Version": 1, "scheme": "exact", "network": "base", "payload": {"signature": "0x00"}}),
+        _b64(
+            {
+                "x402Version": 1,
+                "scheme": "exact",
+                "network": "base",
+                "payload": {
+                    "signature": "0x" + "11" * 65,
+                    "authorization": {
+                        "from": "0x12",
+                        "to": "0x" + "22" * 20,
+                        "value": "1",
+                        "validAfter": "0",
+                        "validBefore": "9",
+                        "nonce": "0x" + "33" * 32,
+                    },
+                },
+            }
+        ),
+    ],
+    ids=["empty", "not-base64", "not-utf8", "not-json", "not-object", "wrong-version", "no-payload",
+         "no-authorization", "bad-address"],
+)
+def test_malformed_header_is_400_invalid_payment(coin: USDCBASE, header: str) -> None:
+    with pytest.raises(X402Rejected) as err:
+        coin.decode_payment(header)
+    assert err.value.code == "invalid_payment" and err.value.status == 400
+
+
+# ---- refused authorizations: 402, nothing moved -------------------------------------------------
+
+
+def _refused(chain: Chain, coin: USDCBASE, shop: Any, header: str, requirements: dict[str, Any], payer: Any) -> str:
+    before = chain.usdc(payer.address)
+    payment = coin.decode_payment(header)
+    with pytest.raises(X402Rejected) as err:
+        asyncio.run(coin.settle(payment, requirements))
+    assert err.value.status == 402
+    assert_nothing_moved(chain, payer, shop, before)
+    assert not chain.used(payer.address, payment.nonce)
+    return err.value.code
+
+
+def test_wrong_signature_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    thief = chain.new_account()
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    # the thief signs an authorization that claims to come from the payer
+    header = sign_v1_header(thief, requirements, **{"from": payer.address})
+    assert _refused(chain, coin, shop, header, requirements, payer) == "invalid_signature"
+
+
+def test_tampered_value_breaks_the_signature(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    small = coin.payment_requirements(1 * USDC_UNIT, RESOURCE, "t")
+    big = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    data = json.loads(base64.b64decode(sign_v1_header(payer, small)))
+    data["payload"]["authorization"]["value"] = str(10 * USDC_UNIT)
+    assert _refused(chain, coin, shop, _b64(data), big, payer) == "invalid_signature"
+
+
+def test_wrong_amount_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    for value in (10 * USDC_UNIT - 1, 10 * USDC_UNIT + 1):
+        header = sign_v1_header(payer, requirements, value=str(value))
+        assert _refused(chain, coin, shop, header, requirements, payer) == "wrong_amount"
+
+
+def test_wrong_recipient_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    other = chain.new_account()
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    header = sign_v1_header(payer, requirements, to=other.address)
+    assert _refused(chain, coin, shop, header, requirements, payer) == "wrong_recipient"
+    assert chain.usdc(other.address) == 0
+
+
+def test_expired_authorization_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    now = int(time.time())
+    for valid_before in (now - 60, now + 3):  # gone, and inside the 6-second margin
+        header = sign_v1_header(payer, requirements, validBefore=str(valid_before))
+        assert _refused(chain, coin, shop, header, requirements, payer) == "authorization_expired"
+
+
+def test_not_yet_valid_authorization_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    header = sign_v1_header(payer, requirements, validAfter=str(int(time.time()) + 120))
+    assert _refused(chain, coin, shop, header, requirements, payer) == "authorization_not_yet_valid"
+
+
+def test_wrong_network_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    data = json.loads(base64.b64decode(sign_v1_header(payer, requirements)))
+    data["network"] = "base-sepolia"
+    assert _refused(chain, coin, shop, _b64(data), requirements, payer) == "wrong_network"
+
+
+def test_other_token_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    """An authorization signed for another token's EIP-712 domain does not verify for ours."""
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    other_token = chain.deploy_token("USD Coin", "2")
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    header = sign_v1_header(payer, {**requirements, "asset": other_token.address})
+    assert _refused(chain, coin, shop, header, requirements, payer) == "invalid_signature"
+
+
+def test_insufficient_funds_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=5 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    header = sign_v1_header(payer, requirements)
+    assert _refused(chain, coin, shop, header, requirements, payer) == "insufficient_funds"
+
+
+def test_reused_nonce_is_refused_and_moves_nothing_more(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    header = sign_v1_header(payer, requirements)
+    first = settle(coin, header, requirements)
+    assert chain.usdc(shop.address) == 10 * USDC_UNIT
+
+    with pytest.raises(X402Rejected) as again:
+        settle(coin, header, requirements)
+    assert again.value.code == "nonce_used"
+    # a new signature over the same nonce is refused too
+    nonce = coin.decode_payment(header).nonce
+    with pytest.raises(X402Rejected) as same_nonce:
+        settle(coin, sign_v1_header(payer, requirements, nonce=nonce), requirements)
+    assert same_nonce.value.code == "nonce_used"
+    assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+    status = asyncio.run(coin.settlement_status(coin.decode_payment(header)))
+    assert status == first
+
+
+def test_same_header_settled_twice_at_once_moves_once(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(
+            coin.settle(payment, requirements), coin.settle(payment, requirements), return_exceptions=True
+        )
+
+    results = asyncio.run(both())
+    settled = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, X402Rejected)]
+    assert len(settled) == 1 and len(refused) == 1 and refused[0].code == "nonce_used"
+    assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+
+
+# ---- a settlement that reverts -----------------------------------------------------------------
+
+
+def _sign_cancel(chain: Chain, payer: Any, nonce: str) -> tuple[int, bytes, bytes]:
+    signed = payer.sign_typed_data(
+        domain_data={"name": "USD Coin", "version": "2", "chainId": 8453, "verifyingContract": chain.asset},
+        message_types={"CancelAuthorization": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}]},
+        message_data={"authorizer": payer.address, "nonce": bytes.fromhex(nonce[2:])},
+    )
+    return signed.v, signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
+
+
+def test_settlement_that_reverts_is_refused_and_moves_nothing(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    """The payer cancels the authorization in the same block, ahead of the shop's transaction:
+    verification (at the latest block) passes, the mined settlement reverts."""
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    v, r, s = _sign_cancel(chain, payer, payment.nonce)
+    outcome: list[Any] = []
+    rpc(chain.url, "evm_setIntervalMining", [0])
+    rpc(chain.url, "evm_setAutomine", [False])
+    try:
+        gas_price = int(chain.w3.eth.gas_price) * 10
+        chain.token.functions.cancelAuthorization(payer.address, bytes.fromhex(payment.nonce[2:]), v, r, s).transact(
+            {"from": chain.deployer, "gasPrice": gas_price}
+        )
+
+        def run() -> None:
+            try:
+                outcome.append(asyncio.run(coin.settle(payment, requirements)))
+            except BaseException as exc:  # noqa: BLE001 - examined below
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        wait_until(lambda: int(rpc(chain.url, "txpool_status")["pending"], 16) >= 2, what="both transactions pending")
+        rpc(chain.url, "evm_mine")
+        worker.join(30)
+    finally:
+        rpc(chain.url, "evm_setAutomine", [False])
+        rpc(chain.url, "evm_setIntervalMining", [1])
+    assert len(outcome) == 1 and isinstance(outcome[0], X402Rejected), outcome
+    assert outcome[0].code == "settlement_reverted"
+    assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
+    assert asyncio.run(coin.settlement_status(payment)) is None  # canceled, not paid
+
+
+# ---- an RPC endpoint that times out ------------------------------------------------------------
+
+
+@pytest.fixture
+def stalling_rpc(chain: Chain) -> Iterator[StallingRpcFront]:
+    front = StallingRpcFront(chain.url, stall_seconds=4)
+    try:
+        yield front
+    finally:
+        front.stop()
+
+
+def test_rpc_timeout_after_sending_then_status_resolves_it(
+    chain: Chain, shop: Any, relayer: Any, stalling_rpc: StallingRpcFront, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coin = make_coin(chain, shop, relayer, monkeypatch, rpc_url=stalling_rpc.url, rpc_timeout_seconds=1)
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    stalling_rpc.stall = {"eth_sendRawTransaction"}  # the transaction reaches the chain, the answer does not
+
+    with pytest.raises(PluginError, match="outcome unknown"):
+        asyncio.run(coin.settle(payment, requirements))
+
+    stalling_rpc.stall = set()
+    wait_until(lambda: chain.used(payer.address, payment.nonce), what="the settlement to be mined")
+    found = asyncio.run(coin.settlement_status(payment))
+    assert found is not None and found.payer == payer.address and found.amount_atomic == 10 * USDC_UNIT
+    assert chain.w3.eth.get_transaction_receipt(found.transaction)["status"] == 1
+    # a retry of the same payment does not settle a second time
+    with pytest.raises(X402Rejected) as retry:
+        asyncio.run(coin.settle(payment, requirements))
+    assert retry.value.code == "nonce_used"
+    assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+
+
+def test_rpc_timeout_before_anything_is_sent(
+    chain: Chain, shop: Any, relayer: Any, stalling_rpc: StallingRpcFront, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coin = make_coin(chain, shop, relayer, monkeypatch, rpc_url=stalling_rpc.url, rpc_timeout_seconds=1)
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    stalling_rpc.stall = {"eth_call"}
+    stalling_rpc.forward_when_stalling = False
+
+    with pytest.raises(PluginError):
+        asyncio.run(coin.settle(payment, requirements))
+    stalling_rpc.stall = set()
+    assert asyncio.run(coin.settlement_status(payment)) is None
+    assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
+    # the payment is still good: settling it once the endpoint answers works
+    assert asyncio.run(coin.settle(payment, requirements)).amount_atomic == 10 * USDC_UNIT
+
+
+def test_receipt_wait_timeout_is_unknown_outcome(
+    chain: Chain, shop: Any, relayer: Any, stalling_rpc: StallingRpcFront, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coin = make_coin(
+        chain, shop, relayer, monkeypatch, rpc_url=stalling_rpc.url, rpc_timeout_seconds=1, receipt_timeout_seconds=1
+    )
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    stalling_rpc.stall = {"eth_getTransactionReceipt"}
+    with pytest.raises(PluginError, match="outcome unknown"):
+        asyncio.run(coin.settle(payment, requirements))
+    stalling_rpc.stall = set()
+    wait_until(lambda: chain.used(payer.address, payment.nonce), what="the settlement to be mined")
+    assert asyncio.run(coin.settlement_status(payment)) is not None
