@@ -24,7 +24,9 @@ from x402_peers import (
     StallingRpcFront,
     npm_bin,
     rpc,
+    sign_npm_header,
     sign_v1_header,
+    sign_v2_header,
     start_chain,
     wait_until,
 )
@@ -434,3 +436,220 @@ def test_receipt_wait_timeout_is_unknown_outcome(
     stalling_rpc.stall = set()
     wait_until(lambda: chain.used(payer.address, payment.nonce), what="the settlement to be mined")
     assert asyncio.run(coin.settlement_status(payment)) is not None
+
+
+# ---- the npm client and x402 v2 ---------------------------------------------------------------
+
+
+def test_npm_client_payment_settles_on_chain(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=30 * USDC_UNIT)
+    requirements = coin.payment_requirements(30 * USDC_UNIT, RESOURCE, "Top-up of $30.00")
+    header = sign_npm_header(payer, requirements, chain.url)
+    settlement = settle(coin, header, requirements)
+    assert settlement.payer == payer.address and settlement.amount_atomic == 30 * USDC_UNIT
+    assert chain.usdc(payer.address) == 0 and chain.usdc(shop.address) == 30 * USDC_UNIT
+
+
+def test_npm_client_wrong_amount_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=30 * USDC_UNIT)
+    asked = coin.payment_requirements(30 * USDC_UNIT, RESOURCE, "t")
+    header = sign_npm_header(payer, {**asked, "maxAmountRequired": str(29 * USDC_UNIT)}, chain.url)
+    assert _refused(chain, coin, shop, header, asked, payer) == "wrong_amount"
+
+
+def test_v2_payment_signature_settles(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=20 * USDC_UNIT)
+    requirements = coin.payment_requirements(20 * USDC_UNIT, RESOURCE, "t")
+    v2 = coin.payment_requirements_v2(requirements)
+    assert v2["network"] == "eip155:8453" and v2["amount"] == str(20 * USDC_UNIT)
+    header = sign_v2_header(payer, v2, RESOURCE)
+    with pytest.raises(X402Rejected):
+        coin.decode_payment(header, version=1)  # a v2 header is not a v1 one
+    payment = coin.decode_payment(header, version=2)
+    assert payment.version == 2 and payment.payer == payer.address
+    settlement = asyncio.run(coin.settle(payment, requirements))
+    assert settlement.amount_atomic == 20 * USDC_UNIT
+    assert chain.usdc(shop.address) == 20 * USDC_UNIT
+
+
+def test_v2_payment_for_other_requirements_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=20 * USDC_UNIT)
+    requirements = coin.payment_requirements(20 * USDC_UNIT, RESOURCE, "t")
+    v2 = coin.payment_requirements_v2(coin.payment_requirements(19 * USDC_UNIT, RESOURCE, "t"))
+    header = sign_v2_header(payer, v2, RESOURCE)
+    before = chain.usdc(payer.address)
+    with pytest.raises(X402Rejected) as err:
+        asyncio.run(coin.settle(coin.decode_payment(header, version=2), requirements))
+    assert err.value.code == "wrong_amount"
+    assert_nothing_moved(chain, payer, shop, before)
+
+
+# ---- facilitator mode -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def facilitator(chain: Chain) -> Iterator[Facilitator]:
+    wallet = chain.new_account(eth_wei=10 * ETH)
+    served = Facilitator(chain.url, "0x" + bytes(wallet.key).hex())
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture
+def facilitated(chain: Chain, shop: Any, facilitator: Facilitator) -> USDCBASE:
+    coin = USDCBASE.from_settings(
+        {
+            "network": "base",
+            "mode": "facilitator",
+            "facilitator_url": facilitator.url,
+            "rpc_url": chain.url,
+            "pay_to": shop.address,
+            "asset": chain.asset,
+            "max_timeout_seconds": 120,
+        },
+        sandbox=False,
+        where="coins.USDCBASE",
+    )
+    assert isinstance(coin, USDCBASE)
+    return coin
+
+
+def test_facilitator_settles_python_client_payment(
+    chain: Chain, facilitated: USDCBASE, facilitator: Facilitator, shop: Any
+) -> None:
+    payer = chain.new_account(usdc=40 * USDC_UNIT)
+    requirements = facilitated.payment_requirements(40 * USDC_UNIT, RESOURCE, "t")
+    facilitator.requests.clear()
+    settlement = settle(facilitated, sign_v1_header(payer, requirements), requirements)
+    assert facilitator.requests == ["POST /verify", "POST /settle"]
+    assert chain.w3.eth.get_transaction_receipt(settlement.transaction)["status"] == 1
+    assert chain.usdc(payer.address) == 0 and chain.usdc(shop.address) == 40 * USDC_UNIT
+    assert asyncio.run(facilitated.settlement_status(facilitated.decode_payment(sign_v1_header(payer, requirements)))) is None
+    assert asyncio.run(facilitated.check_ready()).ok
+
+
+def test_facilitator_settles_npm_and_v2_payments(chain: Chain, facilitated: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=40 * USDC_UNIT)
+    requirements = facilitated.payment_requirements(15 * USDC_UNIT, RESOURCE, "t")
+    settle(facilitated, sign_npm_header(payer, requirements, chain.url), requirements)
+    v2 = sign_v2_header(payer, facilitated.payment_requirements_v2(requirements), RESOURCE)
+    settle(facilitated, v2, requirements, version=2)
+    assert chain.usdc(payer.address) == 10 * USDC_UNIT and chain.usdc(shop.address) == 30 * USDC_UNIT
+
+
+def test_facilitator_refusals_move_nothing(
+    chain: Chain, facilitated: USDCBASE, facilitator: Facilitator, shop: Any
+) -> None:
+    payer = chain.new_account(usdc=40 * USDC_UNIT)
+    thief = chain.new_account()
+    requirements = facilitated.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    facilitator.requests.clear()
+    forged = sign_v1_header(thief, requirements, **{"from": payer.address})
+    assert _refused(chain, facilitated, shop, forged, requirements, payer) == "invalid_signature"
+    assert facilitator.requests == ["POST /verify"]
+    broke = chain.new_account(usdc=1)
+    assert _refused(chain, facilitated, shop, sign_v1_header(broke, requirements), requirements, broke) == (
+        "insufficient_funds"
+    )
+    header = sign_v1_header(payer, requirements)
+    settle(facilitated, header, requirements)
+    with pytest.raises(X402Rejected) as again:
+        settle(facilitated, header, requirements)
+    assert again.value.code == "nonce_used"
+    assert chain.usdc(payer.address) == 30 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+
+
+def test_facilitator_that_does_not_answer_is_unknown_outcome(chain: Chain, shop: Any) -> None:
+    from x402_peers import free_port
+
+    coin = USDCBASE.from_settings(
+        {"mode": "facilitator", "facilitator_url": f"http://127.0.0.1:{free_port()}", "pay_to": shop.address,
+         "asset": chain.asset, "network": "base"},
+        sandbox=False,
+        where="coins.USDCBASE",
+    )
+    payer = chain.new_account(usdc=10 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    with pytest.raises(PluginError):
+        settle(coin, sign_v1_header(payer, requirements), requirements)
+    with pytest.raises(PluginError, match="rpc_url"):
+        asyncio.run(coin.settlement_status(coin.decode_payment(sign_v1_header(payer, requirements))))
+    ready = asyncio.run(coin.check_ready())
+    assert not ready.ok and "does not answer" in ready.detail
+
+
+# ---- the relayer key and readiness ----------------------------------------------------------
+
+
+def test_encrypted_relayer_key_settles_and_never_shows(
+    chain: Chain, shop: Any, relayer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret_hex = bytes(relayer.key).hex()
+    token = encrypt_relayer_key(secret_hex, ENCRYPTION_KEY)
+    assert secret_hex not in token
+    coin = USDCBASE.from_settings(
+        {"mode": "direct", "network": "base", "rpc_url": chain.url, "pay_to": shop.address, "asset": chain.asset,
+         "relayer_key_encrypted": token},
+        sandbox=False,
+        where="coins.USDCBASE",
+    )
+    assert isinstance(coin, USDCBASE)
+    locked = asyncio.run(coin.check_ready())
+    assert not locked.ok and "locked" in locked.detail
+    with pytest.raises(PluginError, match="not configured"):
+        settle(coin, sign_v1_header(chain.new_account(usdc=1), coin.payment_requirements(1, RESOURCE, "t")),
+               coin.payment_requirements(1, RESOURCE, "t"))
+    with pytest.raises(PluginError, match="cannot be decrypted"):
+        coin.use_encryption_key("x" * 43 + "=")
+    coin.use_encryption_key(ENCRYPTION_KEY)
+    ready = asyncio.run(coin.check_ready())
+    assert ready.ok and relayer.address in ready.detail
+
+    caplog.set_level("DEBUG")
+    payer = chain.new_account(usdc=5 * USDC_UNIT)
+    requirements = coin.payment_requirements(5 * USDC_UNIT, RESOURCE, "t")
+    settlement = settle(coin, sign_v1_header(payer, requirements), requirements)
+    assert chain.w3.eth.get_transaction(settlement.transaction)["from"] == relayer.address
+    shown = caplog.text + repr(coin.config) + repr(coin.chain.relayer) + str(coin.__dict__)
+    assert secret_hex not in shown.lower() and token not in shown
+    assert decrypt_relayer_key(token, ENCRYPTION_KEY).address == relayer.address
+
+
+def test_direct_mode_settings_are_checked(chain: Chain, shop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vpsshop import ConfigError
+
+    with pytest.raises(ConfigError, match="rpc_url"):
+        USDCBASE.from_settings({"mode": "direct", "pay_to": shop.address, "relayer_key_env": "X"},
+                               sandbox=False, where="coins.USDCBASE")
+    with pytest.raises(ConfigError, match="exactly one"):
+        USDCBASE.from_settings({"mode": "direct", "pay_to": shop.address, "rpc_url": chain.url},
+                               sandbox=False, where="coins.USDCBASE")
+    with pytest.raises(ConfigError, match="coins.USDCBASE.pay_to"):
+        USDCBASE.from_settings({"mode": "facilitator", "facilitator_url": "http://x", "pay_to": "0x12"},
+                               sandbox=False, where="coins.USDCBASE")
+    monkeypatch.delenv("EMPTY_RELAYER_KEY", raising=False)
+    coin = USDCBASE.from_settings(
+        {"mode": "direct", "pay_to": shop.address, "rpc_url": chain.url, "relayer_key_env": "EMPTY_RELAYER_KEY"},
+        sandbox=False,
+        where="coins.USDCBASE",
+    )
+    ready = asyncio.run(coin.check_ready())
+    assert not ready.ok and "EMPTY_RELAYER_KEY" in ready.detail
+
+
+def test_direct_mode_on_the_wrong_chain_is_not_ready(chain: Chain, shop: Any, relayer: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    coin = make_coin(chain, shop, relayer, monkeypatch, network="base-sepolia")
+    ready = asyncio.run(coin.check_ready())
+    assert not ready.ok and "not base-sepolia" in ready.detail
+
+
+def test_sandbox_loads_without_secrets_and_reports_honestly(vpsshop_client: Any) -> None:
+    catalog = vpsshop_client.get("/v1/catalog").json()
+    options = {o["coin"]: o for o in catalog["payment_options"]}
+    assert options["USDCBASE"]["network"] == "base-sepolia" and options["USDCBASE"]["method"] == "x402"
+    coin = vpsshop_client.app.state.ctx.coins["USDCBASE"]
+    ready = asyncio.run(coin.check_ready())
+    assert not ready.ok and "placeholder" in ready.detail

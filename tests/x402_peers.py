@@ -263,7 +263,7 @@ class Facilitator:
     def __init__(self, rpc_url: str, private_key: str, network: str = "base") -> None:
         from x402 import x402FacilitatorSync
         from x402.mechanisms.evm import FacilitatorWeb3Signer
-        from x402.mechanisms.evm.exact import ExactEvmScheme
+        from x402.mechanisms.evm.exact.facilitator import ExactEvmScheme
         from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
 
         signer = FacilitatorWeb3Signer(private_key=private_key, rpc_url=rpc_url, confirmation_timeout_seconds=30)
@@ -394,3 +394,40 @@ def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def sign_v2_header(payer: Any, requirements_v2: dict[str, Any], resource: str) -> str:
+    """A ``PAYMENT-SIGNATURE`` header made by the PyPI ``x402`` v2 client (``ExactEvmScheme``)."""
+    from x402 import x402ClientSync
+    from x402.http.utils import encode_payment_signature_header
+    from x402.mechanisms.evm.exact import ExactEvmClientScheme as ExactEvmScheme
+    from x402.schemas import PaymentRequired, PaymentRequirements, ResourceInfo
+
+    client = x402ClientSync()
+    client.set_spend_controls(
+        {"allowed_assets": [{"network": requirements_v2["network"], "asset": requirements_v2["asset"]}]}
+    )
+    client.register(requirements_v2["network"], ExactEvmScheme(payer))
+    required = PaymentRequired(
+        x402_version=2,
+        accepts=[PaymentRequirements.model_validate(requirements_v2)],
+        resource=ResourceInfo(url=resource, description="top-up", mime_type="application/json"),
+    )
+    return encode_payment_signature_header(client.create_payment_payload(required))
+
+
+def sign_npm_header(payer: Any, requirements: dict[str, Any], rpc_url: str) -> str:
+    """An ``X-PAYMENT`` header made by the npm ``x402`` client with a viem wallet (Node.js)."""
+    bin_dir = npm_bin()
+    env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
+    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "requirements": requirements}
+    done = subprocess.run(
+        ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
+        input=json.dumps(request).encode(),
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"npm x402 client failed: {done.stderr.decode()[-2000:]}")
+    return done.stdout.decode().strip()

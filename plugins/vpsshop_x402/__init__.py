@@ -713,11 +713,15 @@ class USDCBASE(X402Coin):
 
             payload = PaymentPayload.model_validate(payment.raw)
             reqs = PaymentRequirements.model_validate(self.payment_requirements_v2(requirements))
+        if self._chain is not None:
+            await self._check_on_chain(payment)
         try:
             verdict = await client.verify(payload, reqs)
         except (httpx.HTTPError, ValueError) as exc:
             raise PluginError(f"USDCBASE: the facilitator's /verify failed: {type(exc).__name__}") from None
         if not verdict.is_valid:
+            if self._chain is not None and _REASONS.get(verdict.invalid_reason or "") is None:
+                await self._check_on_chain(payment, balance=True)
             raise _reject_reason(verdict.invalid_reason, verdict.invalid_message)
         try:
             result = await client.settle(payload, reqs)
@@ -734,6 +738,26 @@ class USDCBASE(X402Coin):
             network=self.config.network,
             amount_atomic=payment.value_atomic,
         )
+
+    async def _check_on_chain(self, payment: X402Payment, balance: bool = False) -> None:
+        """Facilitator mode with ``rpc_url``: give the same codes as direct mode for a used nonce
+        and, after an unexplained refusal, for a payer without the funds."""
+        chain = self._chain
+        assert chain is not None
+
+        def look() -> str | None:
+            if chain.authorization_used(self.asset, payment.payer, payment.nonce):
+                return "nonce_used"
+            if balance and chain.get_balance(payment.payer, self.asset) < payment.value_atomic:
+                return "insufficient_funds"
+            return None
+
+        try:
+            code = await asyncio.to_thread(look)
+        except Exception:  # noqa: BLE001 - the facilitator decides without our look-up
+            return
+        if code:
+            raise _reject(code)
 
     def _facilitator_client(self) -> Any:
         if self._facilitator is None:
