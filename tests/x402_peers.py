@@ -76,14 +76,15 @@ class Anvil:
     """A running ``anvil`` on a loopback port."""
 
     def __init__(self, block_time: int = 1) -> None:
+        """``block_time`` 0: mine each transaction at once (anvil's automine)."""
         exe = shutil.which("anvil", path=str(npm_bin()))
         if exe is None:
             raise RuntimeError("anvil is not installed in .peers/npm (npm @foundry-rs/anvil)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [exe, "--host", "127.0.0.1", "--port", str(self.port), "--chain-id", str(CHAIN_ID),
-             "--block-time", str(block_time), "--silent"],
+            [exe, "--host", "127.0.0.1", "--port", str(self.port), "--chain-id", str(CHAIN_ID), "--silent",
+             *(["--block-time", str(block_time)] if block_time else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -177,10 +178,10 @@ class Chain:
         return bool(self.token.functions.authorizationState(payer, bytes.fromhex(nonce[2:])).call())
 
 
-def start_chain(work_dir: Path) -> Chain:
+def start_chain(work_dir: Path, block_time: int = 1) -> Chain:
     from web3 import Web3
 
-    anvil = Anvil()
+    anvil = Anvil(block_time)
     try:
         abi, bytecode = compile_test_usdc(work_dir / "solc")
         w3 = Web3(Web3.HTTPProvider(anvil.url, request_kwargs={"timeout": 30}))
