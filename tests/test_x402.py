@@ -107,6 +107,11 @@ def test_python_client_payment_settles_on_chain(chain: Chain, coin: USDCBASE, sh
 
     assert settlement.payer == payer.address and settlement.nonce == payment.nonce
     assert settlement.amount_atomic == 25 * USDC_UNIT and settlement.network == "base"
+    from x402.http.utils import decode_payment_response_header
+
+    x_payment_response = base64.b64encode(json.dumps(coin.settlement_response(settlement)).encode()).decode()
+    decoded = decode_payment_response_header(x_payment_response)
+    assert decoded.success and decoded.transaction == settlement.transaction and decoded.network == "base"
     receipt = chain.w3.eth.get_transaction_receipt(settlement.transaction)
     assert receipt["status"] == 1 and receipt["from"] == relayer.address
     assert chain.usdc(payer.address) == 75 * USDC_UNIT
@@ -470,6 +475,13 @@ def test_v2_payment_signature_settles(chain: Chain, coin: USDCBASE, shop: Any) -
     settlement = asyncio.run(coin.settle(payment, requirements))
     assert settlement.amount_atomic == 20 * USDC_UNIT
     assert chain.usdc(shop.address) == 20 * USDC_UNIT
+    # what core puts in PAYMENT-RESPONSE reads back with the x402 package's own decoder
+    from x402.http.utils import decode_payment_response_header
+
+    header_value = base64.b64encode(json.dumps(coin.settlement_response(settlement, 2)).encode()).decode()
+    decoded = decode_payment_response_header(header_value)
+    assert decoded.success and decoded.transaction == settlement.transaction
+    assert decoded.network == "eip155:8453" and decoded.payer == payer.address
 
 
 def test_v2_payment_for_other_requirements_is_refused(chain: Chain, coin: USDCBASE, shop: Any) -> None:

@@ -127,6 +127,23 @@ class X402Coin(PaymentCoin):
         """
         raise NotImplementedError
 
+    def payment_requirements_v2(self, requirements: dict[str, Any]) -> dict[str, Any]:
+        """The x402 v2 form of one v1 ``accepts`` entry, for the ``PAYMENT-REQUIRED`` header that
+        core adds to the 402 (the body stays v1). Default: the coin does not speak v2."""
+        raise NotImplementedError(f"{type(self).__name__} does not offer x402 v2")
+
+    def settlement_response(self, settlement: X402Settlement, version: int = 1) -> dict[str, Any]:
+        """What core base64-encodes into ``X-PAYMENT-RESPONSE`` (v1) or ``PAYMENT-RESPONSE`` (v2).
+
+        Default: the v1 settle result. A coin whose v2 network name differs overrides it.
+        """
+        return {
+            "success": True,
+            "transaction": settlement.transaction,
+            "network": settlement.network,
+            "payer": settlement.payer,
+        }
+
     async def settlement_status(self, payment: X402Payment) -> X402Settlement | None:
         """After an unknown outcome: the settlement if the authorization was used on chain to pay
         this shop, else None. Must be overridden."""

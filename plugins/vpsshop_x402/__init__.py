@@ -549,6 +549,15 @@ class USDCBASE(X402Coin):
             "extra": dict(requirements.get("extra") or {}),
         }
 
+    def settlement_response(self, settlement: X402Settlement, version: int = 1) -> dict[str, Any]:
+        """The settle result for ``X-PAYMENT-RESPONSE`` (v1, network ``base``) or
+        ``PAYMENT-RESPONSE`` (v2, network ``eip155:8453`` and the ``amount``)."""
+        answer = super().settlement_response(settlement, version)
+        if version == 2:
+            answer["network"] = self.base_network.caip2
+            answer["amount"] = str(settlement.amount_atomic)
+        return answer
+
     # ---- decoding ----
 
     def decode_payment(self, header_value: str, version: int = 1) -> X402Payment:
