@@ -665,3 +665,25 @@ def test_sandbox_loads_without_secrets_and_reports_honestly(vpsshop_client: Any)
     coin = vpsshop_client.app.state.ctx.coins["USDCBASE"]
     ready = asyncio.run(coin.check_ready())
     assert not ready.ok and "placeholder" in ready.detail
+
+
+def test_encrypt_relayer_key_command(tmp_path: Path, relayer: Any) -> None:
+    import os
+    import sys
+
+    secret_hex = bytes(relayer.key).hex()
+    env = {**os.environ, "VPSSHOP_ENCRYPTION_KEY": ENCRYPTION_KEY, "VPSSHOP_DATABASE_URL": f"sqlite:///{tmp_path}/s.db"}
+    done = subprocess.run(
+        [sys.executable, "-m", "vpsshop_x402", "encrypt-relayer-key"],
+        input=f"0x{secret_hex}\n".encode(), capture_output=True, env=env, cwd=tmp_path, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    token = done.stdout.decode().strip()
+    assert secret_hex not in done.stdout.decode() + done.stderr.decode()
+    assert relayer.address in done.stderr.decode()
+    assert decrypt_relayer_key(token, ENCRYPTION_KEY).address == relayer.address
+    bad = subprocess.run(
+        [sys.executable, "-m", "vpsshop_x402", "encrypt-relayer-key"],
+        input=b"not a key\n", capture_output=True, env=env, cwd=tmp_path, timeout=60,
+    )
+    assert bad.returncode == 2 and b"not a valid" in bad.stderr
