@@ -335,16 +335,12 @@ def _sign_cancel(chain: Chain, payer: Any, nonce: str) -> tuple[int, bytes, byte
     return signed.v, signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
 
 
-def test_settlement_that_reverts_is_refused_and_moves_nothing(chain: Chain, coin: USDCBASE, shop: Any) -> None:
-    """The payer cancels the authorization in the same block, ahead of the shop's transaction:
-    verification (at the latest block) passes, the mined settlement reverts."""
-    payer = chain.new_account(usdc=50 * USDC_UNIT)
-    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
-    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+def _settle_while_payer_cancels(chain: Chain, coin: USDCBASE, payer: Any, payment: Any, requirements: Any) -> Any:
+    """Settle while the payer's cancelAuthorization waits in the same block with a higher fee:
+    verification (at the latest block) passes, the mined settlement reverts. Returns the outcome."""
     v, r, s = _sign_cancel(chain, payer, payment.nonce)
     outcome: list[Any] = []
     rpc(chain.url, "evm_setIntervalMining", [0])
-    rpc(chain.url, "evm_setAutomine", [False])
     try:
         gas_price = int(chain.w3.eth.gas_price) * 10
         chain.token.functions.cancelAuthorization(payer.address, bytes.fromhex(payment.nonce[2:]), v, r, s).transact(
@@ -354,21 +350,41 @@ def test_settlement_that_reverts_is_refused_and_moves_nothing(chain: Chain, coin
         def run() -> None:
             try:
                 outcome.append(asyncio.run(coin.settle(payment, requirements)))
-            except BaseException as exc:  # noqa: BLE001 - examined below
+            except BaseException as exc:  # noqa: BLE001 - examined by the caller
                 outcome.append(exc)
 
         worker = threading.Thread(target=run)
         worker.start()
         wait_until(lambda: int(rpc(chain.url, "txpool_status")["pending"], 16) >= 2, what="both transactions pending")
         rpc(chain.url, "evm_mine")
-        worker.join(30)
+        worker.join(60)
     finally:
-        rpc(chain.url, "evm_setAutomine", [False])
         rpc(chain.url, "evm_setIntervalMining", [1])
-    assert len(outcome) == 1 and isinstance(outcome[0], X402Rejected), outcome
-    assert outcome[0].code == "settlement_reverted"
+    assert len(outcome) == 1, outcome
+    return outcome[0]
+
+
+def test_settlement_that_reverts_is_refused_and_moves_nothing(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    outcome = _settle_while_payer_cancels(chain, coin, payer, payment, requirements)
+    assert isinstance(outcome, X402Rejected) and outcome.code == "settlement_reverted", outcome
     assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
     assert asyncio.run(coin.settlement_status(payment)) is None  # canceled, not paid
+
+
+def test_two_processes_sharing_a_relayer_do_not_clash(
+    chain: Chain, shop: Any, relayer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two coin instances (two server processes) send from one relayer: a stale nonce is re-signed."""
+    first = make_coin(chain, shop, relayer, monkeypatch)
+    second = make_coin(chain, shop, relayer, monkeypatch)
+    requirements = first.payment_requirements(1 * USDC_UNIT, RESOURCE, "t")
+    for coin in (first, second, first, second):
+        payer = chain.new_account(usdc=1 * USDC_UNIT)
+        settle(coin, sign_v1_header(payer, requirements), requirements)
+    assert chain.usdc(shop.address) == 4 * USDC_UNIT
 
 
 # ---- an RPC endpoint that times out ------------------------------------------------------------
@@ -571,6 +587,15 @@ def test_facilitator_refusals_move_nothing(
         settle(facilitated, header, requirements)
     assert again.value.code == "nonce_used"
     assert chain.usdc(payer.address) == 30 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+
+
+def test_facilitator_settlement_that_reverts(chain: Chain, facilitated: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = facilitated.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = facilitated.decode_payment(sign_v1_header(payer, requirements))
+    outcome = _settle_while_payer_cancels(chain, facilitated, payer, payment, requirements)
+    assert isinstance(outcome, X402Rejected) and outcome.code == "settlement_reverted", outcome
+    assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
 
 
 def test_facilitator_that_does_not_answer_is_unknown_outcome(chain: Chain, shop: Any) -> None:

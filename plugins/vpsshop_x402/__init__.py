@@ -287,6 +287,11 @@ def _rpc_timeout(exc: BaseException) -> bool:
     return isinstance(exc, (requests.Timeout, requests.ConnectionError, TimeExhausted, TimeoutError))
 
 
+def _nonce_clash(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "nonce too low" in text or "replacement transaction underpriced" in text or "nonce has already been used" in text
+
+
 # ---- the chain ------------------------------------------------------------------------------
 
 
@@ -410,13 +415,20 @@ class BaseChain:
                 "gas": gas_limit,
                 "gasPrice": gas_price,
             }
-            raw = self.relayer.sign_transaction(tx)
-            try:
-                tx_hash = self.w3.eth.send_raw_transaction(raw)
-            except Exception:
-                self._next_nonce = None  # ask the node again next time
-                raise
-            self._next_nonce += 1
+            for attempt in range(3):
+                try:
+                    tx_hash = self.w3.eth.send_raw_transaction(self.relayer.sign_transaction(tx))
+                    break
+                except Exception as exc:
+                    self._next_nonce = None  # ask the node again next time
+                    # The node refused the transaction because another process of this shop used the
+                    # relayer's nonce: nothing was broadcast, so sign again with the node's nonce.
+                    if _rpc_timeout(exc) or attempt == 2 or not _nonce_clash(exc):
+                        raise
+                    tx["nonce"] = self._next_nonce = int(
+                        self.w3.eth.get_transaction_count(self.relayer.address, "pending")
+                    )
+            self._next_nonce = int(tx["nonce"]) + 1
         return "0x" + bytes(tx_hash).hex()
 
     def receipt(self, tx_hash: str, timeout: float) -> Any:
@@ -756,8 +768,16 @@ class USDCBASE(X402Coin):
         except (httpx.HTTPError, ValueError) as exc:
             raise PluginError(f"USDCBASE: the facilitator's /settle failed ({type(exc).__name__}); outcome unknown") from None
         if not result.success:
-            if result.error_reason == "settlement_pending":
-                raise PluginError(f"USDCBASE: the facilitator reports {result.transaction} pending; outcome unknown")
+            code = _REASONS.get(result.error_reason or "")
+            if code is None or code == "settlement_reverted":
+                # The reference facilitator reports a time-out while waiting for the receipt the same
+                # way as a revert ("transaction_failed"): only a receipt proves that nothing moved.
+                if await self._reverted(result.transaction):
+                    raise _reject("settlement_reverted", f"(transaction {result.transaction})")
+                raise PluginError(
+                    f"USDCBASE: the facilitator's /settle failed ({result.error_reason}, transaction "
+                    f"{result.transaction or 'none'}); outcome unknown"
+                )
             raise _reject_reason(result.error_reason, result.error_message)
         return X402Settlement(
             payer=payment.payer,
@@ -766,6 +786,17 @@ class USDCBASE(X402Coin):
             network=self.config.network,
             amount_atomic=payment.value_atomic,
         )
+
+    async def _reverted(self, tx_hash: str | None) -> bool:
+        """Whether ``tx_hash`` is mined and reverted (needs ``rpc_url``; False when unknown)."""
+        chain = self._chain
+        if chain is None or not tx_hash:
+            return False
+        try:
+            receipt = await asyncio.to_thread(chain.w3.eth.get_transaction_receipt, tx_hash)
+        except Exception:  # noqa: BLE001 - not found or no answer: unknown
+            return False
+        return int(receipt["status"]) == 0
 
     async def _check_on_chain(self, payment: X402Payment, balance: bool = False) -> None:
         """Facilitator mode with ``rpc_url``: give the same codes as direct mode for a used nonce
