@@ -676,6 +676,12 @@ def test_direct_mode_settings_are_checked(chain: Chain, shop: Any, monkeypatch: 
     assert not ready.ok and "EMPTY_RELAYER_KEY" in ready.detail
 
 
+def test_relayer_without_gas_is_not_ready(chain: Chain, shop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    coin = make_coin(chain, shop, chain.new_account(), monkeypatch)
+    ready = asyncio.run(coin.check_ready())
+    assert not ready.ok and "no ETH for gas" in ready.detail
+
+
 def test_direct_mode_on_the_wrong_chain_is_not_ready(chain: Chain, shop: Any, relayer: Any,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     coin = make_coin(chain, shop, relayer, monkeypatch, network="base-sepolia")

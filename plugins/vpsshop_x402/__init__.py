@@ -84,41 +84,20 @@ SANDBOX_PAY_TO = "0x000000000000000000000000000000000000dEaD"
 SANDBOX_FACILITATOR_URL = "https://x402.org/facilitator"
 """The public test facilitator of the x402 project (Base Sepolia), used by the sandbox."""
 
-# Minimal ABI of what the shop calls on the USDC contract.
+# keccak256("AuthorizationUsed(address,bytes32)"), the EIP-3009 event of a used authorization
 _AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
-USDC_ABI: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "name": "authorizationState",
-        "stateMutability": "view",
-        "inputs": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}],
-        "outputs": [{"name": "", "type": "bool"}],
-    },
-    {
-        "type": "function",
-        "name": "balanceOf",
-        "stateMutability": "view",
-        "inputs": [{"name": "account", "type": "address"}],
-        "outputs": [{"name": "", "type": "uint256"}],
-    },
-    {
-        "type": "function",
-        "name": "transferWithAuthorization",
-        "stateMutability": "nonpayable",
-        "inputs": [
-            {"name": "from", "type": "address"},
-            {"name": "to", "type": "address"},
-            {"name": "value", "type": "uint256"},
-            {"name": "validAfter", "type": "uint256"},
-            {"name": "validBefore", "type": "uint256"},
-            {"name": "nonce", "type": "bytes32"},
-            {"name": "v", "type": "uint8"},
-            {"name": "r", "type": "bytes32"},
-            {"name": "s", "type": "bytes32"},
-        ],
-        "outputs": [],
-    },
-]
+
+
+def usdc_abi() -> list[dict[str, Any]]:
+    """What the shop calls on the USDC contract, from the x402 package's ABI fragments."""
+    from x402.mechanisms.evm.constants import (
+        AUTHORIZATION_STATE_ABI,
+        BALANCE_OF_ABI,
+        TRANSFER_WITH_AUTHORIZATION_VRS_ABI,
+    )
+
+    return [*AUTHORIZATION_STATE_ABI, *BALANCE_OF_ABI, *TRANSFER_WITH_AUTHORIZATION_VRS_ABI]
+
 
 VALID_BEFORE_MARGIN_SECONDS = 6
 """An authorization must stay valid this long after verification (the reference verifier's rule)."""
@@ -337,7 +316,7 @@ class BaseChain:
     def token(self, address: str) -> Any:
         contract = self._contracts.get(address)
         if contract is None:
-            contract = self._contracts[address] = self.w3.eth.contract(address=_checksum(address), abi=USDC_ABI)
+            contract = self._contracts[address] = self.w3.eth.contract(address=_checksum(address), abi=usdc_abi())
         return contract
 
     # FacilitatorEvmSigner (the parts the exact-scheme verifier uses)
@@ -867,13 +846,17 @@ class USDCBASE(X402Coin):
             chain = self._chain
             if chain is None or chain.relayer is None:
                 return Readiness(False, f"direct settlement not configured: {self._key_problem}")
+            relayer = chain.relayer.address
             try:
                 chain_id = await asyncio.to_thread(chain.get_chain_id)
+                gas_wei = await asyncio.to_thread(chain.w3.eth.get_balance, relayer)
             except Exception as exc:  # noqa: BLE001
                 return Readiness(False, f"Base RPC endpoint does not answer: {type(exc).__name__}")
             if chain_id != self.base_network.chain_id:
                 return Readiness(False, f"RPC endpoint is chain {chain_id}, not {self.config.network}")
-            return Readiness(True, f"direct settlement on {self.config.network} from relayer {chain.relayer.address}")
+            if gas_wei < self.config.gas_limit * 10**6:  # not even one settlement at 0.001 gwei
+                return Readiness(False, f"relayer {relayer} has no ETH for gas: send some on {self.config.network}")
+            return Readiness(True, f"direct settlement on {self.config.network} from relayer {relayer}")
         try:
             supported = await asyncio.to_thread(self._facilitator_client().get_supported)
         except Exception as exc:  # noqa: BLE001
