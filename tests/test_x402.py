@@ -22,6 +22,8 @@ from x402_peers import (
     Chain,
     Facilitator,
     StallingRpcFront,
+    X402ResourceDouble,
+    fetch_with_npm_client,
     npm_bin,
     rpc,
     sign_npm_header,
@@ -510,6 +512,109 @@ def test_v2_payment_for_other_requirements_is_refused(chain: Chain, coin: USDCBA
         asyncio.run(coin.settle(coin.decode_payment(header, version=2), requirements))
     assert err.value.code == "wrong_amount"
     assert_nothing_moved(chain, payer, shop, before)
+
+
+# ---- real x402 HTTP clients against the exchange core performs ---------------------------------
+
+
+@pytest.fixture
+def paid_resource(coin: USDCBASE) -> Iterator[X402ResourceDouble]:
+    served = X402ResourceDouble(coin, 25 * USDC_UNIT)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def _python_http_client(payer: Any, requirements_network: str, asset: str, v2: bool = False) -> Any:
+    from x402 import x402Client
+    from x402.mechanisms.evm.exact import ExactEvmClientScheme
+    from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1
+
+    client = x402Client()
+    client.set_spend_controls({"allowed_assets": [{"network": requirements_network, "asset": asset}]})
+    if v2:
+        client.register("eip155:8453", ExactEvmClientScheme(payer))
+    else:
+        client.register_v1(requirements_network, ExactEvmSchemeV1(payer))
+    return client
+
+
+def test_python_http_client_pays_the_402_over_http(
+    chain: Chain, paid_resource: X402ResourceDouble, shop: Any
+) -> None:
+    from x402.http.clients import x402HttpxClient
+    from x402.http.utils import decode_payment_response_header
+
+    payer = chain.new_account(usdc=100 * USDC_UNIT)
+    client = _python_http_client(payer, "base", chain.asset)
+
+    async def pay() -> Any:
+        async with x402HttpxClient(client, timeout=60) as http:
+            return await http.post(paid_resource.url, json={"amount": 25, "coin": "USDCBASE"})
+
+    response = asyncio.run(pay())
+    assert paid_resource.answers == [402, 200]
+    assert response.status_code == 200 and response.json()["status"] == "completed"
+    settle_result = decode_payment_response_header(response.headers["X-PAYMENT-RESPONSE"])
+    assert settle_result.success and settle_result.payer == payer.address
+    assert settle_result.transaction == response.json()["transaction"]
+    assert chain.usdc(payer.address) == 75 * USDC_UNIT and chain.usdc(shop.address) == 25 * USDC_UNIT
+    assert len(paid_resource.settled) == 1
+
+
+def test_python_http_client_speaks_v2_when_offered(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    from x402.http.clients import x402HttpxClient
+    from x402.http.utils import decode_payment_response_header
+
+    served = X402ResourceDouble(coin, 25 * USDC_UNIT, offer_v2=True)
+    try:
+        payer = chain.new_account(usdc=100 * USDC_UNIT)
+        client = _python_http_client(payer, "eip155:8453", chain.asset, v2=True)
+
+        async def pay() -> Any:
+            async with x402HttpxClient(client, timeout=60) as http:
+                return await http.post(served.url, json={"amount": 25, "coin": "USDCBASE"})
+
+        response = asyncio.run(pay())
+    finally:
+        served.stop()
+    assert served.answers == [402, 200] and response.status_code == 200
+    settle_result = decode_payment_response_header(response.headers["PAYMENT-RESPONSE"])
+    assert settle_result.success and settle_result.network == "eip155:8453"
+    assert chain.usdc(shop.address) == 25 * USDC_UNIT
+
+
+def test_npm_x402_fetch_pays_the_402_over_http(chain: Chain, paid_resource: X402ResourceDouble, shop: Any) -> None:
+    payer = chain.new_account(usdc=100 * USDC_UNIT)
+    result = fetch_with_npm_client(payer, paid_resource.url, chain.url)
+    assert paid_resource.answers == [402, 200]
+    assert result["status"] == 200 and result["body"]["status"] == "completed"
+    settle_result = json.loads(base64.b64decode(result["paymentResponse"]))
+    assert settle_result == {
+        "success": True,
+        "transaction": result["body"]["transaction"],
+        "network": "base",
+        "payer": payer.address,
+    }
+    assert chain.usdc(payer.address) == 75 * USDC_UNIT and chain.usdc(shop.address) == 25 * USDC_UNIT
+
+
+def test_http_refusal_has_the_error_body(chain: Chain, paid_resource: X402ResourceDouble, shop: Any) -> None:
+    """A client holding too little USDC gets the seed's error body from the coin's refusal."""
+    from x402.http.clients import x402HttpxClient
+
+    payer = chain.new_account(usdc=1 * USDC_UNIT)
+
+    async def pay() -> Any:
+        async with x402HttpxClient(_python_http_client(payer, "base", chain.asset), timeout=60) as http:
+            return await http.post(paid_resource.url, json={"amount": 25, "coin": "USDCBASE"})
+
+    response = asyncio.run(pay())
+    assert paid_resource.answers == [402, 402]
+    assert response.status_code == 402
+    assert response.json()["error"] == "insufficient_funds" and response.json()["message"]
+    assert chain.usdc(payer.address) == 1 * USDC_UNIT and chain.usdc(shop.address) == 0
 
 
 # ---- facilitator mode -------------------------------------------------------------------------

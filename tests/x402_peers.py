@@ -432,3 +432,106 @@ def sign_npm_header(payer: Any, requirements: dict[str, Any], rpc_url: str) -> s
     if done.returncode != 0:
         raise RuntimeError(f"npm x402 client failed: {done.stderr.decode()[-2000:]}")
     return done.stdout.decode().strip()
+
+
+# ---- a paid HTTP resource in front of the coin ---------------------------------------------------
+
+
+class X402ResourceDouble:
+    """Test double of core's x402 exchange on ``POST /v1/topups`` (the engine is built elsewhere),
+    so that real x402 HTTP clients (PyPI ``x402HttpxClient``, npm ``x402-fetch``) drive the coin.
+
+    It does what the engine is specified to do with the coin and nothing more: a request without a
+    payment header gets 402 with ``{"x402Version": 1, "error", "accepts": [payment_requirements]}``
+    (plus the v2 ``PAYMENT-REQUIRED`` header when ``offer_v2``); a re-send with ``X-PAYMENT`` (v1) or
+    ``PAYMENT-SIGNATURE`` (v2) is decoded, settled and answered 200 with ``X-PAYMENT-RESPONSE`` /
+    ``PAYMENT-RESPONSE``; a refusal is answered with the seed's error body ``{"error","message"}``.
+    ``settled`` lists every settlement, keyed by (payer, nonce) as the engine keys the credit.
+    """
+
+    def __init__(self, coin: Any, amount_atomic: int, offer_v2: bool = False) -> None:
+        self.coin = coin
+        self.amount_atomic = amount_atomic
+        self.offer_v2 = offer_v2
+        self.settled: dict[tuple[str, str], Any] = {}
+        self.answers: list[int] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+                owner.answers.append(status)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                owner.handle(self)
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1/topups"
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def handle(self, request: Any) -> None:
+        import asyncio
+
+        from vpsshop import PluginError, X402Rejected
+
+        requirements = self.coin.payment_requirements(self.amount_atomic, self.url, "Top-up")
+        v1_header, v2_header = request.headers.get("X-PAYMENT"), request.headers.get("PAYMENT-SIGNATURE")
+        if not v1_header and not v2_header:
+            headers = {}
+            if self.offer_v2:
+                required = {
+                    "x402Version": 2,
+                    "error": "PAYMENT-SIGNATURE header is required",
+                    "resource": {"url": self.url, "description": "Top-up", "mimeType": "application/json"},
+                    "accepts": [self.coin.payment_requirements_v2(requirements)],
+                }
+                headers["PAYMENT-REQUIRED"] = base64.b64encode(json.dumps(required).encode()).decode()
+            body = {"x402Version": 1, "error": "X-PAYMENT header is required", "accepts": [requirements]}
+            return request._answer(402, body, headers)
+        version = 1 if v1_header else 2
+        try:
+            payment = self.coin.decode_payment(v1_header or v2_header, version)
+            settlement = asyncio.run(self.coin.settle(payment, requirements))
+        except X402Rejected as exc:
+            return request._answer(exc.status, {"error": exc.code, "message": exc.message})
+        except PluginError as exc:
+            return request._answer(503, {"error": "settlement_unknown", "message": str(exc)})
+        self.settled[(payment.payer, payment.nonce)] = settlement
+        name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
+        value = base64.b64encode(json.dumps(self.coin.settlement_response(settlement, version)).encode()).decode()
+        body = {"status": "completed", "transaction": settlement.transaction}
+        request._answer(200, body, {name: value, "Access-Control-Expose-Headers": name})
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def fetch_with_npm_client(payer: Any, url: str, rpc_url: str) -> dict[str, Any]:
+    """``POST url`` with the npm ``x402-fetch`` wrapper (viem wallet); its status, body and headers."""
+    bin_dir = npm_bin()
+    env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
+    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url}
+    done = subprocess.run(
+        ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
+        input=json.dumps(request).encode(),
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"npm x402-fetch failed: {done.stderr.decode()[-2000:]}")
+    return json.loads(done.stdout)
