@@ -25,9 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from x402_peers import USDC_UNIT, sign_v1_header, start_chain  # noqa: E402
-
-from vpsshop_x402 import USDCBASE  # noqa: E402
+from vpsshop_x402 import USDCBASE
+from x402_peers import USDC_UNIT, sign_v1_header, start_chain
 
 TARGET_MS = 20.0
 

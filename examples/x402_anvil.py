@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from x402_peers import USDC_UNIT, free_port, sign_v1_header, start_chain  # noqa: E402
+from x402_peers import USDC_UNIT, free_port, sign_v1_header, start_chain
 
 RELAYER_ENV = "EXAMPLE_X402_RELAYER_KEY"
 

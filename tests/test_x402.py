@@ -13,10 +13,12 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from vpsshop_x402 import USDCBASE, decrypt_relayer_key, encrypt_relayer_key
 from x402_peers import (
     USDC_UNIT,
     Chain,
@@ -24,7 +26,6 @@ from x402_peers import (
     StallingRpcFront,
     X402ResourceDouble,
     fetch_with_npm_client,
-    npm_bin,
     rpc,
     sign_npm_header,
     sign_v1_header,
@@ -34,7 +35,6 @@ from x402_peers import (
 )
 
 from vpsshop import PluginError, X402Rejected
-from vpsshop_x402 import USDCBASE, decrypt_relayer_key, encrypt_relayer_key
 
 pytestmark = pytest.mark.slow
 
@@ -809,7 +809,7 @@ def test_encrypt_relayer_key_command(tmp_path: Path, relayer: Any) -> None:
 
     secret_hex = bytes(relayer.key).hex()
     env = {**os.environ, "VPSSHOP_ENCRYPTION_KEY": ENCRYPTION_KEY, "VPSSHOP_DATABASE_URL": f"sqlite:///{tmp_path}/s.db"}
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the return codes are asserted
         [sys.executable, "-m", "vpsshop_x402", "encrypt-relayer-key"],
         input=f"0x{secret_hex}\n".encode(), capture_output=True, env=env, cwd=tmp_path, timeout=60,
     )
@@ -818,8 +818,23 @@ def test_encrypt_relayer_key_command(tmp_path: Path, relayer: Any) -> None:
     assert secret_hex not in done.stdout.decode() + done.stderr.decode()
     assert relayer.address in done.stderr.decode()
     assert decrypt_relayer_key(token, ENCRYPTION_KEY).address == relayer.address
-    bad = subprocess.run(
+    bad = subprocess.run(  # noqa: PLW1510
         [sys.executable, "-m", "vpsshop_x402", "encrypt-relayer-key"],
         input=b"not a key\n", capture_output=True, env=env, cwd=tmp_path, timeout=60,
     )
     assert bad.returncode == 2 and b"not a valid" in bad.stderr
+
+
+def test_payment_identity_is_normalized(chain: Chain, coin: USDCBASE) -> None:
+    """The engine keys the credit on (payer, nonce): the same authorization written with other
+    letter cases must give the same key."""
+    payer = chain.new_account(usdc=1)
+    requirements = coin.payment_requirements(1, RESOURCE, "t")
+    header = sign_v1_header(payer, requirements)
+    data = json.loads(base64.b64decode(header))
+    auth = data["payload"]["authorization"]
+    auth["from"] = auth["from"].lower()
+    auth["nonce"] = "0x" + auth["nonce"][2:].upper()
+    original, respelled = coin.decode_payment(header), coin.decode_payment(_b64(data))
+    assert (original.payer, original.nonce) == (respelled.payer, respelled.nonce) == (payer.address, original.nonce.lower())
+    assert original.valid_before == int(auth["validBefore"]) > time.time()

@@ -23,9 +23,10 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 NPM_DIR = ROOT / ".peers" / "npm"
@@ -286,14 +287,14 @@ class Facilitator:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 owner.requests.append(f"GET {self.path}")
                 if self.path.rstrip("/").endswith("/supported"):
                     supported = owner.facilitator.get_supported()
                     return self._answer(200, supported.model_dump(by_alias=True, exclude_none=True))
                 self._answer(404, {"error": "not found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 owner.requests.append(f"POST {self.path}")
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 payload, requirements = owner.parse(body)
@@ -355,7 +356,7 @@ class StallingRpcFront:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 request = json.loads(raw)
                 methods = [r["method"] for r in request] if isinstance(request, list) else [request["method"]]
@@ -422,7 +423,7 @@ def sign_npm_header(payer: Any, requirements: dict[str, Any], rpc_url: str) -> s
     bin_dir = npm_bin()
     env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
     request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "requirements": requirements}
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the return code is checked below
         ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
         input=json.dumps(request).encode(),
         capture_output=True,
@@ -472,7 +473,7 @@ class X402ResourceDouble:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 owner.handle(self)
 
@@ -525,7 +526,7 @@ def fetch_with_npm_client(payer: Any, url: str, rpc_url: str) -> dict[str, Any]:
     bin_dir = npm_bin()
     env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
     request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url}
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the return code is checked below
         ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
         input=json.dumps(request).encode(),
         capture_output=True,

@@ -35,8 +35,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -152,7 +153,7 @@ class USDCBaseConfig(BaseModel):
         return _checksum(value)
 
     @model_validator(mode="after")
-    def _mode_needs(self) -> "USDCBaseConfig":
+    def _mode_needs(self) -> USDCBaseConfig:
         if self.mode == "direct":
             if not self.rpc_url:
                 raise ValueError("mode 'direct' needs rpc_url")
@@ -881,7 +882,7 @@ def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
 
 
 @hookimpl
-def vpsshop_startup(ctx: "AppContext") -> None:
+def vpsshop_startup(ctx: AppContext) -> None:
     """Unlock an encrypted relayer key with ``settings.encryption_key``."""
     coin = ctx.coins.get(USDCBASE.code)
     if isinstance(coin, USDCBASE):
@@ -889,11 +890,5 @@ def vpsshop_startup(ctx: "AppContext") -> None:
 
 
 __all__ = [
-    "NETWORKS",
-    "USDCBASE",
-    "USDCBaseConfig",
-    "BaseChain",
-    "RelayerKey",
-    "encrypt_relayer_key",
-    "decrypt_relayer_key",
+    "NETWORKS", "USDCBASE", "BaseChain", "RelayerKey", "USDCBaseConfig", "decrypt_relayer_key", "encrypt_relayer_key",
 ]
