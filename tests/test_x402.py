@@ -337,17 +337,28 @@ def _sign_cancel(chain: Chain, payer: Any, nonce: str) -> tuple[int, bytes, byte
     return signed.v, signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
 
 
-def _settle_while_payer_cancels(chain: Chain, coin: USDCBASE, payer: Any, payment: Any, requirements: Any) -> Any:
-    """Settle while the payer's cancelAuthorization waits in the same block with a higher fee:
-    verification (at the latest block) passes, the mined settlement reverts. Returns the outcome."""
-    v, r, s = _sign_cancel(chain, payer, payment.nonce)
+def _settle_while_payer_cancels(
+    chain: Chain, coin: USDCBASE, payer: Any, payment: Any, requirements: Any, front_run: bool = False
+) -> Any:
+    """Settle while the payer's cancelAuthorization (or, with ``front_run``, someone submitting the
+    same authorization) waits in the same block with a higher fee: verification (at the latest
+    block) passes, the mined settlement reverts. Returns the outcome."""
     outcome: list[Any] = []
     rpc(chain.url, "evm_setIntervalMining", [0])
     try:
         gas_price = int(chain.w3.eth.gas_price) * 10
-        chain.token.functions.cancelAuthorization(payer.address, bytes.fromhex(payment.nonce[2:]), v, r, s).transact(
-            {"from": chain.deployer, "gasPrice": gas_price}
-        )
+        if front_run:
+            auth = payment.raw["payload"]["authorization"]
+            sig = bytes.fromhex(payment.raw["payload"]["signature"][2:])
+            chain.token.functions.transferWithAuthorization(
+                auth["from"], auth["to"], int(auth["value"]), int(auth["validAfter"]), int(auth["validBefore"]),
+                bytes.fromhex(auth["nonce"][2:]), sig[64], sig[:32], sig[32:64],
+            ).transact({"from": chain.deployer, "gasPrice": gas_price})
+        else:
+            v, r, s = _sign_cancel(chain, payer, payment.nonce)
+            chain.token.functions.cancelAuthorization(
+                payer.address, bytes.fromhex(payment.nonce[2:]), v, r, s
+            ).transact({"from": chain.deployer, "gasPrice": gas_price})
 
         def run() -> None:
             try:
@@ -374,6 +385,23 @@ def test_settlement_that_reverts_is_refused_and_moves_nothing(chain: Chain, coin
     assert isinstance(outcome, X402Rejected) and outcome.code == "settlement_reverted", outcome
     assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
     assert asyncio.run(coin.settlement_status(payment)) is None  # canceled, not paid
+
+
+def test_front_run_settlement_still_counts_once(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    """Someone submits the customer's authorization before the shop's transaction: ours reverts,
+    but the USDC arrived, so settle() returns the transaction that paid us (and only once)."""
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    outcome = _settle_while_payer_cancels(chain, coin, payer, payment, requirements, front_run=True)
+    assert not isinstance(outcome, BaseException), outcome
+    receipt = chain.w3.eth.get_transaction_receipt(outcome.transaction)
+    assert receipt["status"] == 1 and receipt["from"] == chain.deployer  # the front-runner's transaction
+    assert outcome.amount_atomic == 10 * USDC_UNIT
+    assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+    with pytest.raises(X402Rejected) as again:
+        asyncio.run(coin.settle(payment, requirements))
+    assert again.value.code == "nonce_used"
 
 
 def test_two_processes_sharing_a_relayer_do_not_clash(
