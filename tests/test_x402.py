@@ -731,6 +731,16 @@ def test_facilitator_settlement_that_reverts(chain: Chain, facilitated: USDCBASE
     assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
 
 
+def test_facilitator_front_run_settlement_counts(chain: Chain, facilitated: USDCBASE, shop: Any) -> None:
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = facilitated.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = facilitated.decode_payment(sign_v1_header(payer, requirements))
+    outcome = _settle_while_payer_cancels(chain, facilitated, payer, payment, requirements, front_run=True)
+    assert not isinstance(outcome, BaseException), outcome
+    assert chain.w3.eth.get_transaction_receipt(outcome.transaction)["from"] == chain.deployer
+    assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
+
+
 def test_facilitator_that_does_not_answer_is_unknown_outcome(chain: Chain, shop: Any) -> None:
     from x402_peers import free_port
 

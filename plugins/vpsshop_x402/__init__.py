@@ -524,6 +524,9 @@ class USDCBASE(X402Coin):
                 # The reference facilitator reports a time-out while waiting for the receipt the same
                 # way as a revert ("transaction_failed"): only a receipt proves that nothing moved.
                 if await self._reverted(result.transaction):
+                    earlier = await self.settlement_status(payment)  # front-run: it paid us all the same
+                    if earlier is not None:
+                        return earlier
                     raise _reject("settlement_reverted", f"(transaction {result.transaction})")
                 raise PluginError(
                     f"USDCBASE: the facilitator's /settle failed ({result.error_reason}, transaction "
