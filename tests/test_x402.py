@@ -876,3 +876,27 @@ def test_payment_identity_is_normalized(chain: Chain, coin: USDCBASE) -> None:
     original, respelled = coin.decode_payment(header), coin.decode_payment(_b64(data))
     assert (original.payer, original.nonce) == (respelled.payer, respelled.nonce) == (payer.address, original.nonce.lower())
     assert original.valid_before == int(auth["validBefore"]) > time.time()
+
+
+def test_startup_unlocks_the_encrypted_relayer_key(tmp_path: Path, chain: Chain, shop: Any, relayer: Any) -> None:
+    """The plugin's vpsshop_startup hook decrypts relayer_key_encrypted with the shop's encryption_key."""
+    from starlette.testclient import TestClient
+
+    from vpsshop.app import create_app
+    from vpsshop.settings import load_settings
+    from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
+
+    section = {"mode": "direct", "network": "base", "rpc_url": chain.url, "pay_to": shop.address,
+               "asset": chain.asset, "relayer_key_encrypted": encrypt_relayer_key(bytes(relayer.key).hex(), TEST_ENCRYPTION_KEY)}
+    settings = load_settings(None, environ={}, overrides={
+        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
+        "encryption_key": TEST_ENCRYPTION_KEY, "server": {"background": False}, "coins": {"USDCBASE": section},
+    })
+    app = create_app(settings, background=False)
+    coin = app.state.ctx.coins["USDCBASE"]
+    assert coin.chain.relayer is None
+    with TestClient(app) as client:
+        assert coin.chain.relayer is not None and coin.chain.relayer.address == relayer.address
+        health = client.get("/v1/health").json()
+    usdc = next(c for c in health["components"] if c["id"] == "USDCBASE")
+    assert usdc["ready"] is True and relayer.address in usdc["detail"]
