@@ -57,7 +57,9 @@ class X402Payment:
     """A decoded ``X-PAYMENT`` (or v2 ``PAYMENT-SIGNATURE``) header, before anything is settled.
 
     ``payer`` and ``nonce`` are the payment's identity on chain (EIP-3009 authorizations are
-    single-use per (payer, nonce)); core keys the credit on them.
+    single-use per (payer, nonce)); core keys the credit on them. ``valid_before`` (unix seconds,
+    0 when unknown) is when the authorization stops being usable: until then an open record whose
+    :meth:`X402Coin.settlement_status` is None may still be settled, after it None is final.
     """
 
     payer: str
@@ -65,6 +67,7 @@ class X402Payment:
     value_atomic: int
     version: int
     raw: dict[str, Any]
+    valid_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,23 @@ class X402Coin(PaymentCoin):
             :meth:`settlement_status`. Must be overridden.
         """
         raise NotImplementedError
+
+    def payment_requirements_v2(self, requirements: dict[str, Any]) -> dict[str, Any]:
+        """The x402 v2 form of one v1 ``accepts`` entry, for the ``PAYMENT-REQUIRED`` header that
+        core adds to the 402 (the body stays v1). Default: the coin does not speak v2."""
+        raise NotImplementedError(f"{type(self).__name__} does not offer x402 v2")
+
+    def settlement_response(self, settlement: X402Settlement, version: int = 1) -> dict[str, Any]:
+        """What core base64-encodes into ``X-PAYMENT-RESPONSE`` (v1) or ``PAYMENT-RESPONSE`` (v2).
+
+        Default: the v1 settle result. A coin whose v2 network name differs overrides it.
+        """
+        return {
+            "success": True,
+            "transaction": settlement.transaction,
+            "network": settlement.network,
+            "payer": settlement.payer,
+        }
 
     async def settlement_status(self, payment: X402Payment) -> X402Settlement | None:
         """After an unknown outcome: the settlement if the authorization was used on chain to pay
