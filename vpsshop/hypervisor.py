@@ -73,8 +73,11 @@ class ServerHandle:
     """Where a created server lives: returned by :meth:`HypervisorBackend.create`, stored by core."""
 
     host: str
+    """The host the domain was placed on; empty when creation failed before placement finished."""
     domain: str
     ip: str | None = None
+    location: str | None = None
+    """The server's location, so a backend can look on every host of it when ``host`` is empty."""
 
 
 class HypervisorBackend(Component):

@@ -22,6 +22,7 @@ BLOCK_ENV = "VPSSHOP_BLOCK_PLUGINS"
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("catalog", "vpsshop_catalog"),
     ("rates", "vpsshop_rates"),
+    ("libvirt", "vpsshop_libvirt"),
 )
 """(entry-point name, module) of the plugins shipped in ``plugins/``.
 

@@ -105,7 +105,7 @@ def _finish(session: Session, job: ClaimedJob, now: datetime, **values: object) 
 
 
 def _handle(server: Server) -> ServerHandle:
-    return ServerHandle(host=server.host or "", domain=server.domain or "", ip=server.ip)
+    return ServerHandle(host=server.host or "", domain=server.domain or "", ip=server.ip, location=server.location)
 
 
 # ---- provisioning --------------------------------------------------------------------------------
