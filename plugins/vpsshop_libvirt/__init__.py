@@ -115,6 +115,9 @@ class LibvirtConfig(BaseModel):
     domain_type: Literal["kvm", "qemu", "test"] = "kvm"
     machine: str = Field("pc", description="QEMU machine type (pc boots with BIOS, no firmware auto-selection).")
     base_image_format: Literal["qcow2", "raw"] = "qcow2"
+    shutdown_grace_seconds: float = Field(
+        SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown, then power off."
+    )
     locations: dict[str, LocationConfig] = Field(min_length=1)
 
 
@@ -446,7 +449,8 @@ class LibvirtBackend(HypervisorBackend):
         elif not dom.isActive():
             dom.create()
 
-    def _stop(self, handle: ServerHandle, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+    def _stop(self, handle: ServerHandle) -> None:
+        grace = self.cfg.shutdown_grace_seconds
         dom = self._domain(handle)
         if dom is None or not dom.isActive():
             return
