@@ -22,6 +22,7 @@ from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, _Raced, enqueue, period_end, record, renew
+from vpsshop.servers.models import ServerEvent, ServerJob
 
 TAG = ("servers",)
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -178,24 +179,26 @@ def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -
     now = ctx.clock.now()
     try:
         with ctx.db.session() as session:
-            server = Server(
+            # Core statements, not ORM units of work: this is the hot path of ordering (bench/orders.py).
+            values = dict(
                 account_id=account_id, plan=body.plan, location=body.location, os=body.os,
                 hostname=(body.hostname or "pending").lower(), cycle=body.cycle, price_micros=price,
-                status="provisioning", created_at=now, expires_at=period_end(now, body.cycle),
+                status="provisioning", username="root", created_at=now, expires_at=period_end(now, body.cycle),
                 root_password_enc=encrypt_password(ctx, password), idempotency_key=key,
-                request_digest=digest if key is not None else None,
+                request_digest=digest if key is not None else None, auto_renew=True,
             )
-            session.add(server)
-            session.flush()
-            assert server.id is not None
+            server_id = session.execute(sa.insert(Server).values(**values).returning(Server.id)).scalar_one()
             if body.hostname is None:
-                server.hostname = f"vps-{server.id}"
-                session.add(server)
-            ledger.post(session, account_id, -price, "order", ref=f"server:{server.id}",
+                values["hostname"] = f"vps-{server_id}"
+                session.execute(sa.update(Server).where(Server.id == server_id).values(hostname=values["hostname"]))
+            ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
                         memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)
-            record(session, server.id, "ordered", now, f"{body.plan} {body.location} {body.os} {body.cycle}")
-            enqueue(session, server.id, "provision", now)
-            out = server_out(server)
+            session.execute(sa.insert(ServerEvent).values(
+                server_id=server_id, kind="ordered", created_at=now,
+                detail=f"{body.plan} {body.location} {body.os} {body.cycle}"))
+            session.execute(sa.insert(ServerJob).values(
+                server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
+            out = server_out(Server(id=server_id, **values))
     except IntegrityError:
         if key is None:
             raise
