@@ -17,8 +17,9 @@ background task (every minute) does, in this order:
    seed image and frees its address.
 
 A customer brings a suspended server back with ``POST /servers/{id}/renew`` after topping up: one
-cycle is charged, ``expires_at`` moves one cycle on (from the old expiry, or from now if even that
-is in the past), the server is ``active`` again and a ``resume`` job starts its VM.
+cycle is charged, the new period starts at the renewal (the suspended days are not billed), the
+server is ``active`` again and a ``resume`` job starts its VM. Renewing an active server extends it
+from its current ``expires_at``.
 
 Every step is a conditional ``UPDATE ... WHERE status = <expected> AND expires_at = <read>`` in the
 transaction that also writes the ledger entry, the history row and the job: only one worker can
