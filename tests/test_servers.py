@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
 
 import pytest
@@ -10,7 +9,6 @@ from sqlmodel import select
 
 from vpsshop import ledger
 from vpsshop.models import LedgerEntry, Server
-from vpsshop.servers.jobs import run_jobs
 from vpsshop.servers.models import ServerJob
 from vpsshop.testing import create_test_account
 
@@ -154,3 +152,8 @@ def test_openapi_documents_the_server_endpoints(vpsshop_client):
         assert path in paths, path
     assert "Idempotency-Key" in paths["/servers"]["post"]["description"]
     assert "monthly" in paths["/servers"]["post"]["description"]
+    assert "InsufficientBalanceBody" in str(paths["/servers"]["post"]["responses"]["402"])
+    assert "InsufficientBalanceBody" in str(paths["/servers/{id}/renew"]["post"]["responses"]["402"])
+    from openapi_spec_validator import validate
+
+    validate(doc)

@@ -21,6 +21,7 @@ from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.models import Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
+from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, _Raced, enqueue, period_end, record, renew
@@ -29,7 +30,7 @@ from vpsshop.servers.models import ServerEvent, ServerJob
 TAG = ("servers",)
 IDEMPOTENCY_HEADER = "idempotency-key"
 MAX_IDEMPOTENCY_KEY = 200
-_HOSTNAME = r"^(?i)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 _PRINTABLE = r"^[\x20-\x7e]+$"
 
 
@@ -356,6 +357,8 @@ def routes() -> list[ApiRoute]:
                 "invalid_root_password, invalid_idempotency_key, unknown_field",
                 409: "idempotency_key_reused: this key was used for a different order.",
             },
+            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged.",
+                             InsufficientBalanceBody)},
             tags=TAG, operation_id="orderServer",
         ),
         ApiRoute(
@@ -383,8 +386,8 @@ def routes() -> list[ApiRoute]:
             "suspended server (expired unpaid) becomes active again and its VM is started; its new period starts "
             "now. Servers renew themselves from the balance up to 72 hours before expiry (capped at half the "
             "cycle), so this is for bringing a suspended server back or paying ahead.",
+            responses={402: ("insufficient_balance: the balance does not cover one cycle.", InsufficientBalanceBody)},
             errors={
-                402: "insufficient_balance: the balance does not cover one cycle (body adds price, balance, deficit).",
                 404: _NOT_YOURS,
                 409: "server_not_renewable: the server is provisioning or terminated.",
             },
