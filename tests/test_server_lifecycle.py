@@ -277,3 +277,77 @@ def test_claims_are_exclusive_and_survive_a_dead_worker(vpsshop_client, vpsshop_
         jobs = session.exec(select(ServerJob)).all()
         assert {(j.status, j.attempts) for j in jobs} == {("done", 2)}
     assert {s["status"] for s in vpsshop_client.get("/v1/servers", headers=vpsshop_account.headers).json()["servers"]} == {"active"}
+
+
+def test_parallel_workers_provision_each_server_once_with_distinct_addresses(vpsshop_client, vpsshop_account):
+    ctx = _ctx(vpsshop_client)
+    vpsshop_account.credit("100")
+    ids = [_order(vpsshop_client, vpsshop_account)["id"] for _ in range(10)]
+    results: list[dict[str, int]] = []
+
+    def worker(n: int) -> None:
+        results.append(asyncio.run(run_jobs(ctx, worker=f"worker-{n}")))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r["done"] for r in results) == 10 and sum(r["retry"] + r["failed"] for r in results) == 0
+    servers = [_server(vpsshop_client, vpsshop_account, i) for i in ids]
+    assert {s["status"] for s in servers} == {"active"}
+    assert len({s["ip"] for s in servers}) == 10
+    for sid in ids:
+        assert _events(vpsshop_client, sid) == ["ordered", "provisioned"]
+
+
+def test_racing_lifecycle_passes_charge_a_renewal_once(vpsshop_client, vpsshop_account, vpsshop_clock):
+    ctx = _ctx(vpsshop_client)
+    vpsshop_account.credit("24")
+    ids = [_order(vpsshop_client, vpsshop_account)["id"] for _ in range(3)]
+    _jobs(vpsshop_client)
+    vpsshop_clock.set(_row(vpsshop_client, ids[0]).expires_at - timedelta(hours=1))
+    results = []
+    errors: list[BaseException] = []
+
+    def lifecycle() -> None:
+        try:
+            results.append(asyncio.run(run_lifecycle(ctx)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lifecycle) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sum(r.renewed for r in results) == 3, results
+    with ctx.db.session() as session:
+        renewals = session.exec(select(LedgerEntry).where(LedgerEntry.reason == "renewal")).all()
+        assert len(renewals) == 3
+        assert ledger.balance_from_entries(session, vpsshop_account.user_id) == 24_000_000 - 6 * 3_990_000
+    for sid in ids:
+        assert _events(vpsshop_client, sid) == ["ordered", "provisioned", "renewed"]
+
+
+def test_background_tasks_of_serve_provision_on_their_own(vpsshop_settings, tmp_path):
+    """With background tasks on (as `vpsshop serve` runs them) an order becomes active by itself."""
+    import time
+
+    from starlette.testclient import TestClient
+
+    from vpsshop.app import create_app
+    from vpsshop.testing import create_test_account
+
+    settings = vpsshop_settings.model_copy(update={"servers": {"jobs_interval_seconds": 0.1}})
+    with TestClient(create_app(settings, background=True)) as client:
+        account = create_test_account(client)
+        account.credit("5")
+        sid = client.post("/v1/servers", headers=account.headers, json=ORDER).json()["server"]["id"]
+        for _ in range(100):
+            server = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+            if server["status"] == "active":
+                break
+            time.sleep(0.1)
+        assert server["status"] == "active" and server["ip"]

@@ -237,8 +237,9 @@ async def order_server(call: Call) -> Reply:
 # ---- reading -------------------------------------------------------------------------------------
 
 
-def _owned(session: Session, account_id: int, server_id: int) -> Server:
-    server = session.exec(select(Server).where(Server.id == server_id, Server.account_id == account_id)).first()
+def _owned(session: Session, account_id: int, server_id: int, *, lock: bool = False) -> Server:
+    query = select(Server).where(Server.id == server_id, Server.account_id == account_id)
+    server = session.exec(query.with_for_update() if lock else query).first()
     if server is None:
         raise NotFound("server")
     return server
@@ -285,7 +286,7 @@ def _renew(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
     for _ in range(3):
         try:
             with ctx.db.session() as session:
-                server = _owned(session, account_id, server_id)
+                server = _owned(session, account_id, server_id, lock=True)
                 if server.status not in ("active", "suspended"):
                     raise Conflict("server_not_renewable",
                                    f"A {server.status} server cannot be renewed (only active or suspended ones).")

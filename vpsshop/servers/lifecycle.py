@@ -37,6 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 from anyio import to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from vpsshop import ledger
@@ -102,6 +103,15 @@ def record(session: Session, server_id: int, kind: str, now: datetime, detail: s
         found = session.exec(select(ServerEvent.id).where(ServerEvent.once_key == once_key)).first()
         if found is not None:
             return False
+        savepoint = session.begin_nested()
+        try:
+            session.add(ServerEvent(server_id=server_id, kind=kind, detail=detail, once_key=once_key, created_at=now))
+            session.flush()
+            savepoint.commit()
+        except IntegrityError:  # another worker recorded it a moment ago
+            savepoint.rollback()
+            return False
+        return True
     session.add(ServerEvent(server_id=server_id, kind=kind, detail=detail, once_key=once_key, created_at=now))
     session.flush()
     return True
@@ -176,7 +186,9 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
             continue
         try:
             with ctx.db.session() as session:
-                fresh = session.get(Server, server.id)
+                # Lock the row (PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes other writers) so
+                # that the check below and the renewal are one step for every worker.
+                fresh = session.get(Server, server.id, with_for_update=True)
                 if fresh is None or fresh.status != "active" or fresh.expires_at != server.expires_at:
                     continue
                 if renew(session, fresh, now, by="auto-renewal").charged:
