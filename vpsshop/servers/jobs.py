@@ -20,6 +20,7 @@ A provisioning attempt that fails is retried after ``retry_seconds`` x 2^(attemp
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -301,12 +302,37 @@ def _done(ctx: AppContext, job: ClaimedJob) -> None:
 async def run_jobs(ctx: AppContext, limit: int = MAX_JOBS_PER_PASS, worker: str = WORKER_ID) -> dict[str, int]:
     """One pass of the ``servers-jobs`` task: claim and run jobs until none is due or ``limit``.
 
-    Tests call it directly. Returns how many jobs ended ``done``, ``retry`` and ``failed``.
+    Up to ``servers.job_concurrency`` jobs run at once (a suspension waits for the guest's ACPI
+    shutdown; other servers' jobs need not wait behind it). When nothing is claimable but jobs are
+    still running, the pass waits for one to finish and looks again, so a job queued by a finishing
+    job (the clean-up after a failed provisioning) runs in the same pass. Tests call it directly.
+    Returns how many jobs ended ``done``, ``retry`` and ``failed``.
     """
     counts = {"done": 0, "retry": 0, "failed": 0}
-    for _ in range(limit):
+    concurrency = policy(ctx).job_concurrency
+    running: set[asyncio.Task[str]] = set()
+    claimed = 0
+
+    def collect(finished: set[asyncio.Task[str]]) -> None:
+        for task in finished:
+            counts[task.result()] += 1
+        running.difference_update(finished)
+
+    while claimed < limit:
+        if len(running) >= concurrency:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            collect(done)
+            continue
         job = await to_thread.run_sync(claim, ctx, worker)
         if job is None:
-            break
-        counts[await run_job(ctx, job)] += 1
+            if not running:
+                break
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            collect(done)
+            continue
+        claimed += 1
+        running.add(asyncio.create_task(run_job(ctx, job), name=f"server-job-{job.id}"))
+    if running:
+        done, _ = await asyncio.wait(running)
+        collect(done)
     return counts
