@@ -351,3 +351,21 @@ def test_background_tasks_of_serve_provision_on_their_own(vpsshop_settings, tmp_
                 break
             time.sleep(0.1)
         assert server["status"] == "active" and server["ip"]
+
+
+def test_auto_renew_off_means_suspension_at_expiry(vpsshop_client, vpsshop_account, vpsshop_clock):
+    h = vpsshop_account.headers
+    vpsshop_account.credit("20")
+    sid = _order(vpsshop_client, vpsshop_account)["id"]
+    _jobs(vpsshop_client)
+    off = vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"auto_renew": False})
+    assert off.status_code == 200 and off.json()["auto_renew"] is False
+    bad = vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"auto_renew": "sometimes"})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_auto_renew"
+    expires = _row(vpsshop_client, sid).expires_at
+    vpsshop_clock.set(expires - timedelta(hours=1))
+    assert _lifecycle(vpsshop_client).renewed == 0
+    vpsshop_clock.set(expires + timedelta(seconds=1))
+    assert _lifecycle(vpsshop_client).suspended == 1
+    assert vpsshop_client.get("/v1/account", headers=h).json()["balance_usd"] == 16.01
+    assert vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"auto_renew": True}).json()["auto_renew"] is True

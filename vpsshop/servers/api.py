@@ -55,6 +55,13 @@ class OrderBody(ApiModel):
     )
 
 
+class ServerPatch(ApiModel):
+    """Body of ``PATCH /servers/{id}``."""
+
+    auto_renew: bool = Field(description="false: the server is not renewed automatically and is suspended at "
+                             "expires_at unless renewed by hand (invalid_auto_renew).")
+
+
 class ServerOut(BaseModel):
     """The seed's Server."""
 
@@ -279,6 +286,23 @@ async def get_credentials(call: Call) -> CredentialsOut:
     return await run_in_threadpool(_credentials, call.ctx, call.account_id, call.path["id"])
 
 
+def _patch(ctx: AppContext, account_id: int, server_id: int, auto_renew: bool) -> ServerOut:
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id, lock=True)
+        if server.status == "terminated":
+            raise Conflict("server_terminated", "A terminated server cannot be changed.")
+        if server.auto_renew != auto_renew:
+            server.auto_renew = auto_renew
+            session.add(server)
+            record(session, server_id, "auto_renew_on" if auto_renew else "auto_renew_off", now, "customer")
+        return server_out(server)
+
+
+async def patch_server(call: Call) -> ServerOut:
+    return await run_in_threadpool(_patch, call.ctx, call.account_id, call.path["id"], call.body.auto_renew)
+
+
 # ---- renewal and power ---------------------------------------------------------------------------
 
 
@@ -372,6 +396,14 @@ def routes() -> list[ApiRoute]:
             description="status: provisioning (paid, being created) -> active (running, ip set) -> suspended "
             "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted after the grace period). "
             "A suspended server returns to active when renewed.",
+        ),
+        ApiRoute(
+            "PATCH", "/servers/{id}", patch_server, "Turn automatic renewal on or off", ServerOut, body=ServerPatch,
+            description="auto_renew (default true) renews the server from the balance up to 72 hours before "
+            "expires_at. Turned off, the server is suspended at expires_at unless POST /servers/{id}/renew is "
+            "called, and terminated after the grace period.",
+            errors={404: _NOT_YOURS, 409: "server_terminated: the server was deleted."},
+            tags=TAG, operation_id="updateServer",
         ),
         ApiRoute(
             "GET", "/servers/{id}/credentials", get_credentials, "Reveal the root login", CredentialsOut,
