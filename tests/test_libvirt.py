@@ -153,6 +153,7 @@ def test_domain_lives_through_its_whole_life_on_real_libvirtd(storage_pool):
         user = json.loads(user_data.split("\n", 1)[1])
         assert user["hostname"] == "web-1"
         assert user["chpasswd"]["users"] == [{"name": "root", "password": "s3cret-Pass-42", "type": "text"}]
+        assert user["ssh_pwauth"] is True and "PermitRootLogin yes" in user["write_files"][0]["content"]
         assert json.loads(_isoinfo(seed, "-R", "-x", "/meta-data"))["local-hostname"] == "web-1"
         network = json.loads(_isoinfo(seed, "-R", "-x", "/network-config"))
         eth = network["ethernets"]["primary"]

@@ -222,6 +222,10 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
         "disable_root": False,
         "ssh_pwauth": True,
         "chpasswd": {"expire": False, "users": [{"name": "root", "password": spec.root_password, "type": "text"}]},
+        # Debian and Ubuntu ship "PermitRootLogin prohibit-password": the customer logs in as root with
+        # this password, so allow it; set_passwords restarts sshd after write_files has run.
+        "write_files": [{"path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
+                         "content": "PermitRootLogin yes\nPasswordAuthentication yes\n", "permissions": "0644"}],
     }
     files = {"meta-data": json.dumps(meta) + "\n", "user-data": "#cloud-config\n" + json.dumps(user) + "\n"}
     if spec.ip is not None:
