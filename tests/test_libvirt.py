@@ -237,3 +237,27 @@ def test_domain_xml_units_and_devices():
     assert "<target dev=\"vda\" bus=\"virtio\" />" in xml and "<model type=\"virtio\" />" in xml
     assert "<loader" not in xml and "firmware" not in xml  # BIOS: no firmware auto-selection
     assert "host-passthrough" in xml
+
+
+def _contract_spec(name: str, location: str = "nl") -> ServerSpec:
+    return ServerSpec(name=name, hostname="contract", location=location, vcpu=1, memory_mib=256, disk_gib=5,
+                      os_id="debian-12", os_image=BASE_IMAGE, root_password="contract-pass-1")
+
+
+def test_contract_on_real_libvirtd(storage_pool):
+    from vpsshop.servers.contract import check_backend
+
+    pool_name, directory = storage_pool
+    backend = LibvirtBackend.from_settings(_settings(pool_name), sandbox=False, where="hypervisor.libvirt")
+    asyncio.run(check_backend(backend, _contract_spec(f"vps-c-{uuid.uuid4().hex[:6]}")))
+    assert sorted(p.name for p in directory.iterdir()) == [BASE_IMAGE]
+
+
+def test_contract_on_the_sandbox_test_driver():
+    from vpsshop.servers.contract import check_backend
+
+    backend = LibvirtBackend.from_settings(None, sandbox=True, where="hypervisor.libvirt")
+    name = f"vps-c-{uuid.uuid4().hex[:6]}"
+    asyncio.run(check_backend(backend, _contract_spec(name, location="anywhere")))
+    vols = libvirt.open("test:///default").storagePoolLookupByName("default-pool").listVolumes()
+    assert not [v for v in vols if v.startswith(name)]
