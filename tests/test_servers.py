@@ -157,3 +157,33 @@ def test_openapi_documents_the_server_endpoints(vpsshop_client):
     from openapi_spec_validator import validate
 
     validate(doc)
+
+
+def test_migrations_create_the_servers_tables_as_modelled(vpsshop_client):
+    """Migration 0003 gives SQLite and PostgreSQL exactly the tables the models describe."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    import vpsshop.servers.models  # noqa: F401
+
+    ours = {"servers", "server_jobs", "server_events", "ip_leases"}
+
+    def table_of(diff) -> str | None:
+        item = diff[0] if isinstance(diff, list) else diff
+        for part in item[1:]:
+            name = getattr(part, "name", None) if not isinstance(part, str) else part
+            table = getattr(part, "table", None)
+            if table is not None:
+                return table.name
+            if name in ours:
+                return name
+        return None
+
+    with vpsshop_client.app.state.ctx.db.engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), SQLModel.metadata)
+    assert [d for d in diffs if table_of(d) in ours] == []
+    with vpsshop_client.app.state.ctx.db.engine.connect() as conn:
+        import sqlalchemy as sa
+
+        assert ours <= set(sa.inspect(conn).get_table_names())

@@ -123,8 +123,10 @@ def _prepare(ctx: AppContext, server_id: int) -> tuple[Server, ServerSpec] | Non
         if server.domain is None:
             server.domain = f"vps-{server.id}-{secrets.token_hex(4)}"
             session.add(server)
-        plan = next(p for p in ctx.catalog_data.plans if p.id == server.plan)
-        os_ = next(o for o in ctx.catalog_data.operating_systems if o.id == server.os)
+        plan = next((p for p in ctx.catalog_data.plans if p.id == server.plan), None)
+        os_ = next((o for o in ctx.catalog_data.operating_systems if o.id == server.os), None)
+        if plan is None or os_ is None:
+            raise RuntimeError(f"plan {server.plan!r} or operating system {server.os!r} is no longer in the catalog")
         pool = backend.address_pool(server.location)
         address = None
         if pool is not None:
