@@ -24,7 +24,7 @@ from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
-from vpsshop.servers.lifecycle import DEFAULT_CYCLE, _Raced, enqueue, period_end, record, renew
+from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
 from vpsshop.servers.models import ServerEvent, ServerJob
 
 TAG = ("servers",)
@@ -317,7 +317,7 @@ def _renew(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
                 result = renew(session, server, ctx.clock.now(), by="customer")
                 return RenewOut(server=server_out(result.server),
                                 charged_usd=micros_to_usd(server.price_micros if result.charged else 0))
-        except _Raced:
+        except RenewalRaced:
             continue
     raise Conflict("server_busy", "The server changed while renewing; retry.")
 

@@ -158,7 +158,7 @@ def renew(session: Session, server: Server, now: datetime, *, by: str) -> Renewa
         .values(**values)
     ).rowcount
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
-        raise _Raced()
+        raise RenewalRaced()
     record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
     if resumed:
         record(session, server.id, "resumed", now, by)
@@ -168,7 +168,7 @@ def renew(session: Session, server: Server, now: datetime, *, by: str) -> Renewa
     return Renewal(server, charged=True)
 
 
-class _Raced(Exception):
+class RenewalRaced(Exception):
     """A conditional update found the row changed; the transaction is rolled back and retried."""
 
 
@@ -198,7 +198,7 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
             with ctx.db.session() as session:
                 record(session, server.id, "renewal_failed",  # type: ignore[arg-type]
                        now, exc.message, once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}")
-        except _Raced:
+        except RenewalRaced:
             continue
     return done
 
