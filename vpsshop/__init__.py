@@ -21,7 +21,7 @@ from vpsshop.coins import PaymentCoin, X402Coin, X402Payment, X402Rejected, X402
 from vpsshop.component import Component, NoConfig, Readiness
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
-from vpsshop.hypervisor import DomainState, HypervisorBackend, ServerHandle, ServerSpec
+from vpsshop.hypervisor import AddressPool, DomainState, HypervisorBackend, ServerHandle, ServerSpec
 from vpsshop.rates import RateSource
 from vpsshop.tasks import BackgroundTask
 
@@ -44,6 +44,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AddressPool",
     "ApiError",
     "ApiModel",
     "ApiRoute",

@@ -1,10 +1,21 @@
-"""Base class of hypervisor backends: the verbs core uses to run a customer's server."""
+"""Base class of hypervisor backends: the verbs core uses to run a customer's server.
+
+Core calls every verb from a provisioning job (``vpsshop/servers/jobs.py``), never inside an HTTP
+request, and retries a verb whose job was interrupted. So every verb must be idempotent: creating a
+domain that already exists returns its handle, starting a running domain or destroying a missing
+one succeeds. A verb that cannot do its work raises :class:`vpsshop.PluginError` with a message an
+operator may read (core stores it as the job's error and, after the last retry, tells the customer
+the order failed and refunds it).
+
+Blocking client libraries (libvirt-python) must run in a thread (``asyncio.to_thread``) so that
+the event loop serving the API never waits on a hypervisor.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 from vpsshop.component import Component
 
@@ -19,11 +30,27 @@ class DomainState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class AddressPool:
+    """The addresses a location can hand out, as :meth:`HypervisorBackend.address_pool` returns them.
+
+    ``pool`` names the pool; core leases each address of a pool to at most one server (a unique
+    row in the ``ip_leases`` table), so two servers never share an address even with several
+    workers provisioning at once.
+    """
+
+    pool: str
+    addresses: Iterable[str]
+    prefix_length: int = 24
+    gateway: str | None = None
+    nameservers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ServerSpec:
     """Everything a backend needs to create a server, resolved by core from the catalog."""
 
     name: str
-    """Unique name for the domain on its host (core uses ``vps-<server id>``)."""
+    """Unique name for the domain on its host (core uses ``vps-<server id>-<random>``)."""
     hostname: str
     location: str
     vcpu: int
@@ -33,6 +60,11 @@ class ServerSpec:
     os_image: str
     """Base image file name of the operating system, as the catalog gives it."""
     root_password: str
+    ip: str | None = None
+    """The address core leased from :meth:`HypervisorBackend.address_pool` (None: no pool)."""
+    prefix_length: int = 24
+    gateway: str | None = None
+    nameservers: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -41,8 +73,11 @@ class ServerHandle:
     """Where a created server lives: returned by :meth:`HypervisorBackend.create`, stored by core."""
 
     host: str
+    """The host the domain was placed on; empty when creation failed before placement finished."""
     domain: str
     ip: str | None = None
+    location: str | None = None
+    """The server's location, so a backend can look on every host of it when ``host`` is empty."""
 
 
 class HypervisorBackend(Component):
@@ -54,31 +89,49 @@ class HypervisorBackend(Component):
 
     kind: ClassVar[str]
 
+    def address_pool(self, location: str) -> AddressPool | None:
+        """The address pool of ``location``, or None when the backend assigns addresses itself.
+
+        Called by core in the provisioning job before :meth:`create`; core picks a free address
+        and passes it as ``spec.ip``. Must be cheap (no network calls). Default: None.
+        """
+        return None
+
     async def create(self, spec: ServerSpec) -> ServerHandle:
-        """Define the domain with its disk and first-boot data and start it."""
+        """Define the domain with its disk and first-boot data and start it.
+
+        Called once per provisioning attempt. If a domain named ``spec.name`` exists already (an
+        earlier attempt got that far) return its handle. Return the host it was placed on, the
+        domain name and the address the server answers on.
+        """
         raise NotImplementedError
 
     async def start(self, handle: ServerHandle) -> None:
+        """Power the domain on (customer's power action). Running already: nothing to do."""
         raise NotImplementedError
 
     async def stop(self, handle: ServerHandle) -> None:
-        """Power the domain off (hard stop after a grace period)."""
+        """Power the domain off (customer's power action). Stopped already: nothing to do."""
         raise NotImplementedError
 
     async def reboot(self, handle: ServerHandle) -> None:
+        """Restart the domain (customer's power action); start it if it is off."""
         raise NotImplementedError
 
     async def suspend(self, handle: ServerHandle) -> None:
-        """Stop the domain for non-payment, keeping its disk."""
+        """Stop the domain for non-payment, keeping its disk. Called when a server is suspended."""
         raise NotImplementedError
 
     async def resume(self, handle: ServerHandle) -> None:
-        """Undo :meth:`suspend`."""
+        """Undo :meth:`suspend`: start the domain again. Called after a suspended server is renewed."""
         raise NotImplementedError
 
     async def destroy(self, handle: ServerHandle) -> None:
-        """Remove the domain, its disks and its first-boot data, and free its address."""
+        """Remove the domain, its disks and its first-boot data. Called once a server is terminated
+        (and to clean up after a failed provisioning). Core frees the address lease afterwards."""
         raise NotImplementedError
 
     async def state(self, handle: ServerHandle) -> DomainState:
+        """What the domain is doing now. ``MISSING`` when it does not exist. Never raises for a
+        missing domain."""
         raise NotImplementedError

@@ -84,6 +84,7 @@ class LedgerEntry(SQLModel, table=True):
 
 class Server(SQLModel, table=True):
     __tablename__ = "servers"
+    __table_args__ = (sa.Index("ux_servers_account_idempotency", "account_id", "idempotency_key", unique=True),)
 
     id: Optional[int] = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
@@ -98,3 +99,14 @@ class Server(SQLModel, table=True):
     username: str = Field(default="root", max_length=32, nullable=False)
     created_at: datetime = _ts()
     expires_at: datetime = _ts(index=True)
+    # Added by migration 0003 (servers issue): see vpsshop/servers/ and docs/servers.md.
+    root_password_enc: Optional[str] = Field(default=None, max_length=500)
+    """The root password, Fernet-encrypted with ``settings.encryption_key`` (never stored in clear)."""
+    idempotency_key: Optional[str] = Field(default=None, max_length=200)
+    request_digest: Optional[str] = Field(default=None, max_length=64)
+    domain: Optional[str] = Field(default=None, max_length=64)
+    host: Optional[str] = Field(default=None, max_length=200)
+    status_reason: Optional[str] = Field(default=None, max_length=500)
+    auto_renew: bool = Field(default=True, nullable=False)
+    suspended_at: Optional[datetime] = _ts(nullable=True)
+    terminated_at: Optional[datetime] = _ts(nullable=True)

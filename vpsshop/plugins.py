@@ -23,6 +23,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("catalog", "vpsshop_catalog"),
     ("rates", "vpsshop_rates"),
     ("x402", "vpsshop_x402"),
+    ("libvirt", "vpsshop_libvirt"),
 )
 """(entry-point name, module) of the plugins shipped in ``plugins/``.
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from vpsshop import servers
 from vpsshop.api import accounts, service
 from vpsshop.routing import ApiRoute
 
 
 def core_routes() -> list[ApiRoute]:
-    return [*accounts.routes(), *service.routes()]
+    return [*accounts.routes(), *service.routes(), *servers.routes()]

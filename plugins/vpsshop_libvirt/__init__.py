@@ -1,0 +1,572 @@
+"""KVM servers through libvirt: domain XML, a qcow2 overlay, a NoCloud seed ISO, an address pool.
+
+Settings (``[hypervisor] backend = "libvirt"``)::
+
+    [hypervisor.libvirt]
+    domain_type = "kvm"                 # "qemu" for TCG (no /dev/kvm), "test" for test:///default
+    [hypervisor.libvirt.locations.nl]
+    pool = "vpsshop"                    # storage pool holding the OS base images and the servers' disks
+    network = "bridge:br0"              # or "network:default", or "user" (QEMU user networking)
+    addresses = "203.0.113.0/26"        # CIDR or "203.0.113.10-203.0.113.60"; leased by core, never shared
+    gateway = "203.0.113.1"
+    nameservers = ["1.1.1.1", "9.9.9.9"]
+    [[hypervisor.libvirt.locations.nl.hosts]]
+    uri = "qemu+ssh://root@kvm1.nl.example/system"
+    max_memory_mib = 120000             # default: the host's physical memory
+    [[hypervisor.libvirt.locations.nl.hosts]]
+    uri = "qemu+ssh://root@kvm2.nl.example/system"
+
+A location named ``"*"`` serves every catalog location not listed. The sandbox uses libvirt's
+``test:///default`` driver for ``"*"``.
+
+How a server is made (:meth:`LibvirtBackend.create`):
+
+1. **placement**: of the location's hosts, the one with the most free memory (the host's
+   ``max_memory_mib`` minus the memory of every domain defined on it) that fits the plan; none
+   fits: :class:`~vpsshop.PluginError`, and core retries later;
+2. **disk**: ``<name>.qcow2`` in the pool, a qcow2 overlay whose backing file is the catalog's
+   base image (``<pool path>/<os image>``), sized to the plan's disk;
+3. **seed**: ``<name>-seed.iso``, a NoCloud ISO (volume id ``cidata``, made with ``cloud-localds``
+   or ``genisoimage``) carrying ``meta-data`` (instance id, hostname), ``user-data`` (hostname, root
+   password, password SSH login) and ``network-config`` (the leased address), uploaded into the pool;
+4. **domain**: memory with explicit ``unit='MiB'`` (a bare ``<memory>`` is KiB), BIOS boot (no
+   firmware auto-selection), virtio disk and virtio network, started at once.
+
+Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from vpsshop import (
+    AddressPool,
+    DomainState,
+    HypervisorBackend,
+    PluginError,
+    Readiness,
+    ServerHandle,
+    ServerSpec,
+    hookimpl,
+)
+
+try:
+    import libvirt
+except ImportError:  # pragma: no cover - the plugin then offers nothing (see the hook below)
+    libvirt = None  # type: ignore[assignment]
+
+SHUTDOWN_GRACE_SECONDS = 30.0
+_STATES = {
+    1: DomainState.RUNNING,  # VIR_DOMAIN_RUNNING
+    2: DomainState.RUNNING,  # BLOCKED: running, waiting on I/O
+    3: DomainState.PAUSED,
+    4: DomainState.STOPPED,  # SHUTDOWN: on its way down
+    5: DomainState.STOPPED,  # SHUTOFF
+    6: DomainState.STOPPED,  # CRASHED
+    7: DomainState.PAUSED,  # PMSUSPENDED
+}
+
+
+class HostConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str = Field(description="libvirt URI of the host, e.g. qemu+ssh://root@kvm1/system.")
+    name: str | None = Field(None, description="Name stored with each server; default the URI.")
+    max_memory_mib: int | None = Field(None, ge=256, description="Memory to sell; default the host's memory.")
+
+    @property
+    def key(self) -> str:
+        return self.name or self.uri
+
+
+class LocationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hosts: list[HostConfig] = Field(min_length=1)
+    pool: str = Field("default", description="Storage pool with the base images; disks and seeds go there.")
+    network: str = Field("network:default", pattern=r"^(network:.+|bridge:.+|user)$")
+    addresses: str | None = Field(None, description="CIDR or first-last range of the addresses to hand out.")
+    gateway: str | None = None
+    nameservers: list[str] = Field(default_factory=lambda: ["1.1.1.1", "9.9.9.9"])
+
+    @field_validator("addresses")
+    @classmethod
+    def _parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            _address_range(value)
+        return value
+
+
+class LibvirtConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    domain_type: Literal["kvm", "qemu", "test"] = "kvm"
+    machine: str = Field("pc", description="QEMU machine type (pc boots with BIOS, no firmware auto-selection).")
+    base_image_format: Literal["qcow2", "raw"] = "qcow2"
+    shutdown_grace_seconds: float = Field(
+        SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown, then power off."
+    )
+    locations: dict[str, LocationConfig] = Field(min_length=1)
+
+
+def _address_range(value: str) -> tuple[list[ipaddress.IPv4Address | ipaddress.IPv6Address], int]:
+    """Addresses and prefix length of ``"10.0.0.0/24"`` or ``"10.0.0.10-10.0.0.20"`` (a /24 then)."""
+    if "-" in value:
+        first_s, last_s = value.split("-", 1)
+        first, last = ipaddress.ip_address(first_s.strip()), ipaddress.ip_address(last_s.strip())
+        if last < first or int(last) - int(first) > 65535:
+            raise ValueError(f"address range {value!r} is empty or larger than 65536")
+        return [ipaddress.ip_address(int(first) + i) for i in range(int(last) - int(first) + 1)], 24
+    network = ipaddress.ip_network(value, strict=False)
+    if network.num_addresses > 65536 * 4:
+        raise ValueError(f"address pool {value!r} is larger than a /14")
+    return [], network.prefixlen
+
+
+def _pool_addresses(value: str, skip: set[str]) -> Iterator[str]:
+    if "-" in value:
+        addresses, _ = _address_range(value)
+        yield from (str(a) for a in addresses if str(a) not in skip)
+        return
+    for address in ipaddress.ip_network(value, strict=False).hosts():
+        if str(address) not in skip:
+            yield str(address)
+
+
+def choose_host(candidates: Iterable[tuple[HostConfig, int, int]], need_mib: int) -> HostConfig | None:
+    """The host with the most free memory that fits ``need_mib``: (host, used MiB, capacity MiB)."""
+    best: tuple[int, HostConfig] | None = None
+    for host, used, capacity in candidates:
+        free = capacity - used
+        if free >= need_mib and (best is None or free > best[0]):
+            best = (free, host)
+    return best[1] if best else None
+
+
+def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_path: str, seed_path: str) -> str:
+    """The domain definition. Memory carries an explicit unit; disk and network are virtio."""
+    dom = ET.Element("domain", type=cfg.domain_type)
+    ET.SubElement(dom, "name").text = spec.name
+    ET.SubElement(dom, "description").text = f"vpsshop server {spec.hostname}"
+    ET.SubElement(dom, "memory", unit="MiB").text = str(spec.memory_mib)
+    ET.SubElement(dom, "currentMemory", unit="MiB").text = str(spec.memory_mib)
+    ET.SubElement(dom, "vcpu", placement="static").text = str(spec.vcpu)
+    os_el = ET.SubElement(dom, "os")
+    ET.SubElement(os_el, "type", arch="x86_64", machine=cfg.machine).text = "hvm"
+    ET.SubElement(os_el, "boot", dev="hd")
+    features = ET.SubElement(dom, "features")
+    ET.SubElement(features, "acpi")
+    ET.SubElement(features, "apic")
+    if cfg.domain_type == "kvm":
+        ET.SubElement(dom, "cpu", mode="host-passthrough")
+    ET.SubElement(dom, "clock", offset="utc")
+    ET.SubElement(dom, "on_poweroff").text = "destroy"
+    ET.SubElement(dom, "on_reboot").text = "restart"
+    ET.SubElement(dom, "on_crash").text = "destroy"
+    devices = ET.SubElement(dom, "devices")
+    disk = ET.SubElement(devices, "disk", type="file", device="disk")
+    ET.SubElement(disk, "driver", name="qemu", type="qcow2", discard="unmap")
+    ET.SubElement(disk, "source", file=disk_path)
+    ET.SubElement(disk, "target", dev="vda", bus="virtio")
+    seed = ET.SubElement(devices, "disk", type="file", device="cdrom")
+    ET.SubElement(seed, "driver", name="qemu", type="raw")
+    ET.SubElement(seed, "source", file=seed_path)
+    ET.SubElement(seed, "target", dev="hdc", bus="ide")
+    ET.SubElement(seed, "readonly")
+    kind, _, name = loc.network.partition(":")
+    nic = ET.SubElement(devices, "interface", type=kind)
+    if kind == "network":
+        ET.SubElement(nic, "source", network=name)
+    elif kind == "bridge":
+        ET.SubElement(nic, "source", bridge=name)
+    ET.SubElement(nic, "model", type="virtio")
+    ET.SubElement(devices, "serial", type="pty")
+    ET.SubElement(devices, "console", type="pty")
+    ET.SubElement(devices, "memballoon", model="virtio")
+    return ET.tostring(dom, encoding="unicode")
+
+
+def volume_xml(name: str, capacity: int, unit: str, fmt: str, backing: tuple[str, str] | None = None) -> str:
+    vol = ET.Element("volume")
+    ET.SubElement(vol, "name").text = name
+    ET.SubElement(vol, "capacity", unit=unit).text = str(capacity)
+    if backing is not None:
+        ET.SubElement(vol, "allocation").text = "0"  # a sparse overlay: grows as the guest writes
+    target = ET.SubElement(vol, "target")
+    ET.SubElement(target, "format", type=fmt)
+    if backing is not None:
+        store = ET.SubElement(vol, "backingStore")
+        ET.SubElement(store, "path").text = backing[0]
+        ET.SubElement(store, "format", type=backing[1])
+    return ET.tostring(vol, encoding="unicode")
+
+
+def seed_files(spec: ServerSpec) -> dict[str, str]:
+    """The NoCloud files. YAML is written as JSON (a subset of YAML), so no value needs escaping."""
+    meta = {"instance-id": spec.name, "local-hostname": spec.hostname}
+    user = {
+        "hostname": spec.hostname,
+        "preserve_hostname": False,
+        "disable_root": False,
+        "ssh_pwauth": True,
+        "chpasswd": {"expire": False, "users": [{"name": "root", "password": spec.root_password, "type": "text"}]},
+        # Debian and Ubuntu ship "PermitRootLogin prohibit-password": the customer logs in as root with
+        # this password, so allow it; set_passwords restarts sshd after write_files has run.
+        "write_files": [{"path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
+                         "content": "PermitRootLogin yes\nPasswordAuthentication yes\n", "permissions": "0644"}],
+    }
+    files = {"meta-data": json.dumps(meta) + "\n", "user-data": "#cloud-config\n" + json.dumps(user) + "\n"}
+    if spec.ip is not None:
+        eth: dict[str, Any] = {"match": {"name": "e*"}, "addresses": [f"{spec.ip}/{spec.prefix_length}"]}
+        if spec.gateway:
+            eth["routes"] = [{"to": "default", "via": spec.gateway}]
+        if spec.nameservers:
+            eth["nameservers"] = {"addresses": list(spec.nameservers)}
+        files["network-config"] = json.dumps({"version": 2, "ethernets": {"primary": eth}}) + "\n"
+    return files
+
+
+def build_seed_iso(spec: ServerSpec, out: Path) -> None:
+    """Write the NoCloud ISO (volume id ``cidata``) with cloud-localds, else genisoimage."""
+    files = seed_files(spec)
+    with tempfile.TemporaryDirectory(prefix="vpsshop-seed-") as tmp:
+        paths = {}
+        for name, text in files.items():
+            path = Path(tmp) / name
+            path.write_text(text)
+            path.chmod(0o600)
+            paths[name] = str(path)
+        if shutil.which("cloud-localds"):
+            cmd = ["cloud-localds", str(out), paths["user-data"], paths["meta-data"]]
+            if "network-config" in paths:
+                cmd += ["--network-config", paths["network-config"]]
+        elif shutil.which("genisoimage"):
+            cmd = ["genisoimage", "-quiet", "-output", str(out), "-volid", "cidata", "-joliet", "-rock", *paths.values()]
+        else:
+            raise PluginError("neither cloud-localds nor genisoimage is installed on the vpsshop host")
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise PluginError(f"building the seed ISO failed: {result.stderr.strip()[:200]}")
+
+
+class LibvirtBackend(HypervisorBackend):
+    """Servers as libvirt domains on the hosts of each location (see the module docstring)."""
+
+    kind = "libvirt"
+    Config = LibvirtConfig
+
+    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+        super().__init__(config, sandbox=sandbox)
+        self.cfg: LibvirtConfig = config  # type: ignore[assignment]
+        self._conns: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors arrive as exceptions
+
+    @classmethod
+    def sandbox_config(cls) -> dict[str, Any]:
+        return {
+            "domain_type": "test",
+            "locations": {
+                "*": {
+                    "hosts": [{"uri": "test:///default", "name": "test", "max_memory_mib": 1024 * 1024}],
+                    "pool": "default-pool",
+                    "network": "network:default",
+                    "addresses": "10.99.0.0/16",
+                    "gateway": "10.99.0.1",
+                }
+            },
+        }
+
+    # ---- configuration lookups ----------------------------------------------------------------
+
+    def location(self, location: str) -> LocationConfig:
+        loc = self.cfg.locations.get(location) or self.cfg.locations.get("*")
+        if loc is None:
+            raise PluginError(f"location {location!r} has no hosts in [hypervisor.libvirt.locations]")
+        return loc
+
+    def _host(self, key: str) -> tuple[HostConfig, LocationConfig]:
+        for loc in self.cfg.locations.values():
+            for host in loc.hosts:
+                if host.key == key:
+                    return host, loc
+        raise PluginError(f"host {key!r} is no longer in [hypervisor.libvirt]; add it back to manage its servers")
+
+    def address_pool(self, location: str) -> AddressPool | None:
+        loc = self.location(location)
+        if loc.addresses is None:
+            return None
+        name = location if location in self.cfg.locations else "*"
+        _, prefix = _address_range(loc.addresses)
+        skip = {loc.gateway} if loc.gateway else set()
+        return AddressPool(
+            pool=f"libvirt:{name}", addresses=_pool_addresses(loc.addresses, skip), prefix_length=prefix,
+            gateway=loc.gateway, nameservers=tuple(loc.nameservers),
+        )
+
+    # ---- connections ----------------------------------------------------------------------------
+
+    def _conn(self, uri: str) -> Any:
+        with self._lock:
+            conn = self._conns.get(uri)
+            if conn is not None:
+                try:
+                    if conn.isAlive():
+                        return conn
+                except libvirt.libvirtError:
+                    pass
+            try:
+                conn = libvirt.open(uri)
+            except libvirt.libvirtError as exc:
+                raise PluginError(f"cannot connect to {uri}: {exc.get_error_message()}") from None
+            self._conns[uri] = conn
+            return conn
+
+    def _lookup(self, conn: Any, name: str) -> Any | None:
+        try:
+            return conn.lookupByName(name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise PluginError(f"looking up domain {name}: {exc.get_error_message()}") from None
+
+    def _domain(self, handle: ServerHandle) -> Any | None:
+        host, _ = self._host(handle.host)
+        return self._lookup(self._conn(host.uri), handle.domain)
+
+    # ---- create ---------------------------------------------------------------------------------
+
+    def _used_mib(self, conn: Any) -> int:
+        return sum(dom.maxMemory() for dom in conn.listAllDomains()) // 1024
+
+    def _capacity_mib(self, host: HostConfig, conn: Any) -> int:
+        return host.max_memory_mib if host.max_memory_mib is not None else int(conn.getInfo()[1])
+
+    def _place(self, spec: ServerSpec, loc: LocationConfig) -> tuple[HostConfig, Any]:
+        candidates = []
+        errors = []
+        for host in loc.hosts:
+            try:
+                conn = self._conn(host.uri)
+                existing = self._lookup(conn, spec.name)
+                if existing is not None:  # an earlier attempt defined it here
+                    return host, conn
+                candidates.append((host, self._used_mib(conn), self._capacity_mib(host, conn)))
+            except (PluginError, libvirt.libvirtError) as exc:
+                errors.append(f"{host.key}: {exc}")
+        chosen = choose_host(candidates, spec.memory_mib)
+        if chosen is None:
+            detail = f" (unreachable: {'; '.join(errors)})" if errors else ""
+            raise PluginError(f"no host in location {spec.location} has {spec.memory_mib} MiB free{detail}")
+        return chosen, self._conn(chosen.uri)
+
+    def _volume(self, pool: Any, name: str) -> Any | None:
+        try:
+            return pool.storageVolLookupByName(name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+                return None
+            raise
+
+    def _pool(self, conn: Any, loc: LocationConfig) -> tuple[Any, str]:
+        try:
+            pool = conn.storagePoolLookupByName(loc.pool)
+        except libvirt.libvirtError as exc:
+            raise PluginError(f"storage pool {loc.pool!r}: {exc.get_error_message()}") from None
+        path = ET.fromstring(pool.XMLDesc()).findtext("target/path")
+        if not path:
+            raise PluginError(f"storage pool {loc.pool!r} has no target path (use a dir or fs pool)")
+        return pool, path
+
+    def _disk(self, pool: Any, pool_path: str, spec: ServerSpec) -> Any:
+        name = f"{spec.name}.qcow2"
+        vol = self._volume(pool, name)
+        if vol is None:
+            base = f"{pool_path}/{spec.os_image}"
+            xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, self.cfg.base_image_format))
+            try:
+                vol = pool.createXML(xml, 0)
+            except libvirt.libvirtError as exc:
+                raise PluginError(f"creating disk {name} on base image {spec.os_image}: {exc.get_error_message()}") from None
+        return vol
+
+    def _seed(self, conn: Any, pool: Any, spec: ServerSpec) -> Any:
+        name = f"{spec.name}-seed.iso"
+        old = self._volume(pool, name)
+        if old is not None:  # rebuilt on each attempt: the content must match this spec
+            old.delete(0)
+        with tempfile.TemporaryDirectory(prefix="vpsshop-iso-") as tmp:
+            iso = Path(tmp) / name
+            build_seed_iso(spec, iso)
+            size = iso.stat().st_size
+            vol = pool.createXML(volume_xml(name, size, "bytes", "raw"), 0)
+            stream = conn.newStream(0)
+            try:
+                vol.upload(stream, 0, size, 0)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_SUPPORT and conn.getURI().startswith("test:"):
+                    return vol  # libvirt's test driver keeps no volume content: nothing to upload to
+                raise PluginError(f"uploading seed ISO: {exc.get_error_message()}") from None
+            with iso.open("rb") as fh:
+                stream.sendAll(lambda _stream, nbytes, f: f.read(nbytes), fh)
+            stream.finish()
+        return vol
+
+    def _create(self, spec: ServerSpec) -> ServerHandle:
+        loc = self.location(spec.location)
+        host, conn = self._place(spec, loc)
+        try:
+            dom = self._lookup(conn, spec.name)
+            if dom is None:
+                pool, pool_path = self._pool(conn, loc)
+                disk = self._disk(pool, pool_path, spec)
+                seed = self._seed(conn, pool, spec)
+                dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
+            if not dom.isActive():
+                dom.create()
+        except libvirt.libvirtError as exc:
+            raise PluginError(f"creating {spec.name} on {host.key}: {exc.get_error_message()}") from None
+        return ServerHandle(host=host.key, domain=spec.name, ip=spec.ip)
+
+    async def create(self, spec: ServerSpec) -> ServerHandle:
+        return await asyncio.to_thread(self._create, spec)
+
+    # ---- power ----------------------------------------------------------------------------------
+
+    def _start(self, handle: ServerHandle) -> None:
+        dom = self._require(handle)
+        state = dom.state()[0]
+        if state in (3, 7):  # paused by someone: let it run
+            dom.resume()
+        elif not dom.isActive():
+            dom.create()
+
+    def _stop(self, handle: ServerHandle) -> None:
+        grace = self.cfg.shutdown_grace_seconds
+        dom = self._domain(handle)
+        if dom is None or not dom.isActive():
+            return
+        try:
+            dom.shutdown()  # ACPI: the guest shuts down cleanly if it listens
+        except libvirt.libvirtError:
+            pass
+        deadline = time.monotonic() + grace
+        while dom.isActive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if dom.isActive():
+            dom.destroy()  # hard power-off, like pulling the plug
+
+    def _reboot(self, handle: ServerHandle) -> None:
+        dom = self._require(handle)
+        if not dom.isActive():
+            dom.create()
+            return
+        try:
+            dom.reboot(0)
+        except libvirt.libvirtError:
+            dom.reset(0)
+
+    def _destroy(self, handle: ServerHandle) -> None:
+        if not handle.host:  # creation failed part-way: clean up wherever a piece may have landed
+            for host in self.location(handle.location or "").hosts:
+                self._destroy(ServerHandle(host=host.key, domain=handle.domain, location=handle.location))
+            return
+        host, loc = self._host(handle.host)
+        conn = self._conn(host.uri)
+        dom = self._lookup(conn, handle.domain)
+        if dom is not None:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        pool, _ = self._pool(conn, loc)
+        for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
+            vol = self._volume(pool, name)
+            if vol is not None:
+                vol.delete(0)
+
+    def _state(self, handle: ServerHandle) -> DomainState:
+        dom = self._domain(handle)
+        if dom is None:
+            return DomainState.MISSING
+        return _STATES.get(dom.state()[0], DomainState.STOPPED)
+
+    def _require(self, handle: ServerHandle) -> Any:
+        dom = self._domain(handle)
+        if dom is None:
+            raise PluginError(f"domain {handle.domain} does not exist on {handle.host}")
+        return dom
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except libvirt.libvirtError as exc:
+            raise PluginError(f"libvirt: {exc.get_error_message()}") from None
+
+    async def start(self, handle: ServerHandle) -> None:
+        await self._run(self._start, handle)
+
+    async def stop(self, handle: ServerHandle) -> None:
+        await self._run(self._stop, handle)
+
+    async def reboot(self, handle: ServerHandle) -> None:
+        await self._run(self._reboot, handle)
+
+    async def suspend(self, handle: ServerHandle) -> None:
+        """Non-payment: the VM is shut down (hard after the grace period); its disk stays."""
+        await self._run(self._stop, handle)
+
+    async def resume(self, handle: ServerHandle) -> None:
+        await self._run(self._start, handle)
+
+    async def destroy(self, handle: ServerHandle) -> None:
+        await self._run(self._destroy, handle)
+
+    async def state(self, handle: ServerHandle) -> DomainState:
+        return await self._run(self._state, handle)
+
+    # ---- health ---------------------------------------------------------------------------------
+
+    def _check(self) -> Readiness:
+        problems = []
+        hosts = 0
+        for loc in self.cfg.locations.values():
+            for host in loc.hosts:
+                hosts += 1
+                try:
+                    self._conn(host.uri).getVersion()
+                except (PluginError, libvirt.libvirtError) as exc:
+                    problems.append(f"{host.key}: {exc}")
+        if problems:
+            return Readiness(False, "; ".join(problems)[:300])
+        return Readiness(True, f"{hosts} host(s) answer")
+
+    async def check_ready(self) -> Readiness:
+        return await asyncio.to_thread(self._check)
+
+    async def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            try:
+                conn.close()
+            except libvirt.libvirtError:
+                pass
+
+
+@hookimpl(trylast=True)
+def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
+    if libvirt is None:  # libvirt-python missing: `pip install vpsshop[libvirt]` (needs libvirt-dev)
+        return []
+    return [LibvirtBackend]

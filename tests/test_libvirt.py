@@ -1,0 +1,263 @@
+"""The libvirt plugin against a real libvirtd running QEMU (TCG), started by this module.
+
+``libvirtd_uri`` starts ``virtlogd -d`` and ``libvirtd -d`` (Debian packages in
+``scripts/deps/apt-servers.txt``) unless a libvirtd already answers, and stops what it started.
+Guests run under TCG (``<domain type='qemu'>``), so /dev/kvm is not needed. There is no internet,
+so the OS "base image" is a small blank qcow2 made with qemu-img: the domain still boots its
+firmware and runs, which is all the lifecycle needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import libvirt
+import pytest
+
+from vpsshop import DomainState, ServerSpec
+from vpsshop_libvirt import LibvirtBackend, domain_xml
+
+URI = "qemu:///system"
+BASE_IMAGE = "debian-12-genericcloud-amd64.qcow2"  # the catalog's image name for debian-12
+
+
+def _answers() -> bool:
+    try:
+        libvirt.open(URI).close()
+        return True
+    except libvirt.libvirtError:
+        return False
+
+
+def _kvm_device_for_group_kvm() -> None:
+    """Give /dev/kvm to group kvm, mode 660, as Debian's udev rule would.
+
+    Where /dev/kvm is root-only (containers), libvirt finds KVM unusable for the libvirt-qemu user
+    and throws away its cached QEMU capabilities on every domain definition: each define then
+    re-probes QEMU for half a minute.
+    """
+    kvm = Path("/dev/kvm")
+    if kvm.exists() and os.geteuid() == 0 and shutil.which("chgrp"):
+        subprocess.run(["chgrp", "kvm", str(kvm)], check=False)
+        kvm.chmod(0o660)
+
+
+@pytest.fixture(scope="session")
+def libvirtd_uri() -> Iterator[str]:
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+    _kvm_device_for_group_kvm()
+    started: list[int] = []
+    if not _answers():
+        for daemon in ("virtlogd", "libvirtd"):
+            if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode != 0:
+                pidfile = f"/run/{daemon}.pid"
+                subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
+                for _ in range(50):
+                    if Path(pidfile).is_file():
+                        started.append(int(Path(pidfile).read_text().strip()))
+                        break
+                    time.sleep(0.1)
+        for _ in range(100):
+            if _answers():
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("libvirtd did not answer on qemu:///system within 10 s")
+    yield URI
+    for pid in reversed(started):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def storage_pool(libvirtd_uri: str) -> Iterator[tuple[str, Path]]:
+    """A transient dir pool holding a blank base image under the catalog's file name.
+
+    It lives under /var/lib/libvirt/images because QEMU runs as libvirt-qemu, which cannot enter
+    pytest's private temporary directories.
+    """
+    images = Path("/var/lib/libvirt/images")
+    images.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="vpsshop-test-", dir=images))
+    directory.chmod(0o755)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(directory / BASE_IMAGE), "1G"], check=True)
+    name = f"vpsshop-test-{uuid.uuid4().hex[:8]}"
+    conn = libvirt.open(libvirtd_uri)
+    pool = conn.storagePoolCreateXML(
+        f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0
+    )
+    yield name, directory
+    pool.destroy()
+    conn.close()
+    shutil.rmtree(directory)
+
+
+def _settings(pool: str) -> dict:
+    return {
+        "domain_type": "qemu",
+        "shutdown_grace_seconds": 2,
+        "locations": {"nl": {
+            "hosts": [{"uri": URI, "name": "local", "max_memory_mib": 4096}],
+            "pool": pool,
+            "network": "user",
+            "addresses": "198.51.100.10-198.51.100.20",
+            "gateway": "198.51.100.1",
+        }},
+    }
+
+
+def _isoinfo(iso: Path, *args: str) -> str:
+    return subprocess.run(["isoinfo", "-i", str(iso), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_domain_lives_through_its_whole_life_on_real_libvirtd(storage_pool):
+    pool_name, directory = storage_pool
+    backend = LibvirtBackend.from_settings(_settings(pool_name), sandbox=False, where="hypervisor.libvirt")
+    name = f"vps-t-{uuid.uuid4().hex[:6]}"
+    spec = ServerSpec(name=name, hostname="web-1", location="nl", vcpu=1, memory_mib=256, disk_gib=5,
+                      os_id="debian-12", os_image=BASE_IMAGE, root_password="s3cret-Pass-42", ip="198.51.100.10",
+                      gateway="198.51.100.1", nameservers=("9.9.9.9",))
+    handle = asyncio.run(backend.create(spec))
+    try:
+        assert (handle.host, handle.domain, handle.ip) == ("local", name, "198.51.100.10")
+        assert asyncio.run(backend.state(handle)) == DomainState.RUNNING
+        conn = libvirt.open(URI)
+        dom = conn.lookupByName(name)
+        assert dom.isActive() and dom.maxMemory() == 256 * 1024  # KiB: the MiB unit was honoured
+        xml = dom.XMLDesc()
+        assert "bus='virtio'" in xml and "<model type='virtio'/>" in xml and "type='qemu'" in xml
+
+        # The disk: a qcow2 overlay of the base image, sized to the plan.
+        info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", "-U", str(directory / f"{name}.qcow2")],
+                                         capture_output=True, text=True, check=True).stdout)
+        assert info["format"] == "qcow2" and info["virtual-size"] == 5 * 1024**3
+        assert info["backing-filename"] == str(directory / BASE_IMAGE)
+
+        # The NoCloud seed: volume id cidata, hostname, root password and the leased address.
+        seed = directory / f"{name}-seed.iso"
+        assert "Volume id: cidata" in _isoinfo(seed, "-d")
+        user_data = _isoinfo(seed, "-R", "-x", "/user-data")
+        assert user_data.startswith("#cloud-config\n")
+        user = json.loads(user_data.split("\n", 1)[1])
+        assert user["hostname"] == "web-1"
+        assert user["chpasswd"]["users"] == [{"name": "root", "password": "s3cret-Pass-42", "type": "text"}]
+        assert user["ssh_pwauth"] is True and "PermitRootLogin yes" in user["write_files"][0]["content"]
+        assert json.loads(_isoinfo(seed, "-R", "-x", "/meta-data"))["local-hostname"] == "web-1"
+        network = json.loads(_isoinfo(seed, "-R", "-x", "/network-config"))
+        eth = network["ethernets"]["primary"]
+        assert eth["addresses"] == ["198.51.100.10/24"] and eth["routes"][0]["via"] == "198.51.100.1"
+
+        # Creating again (a retried job) finds the same domain.
+        assert asyncio.run(backend.create(spec)) == handle
+
+        asyncio.run(backend.suspend(handle))
+        assert asyncio.run(backend.state(handle)) == DomainState.STOPPED
+        assert seed.exists() and (directory / f"{name}.qcow2").exists()  # suspension keeps the disk
+        asyncio.run(backend.resume(handle))
+        assert asyncio.run(backend.state(handle)) == DomainState.RUNNING
+        asyncio.run(backend.reboot(handle))
+        assert asyncio.run(backend.state(handle)) == DomainState.RUNNING
+        assert asyncio.run(backend.check_ready()).ok
+    finally:
+        asyncio.run(backend.destroy(handle))
+    assert asyncio.run(backend.state(handle)) == DomainState.MISSING
+    assert sorted(p.name for p in directory.iterdir()) == [BASE_IMAGE]  # disk and seed removed
+    asyncio.run(backend.destroy(handle))  # idempotent
+    asyncio.run(backend.close())
+
+
+def test_order_becomes_active_on_real_libvirtd(storage_pool, tmp_path):
+    """The whole path: order through the API, the job provisions on libvirtd, credentials reveal."""
+    from starlette.testclient import TestClient
+
+    from vpsshop.app import create_app
+    from vpsshop.clock import FrozenClock
+    from vpsshop.servers.jobs import run_jobs
+    from vpsshop.servers.lifecycle import run_lifecycle
+    from vpsshop.settings import load_settings
+    from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, create_test_account
+
+    pool_name, directory = storage_pool
+    settings = load_settings(None, environ={}, overrides={
+        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
+        "encryption_key": TEST_ENCRYPTION_KEY, "hypervisor": {"backend": "libvirt", "libvirt": _settings(pool_name)},
+        "servers": {"grace_days": 0},
+    })
+    clock = FrozenClock()
+    with TestClient(create_app(settings, clock=clock, background=False)) as client:
+        ctx = client.app.state.ctx
+        account = create_test_account(client)
+        account.credit("10")
+        order = client.post("/v1/servers", headers=account.headers,
+                            json={"plan": "pup", "location": "nl", "os": "debian-12", "hostname": "api-test"})
+        assert order.status_code == 201, order.text
+        sid, password = order.json()["server"]["id"], order.json()["root_password"]
+        assert asyncio.run(run_jobs(ctx))["done"] == 1
+        server = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+        assert server["status"] == "active" and server["ip"] == "198.51.100.10"
+        creds = client.get(f"/v1/servers/{sid}/credentials", headers=account.headers).json()
+        assert creds["password"] == password
+        domain = next(p.name for p in directory.iterdir() if p.name.endswith("-seed.iso"))[: -len("-seed.iso")]
+        user = json.loads(_isoinfo(directory / f"{domain}-seed.iso", "-R", "-x", "/user-data").split("\n", 1)[1])
+        assert user["chpasswd"]["users"][0]["password"] == password and user["hostname"] == "api-test"
+        assert libvirt.open(URI).lookupByName(domain).isActive()
+        # Unpaid: suspended at expiry, terminated at once (grace 0): the domain and its volumes go.
+        clock.set(ctx.clock.now().replace(year=ctx.clock.now().year + 1))
+        asyncio.run(run_lifecycle(ctx))
+        asyncio.run(run_jobs(ctx))
+        asyncio.run(run_lifecycle(ctx))
+        asyncio.run(run_jobs(ctx))
+        assert client.get(f"/v1/servers/{sid}", headers=account.headers).json()["status"] == "terminated"
+        with pytest.raises(libvirt.libvirtError):
+            libvirt.open(URI).lookupByName(domain)
+        assert sorted(p.name for p in directory.iterdir()) == [BASE_IMAGE]
+
+
+def test_domain_xml_units_and_devices():
+    from vpsshop_libvirt import LibvirtConfig, LocationConfig
+
+    cfg = LibvirtConfig.model_validate(_settings("p") | {"domain_type": "kvm"})
+    loc: LocationConfig = cfg.locations["nl"]
+    spec = ServerSpec(name="vps-1-ab", hostname="h", location="nl", vcpu=2, memory_mib=4096, disk_gib=60,
+                      os_id="debian-12", os_image=BASE_IMAGE, root_password="x" * 12)
+    xml = domain_xml(spec, cfg, loc, "/p/vps-1-ab.qcow2", "/p/vps-1-ab-seed.iso")
+    assert "<memory unit=\"MiB\">4096</memory>" in xml and "<vcpu placement=\"static\">2</vcpu>" in xml
+    assert "<target dev=\"vda\" bus=\"virtio\" />" in xml and "<model type=\"virtio\" />" in xml
+    assert "<loader" not in xml and "firmware" not in xml  # BIOS: no firmware auto-selection
+    assert "host-passthrough" in xml
+
+
+def _contract_spec(name: str, location: str = "nl") -> ServerSpec:
+    return ServerSpec(name=name, hostname="contract", location=location, vcpu=1, memory_mib=256, disk_gib=5,
+                      os_id="debian-12", os_image=BASE_IMAGE, root_password="contract-pass-1")
+
+
+def test_contract_on_real_libvirtd(storage_pool):
+    from vpsshop.servers.contract import check_backend
+
+    pool_name, directory = storage_pool
+    backend = LibvirtBackend.from_settings(_settings(pool_name), sandbox=False, where="hypervisor.libvirt")
+    asyncio.run(check_backend(backend, _contract_spec(f"vps-c-{uuid.uuid4().hex[:6]}")))
+    assert sorted(p.name for p in directory.iterdir()) == [BASE_IMAGE]
+
+
+def test_contract_on_the_sandbox_test_driver():
+    from vpsshop.servers.contract import check_backend
+
+    backend = LibvirtBackend.from_settings(None, sandbox=True, where="hypervisor.libvirt")
+    name = f"vps-c-{uuid.uuid4().hex[:6]}"
+    asyncio.run(check_backend(backend, _contract_spec(name, location="anywhere")))
+    vols = libvirt.open("test:///default").storagePoolLookupByName("default-pool").listVolumes()
+    assert not [v for v in vols if v.startswith(name)]

@@ -1,0 +1,430 @@
+"""The server endpoints: order, list, show, credentials, renew and power actions."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+from datetime import datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+from starlette.concurrency import run_in_threadpool
+
+from vpsshop import ledger
+from vpsshop.catalog import price_cents
+from vpsshop.context import AppContext
+from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
+from vpsshop.models import Server
+from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
+from vpsshop.openapi import InsufficientBalanceBody
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
+from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
+from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
+from vpsshop.servers.models import ServerEvent, ServerJob
+
+TAG = ("servers",)
+IDEMPOTENCY_HEADER = "idempotency-key"
+MAX_IDEMPOTENCY_KEY = 200
+_HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+_PRINTABLE = r"^[\x20-\x7e]+$"
+
+
+class OrderBody(ApiModel):
+    """Body of ``POST /servers``. Each bad field has its own code: ``invalid_<field>``."""
+
+    plan: str = Field(min_length=1, max_length=32, description="A plan id from GET /catalog (invalid_plan).")
+    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).")
+    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).")
+    cycle: Literal["monthly", "annual"] = Field(
+        DEFAULT_CYCLE, description="Billing cycle, default monthly; annual costs 10 monthly prices (invalid_cycle)."
+    )
+    hostname: str | None = Field(
+        None, max_length=63, pattern=_HOSTNAME,
+        description="A DNS label: 1-63 letters, digits and hyphens, not starting or ending with a hyphen; "
+        "stored lower-case. Default vps-<id> (invalid_hostname).",
+    )
+    root_password: str | None = Field(
+        None, min_length=10, max_length=128, pattern=_PRINTABLE,
+        description="10 to 128 printable ASCII characters. Omit it to have a 20-character password generated "
+        "and returned once in this response (invalid_root_password).",
+    )
+
+
+class ServerPatch(ApiModel):
+    """Body of ``PATCH /servers/{id}``."""
+
+    auto_renew: bool = Field(description="false: the server is not renewed automatically and is suspended at "
+                             "expires_at unless renewed by hand (invalid_auto_renew).")
+
+
+class ServerOut(BaseModel):
+    """The seed's Server."""
+
+    id: int
+    plan: str = Field(description="Plan id.")
+    location: str
+    os: str
+    hostname: str
+    cycle: Literal["monthly", "annual"]
+    price_usd: UsdAmount = Field(description="Price of one billing cycle, charged at order and at each renewal.")
+    status: Literal["provisioning", "active", "suspended", "terminated"]
+    ip: str | None = Field(description="Null until the server is active.")
+    username: str = Field(description="Login name: root.")
+    created_at: datetime
+    expires_at: datetime = Field(description="End of the paid period; see docs/servers.md for what follows.")
+    auto_renew: bool = Field(description="Renewed from the balance shortly before expires_at.")
+    status_reason: str | None = Field(description="Why the server is suspended or terminated, else null.")
+
+
+class OrderOut(BaseModel):
+    """Response of ``POST /servers``."""
+
+    server: ServerOut
+    root_password: str | None = Field(
+        description="The generated root password when the order gave none (null otherwise). Shown here once; "
+        "GET /servers/{id}/credentials reveals it later."
+    )
+
+
+class ServerList(BaseModel):
+    servers: list[ServerOut] = Field(description="The caller's servers, terminated ones included, oldest first.")
+
+
+class CredentialsOut(BaseModel):
+    """Response of ``GET /servers/{id}/credentials``: sensitive, never cached."""
+
+    server_id: int
+    username: str = Field(description="root")
+    password: str = Field(description="The root password as set at first boot.")
+    ip: str | None
+    hostname: str
+
+
+class RenewOut(BaseModel):
+    server: ServerOut
+    charged_usd: UsdAmount = Field(description="What this renewal charged from the balance.")
+
+
+class PowerActionOut(BaseModel):
+    server_id: int
+    action: Literal["start", "stop", "reboot"]
+    job_id: int = Field(description="The queued hypervisor job.")
+    status: Literal["queued"] = "queued"
+
+
+def server_out(server: Server) -> ServerOut:
+    assert server.id is not None
+    return ServerOut(
+        id=server.id, plan=server.plan, location=server.location, os=server.os, hostname=server.hostname,
+        cycle=server.cycle,  # type: ignore[arg-type]
+        price_usd=micros_to_usd(server.price_micros), status=server.status,  # type: ignore[arg-type]
+        ip=server.ip, username=server.username, created_at=server.created_at, expires_at=server.expires_at,
+        auto_renew=server.auto_renew, status_reason=server.status_reason,
+    )
+
+
+# ---- ordering ------------------------------------------------------------------------------------
+
+
+def _idempotency_key(call: Call) -> str | None:
+    value = call.request.headers.get(IDEMPOTENCY_HEADER)
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_IDEMPOTENCY_KEY or not value.isprintable():
+        raise BadRequest("invalid_idempotency_key", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters.")
+    return value
+
+
+def _digest(body: OrderBody) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(ctx: AppContext, session: Session, account_id: int, key: str, body: OrderBody) -> Reply | None:
+    server = session.exec(select(Server).where(Server.account_id == account_id, Server.idempotency_key == key)).first()
+    if server is None:
+        return None
+    if server.request_digest != _digest(body):
+        raise Conflict(
+            "idempotency_key_reused",
+            "This Idempotency-Key was used for a different order by this account; use a new key for a new order.",
+            server_id=server.id,
+        )
+    generated = None
+    if body.root_password is None and server.root_password_enc is not None:
+        # Same body as the first order, which gave no password: the first response carried the
+        # generated one, and so does its replay (the credentials endpoint reveals it anyway).
+        generated = decrypt_password(ctx, server.root_password_enc)
+    return Reply(OrderOut(server=server_out(server), root_password=generated), 201, {"Idempotent-Replayed": "true"})
+
+
+def _resolve(ctx: AppContext, body: OrderBody) -> int:
+    data = ctx.catalog_data
+    plan = next((p for p in data.plans if p.id == body.plan), None)
+    if plan is None:
+        raise BadRequest("invalid_plan", f"No plan {body.plan!r}; GET /catalog lists the plans.")
+    location = next((loc for loc in data.locations if loc.id == body.location), None)
+    if location is None:
+        raise BadRequest("invalid_location", f"No location {body.location!r}; GET /catalog lists the locations.")
+    if not any(o.id == body.os for o in data.operating_systems):
+        raise BadRequest("invalid_os", f"No operating system {body.os!r}; GET /catalog lists them.")
+    return price_cents(plan, location, body.cycle) * MICROS_PER_CENT
+
+
+def _writers(ctx: AppContext) -> Any:
+    """On SQLite, one order transaction at a time per process.
+
+    SQLite has one writer at a time anyway (``BEGIN IMMEDIATE``); threads that find the database
+    locked wait in SQLite's busy handler, which sleeps in growing steps. Queueing them on a Python
+    lock instead hands the write lock straight to the next order (see docs/performance.md).
+    """
+    if ctx.db.dialect != "sqlite":
+        return contextlib.nullcontext()
+    lock = ctx.extras.get("servers.sqlite_writer")
+    if lock is None:
+        lock = ctx.extras.setdefault("servers.sqlite_writer", threading.Lock())
+    return lock
+
+
+def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -> Reply:
+    price = _resolve(ctx, body)
+    digest = _digest(body)
+    if key is not None:
+        with ctx.db.session() as session:
+            replay = _replay(ctx, session, account_id, key, body)
+        if replay is not None:
+            return replay
+    password = body.root_password or generate_root_password()
+    now = ctx.clock.now()
+    try:
+        with _writers(ctx), ctx.db.session() as session:
+            # Core statements, not ORM units of work: this is the hot path of ordering (bench/orders.py).
+            values = dict(
+                account_id=account_id, plan=body.plan, location=body.location, os=body.os,
+                hostname=(body.hostname or "pending").lower(), cycle=body.cycle, price_micros=price,
+                status="provisioning", username="root", created_at=now, expires_at=period_end(now, body.cycle),
+                root_password_enc=encrypt_password(ctx, password), idempotency_key=key,
+                request_digest=digest if key is not None else None, auto_renew=True,
+            )
+            server_id = session.execute(sa.insert(Server).values(**values).returning(Server.id)).scalar_one()
+            if body.hostname is None:
+                values["hostname"] = f"vps-{server_id}"
+                session.execute(sa.update(Server).where(Server.id == server_id).values(hostname=values["hostname"]))
+            session.execute(sa.insert(ServerEvent).values(
+                server_id=server_id, kind="ordered", created_at=now,
+                detail=f"{body.plan} {body.location} {body.os} {body.cycle}"))
+            session.execute(sa.insert(ServerJob).values(
+                server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
+            # Last: the balance update locks the account row until commit, so keep that short.
+            ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
+                        memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)
+            out = server_out(Server(id=server_id, **values))
+    except IntegrityError:
+        if key is None:
+            raise
+        with ctx.db.session() as session:  # the same key won a race a moment ago: answer with its server
+            replay = _replay(ctx, session, account_id, key, body)
+        if replay is None:
+            raise
+        return replay
+    return Reply(OrderOut(server=out, root_password=None if body.root_password else password), 201)
+
+
+async def order_server(call: Call) -> Reply:
+    key = _idempotency_key(call)
+    return await run_in_threadpool(_order, call.ctx, call.account_id, call.body, key)
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+def _owned(session: Session, account_id: int, server_id: int, *, lock: bool = False) -> Server:
+    query = select(Server).where(Server.id == server_id, Server.account_id == account_id)
+    server = session.exec(query.with_for_update() if lock else query).first()
+    if server is None:
+        raise NotFound("server")
+    return server
+
+
+def _list(ctx: AppContext, account_id: int) -> ServerList:
+    with ctx.db.session() as session:
+        rows = session.exec(select(Server).where(Server.account_id == account_id).order_by(Server.id)).all()  # type: ignore[arg-type]
+        return ServerList(servers=[server_out(s) for s in rows])
+
+
+async def list_servers(call: Call) -> ServerList:
+    return await run_in_threadpool(_list, call.ctx, call.account_id)
+
+
+def _get(ctx: AppContext, account_id: int, server_id: int) -> ServerOut:
+    with ctx.db.session() as session:
+        return server_out(_owned(session, account_id, server_id))
+
+
+async def get_server(call: Call) -> ServerOut:
+    return await run_in_threadpool(_get, call.ctx, call.account_id, call.path["id"])
+
+
+def _credentials(ctx: AppContext, account_id: int, server_id: int) -> CredentialsOut:
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id)
+    if server.status == "terminated" or server.root_password_enc is None:
+        raise ApiError(410, "server_terminated", "The server was deleted; its credentials are gone.")
+    assert server.id is not None
+    return CredentialsOut(server_id=server.id, username=server.username,
+                          password=decrypt_password(ctx, server.root_password_enc), ip=server.ip,
+                          hostname=server.hostname)
+
+
+async def get_credentials(call: Call) -> CredentialsOut:
+    return await run_in_threadpool(_credentials, call.ctx, call.account_id, call.path["id"])
+
+
+def _patch(ctx: AppContext, account_id: int, server_id: int, auto_renew: bool) -> ServerOut:
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id, lock=True)
+        if server.status == "terminated":
+            raise Conflict("server_terminated", "A terminated server cannot be changed.")
+        if server.auto_renew != auto_renew:
+            server.auto_renew = auto_renew
+            session.add(server)
+            record(session, server_id, "auto_renew_on" if auto_renew else "auto_renew_off", now, "customer")
+        return server_out(server)
+
+
+async def patch_server(call: Call) -> ServerOut:
+    return await run_in_threadpool(_patch, call.ctx, call.account_id, call.path["id"], call.body.auto_renew)
+
+
+# ---- renewal and power ---------------------------------------------------------------------------
+
+
+def _renew(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
+    for _ in range(3):
+        try:
+            with ctx.db.session() as session:
+                server = _owned(session, account_id, server_id, lock=True)
+                if server.status not in ("active", "suspended"):
+                    raise Conflict("server_not_renewable",
+                                   f"A {server.status} server cannot be renewed (only active or suspended ones).")
+                result = renew(session, server, ctx.clock.now(), by="customer")
+                return RenewOut(server=server_out(result.server),
+                                charged_usd=micros_to_usd(server.price_micros if result.charged else 0))
+        except RenewalRaced:
+            continue
+    raise Conflict("server_busy", "The server changed while renewing; retry.")
+
+
+async def renew_server(call: Call) -> RenewOut:
+    return await run_in_threadpool(_renew, call.ctx, call.account_id, call.path["id"])
+
+
+def _power(ctx: AppContext, account_id: int, server_id: int, action: str) -> Reply:
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id)
+        if server.status != "active":
+            raise Conflict("server_not_active", f"Power actions need an active server; this one is {server.status}.")
+        now = ctx.clock.now()
+        job = enqueue(session, server_id, action, now)
+        record(session, server_id, f"power_{action}", now, "customer")
+        assert job.id is not None
+        return Reply(PowerActionOut(server_id=server_id, action=action, job_id=job.id), 202)  # type: ignore[arg-type]
+
+
+def _power_endpoint(action: str):  # type: ignore[no-untyped-def]
+    async def power(call: Call) -> Reply:
+        return await run_in_threadpool(_power, call.ctx, call.account_id, call.path["id"], action)
+
+    power.__name__ = f"{action}_server"
+    return power
+
+
+_NOT_YOURS = "No server with this id on this account (another account's server is a 404 too)."
+
+
+def routes() -> list[ApiRoute]:
+    power_routes = [
+        ApiRoute(
+            "POST", f"/servers/{{id}}/{action}", _power_endpoint(action), summary, PowerActionOut, status=202,
+            description=f"{text} The action runs as a job on the hypervisor within seconds; poll GET /servers/{{id}}. "
+            "Only an active server takes power actions; a power action does not change the billing status.",
+            errors={404: _NOT_YOURS, 409: "server_not_active: the server is provisioning, suspended or terminated."},
+            tags=TAG, operation_id=f"{action}Server",
+        )
+        for action, summary, text in (
+            ("start", "Power a server on", "Starts the VM if it is off."),
+            ("stop", "Power a server off", "Shuts the VM down (forced off after a short grace period)."),
+            ("reboot", "Reboot a server", "Restarts the VM, or starts it if it is off."),
+        )
+    ]
+    return [
+        ApiRoute(
+            "POST", "/servers", order_server, "Order a server", OrderOut, status=201, body=OrderBody,
+            description="Charges one billing cycle (price from the catalog rule: monthly = plan base price x location "
+            "modifier; annual = 10 x monthly; default cycle monthly) from the balance and creates the server with "
+            "status provisioning in one atomic step; concurrent orders never overdraw the balance. The server is "
+            "created on the hypervisor by a background job and becomes active with an ip within about a minute. "
+            "If provisioning fails after retries the server is terminated with status_reason and the charge is "
+            "refunded to the balance.\n\n"
+            "Idempotency-Key: scoped to the account. A retry with the same key and the same body returns the first "
+            "order's response (201, header Idempotent-Replayed: true) and charges nothing; the same key with a "
+            "different body is a 409 idempotency_key_reused. Keys do not expire.",
+            headers=(Header("Idempotency-Key", "Up to 200 printable characters; makes a retried order safe."),),
+            errors={
+                400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
+                "invalid_root_password, invalid_idempotency_key, unknown_field",
+                409: "idempotency_key_reused: this key was used for a different order.",
+            },
+            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged.",
+                             InsufficientBalanceBody)},
+            tags=TAG, operation_id="orderServer",
+        ),
+        ApiRoute(
+            "GET", "/servers", list_servers, "List the caller's servers", ServerList, tags=TAG,
+            operation_id="listServers",
+        ),
+        ApiRoute(
+            "GET", "/servers/{id}", get_server, "Show a server", ServerOut, errors={404: _NOT_YOURS}, tags=TAG,
+            operation_id="getServer",
+            description="status: provisioning (paid, being created) -> active (running, ip set) -> suspended "
+            "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted after the grace period). "
+            "A suspended server returns to active when renewed.",
+        ),
+        ApiRoute(
+            "PATCH", "/servers/{id}", patch_server, "Turn automatic renewal on or off", ServerOut, body=ServerPatch,
+            description="auto_renew (default true) renews the server from the balance up to 72 hours before "
+            "expires_at. Turned off, the server is suspended at expires_at unless POST /servers/{id}/renew is "
+            "called, and terminated after the grace period.",
+            errors={404: _NOT_YOURS, 409: "server_terminated: the server was deleted."},
+            tags=TAG, operation_id="updateServer",
+        ),
+        ApiRoute(
+            "GET", "/servers/{id}/credentials", get_credentials, "Reveal the root login", CredentialsOut,
+            response_headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
+            description="The root username and password, decrypted for this response only (stored encrypted). "
+            "Sent with Cache-Control: no-store. A terminated server's credentials are gone (410).",
+            errors={404: _NOT_YOURS, 410: "server_terminated: the server was deleted."},
+            tags=TAG, operation_id="getServerCredentials",
+        ),
+        ApiRoute(
+            "POST", "/servers/{id}/renew", renew_server, "Renew a server for one more cycle", RenewOut,
+            description="Charges one billing cycle from the balance now and moves expires_at one cycle on. A "
+            "suspended server (expired unpaid) becomes active again and its VM is started; its new period starts "
+            "now. Servers renew themselves from the balance up to 72 hours before expiry (capped at half the "
+            "cycle), so this is for bringing a suspended server back or paying ahead.",
+            responses={402: ("insufficient_balance: the balance does not cover one cycle.", InsufficientBalanceBody)},
+            errors={
+                404: _NOT_YOURS,
+                409: "server_not_renewable: the server is provisioning or terminated.",
+            },
+            tags=TAG, operation_id="renewServer",
+        ),
+        *power_routes,
+    ]

@@ -1,0 +1,340 @@
+"""The provisioning job queue: hypervisor work done outside requests, once, surviving restarts.
+
+An order, a suspension, a renewal of a suspended server, a termination and a power action each
+insert a :class:`~vpsshop.servers.models.ServerJob` in the transaction that decided it. The
+``servers-jobs`` background task (every ``servers.jobs_interval_seconds``) claims jobs and runs
+them against ``ctx.hypervisor``.
+
+Claiming is one statement: ``UPDATE server_jobs SET status = 'running', locked_until = now +
+lease ... WHERE id = (SELECT id ... LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ...``. On PostgreSQL
+two workers skip each other's row; on SQLite ``BEGIN IMMEDIATE`` serialises writers. A job is
+never run by two workers at once: the finishing update checks ``locked_by``. A worker that dies
+leaves a ``running`` job whose lease runs out, and the next worker runs it again; the hypervisor
+verbs are idempotent, so that is safe. Jobs of one server run one at a time in id order.
+
+A provisioning attempt that fails is retried after ``retry_seconds`` x 2^(attempt-1). After
+``provision_attempts`` failures the server is ``terminated`` with the reason in
+``status_reason``, the order's charge is refunded through the ledger (reason ``refund``, dedupe key
+``refund:server:<id>``) and a ``destroy`` job cleans up whatever was half created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from anyio import to_thread
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
+from sqlmodel import Session, select
+
+from vpsshop import ledger
+from vpsshop.context import AppContext
+from vpsshop.errors import PluginError
+from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
+from vpsshop.models import Server
+from vpsshop.servers.credentials import decrypt_password
+from vpsshop.servers.lifecycle import ServersPolicy, enqueue, policy, record
+from vpsshop.servers.models import IpLease, ServerJob
+
+log = logging.getLogger("vpsshop.servers")
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+MAX_JOBS_PER_PASS = 50
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    server_id: int
+    kind: str
+    attempts: int
+    worker: str
+
+
+class RetryLater(Exception):
+    """The job cannot run yet (no hypervisor loaded, the domain still booting): not a failure."""
+
+
+def claim(ctx: AppContext, worker: str = WORKER_ID) -> ClaimedJob | None:
+    """Move the oldest runnable job to ``running`` under a lease, or return None."""
+    now = ctx.clock.now()
+    lease = now + timedelta(seconds=policy(ctx).job_lease_seconds)
+    earlier = aliased(ServerJob)
+    runnable = (
+        select(ServerJob.id)
+        .where(
+            sa.or_(
+                sa.and_(ServerJob.status == "queued", ServerJob.run_after <= now),
+                sa.and_(ServerJob.status == "running", ServerJob.locked_until < now),  # type: ignore[operator]
+            ),
+            ~sa.exists().where(
+                earlier.server_id == ServerJob.server_id,
+                earlier.id < ServerJob.id,  # type: ignore[operator]
+                earlier.status.in_(("queued", "running")),  # type: ignore[attr-defined]
+            ),
+        )
+        .order_by(ServerJob.run_after, ServerJob.id)
+        .limit(1)
+    )
+    if ctx.db.dialect == "postgresql":
+        runnable = runnable.with_for_update(skip_locked=True, of=ServerJob)  # type: ignore[arg-type]
+    with ctx.db.session() as session:
+        row = session.execute(
+            sa.update(ServerJob)
+            .where(ServerJob.id == runnable.scalar_subquery())
+            .values(status="running", attempts=ServerJob.attempts + 1, locked_until=lease, locked_by=worker)
+            .returning(ServerJob.id, ServerJob.server_id, ServerJob.kind, ServerJob.attempts)
+        ).first()
+    if row is None:
+        return None
+    return ClaimedJob(row[0], row[1], row[2], row[3], worker)
+
+
+def _finish(session: Session, job: ClaimedJob, now: datetime, **values: object) -> bool:
+    return session.execute(
+        sa.update(ServerJob)
+        .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
+        .values(**values)
+    ).rowcount == 1
+
+
+def _handle(server: Server) -> ServerHandle:
+    return ServerHandle(host=server.host or "", domain=server.domain or "", ip=server.ip, location=server.location)
+
+
+# ---- provisioning --------------------------------------------------------------------------------
+
+
+def _prepare(ctx: AppContext, server_id: int) -> tuple[Server, ServerSpec] | None:
+    """Name the domain and lease its address (both kept across retries); build the spec."""
+    backend = ctx.hypervisor
+    assert backend is not None
+    with ctx.db.session() as session:
+        server = session.get(Server, server_id)
+        if server is None or server.status != "provisioning":
+            return None
+        if server.domain is None:
+            server.domain = f"vps-{server.id}-{secrets.token_hex(4)}"
+            session.add(server)
+        plan = next((p for p in ctx.catalog_data.plans if p.id == server.plan), None)
+        os_ = next((o for o in ctx.catalog_data.operating_systems if o.id == server.os), None)
+        if plan is None or os_ is None:
+            raise RuntimeError(f"plan {server.plan!r} or operating system {server.os!r} is no longer in the catalog")
+        pool = backend.address_pool(server.location)
+        address = None
+        if pool is not None:
+            address = _lease_address(session, pool.pool, pool.addresses, server_id, ctx.clock.now())
+        assert server.root_password_enc is not None
+        spec = ServerSpec(
+            name=server.domain,
+            hostname=server.hostname,
+            location=server.location,
+            vcpu=plan.vcpu,
+            memory_mib=plan.memory_mib,
+            disk_gib=plan.disk_gib,
+            os_id=os_.id,
+            os_image=os_.image,
+            root_password=decrypt_password(ctx, server.root_password_enc),
+            ip=address,
+            prefix_length=pool.prefix_length if pool else 24,
+            gateway=pool.gateway if pool else None,
+            nameservers=pool.nameservers if pool else (),
+        )
+        return server, spec
+
+
+def _lease_address(session: Session, pool: str, addresses: object, server_id: int, now: datetime) -> str:
+    held = session.exec(select(IpLease).where(IpLease.server_id == server_id)).first()
+    if held is not None:
+        return held.address
+    taken = set(session.exec(select(IpLease.address).where(IpLease.pool == pool)).all())
+    for address in addresses:  # type: ignore[attr-defined]
+        if address in taken:
+            continue
+        savepoint = session.begin_nested()
+        try:
+            session.add(IpLease(pool=pool, address=address, server_id=server_id, created_at=now))
+            session.flush()
+            savepoint.commit()
+            return address
+        except IntegrityError:  # another worker leased it a moment ago: try the next one
+            savepoint.rollback()
+    raise PluginError(f"address pool {pool!r} has no free address")
+
+
+def _release_address(ctx: AppContext, server_id: int) -> None:
+    with ctx.db.session() as session:
+        session.execute(sa.delete(IpLease).where(IpLease.server_id == server_id))  # type: ignore[arg-type]
+
+
+async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
+    prepared = await to_thread.run_sync(_prepare, ctx, job.server_id)
+    if prepared is None:
+        return
+    server, spec = prepared
+    assert ctx.hypervisor is not None
+    handle = await ctx.hypervisor.create(spec)
+    state = await ctx.hypervisor.state(handle)
+    if state != DomainState.RUNNING:
+        raise PluginError(f"domain {handle.domain} is {state.value} after creation, not running")
+    ip = handle.ip or spec.ip
+
+    def activate() -> None:
+        now = ctx.clock.now()
+        with ctx.db.session() as session:
+            moved = session.execute(
+                sa.update(Server)
+                .where(Server.id == server.id, Server.status == "provisioning")
+                .values(status="active", ip=ip, host=handle.host, domain=handle.domain, status_reason=None)
+            ).rowcount
+            if moved:
+                record(session, server.id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")  # type: ignore[arg-type]
+
+    await to_thread.run_sync(activate)
+
+
+def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error: str) -> None:
+    """After the last attempt: terminate, refund the order, clean up. Once: guarded by status."""
+    now = ctx.clock.now()
+    reason = f"Provisioning failed after {attempts} attempts: {error}"[:500]
+    with ctx.db.session() as session:
+        server = session.get(Server, server_id)
+        if server is None:
+            return
+        moved = session.execute(
+            sa.update(Server)
+            .where(Server.id == server_id, Server.status == "provisioning")
+            .values(status="terminated", terminated_at=now, status_reason=reason + " The order was refunded.")
+        ).rowcount
+        if moved != 1:
+            return
+        ledger.post(session, server.account_id, server.price_micros, "refund", ref=f"server:{server_id}",
+                    dedupe_key=f"refund:server:{server_id}", memo=reason, now=now)
+        record(session, server_id, "provision_failed", now, reason)
+        record(session, server_id, "refunded", now, str(server.price_micros))
+        enqueue(session, server_id, "destroy", now)
+
+
+# ---- other verbs ---------------------------------------------------------------------------------
+
+
+async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
+    def load() -> Server | None:
+        with ctx.db.session() as session:
+            return session.get(Server, job.server_id)
+
+    server = await to_thread.run_sync(load)
+    if server is None or server.domain is None:
+        return  # never got as far as a domain: nothing on the hypervisor to act on
+    assert ctx.hypervisor is not None
+    handle = _handle(server)
+    if job.kind in ("start", "stop", "reboot") and server.status != "active":
+        return  # a power action queued before a suspension or termination: dropped
+    await getattr(ctx.hypervisor, job.kind)(handle)
+    if job.kind == "destroy":
+        await to_thread.run_sync(_release_address, ctx, job.server_id)
+
+        def destroyed() -> None:
+            with ctx.db.session() as session:
+                record(session, job.server_id, "destroyed", ctx.clock.now(), f"{handle.host} {handle.domain}",
+                       once_key=f"destroyed:{job.server_id}")
+
+        await to_thread.run_sync(destroyed)
+
+
+# ---- the pass ------------------------------------------------------------------------------------
+
+
+async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
+    """Run one claimed job and record its outcome: ``done``, ``retry`` or ``failed``."""
+    pol: ServersPolicy = policy(ctx)
+    try:
+        if ctx.hypervisor is None:
+            raise RetryLater("no hypervisor backend is loaded")
+        if job.kind == "provision":
+            await _provision(ctx, job)
+        else:
+            await _verb(ctx, job)
+    except RetryLater as exc:
+        await to_thread.run_sync(_requeue, ctx, job, str(exc), False, pol)
+        return "retry"
+    except Exception as exc:  # noqa: BLE001 - any failure of a verb is recorded, never lost
+        error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+        log.warning("job %s (%s of server %s) attempt %s failed: %s", job.id, job.kind, job.server_id,
+                    job.attempts, error)
+        if job.attempts < pol.provision_attempts:
+            await to_thread.run_sync(_requeue, ctx, job, error, True, pol)
+            return "retry"
+        await to_thread.run_sync(_fail, ctx, job, error)
+        return "failed"
+    await to_thread.run_sync(_done, ctx, job)
+    return "done"
+
+
+def _requeue(ctx: AppContext, job: ClaimedJob, error: str, counts: bool, pol: ServersPolicy) -> None:
+    now = ctx.clock.now()
+    delay = pol.retry_seconds * 2 ** (job.attempts - 1) if counts else pol.jobs_interval_seconds
+    with ctx.db.session() as session:
+        _finish(session, job, now, status="queued", run_after=now + timedelta(seconds=delay), locked_until=None,
+                locked_by=None, last_error=error[:500],
+                attempts=ServerJob.attempts if counts else ServerJob.attempts - 1)
+
+
+def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        _finish(session, job, now, status="failed", finished_at=now, locked_until=None, last_error=error[:500])
+    if job.kind == "provision":
+        _give_up_provisioning(ctx, job.server_id, job.attempts, error)
+
+
+def _done(ctx: AppContext, job: ClaimedJob) -> None:
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        _finish(session, job, now, status="done", finished_at=now, locked_until=None, last_error=None)
+
+
+async def run_jobs(ctx: AppContext, limit: int = MAX_JOBS_PER_PASS, worker: str = WORKER_ID) -> dict[str, int]:
+    """One pass of the ``servers-jobs`` task: claim and run jobs until none is due or ``limit``.
+
+    Up to ``servers.job_concurrency`` jobs run at once (a suspension waits for the guest's ACPI
+    shutdown; other servers' jobs need not wait behind it). When nothing is claimable but jobs are
+    still running, the pass waits for one to finish and looks again, so a job queued by a finishing
+    job (the clean-up after a failed provisioning) runs in the same pass. Tests call it directly.
+    Returns how many jobs ended ``done``, ``retry`` and ``failed``.
+    """
+    counts = {"done": 0, "retry": 0, "failed": 0}
+    concurrency = policy(ctx).job_concurrency
+    running: set[asyncio.Task[str]] = set()
+    claimed = 0
+
+    def collect(finished: set[asyncio.Task[str]]) -> None:
+        for task in finished:
+            counts[task.result()] += 1
+        running.difference_update(finished)
+
+    while claimed < limit:
+        if len(running) >= concurrency:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            collect(done)
+            continue
+        job = await to_thread.run_sync(claim, ctx, worker)
+        if job is None:
+            if not running:
+                break
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            collect(done)
+            continue
+        claimed += 1
+        running.add(asyncio.create_task(run_job(ctx, job), name=f"server-job-{job.id}"))
+    if running:
+        done, _ = await asyncio.wait(running)
+        collect(done)
+    return counts

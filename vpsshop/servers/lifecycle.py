@@ -1,0 +1,261 @@
+"""What happens when a paid period ends, on the service's clock (``ctx.clock``).
+
+A server is bought for one billing cycle: ``expires_at`` = the order time plus one calendar month
+(``monthly``, the default) or twelve (``annual``). Then, each pass of the ``servers-lifecycle``
+background task (every minute) does, in this order:
+
+1. **renew**: an ``active`` server with ``auto_renew`` whose ``expires_at`` is within the renewal
+   lead window is charged one more cycle from the balance (ledger reason ``renewal``) and its
+   ``expires_at`` moves one cycle on. The lead window is ``servers.renew_lead_hours`` (default 72),
+   capped at half the billing cycle so a short cycle is never charged twice in one period. The
+   charge's ledger ``dedupe_key`` is ``renewal:<server id>:<expires_at being renewed>``: one period
+   is charged at most once, whichever worker or request gets there first.
+2. **suspend**: an ``active`` server whose ``expires_at`` has passed (the balance could not
+   renew it) becomes ``suspended`` and a ``suspend`` job stops its VM. Its disk is kept.
+3. **terminate**: a ``suspended`` server whose ``expires_at`` is more than ``servers.grace_days``
+   (default 7) in the past becomes ``terminated`` and a ``destroy`` job removes its VM, disk and
+   seed image and frees its address.
+
+A customer brings a suspended server back with ``POST /servers/{id}/renew`` after topping up: one
+cycle is charged, the new period starts at the renewal (the suspended days are not billed), the
+server is ``active`` again and a ``resume`` job starts its VM. Renewing an active server extends it
+from its current ``expires_at``.
+
+Every step is a conditional ``UPDATE ... WHERE status = <expected> AND expires_at = <read>`` in the
+transaction that also writes the ledger entry, the history row and the job: only one worker can
+win a step, and a step that has happened cannot happen again.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from anyio import to_thread
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from vpsshop import ledger
+from vpsshop.component import describe_validation_error
+from vpsshop.context import AppContext
+from vpsshop.errors import ConfigError
+from vpsshop.models import Server
+from vpsshop.servers.models import ServerEvent, ServerJob
+
+log = logging.getLogger("vpsshop.servers")
+
+CYCLE_MONTHS = {"monthly": 1, "annual": 12}
+DEFAULT_CYCLE = "monthly"
+
+
+class ServersPolicy(BaseModel):
+    """The ``[servers]`` settings section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    renew_lead_hours: float = Field(72, ge=0, le=24 * 31, description="Renew this long before expiry.")
+    grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
+    provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
+    retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
+    job_lease_seconds: float = Field(600, ge=10, le=86400, description="A running job's lease.")
+    jobs_interval_seconds: float = Field(2, ge=0.05, le=600)
+    job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
+    lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
+
+
+def policy(ctx: AppContext) -> ServersPolicy:
+    cached = ctx.extras.get("servers.policy")
+    if cached is None:
+        try:
+            cached = ServersPolicy.model_validate(ctx.settings.servers)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "servers")) from None
+        ctx.extras["servers.policy"] = cached
+    return cached
+
+
+def add_months(when: datetime, months: int) -> datetime:
+    """``when`` plus calendar months, the day clamped to the month's end (Jan 31 + 1 = Feb 28/29)."""
+    month0 = when.month - 1 + months
+    year, month = when.year + month0 // 12, month0 % 12 + 1
+    day = min(when.day, calendar.monthrange(year, month)[1])
+    return when.replace(year=year, month=month, day=day)
+
+
+def period_end(start: datetime, cycle: str) -> datetime:
+    return add_months(start, CYCLE_MONTHS[cycle])
+
+
+def renew_lead(pol: ServersPolicy, server: Server) -> timedelta:
+    """The renewal lead window, at most half of the server's current billing cycle."""
+    cycle_length = period_end(server.expires_at, server.cycle) - server.expires_at
+    return min(timedelta(hours=pol.renew_lead_hours), cycle_length / 2)
+
+
+def record(session: Session, server_id: int, kind: str, now: datetime, detail: str | None = None,
+           once_key: str | None = None) -> bool:
+    """Append a history row; with ``once_key``, only if no row with that key exists (False then)."""
+    if once_key is not None:
+        found = session.exec(select(ServerEvent.id).where(ServerEvent.once_key == once_key)).first()
+        if found is not None:
+            return False
+        savepoint = session.begin_nested()
+        try:
+            session.add(ServerEvent(server_id=server_id, kind=kind, detail=detail, once_key=once_key, created_at=now))
+            session.flush()
+            savepoint.commit()
+        except IntegrityError:  # another worker recorded it a moment ago
+            savepoint.rollback()
+            return False
+        return True
+    session.add(ServerEvent(server_id=server_id, kind=kind, detail=detail, once_key=once_key, created_at=now))
+    session.flush()
+    return True
+
+
+def enqueue(session: Session, server_id: int, kind: str, now: datetime) -> ServerJob:
+    job = ServerJob(server_id=server_id, kind=kind, status="queued", run_after=now, created_at=now)
+    session.add(job)
+    session.flush()
+    return job
+
+
+@dataclass(frozen=True)
+class Renewal:
+    server: Server
+    charged: bool
+    """False when this period had been renewed already (by another worker or request)."""
+
+
+def renew(session: Session, server: Server, now: datetime, *, by: str) -> Renewal:
+    """Charge one cycle and move ``expires_at`` on, in the caller's transaction.
+
+    :raises ledger.InsufficientBalance: the balance does not cover one cycle (nothing changes).
+    """
+    assert server.id is not None
+    old_expiry = server.expires_at
+    posting = ledger.post(
+        session, server.account_id, -server.price_micros, "renewal",
+        ref=f"server:{server.id}", dedupe_key=f"renewal:{server.id}:{old_expiry.isoformat()}",
+        memo=f"{server.cycle} renewal of server {server.id} ({by})", now=now,
+    )
+    if not posting.created:
+        session.refresh(server)
+        return Renewal(server, charged=False)
+    new_expiry = period_end(max(old_expiry, now) if server.status == "suspended" else old_expiry, server.cycle)
+    values: dict[str, Any] = {"expires_at": new_expiry}
+    resumed = server.status == "suspended"
+    if resumed:
+        values.update(status="active", suspended_at=None, status_reason=None)
+    moved = session.execute(
+        sa.update(Server)
+        .where(Server.id == server.id, Server.expires_at == old_expiry, Server.status.in_(("active", "suspended")))  # type: ignore[attr-defined]
+        .values(**values)
+    ).rowcount
+    if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
+        raise RenewalRaced()
+    record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
+    if resumed:
+        record(session, server.id, "resumed", now, by)
+        enqueue(session, server.id, "resume", now)
+    session.flush()
+    session.refresh(server)
+    return Renewal(server, charged=True)
+
+
+class RenewalRaced(Exception):
+    """A conditional update found the row changed; the transaction is rolled back and retried."""
+
+
+def _due(session: Session, where: Any, limit: int = 200) -> list[Server]:
+    return list(session.exec(select(Server).where(where).order_by(Server.id).limit(limit)).all())  # type: ignore[arg-type]
+
+
+def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
+    """Auto-renew servers inside their lead window. Each server in its own transaction."""
+    horizon = now + timedelta(hours=pol.renew_lead_hours)
+    with ctx.db.session() as session:
+        candidates = _due(session, sa.and_(Server.status == "active", Server.auto_renew.is_(True), Server.expires_at <= horizon))  # type: ignore[attr-defined]
+    done = 0
+    for server in candidates:
+        if server.expires_at - renew_lead(pol, server) > now:
+            continue
+        try:
+            with ctx.db.session() as session:
+                # Lock the row (PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes other writers) so
+                # that the check below and the renewal are one step for every worker.
+                fresh = session.get(Server, server.id, with_for_update=True)
+                if fresh is None or fresh.status != "active" or fresh.expires_at != server.expires_at:
+                    continue
+                if renew(session, fresh, now, by="auto-renewal").charged:
+                    done += 1
+        except ledger.InsufficientBalance as exc:
+            with ctx.db.session() as session:
+                record(session, server.id, "renewal_failed",  # type: ignore[arg-type]
+                       now, exc.message, once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}")
+        except RenewalRaced:
+            continue
+    return done
+
+
+def _suspend_expired(ctx: AppContext, now: datetime) -> int:
+    done = 0
+    with ctx.db.session() as session:
+        for server in _due(session, sa.and_(Server.status == "active", Server.expires_at <= now)):  # type: ignore[arg-type]
+            moved = session.execute(
+                sa.update(Server)
+                .where(Server.id == server.id, Server.status == "active", Server.expires_at == server.expires_at)
+                .values(status="suspended", suspended_at=now,
+                        status_reason="The paid period ended and the balance did not cover a renewal.")
+            ).rowcount
+            if moved == 1:
+                record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")  # type: ignore[arg-type]
+                enqueue(session, server.id, "suspend", now)  # type: ignore[arg-type]
+                done += 1
+    return done
+
+
+def _terminate_overdue(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
+    cutoff = now - timedelta(days=pol.grace_days)
+    done = 0
+    with ctx.db.session() as session:
+        for server in _due(session, sa.and_(Server.status == "suspended", Server.expires_at <= cutoff)):  # type: ignore[arg-type]
+            moved = session.execute(
+                sa.update(Server)
+                .where(Server.id == server.id, Server.status == "suspended", Server.expires_at == server.expires_at)
+                .values(status="terminated", terminated_at=now,
+                        status_reason=f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.")
+            ).rowcount
+            if moved == 1:
+                record(session, server.id, "terminated", now, "grace period over")  # type: ignore[arg-type]
+                enqueue(session, server.id, "destroy", now)  # type: ignore[arg-type]
+                done += 1
+    return done
+
+
+@dataclass(frozen=True)
+class LifecyclePass:
+    renewed: int
+    suspended: int
+    terminated: int
+
+
+def run_lifecycle_sync(ctx: AppContext) -> LifecyclePass:
+    pol = policy(ctx)
+    now = ctx.clock.now()
+    renewed = _renew_due(ctx, pol, now)
+    suspended = _suspend_expired(ctx, now)
+    terminated = _terminate_overdue(ctx, pol, now)
+    if renewed or suspended or terminated:
+        log.info("lifecycle: renewed %d, suspended %d, terminated %d", renewed, suspended, terminated)
+    return LifecyclePass(renewed, suspended, terminated)
+
+
+async def run_lifecycle(ctx: AppContext) -> LifecyclePass:
+    """One pass of the ``servers-lifecycle`` task (tests call it directly on a FrozenClock)."""
+    return await to_thread.run_sync(run_lifecycle_sync, ctx)

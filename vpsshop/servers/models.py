@@ -1,0 +1,72 @@
+"""Tables of the servers area: the job queue, the lifecycle history and the address leases.
+
+The ``servers`` table itself lives in :mod:`vpsshop.models` (``GET /v1/account`` counts it); the
+columns this area added to it come with migration ``0003``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from vpsshop.models import _ts
+
+JOB_KINDS = ("provision", "start", "stop", "reboot", "suspend", "resume", "destroy")
+JOB_STATES = ("queued", "running", "done", "failed")
+
+
+class ServerJob(SQLModel, table=True):
+    """One hypervisor verb to run for one server, outside any request.
+
+    A worker claims a job by moving it from ``queued`` to ``running`` with a lease
+    (``locked_until``) in one statement; a job whose worker died is claimable again once the lease
+    has passed, so a job survives restarts. Jobs of one server run in id order, one at a time.
+    """
+
+    __tablename__ = "server_jobs"
+    __table_args__ = (sa.Index("ix_server_jobs_claim", "status", "run_after"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
+    kind: str = Field(max_length=16, nullable=False)
+    status: str = Field(default="queued", max_length=16, nullable=False)
+    attempts: int = Field(default=0, nullable=False)
+    run_after: datetime = _ts()
+    locked_until: Optional[datetime] = _ts(nullable=True)
+    locked_by: Optional[str] = Field(default=None, max_length=64)
+    last_error: Optional[str] = Field(default=None, max_length=500)
+    created_at: datetime = _ts()
+    finished_at: Optional[datetime] = _ts(nullable=True)
+
+
+class ServerEvent(SQLModel, table=True):
+    """The history of a server: each lifecycle step, written in the transaction that made it.
+
+    ``once_key`` is unique: a step that must happen once per period (a failed renewal notice, a
+    suspension for one expiry date) carries a key, and a second attempt to record it fails.
+    """
+
+    __tablename__ = "server_events"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
+    kind: str = Field(max_length=32, nullable=False)
+    detail: Optional[str] = Field(default=None, max_length=500)
+    once_key: Optional[str] = Field(default=None, max_length=200, unique=True)
+    created_at: datetime = _ts()
+
+
+class IpLease(SQLModel, table=True):
+    """An address of a backend's pool held by one server. Unique per pool: never shared."""
+
+    __tablename__ = "ip_leases"
+    __table_args__ = (sa.UniqueConstraint("pool", "address", name="uq_ip_leases_pool_address"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    pool: str = Field(max_length=64, nullable=False)
+    address: str = Field(max_length=45, nullable=False)
+    server_id: int = Field(foreign_key="servers.id", unique=True, nullable=False)
+    created_at: datetime = _ts()
