@@ -9,7 +9,7 @@ from openapi_spec_validator import validate
 from starlette.testclient import TestClient
 
 from vpsshop import create_app, hookspecs
-from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
+from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, TestAccount
 
 
 def _build_app():
@@ -37,6 +37,10 @@ APP = _build_app()
 schema = schemathesis.openapi.from_asgi("/v1/openapi.json", APP)
 with TestClient(APP) as _client:  # schemathesis asks for credentials while collecting
     _created = _client.post("/v1/account").json()
+    # Funded, so generated orders reach the success path instead of stopping at 402.
+    TestAccount(_created["user_id"], _created["api_key"], _created["login_token"], _created["key_id"], APP).credit(
+        "1000000", "schemathesis funding"
+    )
 STATE: dict = {"key": _created["api_key"], "login_token": _created["login_token"]}
 
 

@@ -55,7 +55,10 @@ def create_app(
     for plugin_routes in ctx.pm.hook.vpsshop_routes(ctx=ctx):
         routes.extend(plugin_routes or ())
     _check_unique(routes)
-    openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody])
+    catalog_ids = {
+        kind: [item.id for item in getattr(ctx.catalog_data, kind)] for kind in ("plans", "locations", "operating_systems")
+    }
+    openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody], catalog_ids=catalog_ids)
     ctx.extras["openapi"] = openapi
     ctx.extras["openapi_json"] = json.dumps(openapi, separators=(",", ":")).encode()
     ctx.extras["routes"] = routes

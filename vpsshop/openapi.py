@@ -58,7 +58,26 @@ def _error_response(description: str) -> dict[str, Any]:
     }
 
 
-def build_openapi(routes: list[ApiRoute], *, extra_models: list[type[BaseModel]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+CATALOG_MARK = "x-catalog"
+"""Put ``json_schema_extra={"x-catalog": "plans"}`` on a request field that takes a catalog id: the
+document then lists the ids this shop sells as the field's ``enum`` (plans, locations,
+operating_systems)."""
+
+
+def _mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str]]) -> None:
+    for schema in schemas.values():
+        for prop in schema.get("properties", {}).values():
+            kind = prop.pop(CATALOG_MARK, None)
+            if kind is not None:
+                prop["enum"] = list(catalog_ids[kind])
+
+
+def build_openapi(
+    routes: list[ApiRoute],
+    *,
+    extra_models: list[type[BaseModel]] = (),  # type: ignore[assignment]
+    catalog_ids: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorBody, "serialization")]
     wanted += [(m, "serialization") for m in extra_models]
     for route in routes:
@@ -70,6 +89,7 @@ def build_openapi(routes: list[ApiRoute], *, extra_models: list[type[BaseModel]]
     unique = list(dict.fromkeys(wanted))
     refs, definitions = models_json_schema(unique, ref_template=_REF)
     schemas = definitions.get("$defs", {})
+    _mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": []})
 
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
@@ -98,7 +118,7 @@ def build_openapi(routes: list[ApiRoute], *, extra_models: list[type[BaseModel]]
                     "in": "header",
                     "required": header.required,
                     "description": header.description,
-                    "schema": {"type": "string"},
+                    "schema": header.schema,
                 }
             )
         if parameters:

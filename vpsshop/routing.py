@@ -8,6 +8,7 @@ behaviour and the OpenAPI description cannot drift apart.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -64,6 +65,34 @@ class Header:
     name: str
     description: str
     required: bool = False
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+
+
+IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+def idempotency_header(description: str) -> Header:
+    """The ``Idempotency-Key`` header, documented with the rule :func:`idempotency_key` enforces."""
+    return Header(
+        "Idempotency-Key",
+        description,
+        schema={"type": "string", "pattern": "^[!-~]{1,200}$", "minLength": 1, "maxLength": 200},
+    )
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's ``Idempotency-Key`` (1 to 200 visible ASCII characters), or None when absent.
+
+    :raises BadRequest: ``invalid_idempotency_key`` for any other value.
+    """
+    value = request.headers.get("idempotency-key")
+    if value is None:
+        return None
+    if not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
+        raise BadRequest(
+            "invalid_idempotency_key", "Idempotency-Key must be 1 to 200 visible ASCII characters (no spaces)."
+        )
+    return value
 
 
 class Principal(NamedTuple):

@@ -22,14 +22,12 @@ from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.models import Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.openapi import InsufficientBalanceBody
-from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
+from vpsshop.routing import ApiModel, ApiRoute, Call, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
 from vpsshop.servers.models import ServerEvent, ServerJob
 
 TAG = ("servers",)
-IDEMPOTENCY_HEADER = "idempotency-key"
-MAX_IDEMPOTENCY_KEY = 200
 _HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 _PRINTABLE = r"^[\x20-\x7e]+$"
 
@@ -37,9 +35,12 @@ _PRINTABLE = r"^[\x20-\x7e]+$"
 class OrderBody(ApiModel):
     """Body of ``POST /servers``. Each bad field has its own code: ``invalid_<field>``."""
 
-    plan: str = Field(min_length=1, max_length=32, description="A plan id from GET /catalog (invalid_plan).")
-    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).")
-    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).")
+    plan: str = Field(min_length=1, max_length=32, description="A plan id from GET /catalog (invalid_plan).",
+                      json_schema_extra={"x-catalog": "plans"})
+    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).",
+                          json_schema_extra={"x-catalog": "locations"})
+    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).",
+                    json_schema_extra={"x-catalog": "operating_systems"})
     cycle: Literal["monthly", "annual"] = Field(
         DEFAULT_CYCLE, description="Billing cycle, default monthly; annual costs 10 monthly prices (invalid_cycle)."
     )
@@ -129,16 +130,6 @@ def server_out(server: Server) -> ServerOut:
 
 
 # ---- ordering ------------------------------------------------------------------------------------
-
-
-def _idempotency_key(call: Call) -> str | None:
-    value = call.request.headers.get(IDEMPOTENCY_HEADER)
-    if value is None:
-        return None
-    value = value.strip()
-    if not value or len(value) > MAX_IDEMPOTENCY_KEY or not value.isprintable():
-        raise BadRequest("invalid_idempotency_key", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters.")
-    return value
 
 
 def _digest(body: OrderBody) -> str:
@@ -237,7 +228,7 @@ def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -
 
 
 async def order_server(call: Call) -> Reply:
-    key = _idempotency_key(call)
+    key = idempotency_key(call.request)
     return await run_in_threadpool(_order, call.ctx, call.account_id, call.body, key)
 
 
@@ -376,7 +367,7 @@ def routes() -> list[ApiRoute]:
             "Idempotency-Key: scoped to the account. A retry with the same key and the same body returns the first "
             "order's response (201, header Idempotent-Replayed: true) and charges nothing; the same key with a "
             "different body is a 409 idempotency_key_reused. Keys do not expire.",
-            headers=(Header("Idempotency-Key", "Up to 200 printable characters; makes a retried order safe."),),
+            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),),
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
                 "invalid_root_password, invalid_idempotency_key, unknown_field",
