@@ -18,7 +18,6 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vpsshop import servers
 from vpsshop.api import core_routes
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
@@ -101,7 +100,6 @@ async def start_services(ctx: AppContext, *, background: bool) -> TaskRunner | N
     if not background:
         return None
     tasks = [task for declared in ctx.pm.hook.vpsshop_background_tasks(ctx=ctx) for task in (declared or ())]
-    tasks = [*servers.background_tasks(ctx), *tasks]  # core's own: provisioning jobs, lifecycle
     runner = TaskRunner(tasks)
     runner.start()
     return runner

@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = "vpsshop"
 BLOCK_ENV = "VPSSHOP_BLOCK_PLUGINS"
 
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("servers", "vpsshop.servers.hooks"),  # core's own provisioning and lifecycle tasks
     ("catalog", "vpsshop_catalog"),
     ("rates", "vpsshop_rates"),
     ("x402", "vpsshop_x402"),

@@ -27,7 +27,7 @@ def routes() -> list["ApiRoute"]:
 
 
 def background_tasks(ctx: "AppContext") -> list["BackgroundTask"]:
-    """The tasks core runs beside the plugins' ``vpsshop_background_tasks``."""
+    """Provisioning jobs and lifecycle passes, offered through ``vpsshop.servers.hooks``."""
     from vpsshop.servers.jobs import run_jobs
     from vpsshop.servers.lifecycle import policy, run_lifecycle
     from vpsshop.tasks import BackgroundTask
