@@ -22,6 +22,9 @@ BLOCK_ENV = "VPSSHOP_BLOCK_PLUGINS"
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("catalog", "vpsshop_catalog"),
     ("rates", "vpsshop_rates"),
+    ("payments", "vpsshop.payments.hooks"),
+    ("bitcoin", "vpsshop_bitcoin"),
+    ("monero", "vpsshop_monero"),
 )
 """(entry-point name, module) of the plugins shipped in ``plugins/``.
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from vpsshop.api import accounts, service
+from vpsshop.api import accounts, service, topups
 from vpsshop.routing import ApiRoute
 
 
 def core_routes() -> list[ApiRoute]:
-    return [*accounts.routes(), *service.routes()]
+    return [*accounts.routes(), *service.routes(), *topups.routes()]

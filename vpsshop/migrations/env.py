@@ -4,6 +4,7 @@ from alembic import context
 from sqlmodel import SQLModel
 
 import vpsshop.models  # noqa: F401 - registers the tables on SQLModel.metadata
+import vpsshop.payments.models  # noqa: F401 - top-ups (issue 3)
 
 
 
