@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from decimal import Decimal
@@ -183,5 +184,12 @@ class MoneroRegtest:
             _stop(process)
 
 
-def keep_logs() -> bool:
-    return bool(os.environ.get("VPSSHOP_KEEP_PEER_LOGS"))
+def peer_workdir(name: str) -> Path:
+    """A private temp dir for a peer's data. Not pytest's tmp_path_factory: pytest deletes old
+    base dirs of *other* concurrent pytest runs, which would pull a running node's data away."""
+    return Path(tempfile.mkdtemp(prefix=f"vpsshop-{name}-"))
+
+
+def remove_workdir(path: Path) -> None:
+    if not os.environ.get("VPSSHOP_KEEP_PEER_LOGS"):
+        shutil.rmtree(path, ignore_errors=True)

@@ -12,7 +12,7 @@ import pytest
 from coincurve import PrivateKey
 from starlette.testclient import TestClient
 
-from chain_nodes import Litecoind
+from chain_nodes import Litecoind, peer_workdir, remove_workdir
 from vpsshop.hdkeys import ExtendedPublicKey, b58check_encode, decode_segwit_v0, p2wpkh_address
 from vpsshop.payments import engine_for
 from vpsshop.testing import create_test_account
@@ -61,12 +61,14 @@ def random_tpub() -> str:
 
 
 @pytest.fixture(scope="session")
-def litecoind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Litecoind]:
-    node = Litecoind(tmp_path_factory.mktemp("ltc"))
+def litecoind() -> Iterator[Litecoind]:
+    workdir = peer_workdir("ltc")
+    node = Litecoind(workdir)
     try:
         yield node
     finally:
         node.stop()
+        remove_workdir(workdir)
 
 
 @pytest.fixture
