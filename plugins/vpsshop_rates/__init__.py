@@ -1,5 +1,7 @@
 """Default exchange-rate sources.
 
+``coinbase``: Coinbase's public spot prices (:mod:`vpsshop_rates.coinbase`), the production default.
+
 ``fixed``: rates written in the settings. The sandbox uses it with the values below; in
 production it needs ``[rates.fixed] prices`` and suits a shop that sets its rates by hand.
 """
@@ -51,4 +53,6 @@ class FixedRates(RateSource):
 
 @hookimpl(trylast=True)
 def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
-    return [FixedRates]
+    from vpsshop_rates.coinbase import CoinbaseSpot
+
+    return [FixedRates, CoinbaseSpot]
