@@ -27,6 +27,7 @@ class Topup(SQLModel, table=True):
         sa.UniqueConstraint("coin", "watch_key", name="uq_topups_coin_watch_key"),
         sa.UniqueConstraint("account_id", "idempotency_key", name="uq_topups_account_idempotency"),
         sa.Index("ix_topups_status_expires", "status", "expires_at"),
+        sa.Index("ix_topups_coin_registered", "coin", "registered"),
     )
 
     id: Optional[int] = Field(default=None, primary_key=True)

@@ -56,6 +56,7 @@ def upgrade() -> None:
     with op.batch_alter_table('topups', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_topups_account_id'), ['account_id'], unique=False)
         batch_op.create_index('ix_topups_status_expires', ['status', 'expires_at'], unique=False)
+        batch_op.create_index('ix_topups_coin_registered', ['coin', 'registered'], unique=False)
 
     op.create_table('topup_payments',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -123,6 +124,7 @@ def downgrade() -> None:
     op.drop_table('topup_payments')
     with op.batch_alter_table('topups', schema=None) as batch_op:
         batch_op.drop_index('ix_topups_status_expires')
+        batch_op.drop_index('ix_topups_coin_registered')
         batch_op.drop_index(batch_op.f('ix_topups_account_id'))
 
     op.drop_table('topups')
