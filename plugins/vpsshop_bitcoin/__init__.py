@@ -78,6 +78,7 @@ class UtxoCoinConfig(BaseModel):
     rpc_password: SecretStr | None = None
     confirmations: int = Field(2, ge=0, le=100)
     start_height: int | None = Field(None, ge=0, description="First block scanned on the first run.")
+    watch_mempool: bool = Field(True, description="Show unconfirmed payments (reads new mempool transactions).")
     timeout_seconds: float = Field(10, gt=0, le=120)
 
     @field_validator("xpub")
@@ -100,7 +101,8 @@ class NodeRpc:
     def __init__(self, url: str, user: str | None, password: str | None, timeout: float) -> None:
         auth = (user, password or "") if user else None
         self.client = httpx.AsyncClient(base_url=url, auth=auth, timeout=timeout)
-        self.url = url
+        parsed = httpx.URL(url)
+        self.url = f"{parsed.host}:{parsed.port or ''}"  # for messages: never the credentials of the URL
         self._id = 0
 
     async def call(self, method: str, *params: Any) -> Any:
@@ -196,7 +198,7 @@ class UtxoCoin(DepositCoin):
                 for payment in self._match(tx, watched, tip - h + 1, h, block_hash):
                     found.append((self.code, payment))
             height = h
-        if height == tip:
+        if height == tip and self.config.watch_mempool:  # type: ignore[attr-defined]
             found.extend((self.code, p) for p in await self._scan_mempool(watched))
         new_cursor = f"{height}:{block_hash}"
         return ScanResult(new_cursor, found)

@@ -31,11 +31,11 @@ from sqlmodel import Session, select
 
 from vpsshop import ledger
 from vpsshop.coins import DepositCoin, PaymentCheck, X402Coin
-from vpsshop.coins import DetectedPayment as Found
+from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.component import describe_validation_error
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
 from vpsshop.money import MICROS_PER_USD
-from vpsshop.payments.models import AddressCounter, DetectedPayment, Topup
+from vpsshop.payments.models import AddressCounter, TopupPayment, Topup
 from vpsshop.payments.rates import RateService
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -270,7 +270,7 @@ class PaymentEngine:
             topup = session.exec(select(Topup).where(Topup.ref == ref, Topup.account_id == account_id)).first()
             if topup is None:
                 raise NotFound("top-up")
-            payments = session.exec(select(DetectedPayment).where(DetectedPayment.topup_id == topup.id)).all()
+            payments = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all()
         return make_view(topup, list(payments))
 
     # ---- cancelling and expiring --------------------------------------------------------------------
@@ -284,7 +284,7 @@ class PaymentEngine:
             topup = _lock(session, select(Topup).where(Topup.ref == ref, Topup.account_id == account_id))
             if topup is None:
                 raise NotFound("top-up")
-            payments = list(session.exec(select(DetectedPayment).where(DetectedPayment.topup_id == topup.id)).all())
+            payments = list(session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all())
             if topup.status == "pending":
                 if any(p.status == "seen" for p in payments):
                     raise ApiError(
@@ -305,7 +305,7 @@ class PaymentEngine:
         Runs from the watcher (all top-ups) and from a GET (that one). Returns how many expired.
         """
         now = self.ctx.clock.now()
-        waiting = sa.exists().where(DetectedPayment.topup_id == Topup.id, DetectedPayment.status == "seen")
+        waiting = sa.exists().where(TopupPayment.topup_id == Topup.id, TopupPayment.status == "seen")
         stmt = sa.update(Topup).where(Topup.status == "pending", Topup.expires_at <= now, ~waiting)
         if topup_id is not None:
             stmt = stmt.where(Topup.id == topup_id)
@@ -327,13 +327,13 @@ class PaymentEngine:
                 continue
             with self.ctx.db.session() as session:
                 row = session.exec(
-                    select(DetectedPayment).where(DetectedPayment.coin == code,
-                                                  DetectedPayment.identity == payment.identity)
+                    select(TopupPayment).where(TopupPayment.coin == code,
+                                                  TopupPayment.identity == payment.identity)
                 ).first()
                 if row is None:
                     topup = session.get(Topup, topup_id)
                     assert topup is not None
-                    row = DetectedPayment(
+                    row = TopupPayment(
                         coin=code, identity=payment.identity, topup_id=topup_id, account_id=topup.account_id,
                         txid=payment.txid, amount_atomic=str(payment.amount_atomic), status="seen",
                         confirmations=payment.confirmations, block_height=payment.block_height,
@@ -358,11 +358,11 @@ class PaymentEngine:
                     ids.append(row.id)  # type: ignore[arg-type]
         return ids
 
-    def seen_payments(self, coins: list[str]) -> list[DetectedPayment]:
+    def seen_payments(self, coins: list[str]) -> list[TopupPayment]:
         with self.ctx.db.session() as session:
             return list(session.exec(
-                select(DetectedPayment).where(DetectedPayment.status == "seen",
-                                              DetectedPayment.coin.in_(coins))  # type: ignore[attr-defined]
+                select(TopupPayment).where(TopupPayment.status == "seen",
+                                              TopupPayment.coin.in_(coins))  # type: ignore[attr-defined]
             ).all())
 
     def apply_checks(self, checks: list[PaymentCheck], coin: str) -> None:
@@ -377,9 +377,9 @@ class PaymentEngine:
                     values = {"status": "dropped", "confirmations": 0}
                     log.warning("%s payment %s left the chain before its confirmations", coin, check.identity)
                 session.execute(
-                    sa.update(DetectedPayment)
-                    .where(DetectedPayment.coin == coin, DetectedPayment.identity == check.identity,
-                           DetectedPayment.status == "seen")
+                    sa.update(TopupPayment)
+                    .where(TopupPayment.coin == coin, TopupPayment.identity == check.identity,
+                           TopupPayment.status == "seen")
                     .values(**values)
                 )
 
@@ -403,7 +403,7 @@ class PaymentEngine:
     def _credit(self, payment_id: int, decimals: int, late_rate: Decimal | None) -> bool:
         now = self.ctx.clock.now()
         with self.ctx.db.session() as session:
-            payment = _lock(session, select(DetectedPayment).where(DetectedPayment.id == payment_id))
+            payment = _lock(session, select(TopupPayment).where(TopupPayment.id == payment_id))
             if payment is None or payment.status != "seen":
                 return False
             topup = session.get(Topup, payment.topup_id)
@@ -447,7 +447,7 @@ def new_ref() -> str:
     return "tp_" + secrets.token_urlsafe(16)
 
 
-def make_view(topup: Topup, payments: list[DetectedPayment]) -> TopupView:
+def make_view(topup: Topup, payments: list[TopupPayment]) -> TopupView:
     live = [p for p in payments if p.status in ("seen", "credited")]
     seen = [p for p in live if p.status == "seen"]
     if seen:

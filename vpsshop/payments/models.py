@@ -51,7 +51,7 @@ class Topup(SQLModel, table=True):
     cancelled_at: Optional[datetime] = _ts(nullable=True)
 
 
-class DetectedPayment(SQLModel, table=True):
+class TopupPayment(SQLModel, table=True):
     """A payment found on chain to a top-up's deposit address, keyed on the chain's identity.
 
     ``status``: ``seen`` (waiting for confirmations), ``credited`` (posted to the ledger once,

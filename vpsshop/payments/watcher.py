@@ -28,9 +28,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from vpsshop.coins import DepositCoin
-from vpsshop.coins import DetectedPayment as Found
+from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import PluginError
-from vpsshop.payments.models import DetectedPayment, ScanCursor, Topup
+from vpsshop.payments.models import TopupPayment, ScanCursor, Topup
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.payments.engine import PaymentEngine
@@ -192,7 +192,7 @@ class Watcher:
             )
 
 
-def _as_found(row: DetectedPayment) -> Found:
+def _as_found(row: TopupPayment) -> Found:
     return Found(
         identity=row.identity, watch_key="", amount_atomic=int(row.amount_atomic), txid=row.txid,
         confirmations=row.confirmations, block_height=row.block_height, block_hash=row.block_hash,
