@@ -260,3 +260,57 @@ def test_health_reports_the_node(vpsshop_client: TestClient) -> None:
     body = vpsshop_client.get("/v1/health").json()
     assert "litecoin-regtest at height" in str(body)
 
+
+
+@pytest.mark.parametrize("confirmations", [1])
+def test_worker_processes_confirm_topups_nobody_polls(
+    vpsshop_client: TestClient, vpsshop_settings: Any, litecoind: Litecoind, ltc_xpub: str, tmp_path: Any
+) -> None:
+    """Two `vpsshop worker` processes on one database credit a payment nobody polls, once."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
+
+    account = create_test_account(vpsshop_client)
+    topup = new_topup(vpsshop_client, account.headers)
+    ltc = litecoind.settings(ltc_xpub, 1)
+    config = tmp_path / "worker.toml"
+    lines = ['mode = "sandbox"', f"database_url = {json.dumps(vpsshop_settings.database_url)}",
+             f'secret_key = "{TEST_SECRET_KEY}"', f'encryption_key = "{TEST_ENCRYPTION_KEY}"',
+             "[topups]", "watch_interval_seconds = 0.5", "[coins.LTC]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in ltc.items()]
+    config.write_text("\n".join(lines) + "\n")
+    argv = [sys.executable, "-c", "import sys; from vpsshop.cli import main; sys.exit(main())", "worker",
+            "--config", str(config)]
+    workers = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}) for _ in range(2)]
+    try:
+        time.sleep(3)  # both workers have set their cursor at the tip
+        litecoind.pay(topup["deposit_address"], topup["deposit_amount"])
+        litecoind.mine(1)
+        deadline = time.time() + 30
+        from vpsshop.payments.models import Topup
+        from sqlmodel import select
+
+        ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
+        while time.time() < deadline:
+            with ctx.db.session() as session:  # read the row, not GET: a GET would run a pass itself
+                row = session.exec(select(Topup).where(Topup.ref == topup["ref"])).one()
+            if row.status == "completed":
+                break
+            time.sleep(0.5)
+        assert row.status == "completed", [w.poll() for w in workers]
+        time.sleep(2)  # more passes by both workers
+        assert balance(vpsshop_client, account.headers) == 50
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                worker.kill()

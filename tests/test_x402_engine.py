@@ -153,7 +153,9 @@ def test_402_then_settle_and_credit_once(vpsshop_client: TestClient) -> None:
     assert (topup["status"], topup["coin"], topup["credited_usd"]) == ("completed", "USDCTEST", 40)
     result = json.loads(base64.b64decode(paid.headers["X-PAYMENT-RESPONSE"]))
     assert result["success"] is True and result["transaction"].startswith("0x") and result["network"]
-    assert vpsshop_client.get(f"/v1/topups/{topup['ref']}", headers=account.headers).json()["status"] == "completed"
+    read = vpsshop_client.get(f"/v1/topups/{topup['ref']}", headers=account.headers).json()
+    assert (read["status"], read["payment_status"], read["credited_usd"]) == ("completed", "confirmed", 40)
+    assert (read["deposit_amount"], read["deposit_address"], read["qr_data_uri"]) == ("40.000000", PAY_TO, None)
     # Replaying the same header returns the same top-up and credits nothing more.
     again = vpsshop_client.post("/v1/topups", json={"amount": 40, "coin": "USDCTEST"},
                                 headers={**account.headers, "X-PAYMENT": header})

@@ -138,12 +138,9 @@ async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply |
         body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
         return json_response(body, 402)
     topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, header)
-    from vpsshop.payments.engine import make_view
+    from vpsshop.payments.engine import x402_view
 
-    out = render(call, make_view(topup, []))
-    out.credited_usd = micros_to_usd(topup.amount_micros) if topup.status == "completed" else micros_to_usd(0)
-    out.payment_status = "confirmed" if topup.status == "completed" else "seen"
-    out.amount_received = out.deposit_amount if topup.status == "completed" else "0"
+    out = render(call, x402_view(topup, "settled" if topup.status == "completed" else None))
     return Reply(out, 201, {"X-PAYMENT-RESPONSE": x402.response_header(settlement)})
 
 

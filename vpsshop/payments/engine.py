@@ -35,7 +35,7 @@ from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.component import describe_validation_error
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
 from vpsshop.money import MICROS_PER_USD
-from vpsshop.payments.models import AddressCounter, TopupPayment, Topup
+from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record
 from vpsshop.payments.rates import RateService
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -270,6 +270,9 @@ class PaymentEngine:
             topup = session.exec(select(Topup).where(Topup.ref == ref, Topup.account_id == account_id)).first()
             if topup is None:
                 raise NotFound("top-up")
+            if topup.watch_key is None:  # an x402 top-up: its record says how far it got
+                record = session.exec(select(X402Record).where(X402Record.topup_id == topup.id)).first()
+                return x402_view(topup, record.status if record is not None else None)
             payments = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all()
         return make_view(topup, list(payments))
 
@@ -464,3 +467,12 @@ def make_view(topup: Topup, payments: list[TopupPayment]) -> TopupView:
         confirmations=min(p.confirmations for p in seen) if seen else None,
     )
 
+
+def x402_view(topup: Topup, status: str | None) -> TopupView:
+    """An x402 top-up by its record's status: settled is credited in full (USDC at par), settling
+    is seen (outcome unknown), rejected or no record is nothing received."""
+    if status == "settled":
+        return TopupView(topup, "confirmed", int(topup.deposit_amount_atomic), topup.amount_micros, None)
+    if status == "settling":
+        return TopupView(topup, "seen", int(topup.deposit_amount_atomic), 0, None)
+    return TopupView(topup, "awaiting_payment", 0, 0, None)
