@@ -177,3 +177,35 @@ def test_openapi_documents_topups(vpsshop_client: TestClient) -> None:
     post = spec["paths"]["/topups"]["post"]
     assert "402" in post["responses"] and "default" not in post.get("summary", "")
     assert "Default: BTC" in str(spec)
+
+
+def test_node_down_never_breaks_reads(vpsshop_database_url: str, vpsshop_clock: Any) -> None:
+    """A coin whose node does not answer: top-ups are still made and read (the chain check fails
+    quietly), health says the coin is not ready, and the watcher pass goes on."""
+    import socket
+
+    from vpsshop.app import create_app
+    from vpsshop.payments import engine_for
+    from vpsshop.settings import load_settings
+    from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    settings = load_settings(None, environ={}, overrides={
+        "database_url": vpsshop_database_url, "secret_key": TEST_SECRET_KEY, "encryption_key": TEST_ENCRYPTION_KEY,
+        "topups": {"poll_min_seconds": 0},
+        "coins": {"LTC": {"xpub": "vpub5YvMuJNjRSYon44z9QmCfdf8SqJRVNvz6m55Qy5iVjZQxDfUgtiQjnc7CC1fAbED2tAGCZRERUf"
+                                  "vtn2DstZGU6HMns6dXXH2wujSc2wfi2x", "network": "regtest",
+                          "rpc_url": f"http://127.0.0.1:{closed}/", "timeout_seconds": 2}},
+    })
+    with TestClient(create_app(settings, clock=vpsshop_clock, background=False)) as client:
+        account = create_test_account(client)
+        created = client.post("/v1/topups", json={"amount": 30, "coin": "LTC"}, headers=account.headers)
+        assert created.status_code == 201
+        read = client.get(f"/v1/topups/{created.json()['ref']}", headers=account.headers)
+        assert read.status_code == 200 and read.json()["status"] == "pending"
+        engine = engine_for(client.app.state.ctx)  # type: ignore[attr-defined]
+        assert client.portal.call(engine.watcher.run_pass)["payments"] == 0  # type: ignore[union-attr]
+        health = client.get("/v1/health").json()
+        assert "did not answer" in str(health)

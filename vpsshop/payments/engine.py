@@ -429,7 +429,7 @@ class PaymentEngine:
             payment.ledger_entry_id = entry_id
             payment.credited_at = now
             session.add(payment)
-            if topup.status != "completed":
+            if topup.status != "completed" and micros > 0:  # dust worth no micro-dollar completes nothing
                 topup.status = "completed"
                 topup.completed_at = now
                 session.add(topup)

@@ -92,6 +92,9 @@ class Watcher:
             except PluginError as exc:
                 log.warning("watching %s failed this pass: %s", group, exc)
                 continue
+            except Exception:  # noqa: BLE001 - one chain's failure must not stop the others
+                log.exception("watching %s failed this pass", group)
+                continue
             totals["payments"] += found
             totals["credited"] += credited
         from vpsshop.payments.x402 import resolve_open_settlements
@@ -122,6 +125,9 @@ class Watcher:
             return False
         except PluginError as exc:
             log.warning("chain check of %s on GET failed: %s", group, exc)
+            return False
+        except Exception:  # noqa: BLE001 - a GET answers from the database whatever the node does
+            log.exception("chain check of %s on GET failed", group)
             return False
         return True
 
