@@ -118,3 +118,23 @@ def test_late_payment_after_expiry(vpsshop_client: TestClient, monero: MoneroReg
     run_pass(vpsshop_client)
     late = get(vpsshop_client, h, topup["ref"])
     assert (late["status"], late["credited_usd"]) == ("completed", 30)
+
+
+def test_config_refuses_a_view_key_of_another_wallet() -> None:
+    from vpsshop_monero import SANDBOX_ADDRESS, SANDBOX_VIEW_KEY, Monero
+    from vpsshop_monero.addresses import hash_to_scalar, keys_from_spend_secret
+
+    from vpsshop.errors import ConfigError
+
+    other_address, other_view = keys_from_spend_secret(hash_to_scalar(b"another wallet").to_bytes(32, "little"),
+                                                       "stagenet")
+    with pytest.raises(ConfigError, match="does not belong"):
+        Monero.from_settings({"address": SANDBOX_ADDRESS, "view_key": other_view, "network": "stagenet"},
+                             sandbox=False, where="coins.XMR")
+    with pytest.raises(ConfigError, match="stagenet address"):
+        Monero.from_settings({"address": SANDBOX_ADDRESS, "view_key": SANDBOX_VIEW_KEY, "network": "mainnet"},
+                             sandbox=False, where="coins.XMR")
+    coin = Monero.from_settings({"address": other_address, "view_key": other_view, "network": "stagenet"},
+                                sandbox=False, where="coins.XMR")
+    assert coin.derive_address(1).address.startswith("7") and coin.derive_address(1).watch_key == "1"
+    assert SANDBOX_VIEW_KEY not in repr(coin.config)
