@@ -15,8 +15,8 @@ ROOT=$(pwd)
 log() { printf '\n==> %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-apt_wanted() { cat scripts/deps/apt-*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \n' '\n' | grep -v '^$' | sort -u; }
-npm_wanted() { cat scripts/deps/npm-*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \n' '\n' | grep -v '^$' | sort -u; }
+apt_wanted() { cat scripts/deps/apt-*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \n' '\n' | grep -v '^$' | sort -u || true; }
+npm_wanted() { cat scripts/deps/npm-*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \n' '\n' | grep -v '^$' | sort -u || true; }
 
 install_apt() {
     local missing=()
