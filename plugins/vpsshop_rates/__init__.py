@@ -1,6 +1,8 @@
 """Default exchange-rate sources.
 
-``coinbase``: Coinbase's public spot prices (:mod:`vpsshop_rates.coinbase`), the production default.
+``kraken``: Kraken's public ticker (:mod:`vpsshop_rates.kraken`), the recommended production source:
+it prices every classic coin of the shop, XMR and TRX included.
+``coinbase``: Coinbase's public spot prices (:mod:`vpsshop_rates.coinbase`); Coinbase lists no XMR.
 
 ``fixed``: rates written in the settings. The sandbox uses it with the values below; in
 production it needs ``[rates.fixed] prices`` and suits a shop that sets its rates by hand.
@@ -54,5 +56,6 @@ class FixedRates(RateSource):
 @hookimpl(trylast=True)
 def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
     from vpsshop_rates.coinbase import CoinbaseSpot
+    from vpsshop_rates.kraken import KrakenTicker
 
-    return [FixedRates, CoinbaseSpot]
+    return [FixedRates, KrakenTicker, CoinbaseSpot]

@@ -180,7 +180,11 @@ def routes() -> list[ApiRoute]:
             "`expires_at`, and a QR code of the payment URI. USDCBASE, or the header `X-Payment-Mode: x402`, "
             "answers 402 with the x402 payment requirements; re-send the same request with `X-PAYMENT` (a signed "
             "EIP-3009 authorization) and the answer is 201 with the completed top-up and `X-PAYMENT-RESPONSE`. "
-            "Send `Idempotency-Key` to make a retried request return the first top-up instead of a second one.",
+            "Send `Idempotency-Key` to make a retried request return the first top-up instead of a second one. "
+            "Errors: 400 amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, "
+            "unknown_field, invalid_payment_mode, invalid_payment (malformed X-PAYMENT); 402 with an error code "
+            "when an x402 authorization is refused (wrong_amount, nonce_used ...); 409 idempotency_key_reused; "
+            "503 rate_unavailable, settlement_pending. See docs/payments.md.",
             errors={
                 400: "amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, unknown_field, "
                 "invalid_payment_mode, or a malformed X-PAYMENT.",
