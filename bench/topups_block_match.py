@@ -145,51 +145,93 @@ def strangers(count: int) -> list[str]:
     return [p2wpkh_address("rltc", PrivateKey().public_key.format(compressed=True)) for _ in range(count)]
 
 
-async def measure(ctx: Any, node: BlockServingNode, topups: list[tuple[str, int]], others: list[str],
-                  trials: int) -> list[float]:
-    from vpsshop.payments import engine_for
+class Shop:
+    """One database with ``pending`` top-ups, its LTC coin on a :class:`BlockServingNode`."""
 
-    watcher = engine_for(ctx).watcher
-    await watcher.pass_group("LTC")  # loads the watched keys and sets the cursor, as a running watcher has
-    times = []
-    for _ in range(trials):
-        chosen = [topups[secrets.randbelow(len(topups))][0] for _ in range(PAYING_TXS)]
-        node.add_block(make_block(others, chosen))
+    def __init__(self, url: str, pending: int, others: list[str]) -> None:
+        from vpsshop.payments import engine_for
+
+        self.ctx = build_app(url)
+        self.node = BlockServingNode()
+        self.ctx.coins["LTC"].rpc = self.node
+        self.topups = add_pending_topups(self.ctx, pending)
+        self.others = others
+        self.watcher = engine_for(self.ctx).watcher
+        self.times: list[float] = []
+
+    async def start(self) -> None:
+        settle_database(self.ctx)
+        await self.watcher.pass_group("LTC")  # loads the watched keys and sets the cursor
+        await self.block(count=False)  # warm-up
+
+    async def block(self, count: bool = True) -> None:
+        chosen = [self.topups[secrets.randbelow(len(self.topups))][0] for _ in range(PAYING_TXS)]
+        self.node.add_block(make_block(self.others, chosen))
         started = time.perf_counter()
-        found, credited = await watcher.pass_group("LTC")
-        times.append(time.perf_counter() - started)
+        found, credited = await self.watcher.pass_group("LTC")
+        if count:
+            self.times.append(time.perf_counter() - started)
         assert found == PAYING_TXS and credited == PAYING_TXS, (found, credited)
-    return times
+
+
+def settle_database(ctx: Any) -> None:
+    """After the bulk insert of top-ups: checkpoint SQLite's WAL / refresh PostgreSQL's statistics,
+    as a running shop would have long done, so the measured passes do not pay for the insert."""
+    import sqlalchemy as sa
+
+    if ctx.db.dialect == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(ctx.db.url.database, isolation_level=None) as raw:
+            raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return
+    with ctx.db.engine.connect() as conn:
+        conn.execute(sa.text("ANALYZE"))
+        conn.commit()
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database (reset before each size)")
     parser.add_argument("--pending", type=int, default=10_000)
-    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=9)
     args = parser.parse_args()
-    url = args.database_url or f"sqlite:///{tempfile.mkdtemp(prefix='vpsshop-bench-')}/bench.db"
-    if url.startswith("postgresql"):
+    others = strangers(4000)
+    sizes = (args.pending, 2 * args.pending)
+    shops: list[Shop] = []
+    if args.database_url:  # one database: the sizes run one after the other
         from vpsshop.testing import reset_postgres
 
-        reset_postgres(url)
-    ctx = build_app(url)
-    node = BlockServingNode()
-    ctx.coins["LTC"].rpc = node
-    others = strangers(4000)
-    results = {}
-    topups = add_pending_topups(ctx, args.pending)
-    results[args.pending] = await measure(ctx, node, topups, others, args.trials)
-    topups += add_pending_topups(ctx, args.pending)
-    results[2 * args.pending] = await measure(ctx, node, topups, others, args.trials)
-    for pending, times in results.items():
+        for pending in sizes:
+            reset_postgres(args.database_url)
+            shop = Shop(args.database_url, pending, others)
+            await shop.start()
+            await run_trials([shop], args.trials)
+            shop.ctx.db.dispose()
+            shops.append(shop)
+    else:  # two SQLite files: alternate them block by block, so both sizes see the same machine load
+        for pending in sizes:
+            shop = Shop(f"sqlite:///{tempfile.mkdtemp(prefix='vpsshop-bench-')}/bench.db", pending, others)
+            await shop.start()
+            shops.append(shop)
+        await run_trials(shops, args.trials)
+    for shop, pending in zip(shops, sizes):
+        times = shop.times
         print(f"{pending:>6} pending top-ups: block of {TXS_PER_BLOCK} txs ({PAYING_TXS} paying) matched and "
               f"credited in median {statistics.median(times) * 1000:.1f} ms (min {min(times) * 1000:.1f}, "
               f"max {max(times) * 1000:.1f})")
-    small, large = (statistics.median(results[p]) for p in sorted(results))
-    print(f"ratio {2 * args.pending} / {args.pending} pending: {large / small:.3f} (goal < 1.20); "
-          f"goal < 1000 ms: {'met' if max(small, large) < 1 else 'NOT met'}")
-    await ctx.close()
+    small, large = (statistics.median(shop.times) for shop in shops)
+    small_min, large_min = (min(shop.times) for shop in shops)
+    print(f"ratio {sizes[1]} / {sizes[0]} pending: median {large / small:.3f}, min {large_min / small_min:.3f} "
+          f"(goal < 1.20); goal < 1000 ms: {'met' if max(small, large) < 1 else 'NOT met'}")
+    for shop in shops:
+        await shop.ctx.close()
+
+
+async def run_trials(shops: list[Shop], trials: int) -> None:
+    for _ in range(trials):
+        for shop in shops:
+            await shop.block()
 
 
 if __name__ == "__main__":

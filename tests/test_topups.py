@@ -209,3 +209,28 @@ def test_node_down_never_breaks_reads(vpsshop_database_url: str, vpsshop_clock: 
         assert client.portal.call(engine.watcher.run_pass)["payments"] == 0  # type: ignore[union-attr]
         health = client.get("/v1/health").json()
         assert "did not answer" in str(health)
+
+
+def test_watch_set_picks_up_out_of_order_commits(vpsshop_client: TestClient) -> None:
+    """A top-up whose id is lower than one already loaded (committed later on PostgreSQL) is
+    still added to the watched keys on the next refresh."""
+    import sqlalchemy as sa
+
+    from vpsshop.payments import engine_for
+    from vpsshop.payments.models import Topup
+    from vpsshop.payments.watcher import KeySet
+
+    account = create_test_account(vpsshop_client)
+    refs = [vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "LTC"}, headers=account.headers).json()
+            for _ in range(3)]
+    engine = engine_for(vpsshop_client.app.state.ctx)  # type: ignore[attr-defined]
+    with engine.ctx.db.session() as session:
+        middle = session.execute(sa.select(Topup).where(Topup.ref == refs[1]["ref"])).scalar_one()
+        saved = {c.name: getattr(middle, c.name) for c in Topup.__table__.columns}
+        session.delete(middle)  # as if its transaction had not committed yet
+    keys = KeySet(["LTC"])
+    assert keys.load_new(engine) == 2 and refs[1]["deposit_address"] not in keys
+    assert saved["id"] in keys.gaps
+    with engine.ctx.db.session() as session:
+        session.add(Topup(**saved))  # the late commit
+    assert keys.load_new(engine) == 1 and refs[1]["deposit_address"] in keys and not keys.gaps

@@ -38,16 +38,26 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("vpsshop.watcher")
 
 MAX_SCAN_CALLS_PER_PASS = 50
+GAP_GIVE_UP_SECONDS = 600.0
 
 
 class KeySet:
-    """The watched keys of one scan group: a set for the scan, a map to top-up ids for the engine."""
+    """The watched keys of one scan group: a set for the scan, a map to top-up ids for the engine.
+
+    Refreshed incrementally by id. On PostgreSQL two transactions can commit out of id order (id
+    101 after 102), so ids missing below the highest one seen are kept as *gaps* and read again on
+    every refresh until they appear or are older than :data:`GAP_GIVE_UP_SECONDS` (a rolled-back
+    insert leaves a permanent gap). A top-up is never shown to a customer before it commits, so no
+    payment to it can be in a block scanned before this set holds its key.
+    """
 
     def __init__(self, coins: list[str]) -> None:
-        self.coins = coins
+        self.coins = set(coins)
         self.by_key: dict[tuple[str, str], int] = {}
         self.keys: set[str] = set()
         self.last_id = 0
+        self.gaps: dict[int, float] = {}
+        """id -> monotonic time it was first missed."""
 
     def __contains__(self, key: object) -> bool:
         return key in self.keys
@@ -56,18 +66,30 @@ class KeySet:
         return len(self.keys)
 
     def load_new(self, engine: "PaymentEngine") -> int:
-        """Read the top-ups created since the last call. Returns how many were added."""
+        """Read the top-ups committed since the last call (and late commits of older ids)."""
+        now = time.monotonic()
+        self.gaps = {i: t for i, t in self.gaps.items() if now - t < GAP_GIVE_UP_SECONDS}
+        low = min([self.last_id, *(i - 1 for i in self.gaps)])
         with engine.ctx.db.session() as session:
             rows = session.execute(
-                sa.select(Topup.id, Topup.coin, Topup.watch_key)
-                .where(Topup.id > self.last_id, Topup.coin.in_(self.coins), Topup.watch_key.is_not(None))  # type: ignore[attr-defined,union-attr]
-                .order_by(Topup.id)
+                sa.select(Topup.id, Topup.coin, Topup.watch_key).where(Topup.id > low).order_by(Topup.id)
             ).all()
+        added = 0
+        seen_ids = set()
         for topup_id, coin, key in rows:
-            self.by_key[(coin, key)] = topup_id
-            self.keys.add(key)
-            self.last_id = max(self.last_id, topup_id)
-        return len(rows)
+            seen_ids.add(topup_id)
+            self.gaps.pop(topup_id, None)
+            if coin in self.coins and key is not None and (coin, key) not in self.by_key:
+                self.by_key[(coin, key)] = topup_id
+                self.keys.add(key)
+                added += 1
+        if rows:
+            top = rows[-1][0]
+            for missing in range(self.last_id + 1, top):
+                if missing not in seen_ids:
+                    self.gaps.setdefault(missing, now)
+            self.last_id = max(self.last_id, top)
+        return added
 
 
 class Watcher:
