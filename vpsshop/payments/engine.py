@@ -224,7 +224,7 @@ class PaymentEngine:
                 address_index=index,
                 watch_key=address.watch_key,
                 idempotency_key=idempotency_key,
-                registered=not coin.can_scan,
+                registered=not coin.can_scan or type(coin).register_address is DepositCoin.register_address,
                 created_at=now,
                 expires_at=now + timedelta(minutes=self.settings.expiry_minutes),
             )

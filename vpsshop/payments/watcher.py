@@ -141,6 +141,7 @@ class Watcher:
             return False
         self.last_pass[group] = time.monotonic()
         task = asyncio.ensure_future(self.pass_group(group))
+        task.add_done_callback(_log_failure)
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout=settings.poll_timeout_seconds)
         except asyncio.TimeoutError:
@@ -225,3 +226,9 @@ def _as_found(row: TopupPayment) -> Found:
         identity=row.identity, watch_key="", amount_atomic=int(row.amount_atomic), txid=row.txid,
         confirmations=row.confirmations, block_height=row.block_height, block_hash=row.block_hash,
     )
+
+
+def _log_failure(task: "asyncio.Future[tuple[int, int]]") -> None:
+    """A GET's pass that outlived the GET: log its failure instead of losing it."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("chain check started by a GET failed: %s", task.exception())
