@@ -234,3 +234,29 @@ def test_watch_set_picks_up_out_of_order_commits(vpsshop_client: TestClient) -> 
     with engine.ctx.db.session() as session:
         session.add(Topup(**saved))  # the late commit
     assert keys.load_new(engine) == 1 and refs[1]["deposit_address"] in keys and not keys.gaps
+
+
+def test_payment_in_another_coin_of_the_group_is_credited_at_its_own_rate(vpsshop_client: TestClient) -> None:
+    """As ETH and USDT share one scan: a coin's scan reports a payment in coin B to the address of
+    a coin-A top-up. It is credited to that account, valued at B's current rate."""
+    from vpsshop.coins import DetectedPayment
+    from vpsshop.payments import engine_for
+
+    account = create_test_account(vpsshop_client)
+    ltc = vpsshop_client.post("/v1/topups", json={"amount": 80, "coin": "LTC"}, headers=account.headers).json()
+    engine = engine_for(vpsshop_client.app.state.ctx)  # type: ignore[attr-defined]
+    from sqlmodel import select
+
+    from vpsshop.payments.models import Topup
+
+    with engine.ctx.db.session() as session:
+        topup = session.exec(select(Topup).where(Topup.ref == ltc["ref"])).one()
+    payment = DetectedPayment("ab" * 32 + ":0", topup.watch_key, 10_000, "ab" * 32, 6, 100, "00" * 32)
+    ids = engine.record_payments([("BTC", payment)], {}, {topup.watch_key: topup.id})
+    assert len(ids) == 1
+    btc = engine.ctx.coins["BTC"]
+    assert vpsshop_client.portal.call(engine.credit_confirmed, btc) == 1  # type: ignore[union-attr]
+    read = vpsshop_client.get(f"/v1/topups/{ltc['ref']}", headers=account.headers).json()
+    assert (read["status"], read["credited_usd"]) == ("completed", 6)  # 10,000 sat at 60,000 USD/BTC
+    assert read["amount_received"] == "0.00000000"  # no LTC arrived
+    assert vpsshop_client.get("/v1/account", headers=account.headers).json()["balance_usd"] == 6

@@ -318,14 +318,25 @@ class PaymentEngine:
 
     # ---- recording and crediting payments ----------------------------------------------------------
 
-    def record_payments(self, found: list[tuple[str, Found]], topups: dict[tuple[str, str], int]) -> list[int]:
-        """Insert or refresh detected payments; returns the ids of those still to be credited."""
+    def record_payments(
+        self, found: list[tuple[str, Found]], topups: dict[tuple[str, str], int],
+        any_coin: dict[str, int] | None = None,
+    ) -> list[int]:
+        """Insert or refresh detected payments; returns the ids of those still to be credited.
+
+        ``topups`` maps (coin, watch key) to a top-up id. A payment in one coin to the address of a
+        top-up in another coin of the same scan group (USDT sent to an ETH top-up's address) is
+        found through ``any_coin`` (watch key -> top-up id) and credited to that top-up's account
+        too, valued as a late payment at the current rate of the coin that arrived.
+        """
         now = self.ctx.clock.now()
         ids: list[int] = []
         for code, payment in found:
             topup_id = topups.get((code, payment.watch_key))
+            if topup_id is None and any_coin is not None:
+                topup_id = any_coin.get(payment.watch_key)
             if topup_id is None:
-                log.warning("payment %s in %s to watched key %s matches no top-up of that coin",
+                log.warning("payment %s in %s to watched key %s matches no top-up",
                             payment.identity, code, payment.watch_key)
                 continue
             with self.ctx.db.session() as session:
@@ -341,7 +352,8 @@ class PaymentEngine:
                         txid=payment.txid, amount_atomic=str(payment.amount_atomic), status="seen",
                         confirmations=payment.confirmations, block_height=payment.block_height,
                         block_hash=payment.block_hash, first_seen_at=now,
-                        late=topup.status in ("expired", "cancelled") or topup.expires_at <= now,
+                        late=topup.status in ("expired", "cancelled") or topup.expires_at <= now
+                        or topup.coin != code,
                     )
                     savepoint = session.begin_nested()
                     try:
@@ -462,7 +474,7 @@ def make_view(topup: Topup, payments: list[TopupPayment]) -> TopupView:
     return TopupView(
         topup=topup,
         payment_status=status,
-        amount_received_atomic=sum(int(p.amount_atomic) for p in live),
+        amount_received_atomic=sum(int(p.amount_atomic) for p in live if p.coin == topup.coin),
         credited_micros=sum(p.credited_micros or 0 for p in live),
         confirmations=min(p.confirmations for p in seen) if seen else None,
     )

@@ -54,6 +54,8 @@ class KeySet:
     def __init__(self, coins: list[str]) -> None:
         self.coins = set(coins)
         self.by_key: dict[tuple[str, str], int] = {}
+        self.any_coin: dict[str, int] = {}
+        """watch key -> top-up id, whatever the coin (see PaymentEngine.record_payments)."""
         self.keys: set[str] = set()
         self.last_id = 0
         self.gaps: dict[int, float] = {}
@@ -81,6 +83,7 @@ class KeySet:
             self.gaps.pop(topup_id, None)
             if coin in self.coins and key is not None and (coin, key) not in self.by_key:
                 self.by_key[(coin, key)] = topup_id
+                self.any_coin.setdefault(key, topup_id)
                 self.keys.add(key)
                 added += 1
         if rows:
@@ -170,7 +173,8 @@ class Watcher:
                 result = await scanner.scan(cursor, keyset)
                 if result.payments:
                     found += len(result.payments)
-                    await to_thread.run_sync(engine.record_payments, result.payments, keyset.by_key)
+                    await to_thread.run_sync(engine.record_payments, result.payments, keyset.by_key,
+                                             keyset.any_coin)
                 if result.cursor == cursor:
                     break
                 await to_thread.run_sync(self._store_cursor, group, cursor, result.cursor)
