@@ -82,9 +82,14 @@ def confirmations() -> int:
 
 
 @pytest.fixture
-def vpsshop_overrides(litecoind: Litecoind, ltc_xpub: str, confirmations: int) -> dict[str, Any]:
+def poll_min_seconds() -> float:
+    return 0
+
+
+@pytest.fixture
+def vpsshop_overrides(litecoind: Litecoind, ltc_xpub: str, confirmations: int, poll_min_seconds: float) -> dict[str, Any]:
     return {"coins": {"LTC": litecoind.settings(ltc_xpub, confirmations)},
-            "topups": {"poll_min_seconds": 0, "expiry_minutes": 60}}
+            "topups": {"poll_min_seconds": poll_min_seconds, "expiry_minutes": 60}}
 
 
 def run_pass(client: TestClient) -> dict[str, int]:
@@ -314,3 +319,17 @@ def test_worker_processes_confirm_topups_nobody_polls(
                 worker.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 worker.kill()
+
+
+@pytest.mark.parametrize("poll_min_seconds", [3600])
+def test_polling_is_rate_limited(vpsshop_client: TestClient, litecoind: Litecoind) -> None:
+    """GETs within poll_min_seconds of the last chain check answer from the database alone."""
+    account = create_test_account(vpsshop_client)
+    run_pass(vpsshop_client)
+    topup = new_topup(vpsshop_client, account.headers)
+    litecoind.pay(topup["deposit_address"], topup["deposit_amount"])
+    litecoind.mine(2)
+    for _ in range(5):
+        assert get(vpsshop_client, account.headers, topup["ref"])["payment_status"] == "awaiting_payment"
+    run_pass(vpsshop_client)  # the watcher
+    assert get(vpsshop_client, account.headers, topup["ref"])["status"] == "completed"
