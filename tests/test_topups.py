@@ -172,7 +172,10 @@ def test_rate_is_locked_for_the_topup(vpsshop_client: TestClient) -> None:
 
 
 def test_openapi_documents_topups(vpsshop_client: TestClient) -> None:
+    from openapi_spec_validator import validate
+
     spec = vpsshop_client.get("/v1/openapi.json").json()
+    validate(spec)  # every path parameter, {ref} included, is declared
     assert {"/topups", "/topups/{ref}", "/topups/{ref}/cancel"} <= set(spec["paths"])
     post = spec["paths"]["/topups"]["post"]
     assert "402" in post["responses"] and "default" not in post.get("summary", "")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -91,6 +93,10 @@ def build_openapi(routes: list[ApiRoute], *, extra_models: list[type[BaseModel]]
                     "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
                 }
             )
+        for name in re.findall(r"\{(\w+)\}", route.path):  # other path parameters are strings
+            if name != "id":
+                parameters.append({"name": name, "in": "path", "required": True,
+                                   "schema": {"type": "string", "minLength": 1, "maxLength": 64}})
         for header in route.headers:
             parameters.append(
                 {
