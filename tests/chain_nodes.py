@@ -169,6 +169,12 @@ class MoneroRegtest:
         self.call(f"http://127.0.0.1:{self.daemon_port}/json_rpc", "generateblocks",
                   amount_of_blocks=blocks, wallet_address=self.sender_address)
 
+    def drop(self, txid: str, blocks: int) -> None:
+        """Pop the last ``blocks`` blocks and flush ``txid`` from the pool: it is gone."""
+        daemon = f"http://127.0.0.1:{self.daemon_port}"
+        _post(f"{daemon}/pop_blocks", {"nblocks": blocks})
+        self.call(f"{daemon}/json_rpc", "flush_txpool", txids=[txid])
+
     def pay(self, address: str, atomic: int) -> str:
         self.call(self.sender_url, "refresh")
         answer = self.call(self.sender_url, "transfer", destinations=[{"address": address, "amount": atomic}],

@@ -32,8 +32,13 @@ def xmr_account(monero: MoneroRegtest) -> int:
 
 
 @pytest.fixture
-def vpsshop_overrides(monero: MoneroRegtest, xmr_account: int) -> dict[str, Any]:
-    return {"coins": {"XMR": {**monero.settings(confirmations=2), "account_index": xmr_account}},
+def confirmations() -> int:
+    return 2
+
+
+@pytest.fixture
+def vpsshop_overrides(monero: MoneroRegtest, xmr_account: int, confirmations: int) -> dict[str, Any]:
+    return {"coins": {"XMR": {**monero.settings(confirmations=confirmations), "account_index": xmr_account}},
             "topups": {"poll_min_seconds": 0}}
 
 
@@ -138,3 +143,24 @@ def test_config_refuses_a_view_key_of_another_wallet() -> None:
                                 sandbox=False, where="coins.XMR")
     assert coin.derive_address(1).address.startswith("7") and coin.derive_address(1).watch_key == "1"
     assert SANDBOX_VIEW_KEY not in repr(coin.config)
+
+
+@pytest.mark.parametrize("confirmations", [3])
+def test_payment_dropped_before_confirmations_credits_nothing(vpsshop_client: TestClient,
+                                                              monero: MoneroRegtest) -> None:
+    """The block holding the payment is popped and the transaction flushed from the pool
+    (monerod's pop_blocks and flush_txpool): the payment is dropped and nothing is credited."""
+    account = create_test_account(vpsshop_client)
+    h = account.headers
+    run_pass(vpsshop_client)
+    topup = xmr_topup(vpsshop_client, h)
+    txid = monero.pay(topup["deposit_address"], atomic(topup["deposit_amount"]))
+    monero.mine(1)
+    seen = get(vpsshop_client, h, topup["ref"])
+    assert (seen["payment_status"], seen["confirmations"]) == ("seen", 1)
+    monero.drop(txid, blocks=1)
+    monero.mine(3)
+    run_pass(vpsshop_client)
+    after = get(vpsshop_client, h, topup["ref"])
+    assert (after["status"], after["payment_status"], after["credited_usd"]) == ("pending", "awaiting_payment", 0)
+    assert balance(vpsshop_client, h) == 0
