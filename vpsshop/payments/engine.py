@@ -76,7 +76,7 @@ def qr_data_uri(text: str) -> str:
     import qrcode
     import qrcode.image.pure
 
-    image = qrcode.make(text, image_factory=qrcode.image.pure.PyPNGImage, border=2)
+    image = qrcode.make(text, image_factory=qrcode.image.pure.PyPNGImage, border=2, box_size=6)
     buffer = io.BytesIO()
     image.save(buffer)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
