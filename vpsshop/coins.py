@@ -285,6 +285,11 @@ class DepositCoin(PaymentCoin):
         """Find payments to ``watched`` keys since ``cursor`` (None: start at the chain's tip,
         nothing older is looked at).
 
+        Read the chain's tip *first* and scan no further than it: core refreshed ``watched``
+        just before this call, and a payment to an address handed out after that can only be in a
+        later block, which the next call covers with the address watched. ``scan`` must also be
+        repeatable from an older cursor (reporting payments again is harmless).
+
         Scan each block once, test each output against ``watched``, and include unconfirmed
         (mempool) payments with ``confirmations=0`` where the chain exposes them. Handle a
         reorganisation of blocks after ``cursor`` by stepping back to the fork. Bound the work of

@@ -2,14 +2,15 @@
 
 A pass, for every scan group (coins sharing one scan: see :attr:`DepositCoin.scan_group`):
 
-1. refresh the in-memory :class:`KeySet` of watched keys with top-ups created since the last pass
-   (only new rows are read, so a pass costs the same with 10 or 100,000 top-ups);
-2. call :meth:`DepositCoin.scan` from the stored cursor until it stops moving, recording every
-   payment it reports (unique per coin and chain identity);
-3. store the new cursor (compare-and-set: two workers never move it backwards);
-4. :meth:`DepositCoin.recheck` every payment seen but not credited, drop those that left the chain,
+1. call :meth:`DepositCoin.scan` from the stored cursor until it stops moving, recording every
+   payment it reports (unique per coin and chain identity); before each call, refresh the in-memory
+   :class:`KeySet` of watched keys with the top-ups committed since (only new rows are read, so a
+   pass costs the same with 10 or 100,000 top-ups);
+2. store the new cursor (compare-and-set: two workers never move it backwards);
+3. :meth:`DepositCoin.recheck` every payment seen but not credited, drop those that left the chain,
    credit those with enough confirmations (:meth:`PaymentEngine.credit_confirmed`);
-5. register addresses the node does not know yet, and resolve x402 settlements left open.
+4. register addresses the node does not know yet (first, before scanning), and resolve x402
+   settlements left open.
 
 Then pending top-ups past their expiry with nothing waiting are expired. Several workers may run
 passes at once against one database: every write is idempotent or guarded by a constraint.
@@ -165,11 +166,14 @@ class Watcher:
         keyset = self.keysets[group]
         async with self.locks[group]:
             self.last_pass[group] = time.monotonic()
-            await to_thread.run_sync(keyset.load_new, engine)
             await self._register_pending(coins)
             cursor = await to_thread.run_sync(self._load_cursor, group)
             found = 0
             for _ in range(MAX_SCAN_CALLS_PER_PASS):
+                # Keys are read right before each scan, and the scan reads the chain's tip first: a
+                # top-up committed after this read can only be paid in a block past that tip, which
+                # the next scan call (with its key loaded) covers.
+                await to_thread.run_sync(keyset.load_new, engine)
                 result = await scanner.scan(cursor, keyset)
                 if result.payments:
                     found += len(result.payments)
