@@ -22,6 +22,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from starlette.testclient import TestClient
+
+from vpsshop.payments import engine_for
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -130,6 +134,10 @@ class MoneroRegtest:
         self.call(self.shop_url, "close_wallet")
         self.call(self.shop_url, "generate_from_keys", filename="shop-view-only", address=self.address,
                   viewkey=self.view_key, password="", restore_height=0)
+        # The tests decide when wallets sync (the plugin calls `refresh` in each scan): a background
+        # refresh racing the plugin's would show a block one pass late and make assertions flaky.
+        for url in (self.sender_url, self.shop_url):
+            self.call(url, "auto_refresh", enable=False)
         self.mine(80)  # coinbase outputs unlock after 60 blocks
 
     def _start(self, argv: list[str], probe_url: str, probe_method: str) -> None:
@@ -169,6 +177,18 @@ class MoneroRegtest:
         self.call(f"http://127.0.0.1:{self.daemon_port}/json_rpc", "generateblocks",
                   amount_of_blocks=blocks, wallet_address=self.sender_address)
 
+    def mine_until_mined(self, txid: str, tries: int = 10) -> None:
+        """Mine single blocks until ``txid`` is in one (a block template may predate the tx)."""
+        daemon = f"http://127.0.0.1:{self.daemon_port}"
+        for _ in range(tries):
+            self.mine(1)
+            answer = _post(f"{daemon}/get_transactions", {"txs_hashes": [txid]})
+            txs = answer.get("txs") or []
+            if txs and not txs[0].get("in_pool") and int(txs[0].get("block_height") or 0) > 0:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{txid} was not mined")
+
     def drop(self, txid: str, blocks: int) -> None:
         """Pop the last ``blocks`` blocks and flush ``txid`` from the pool: it is gone."""
         daemon = f"http://127.0.0.1:{self.daemon_port}"
@@ -199,3 +219,35 @@ def peer_workdir(name: str) -> Path:
 def remove_workdir(path: Path) -> None:
     if not os.environ.get("VPSSHOP_KEEP_PEER_LOGS"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- helpers of the chain tests -------------------------------------------------------------------
+
+
+def run_pass(client: TestClient) -> dict[str, int]:
+    engine = engine_for(client.app.state.ctx)  # type: ignore[attr-defined]
+    return client.portal.call(engine.watcher.run_pass)  # type: ignore[union-attr]
+
+
+def balance(client: TestClient, headers: dict[str, str]) -> Decimal:
+    return Decimal(str(client.get("/v1/account", headers=headers).json()["balance_usd"]))
+
+
+def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]:
+    response = client.get(f"/v1/topups/{ref}", headers=headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def eventually(client: TestClient, headers: dict[str, str], ref: str, tries: int = 20,
+               **expected: Any) -> dict[str, Any]:
+    """Run watcher passes until the top-up shows ``expected`` (a wallet-rpc syncs with its daemon
+    asynchronously, so a block can reach the wallet a moment after monerod accepted it)."""
+    body: dict[str, Any] = {}
+    for _ in range(tries):
+        run_pass(client)
+        body = get(client, headers, ref)
+        if all(body.get(k) == v for k, v in expected.items()):
+            return body
+        time.sleep(0.25)
+    raise AssertionError(f"top-up never reached {expected}: {body}")

@@ -12,9 +12,8 @@ import pytest
 from coincurve import PrivateKey
 from starlette.testclient import TestClient
 
-from chain_nodes import Litecoind, peer_workdir, remove_workdir
+from chain_nodes import Litecoind, balance, get, peer_workdir, remove_workdir, run_pass
 from vpsshop.hdkeys import ExtendedPublicKey, b58check_encode, decode_segwit_v0, p2wpkh_address
-from vpsshop.payments import engine_for
 from vpsshop.testing import create_test_account
 
 BIP84_ZPUB = (
@@ -92,15 +91,6 @@ def vpsshop_overrides(litecoind: Litecoind, ltc_xpub: str, confirmations: int, p
             "topups": {"poll_min_seconds": poll_min_seconds, "expiry_minutes": 60}}
 
 
-def run_pass(client: TestClient) -> dict[str, int]:
-    engine = engine_for(client.app.state.ctx)  # type: ignore[attr-defined]
-    return client.portal.call(engine.watcher.run_pass)  # type: ignore[union-attr]
-
-
-def balance(client: TestClient, headers: dict[str, str]) -> Decimal:
-    return Decimal(str(client.get("/v1/account", headers=headers).json()["balance_usd"]))
-
-
 def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> dict[str, Any]:
     response = client.post("/v1/topups", json={"amount": amount, "coin": "LTC"}, headers=headers)
     assert response.status_code == 201, response.text
@@ -109,12 +99,6 @@ def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> 
     decode_segwit_v0("rltc", body["deposit_address"])
     assert body["deposit_amount"] == "0.62500000" if amount == 50 else True
     return body
-
-
-def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]:
-    response = client.get(f"/v1/topups/{ref}", headers=headers)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def test_pay_seen_then_completed_and_credited_once(vpsshop_client: TestClient, litecoind: Litecoind) -> None:

@@ -9,8 +9,7 @@ from typing import Any, Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from chain_nodes import MoneroRegtest, peer_workdir, remove_workdir
-from test_bitcoin import balance, get, run_pass
+from chain_nodes import MoneroRegtest, balance, eventually, get, peer_workdir, remove_workdir, run_pass
 from vpsshop.testing import create_test_account
 
 
@@ -68,13 +67,13 @@ def test_pay_seen_then_completed_once(vpsshop_client: TestClient, monero: Monero
     run_pass(vpsshop_client)
     topup = xmr_topup(vpsshop_client, h)
     assert topup["deposit_amount"] == "0.200000000000"
-    monero.pay(topup["deposit_address"], atomic(topup["deposit_amount"]))
-    seen = get(vpsshop_client, h, topup["ref"])
-    assert (seen["status"], seen["payment_status"], seen["amount_received"]) == ("pending", "seen", "0.200000000000")
+    txid = monero.pay(topup["deposit_address"], atomic(topup["deposit_amount"]))
+    seen = eventually(vpsshop_client, h, topup["ref"], payment_status="seen")
+    assert (seen["status"], seen["amount_received"]) == ("pending", "0.200000000000")
+    monero.mine_until_mined(txid)
+    assert eventually(vpsshop_client, h, topup["ref"], confirmations=1)["status"] == "pending"
     monero.mine(1)
-    assert get(vpsshop_client, h, topup["ref"])["status"] == "pending"
-    monero.mine(1)
-    done = get(vpsshop_client, h, topup["ref"])
+    done = eventually(vpsshop_client, h, topup["ref"], status="completed")
     assert (done["status"], done["credited_usd"]) == ("completed", 30)
     monero.mine(2)
     run_pass(vpsshop_client)
@@ -96,16 +95,13 @@ def test_twice_under_over_and_restart(vpsshop_settings: Any, vpsshop_clock: Any,
         monero.pay(over["deposit_address"], atomic("0.4"))  # 60 USD of 30
         monero.mine(1)
         monero.pay(twice["deposit_address"], atomic("0.2"))
-        run_pass(first)
-        assert get(first, h, twice["ref"])["payment_status"] == "seen"
+        assert eventually(first, h, twice["ref"], payment_status="seen")["credited_usd"] == 0
     monero.mine(2)  # while no watcher runs
     with TestClient(create_app(vpsshop_settings, clock=vpsshop_clock, background=False)) as second:
-        run_pass(second)
-        assert get(second, h, under["ref"])["credited_usd"] == 15
-        assert get(second, h, over["ref"])["credited_usd"] == 60
+        eventually(second, h, under["ref"], credited_usd=15)
+        eventually(second, h, over["ref"], credited_usd=60)
         monero.mine(1)
-        run_pass(second)
-        both = get(second, h, twice["ref"])
+        both = eventually(second, h, twice["ref"], credited_usd=45)
         assert (both["status"], both["credited_usd"], both["amount_received"]) == ("completed", 45, "0.300000000000")
         run_pass(second)
         assert balance(second, h) == 120
@@ -120,8 +116,7 @@ def test_late_payment_after_expiry(vpsshop_client: TestClient, monero: MoneroReg
     assert get(vpsshop_client, h, topup["ref"])["status"] == "expired"
     monero.pay(topup["deposit_address"], atomic(topup["deposit_amount"]))
     monero.mine(2)
-    run_pass(vpsshop_client)
-    late = get(vpsshop_client, h, topup["ref"])
+    late = eventually(vpsshop_client, h, topup["ref"], status="completed")
     assert (late["status"], late["credited_usd"]) == ("completed", 30)
 
 
@@ -155,12 +150,11 @@ def test_payment_dropped_before_confirmations_credits_nothing(vpsshop_client: Te
     run_pass(vpsshop_client)
     topup = xmr_topup(vpsshop_client, h)
     txid = monero.pay(topup["deposit_address"], atomic(topup["deposit_amount"]))
-    monero.mine(1)
-    seen = get(vpsshop_client, h, topup["ref"])
-    assert (seen["payment_status"], seen["confirmations"]) == ("seen", 1)
+    monero.mine_until_mined(txid)
+    seen = eventually(vpsshop_client, h, topup["ref"], confirmations=1)
+    assert seen["payment_status"] == "seen"
     monero.drop(txid, blocks=1)
     monero.mine(3)
-    run_pass(vpsshop_client)
-    after = get(vpsshop_client, h, topup["ref"])
+    after = eventually(vpsshop_client, h, topup["ref"], payment_status="awaiting_payment")
     assert (after["status"], after["payment_status"], after["credited_usd"]) == ("pending", "awaiting_payment", 0)
     assert balance(vpsshop_client, h) == 0
