@@ -17,7 +17,19 @@ __version__ = "1.0.0"
 
 from vpsshop.catalog import CatalogData, CatalogSource, Location, OperatingSystem, Plan
 from vpsshop.clock import Clock, FrozenClock
-from vpsshop.coins import PaymentCoin, X402Coin, X402Payment, X402Rejected, X402Settlement
+from vpsshop.coins import (
+    DepositAddress,
+    DepositCoin,
+    DetectedPayment,
+    PaymentCheck,
+    PaymentCoin,
+    ScanResult,
+    WatchSet,
+    X402Coin,
+    X402Payment,
+    X402Rejected,
+    X402Settlement,
+)
 from vpsshop.component import Component, NoConfig, Readiness
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
@@ -57,6 +69,9 @@ __all__ = [
     "Clock",
     "Component",
     "ConfigError",
+    "DepositAddress",
+    "DepositCoin",
+    "DetectedPayment",
     "DomainState",
     "FrozenClock",
     "Header",
@@ -65,16 +80,19 @@ __all__ = [
     "NoConfig",
     "NotFound",
     "OperatingSystem",
+    "PaymentCheck",
     "PaymentCoin",
     "Plan",
     "PluginError",
     "RateSource",
     "Readiness",
     "Reply",
+    "ScanResult",
     "ServerHandle",
     "ServerSpec",
     "Settings",
     "StartupError",
+    "WatchSet",
     "create_app",
     "hookimpl",
     "load_settings",

@@ -215,17 +215,23 @@ source = "file"             # the catalog shipped with vpsshop, or:
 # path = "/etc/vpsshop/catalog.toml"
 
 [rates]
-# REQUIRED. Where exchange rates come from ("fixed" prices them by hand).
-source = "fixed"
-[rates.fixed]
-prices = {{ BTC = "60000", XMR = "150" }}
+# REQUIRED. Where exchange rates come from: "kraken" (public ticker, no key; prices every classic
+# coin), "coinbase" (no XMR), or "fixed" (prices set by hand in [rates.fixed]).
+source = "kraken"
+max_age_seconds = 600       # no price younger than this: new top-ups are refused (rate_unavailable)
+# [rates.fixed]
+# prices = {{ BTC = "60000", XMR = "150" }}
+
+[topups]
+expiry_minutes = 60         # how long a top-up's rate is locked; late payments are still credited
+# default_coin = "BTC"      # coin of POST /topups without "coin" (docs/payments.md)
 
 [hypervisor]
 # REQUIRED. The backend that runs servers.
 backend = "libvirt"
 
 # Coins: production accepts exactly the coins that have a [coins.CODE] table here.
-# Each coin plugin documents its settings (docs/coins.md). For example:
+# Each coin plugin documents its settings (docs/payments.md). For example:
 # [coins.BTC]
 # xpub = "zpub..."          # watch-only: the server never holds a spending key
 # rpc_url = "http://user:pass@127.0.0.1:8332"

@@ -6,8 +6,8 @@ A coin plugin subclasses :class:`PaymentCoin` and returns the class from
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
 
 from vpsshop.component import Component
 
@@ -148,3 +148,190 @@ class X402Coin(PaymentCoin):
         """After an unknown outcome: the settlement if the authorization was used on chain to pay
         this shop, else None. Must be overridden."""
         raise NotImplementedError
+
+
+# ---- deposit coins: an address per top-up, watched on chain ----------------------------------
+
+
+@dataclass(frozen=True)
+class DepositAddress:
+    """Where one top-up is paid, derived watch-only by :meth:`DepositCoin.derive_address`.
+
+    ``address`` is shown to the customer. ``watch_key`` is what a chain scan matches payments
+    on; it is unique per coin and usually the address itself, normalised (lower-case hex for
+    EVM, the subaddress index for Monero). ``index`` is the derivation index core allocated.
+    """
+
+    address: str
+    index: int
+    watch_key: str
+
+
+@dataclass(frozen=True)
+class DetectedPayment:
+    """One payment a scan found to a watched key.
+
+    ``identity`` is the chain's own identity of the payment, unique per coin: ``"txid:vout"``
+    for an output, ``"txhash:logindex"`` for a token ``Transfer`` event, the transaction hash
+    for a native account transfer, ``"txid:major:minor"`` for a Monero transfer to a
+    subaddress. Core credits each identity at most once, whatever scans report it again.
+
+    ``confirmations`` is 0 for a transaction still in the mempool. ``block_hash`` is the block
+    it was found in (None in the mempool): :meth:`DepositCoin.recheck` uses it to notice reorgs.
+    """
+
+    identity: str
+    watch_key: str
+    amount_atomic: int
+    txid: str
+    confirmations: int
+    block_height: int | None = None
+    block_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class PaymentCheck:
+    """The answer of :meth:`DepositCoin.recheck` about one earlier :class:`DetectedPayment`.
+
+    ``present`` False means the transaction is no longer on the best chain nor in the mempool
+    (dropped, double-spent, reorganised away): core stops counting it and credits nothing.
+    """
+
+    identity: str
+    present: bool
+    confirmations: int = 0
+    block_height: int | None = None
+    block_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What one :meth:`DepositCoin.scan` call found and how far it got.
+
+    ``cursor`` is opaque to core (a block height and hash, a log block number, a wallet
+    height); core stores it and hands it back on the next scan. ``payments`` may repeat
+    payments seen before (core deduplicates on ``identity``) and may hold payments of every
+    coin sharing the scan (``coin`` names which).
+    """
+
+    cursor: str | None
+    payments: list[tuple[str, DetectedPayment]] = field(default_factory=list)
+    """(coin code, payment) pairs."""
+
+
+class WatchSet(Protocol):
+    """The watched keys of one scan group, as core hands them to :meth:`DepositCoin.scan`.
+
+    Membership tests are O(1) whatever the number of top-ups: a scan tests each output (log,
+    transfer) of a block against it, so the cost of a block does not grow with the number of
+    pending top-ups. Keys stay watched after a top-up expires or is cancelled, so late
+    payments are still found.
+    """
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class DepositCoin(PaymentCoin):
+    """A coin paid to a deposit address per top-up, found by scanning the chain.
+
+    Core calls, in this order over a top-up's life:
+
+    1. :meth:`derive_address` with a fresh index when a top-up is created (no network);
+    2. :meth:`register_address` once, so a node that must be told about watched addresses
+       (a Monero wallet's subaddress table, a wallet's ``importmulti``) knows it;
+    3. :meth:`payment_uri` to make the QR code;
+    4. :meth:`scan` from the watcher (and, rate-limited, when a customer polls), with the
+       cursor it returned last time and the :class:`WatchSet` of the scan group;
+    5. :meth:`recheck` for every payment seen but not yet credited, until it reaches
+       :attr:`confirmations` (credited) or disappears (never credited).
+
+    **Scan groups.** Coins that share one chain scan (ETH and USDT on one EVM node, TRX and
+    USDTTRC) return the same :attr:`scan_group`; core then calls :meth:`scan` on *one* coin
+    of the group with the union of their watch keys and a single cursor, and the scan reports
+    payments tagged with the coin they belong to. A coin alone returns its own code.
+
+    Settings every deposit coin reads from its config (``[coins.<CODE>]``): ``confirmations``
+    (int) when present; see :attr:`confirmations`.
+    """
+
+    settlement: ClassVar[SettlementMethod] = "deposit"
+
+    @property
+    def scan_group(self) -> str:
+        """Coins with the same value share one scan and one cursor. Default: :attr:`code`."""
+        return self.code
+
+    @property
+    def confirmations(self) -> int:
+        """Confirmations a payment needs before it is credited. Default: ``config.confirmations``
+        or 1."""
+        return int(getattr(self.config, "confirmations", 1))
+
+    @property
+    def can_scan(self) -> bool:
+        """False when no node is configured (a sandbox that only hands out addresses): core then
+        never calls :meth:`scan` and health says the coin is not watched. Default: True."""
+        return True
+
+    def key_id(self) -> str:
+        """Identifies the public key addresses derive from, so core keeps one index counter per
+        key: a reseller who changes the xpub starts again at index 1, and never reuses an index
+        of the same key. Must be overridden; return a short, stable, non-secret string (a
+        fingerprint)."""
+        raise NotImplementedError
+
+    def derive_address(self, index: int) -> DepositAddress:
+        """The deposit address number ``index`` (1, 2, 3 ...), derived watch-only.
+
+        Called when a top-up is created; must not touch the network and must return the same
+        address for the same index every time. Must be overridden.
+        """
+        raise NotImplementedError
+
+    async def register_address(self, address: DepositAddress) -> None:
+        """Tell the node about a new watched address, if it needs to know. Called once per
+        top-up right after the row is committed; may be called again (must be idempotent).
+        Raise :class:`vpsshop.PluginError` when the node cannot be reached; the top-up still
+        exists and the watcher retries. Default: nothing."""
+
+    def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
+        """The URI a wallet app scans from the QR code (BIP-21 ``bitcoin:<addr>?amount=..``,
+        ``monero:<addr>?tx_amount=..``, EIP-681 ...). Default: the bare address."""
+        return address
+
+    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
+        """Find payments to ``watched`` keys since ``cursor`` (None: start at the chain's tip,
+        nothing older is looked at).
+
+        Read the chain's tip *first* and scan no further than it: core refreshed ``watched``
+        just before this call, and a payment to an address handed out after that can only be in a
+        later block, which the next call covers with the address watched. ``scan`` must also be
+        repeatable from an older cursor (reporting payments again is harmless).
+
+        Scan each block once, test each output against ``watched``, and include unconfirmed
+        (mempool) payments with ``confirmations=0`` where the chain exposes them. Handle a
+        reorganisation of blocks after ``cursor`` by stepping back to the fork. Bound the work of
+        one call (core calls again at once while the cursor moves). Raise
+        :class:`vpsshop.PluginError` when the node fails. Must be overridden.
+        """
+        raise NotImplementedError
+
+    async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
+        """The current state of payments found earlier and not yet credited (one
+        :class:`PaymentCheck` per payment, any order). A payment whose block left the best chain
+        and whose transaction is nowhere else is ``present=False``. Must be overridden."""
+        raise NotImplementedError
+
+    def format_amount(self, amount_atomic: int) -> str:
+        """Atomic units as a decimal string in the coin's units (``"0.00041667"``)."""
+        return format_atomic(amount_atomic, self.decimals)
+
+
+def format_atomic(amount_atomic: int, decimals: int) -> str:
+    sign = "-" if amount_atomic < 0 else ""
+    whole, frac = divmod(abs(amount_atomic), 10**decimals)
+    if decimals == 0:
+        return f"{sign}{whole}"
+    return f"{sign}{whole}.{frac:0{decimals}d}"

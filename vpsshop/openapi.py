@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -111,6 +112,10 @@ def build_openapi(
                     "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
                 }
             )
+        for name in re.findall(r"\{(\w+)\}", route.path):  # other path parameters are strings
+            if name != "id":
+                parameters.append({"name": name, "in": "path", "required": True,
+                                   "schema": {"type": "string", "minLength": 1, "maxLength": 64}})
         for header in route.headers:
             parameters.append(
                 {

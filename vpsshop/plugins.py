@@ -20,9 +20,14 @@ ENTRY_POINT_GROUP = "vpsshop"
 BLOCK_ENV = "VPSSHOP_BLOCK_PLUGINS"
 
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
-    ("servers", "vpsshop.servers.hooks"),  # core's own provisioning and lifecycle tasks
+    # core's own background work, offered through the hooks like any plugin's
+    ("payments", "vpsshop.payments.hooks"),
+    ("servers", "vpsshop.servers.hooks"),
+    # the default plugins in plugins/
     ("catalog", "vpsshop_catalog"),
     ("rates", "vpsshop_rates"),
+    ("bitcoin", "vpsshop_bitcoin"),
+    ("monero", "vpsshop_monero"),
     ("x402", "vpsshop_x402"),
     ("libvirt", "vpsshop_libvirt"),
 )

@@ -1,5 +1,9 @@
 """Default exchange-rate sources.
 
+``kraken``: Kraken's public ticker (:mod:`vpsshop_rates.kraken`), the recommended production source:
+it prices every classic coin of the shop, XMR and TRX included.
+``coinbase``: Coinbase's public spot prices (:mod:`vpsshop_rates.coinbase`); Coinbase lists no XMR.
+
 ``fixed``: rates written in the settings. The sandbox uses it with the values below; in
 production it needs ``[rates.fixed] prices`` and suits a shop that sets its rates by hand.
 """
@@ -51,4 +55,7 @@ class FixedRates(RateSource):
 
 @hookimpl(trylast=True)
 def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
-    return [FixedRates]
+    from vpsshop_rates.coinbase import CoinbaseSpot
+    from vpsshop_rates.kraken import KrakenTicker
+
+    return [FixedRates, KrakenTicker, CoinbaseSpot]

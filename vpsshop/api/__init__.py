@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from vpsshop import servers
-from vpsshop.api import accounts, service
+from vpsshop.api import accounts, service, topups
 from vpsshop.routing import ApiRoute
 
 
 def core_routes() -> list[ApiRoute]:
-    return [*accounts.routes(), *service.routes(), *servers.routes()]
+    return [*accounts.routes(), *service.routes(), *topups.routes(), *servers.routes()]

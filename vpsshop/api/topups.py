@@ -1,0 +1,223 @@
+"""Top-up endpoints: create (deposit address or x402), read (checks the chain), cancel."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from vpsshop.coins import DepositCoin, X402Coin
+from vpsshop.errors import BadRequest
+from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
+from vpsshop.payments import engine_for
+from vpsshop.payments.engine import TopupView, qr_data_uri
+from vpsshop.payments import x402
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, json_response
+
+TAG = ("topups",)
+MIN_USD = Decimal(25)
+MAX_USD = Decimal(2000)
+
+
+class TopupBody(ApiModel):
+    """Body of ``POST /topups``."""
+
+    amount: Decimal = Field(ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False,
+                            description="USD to add to the balance: 25 to 2000, at most two decimals.")
+    coin: str | None = Field(None, min_length=1, max_length=16,
+                             description="Coin code (BTC, XMR, ETH, LTC, TRX, USDT, USDTTRC, SOL, USDCBASE). "
+                             "Default: BTC (the shop's `topups.default_coin` setting may change it).")
+
+    @field_validator("amount", mode="before")
+    @classmethod
+    def _json_number(cls, value: Any) -> Any:
+        if isinstance(value, (bool, str)):
+            raise ValueError("amount must be a JSON number of USD (25 to 2000)")
+        return value
+
+    @classmethod
+    def error_code(cls, field_name: str, error_type: str) -> str:
+        if field_name == "amount" and error_type == "greater_than_equal":
+            return "amount_too_low"
+        if field_name == "amount" and error_type == "less_than_equal":
+            return "amount_too_high"
+        if field_name == "coin":
+            return "invalid_coin"
+        return super().error_code(field_name, error_type)
+
+
+class TopupOut(BaseModel):
+    """The seed's Top-up, plus the progress of its payment."""
+
+    ref: str = Field(description="Top-up reference, used in the path. Unguessable.")
+    status: str = Field(description="pending, completed, expired or cancelled.")
+    amount_usd: UsdAmount = Field(description="USD amount requested.")
+    coin: str = Field(description="Coin code requested.")
+    deposit_address: str = Field(description="Where to pay. Unique to this top-up; never reused.")
+    deposit_amount: str = Field(description="Amount to pay, in the deposit coin's units, at the rate locked until "
+                                "expires_at.")
+    deposit_coin: str
+    deposit_network: str | None = Field(description="Chain and network of the deposit (bitcoin, litecoin-testnet...).")
+    qr_data_uri: str | None = Field(description="PNG QR code (data URI) of the payment URI: BIP-21 for BTC and LTC, "
+                                    "monero: for XMR. Null for x402 top-ups.")
+    expires_at: datetime | None = Field(description="End of the locked rate. Payments after it are still credited, "
+                                        "valued at the rate of the moment they are credited.")
+    payment_status: str = Field(description="awaiting_payment (nothing seen), seen (a payment is on chain or in the "
+                                "mempool, waiting for confirmations), confirmed (every payment seen is credited).")
+    amount_received: str = Field(description="Sum of the payments seen or credited, in the deposit coin's units.")
+    credited_usd: UsdAmount = Field(description="USD credited to the balance by this top-up so far.")
+    confirmations: int | None = Field(description="Confirmations of the least confirmed payment still waiting.")
+    confirmations_required: int | None = Field(description="Confirmations a payment needs before it is credited.")
+    created_at: datetime
+
+
+def render(call: Call, view: TopupView) -> TopupOut:
+    topup = view.topup
+    coin = call.ctx.coins.get(topup.coin)
+    decimals = coin.decimals if coin is not None else 0
+    from vpsshop.coins import format_atomic
+
+    qr = None
+    required = None
+    if isinstance(coin, DepositCoin) and topup.deposit_address:
+        qr = qr_data_uri(coin.payment_uri(topup.deposit_address, int(topup.deposit_amount_atomic), topup.ref))
+        required = coin.confirmations
+    return TopupOut(
+        ref=topup.ref,
+        status=topup.status,
+        amount_usd=micros_to_usd(topup.amount_micros),
+        coin=topup.coin,
+        deposit_address=topup.deposit_address or "",
+        deposit_amount=format_atomic(int(topup.deposit_amount_atomic), decimals),
+        deposit_coin=topup.coin,
+        deposit_network=topup.deposit_network,
+        qr_data_uri=qr,
+        expires_at=topup.expires_at,
+        payment_status=view.payment_status,
+        amount_received=format_atomic(view.amount_received_atomic, decimals),
+        credited_usd=micros_to_usd(view.credited_micros),
+        confirmations=view.confirmations,
+        confirmations_required=required,
+        created_at=topup.created_at,
+    )
+
+
+def _header(call: Call, name: str) -> str | None:
+    return call.request.headers.get(name)
+
+
+async def create_topup(call: Call) -> Reply | Response:
+    body: TopupBody = call.body
+    engine = engine_for(call.ctx)
+    amount_micros = usd_to_micros(body.amount)
+    mode = (_header(call, "x-payment-mode") or "").strip().lower()
+    if mode and mode not in ("x402", "deposit"):
+        raise BadRequest("invalid_payment_mode", "X-Payment-Mode must be x402 (or deposit, the default).")
+    coin = engine.x402_coin() if mode == "x402" and not isinstance(engine.coin(body.coin), X402Coin) \
+        else engine.coin(body.coin)
+    if isinstance(coin, X402Coin):
+        return await _x402_topup(call, coin, amount_micros)
+    if not isinstance(coin, DepositCoin):
+        raise BadRequest("invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
+    key = _header(call, "idempotency-key")
+    if key is not None and not (1 <= len(key) <= 200):
+        raise BadRequest("invalid_idempotency_key", "Idempotency-Key must be 1 to 200 characters.")
+    topup = await engine.create_topup(call.account_id, amount_micros, coin, key)
+    from vpsshop.payments.engine import make_view
+
+    return Reply(await run_in_threadpool(render, call, make_view(topup, [])), 201)  # the QR code takes ~15 ms
+
+
+async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
+    engine = engine_for(call.ctx)
+    header = _header(call, "x-payment")
+    if not header:
+        body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
+        return json_response(body, 402)
+    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, header)
+    from vpsshop.payments.engine import x402_view
+
+    out = render(call, x402_view(topup, "settled" if topup.status == "completed" else None))
+    return Reply(out, 201, {"X-PAYMENT-RESPONSE": x402.response_header(settlement)})
+
+
+async def get_topup(call: Call) -> TopupOut:
+    view = await engine_for(call.ctx).get_topup(call.account_id, _ref(call))
+    return await run_in_threadpool(render, call, view)  # a QR code not cached yet is drawn off the loop
+
+
+async def cancel_topup(call: Call) -> TopupOut:
+    view = await engine_for(call.ctx).cancel_topup(call.account_id, _ref(call))
+    return await run_in_threadpool(render, call, view)
+
+
+def _ref(call: Call) -> str:
+    ref: Any = call.path["ref"]
+    if not isinstance(ref, str) or not (1 <= len(ref) <= 40):
+        from vpsshop.errors import NotFound
+
+        raise NotFound("top-up")
+    return ref
+
+
+class X402RequirementsOut(BaseModel):
+    """The 402 body of an x402 top-up (x402 v1)."""
+
+    x402Version: int
+    error: str
+    accepts: list[dict[str, Any]]
+
+
+def routes() -> list[ApiRoute]:
+    return [
+        ApiRoute(
+            "POST", "/topups", create_topup, "Start a top-up", TopupOut, status=201, body=TopupBody,
+            description="Creates a pending top-up of `amount` USD paid in `coin` (default BTC). A classic coin "
+            "answers 201 with a deposit address unique to this top-up, the amount to pay at a rate locked until "
+            "`expires_at`, and a QR code of the payment URI. USDCBASE, or the header `X-Payment-Mode: x402`, "
+            "answers 402 with the x402 payment requirements; re-send the same request with `X-PAYMENT` (a signed "
+            "EIP-3009 authorization) and the answer is 201 with the completed top-up and `X-PAYMENT-RESPONSE`. "
+            "Send `Idempotency-Key` to make a retried request return the first top-up instead of a second one. "
+            "Errors: 400 amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, "
+            "unknown_field, invalid_payment_mode, invalid_payment (malformed X-PAYMENT); 402 with an error code "
+            "when an x402 authorization is refused (wrong_amount, nonce_used ...); 409 idempotency_key_reused; "
+            "503 rate_unavailable, settlement_pending. See docs/payments.md.",
+            errors={
+                400: "amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, unknown_field, "
+                "invalid_payment_mode, or a malformed X-PAYMENT.",
+                402: "x402 payment required (body: x402 requirements) or the authorization was refused.",
+                409: "idempotency_key_reused (same key, different request), nonce_used.",
+                503: "rate_unavailable (no fresh exchange rate), settlement_pending (x402 outcome unknown; retry).",
+            },
+            responses={402: ("x402 payment requirements", X402RequirementsOut)},
+            headers=(
+                Header("Idempotency-Key", "A client-chosen key (1-200 chars): a retry returns the first top-up."),
+                Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin."),
+                Header("X-PAYMENT", "base64 JSON x402 payment payload (re-sent request)."),
+            ),
+            response_headers={},
+            tags=TAG, operation_id="createTopup",
+        ),
+        ApiRoute(
+            "GET", "/topups/{ref}", get_topup, "Read a top-up", TopupOut,
+            description="The top-up and the progress of its payment. Polling checks the chain (at most every few "
+            "seconds per coin; a background watcher also does) and credits the balance once a payment has its "
+            "confirmations: status becomes completed. A pending top-up past expires_at with nothing seen becomes "
+            "expired. A top-up of another account is a 404.",
+            errors={404: "No top-up with this ref on this account."},
+            tags=TAG, operation_id="getTopup",
+        ),
+        ApiRoute(
+            "POST", "/topups/{ref}/cancel", cancel_topup, "Cancel a pending top-up", TopupOut,
+            description="Stops a pending top-up: status becomes cancelled. Its address stays watched, so a "
+            "payment that still arrives is credited (valued at the rate of that moment) and the top-up then "
+            "becomes completed. Cancelling a cancelled or expired top-up returns it unchanged.",
+            errors={404: "No top-up with this ref on this account.",
+                    409: "payment_in_progress (a payment waits for confirmations) or topup_completed."},
+            tags=TAG, operation_id="cancelTopup",
+        ),
+    ]

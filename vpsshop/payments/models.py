@@ -1,0 +1,128 @@
+"""Tables of the payment engine: top-ups, detected payments, x402 settlements, scan cursors and
+address index counters. Schema owned by migration ``0002_topups``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from vpsshop.models import _ts
+
+TOPUP_STATES = ("pending", "completed", "expired", "cancelled")
+PAYMENT_STATES = ("seen", "credited", "dropped")
+
+
+class Topup(SQLModel, table=True):
+    """One top-up: a request to fund ``account_id`` with ``amount_micros`` USD in ``coin``.
+
+    ``rate`` is USD per coin unit, locked for the top-up's lifetime; ``deposit_amount_atomic``
+    follows from it. ``watch_key`` is what chain scans match on (unique per coin).
+    """
+
+    __tablename__ = "topups"
+    __table_args__ = (
+        sa.UniqueConstraint("coin", "watch_key", name="uq_topups_coin_watch_key"),
+        sa.UniqueConstraint("account_id", "idempotency_key", name="uq_topups_account_idempotency"),
+        sa.Index("ix_topups_status_expires", "status", "expires_at"),
+        sa.Index("ix_topups_coin_registered", "coin", "registered"),
+    )
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    ref: str = Field(max_length=40, unique=True, nullable=False)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    coin: str = Field(max_length=16, nullable=False)
+    status: str = Field(max_length=16, nullable=False)
+    amount_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
+    rate: str = Field(max_length=40, nullable=False)
+    deposit_address: Optional[str] = Field(default=None, max_length=200)
+    deposit_amount_atomic: str = Field(max_length=40, nullable=False)
+    deposit_network: Optional[str] = Field(default=None, max_length=40)
+    address_index: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    watch_key: Optional[str] = Field(default=None, max_length=200)
+    idempotency_key: Optional[str] = Field(default=None, max_length=200)
+    registered: bool = Field(default=False, nullable=False)
+    """The coin's node was told about the address (:meth:`DepositCoin.register_address`)."""
+    created_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    completed_at: Optional[datetime] = _ts(nullable=True)
+    cancelled_at: Optional[datetime] = _ts(nullable=True)
+
+
+class TopupPayment(SQLModel, table=True):
+    """A payment found on chain to a top-up's deposit address, keyed on the chain's identity.
+
+    ``status``: ``seen`` (waiting for confirmations), ``credited`` (posted to the ledger once,
+    under dedupe key ``topup:<coin>:<identity>``), ``dropped`` (left the chain before its
+    confirmations; it comes back to ``seen`` if a later scan finds it again).
+    """
+
+    __tablename__ = "topup_payments"
+    __table_args__ = (sa.UniqueConstraint("coin", "identity", name="uq_topup_payments_coin_identity"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    coin: str = Field(max_length=16, nullable=False)
+    identity: str = Field(max_length=200, nullable=False)
+    topup_id: int = Field(foreign_key="topups.id", index=True, nullable=False)
+    account_id: int = Field(foreign_key="accounts.id", nullable=False)
+    txid: str = Field(max_length=128, nullable=False)
+    amount_atomic: str = Field(max_length=40, nullable=False)
+    status: str = Field(max_length=16, nullable=False, index=True)
+    confirmations: int = Field(default=0, nullable=False)
+    block_height: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    block_hash: Optional[str] = Field(default=None, max_length=128)
+    late: bool = Field(default=False, nullable=False)
+    """First seen after the top-up expired or was cancelled: valued at the rate of that moment."""
+    rate: Optional[str] = Field(default=None, max_length=40)
+    credited_micros: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    ledger_entry_id: Optional[int] = Field(default=None, foreign_key="ledger_entries.id")
+    first_seen_at: datetime = _ts()
+    credited_at: Optional[datetime] = _ts(nullable=True)
+
+
+class X402Record(SQLModel, table=True):
+    """One x402 authorization, recorded *before* it is settled: (payer, nonce) is unique.
+
+    ``status``: ``settling`` (outcome unknown: a retry or the watcher asks the coin),
+    ``settled`` (credited once), ``rejected`` (nothing moved).
+    """
+
+    __tablename__ = "x402_payments"
+    __table_args__ = (sa.UniqueConstraint("coin", "payer", "nonce", name="uq_x402_payments_payer_nonce"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    coin: str = Field(max_length=16, nullable=False)
+    payer: str = Field(max_length=64, nullable=False)
+    nonce: str = Field(max_length=80, nullable=False)
+    topup_id: int = Field(foreign_key="topups.id", index=True, nullable=False)
+    status: str = Field(max_length=16, nullable=False, index=True)
+    amount_atomic: str = Field(max_length=40, nullable=False)
+    header: str = Field(sa_type=sa.Text, nullable=False)
+    requirements: str = Field(sa_type=sa.Text, nullable=False)
+    transaction: Optional[str] = Field(default=None, max_length=128)
+    network: Optional[str] = Field(default=None, max_length=40)
+    error: Optional[str] = Field(default=None, max_length=200)
+    created_at: datetime = _ts()
+    settled_at: Optional[datetime] = _ts(nullable=True)
+
+
+class ScanCursor(SQLModel, table=True):
+    """How far the watcher has scanned one scan group (opaque to core, see DepositCoin.scan)."""
+
+    __tablename__ = "chain_scan_cursors"
+
+    scan_group: str = Field(max_length=40, primary_key=True)
+    cursor: Optional[str] = Field(default=None, max_length=400)
+    updated_at: datetime = _ts()
+
+
+class AddressCounter(SQLModel, table=True):
+    """The last deposit address index handed out for one coin and public key."""
+
+    __tablename__ = "deposit_address_counters"
+
+    coin: str = Field(max_length=16, primary_key=True)
+    key_id: str = Field(max_length=80, primary_key=True)
+    last_index: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)

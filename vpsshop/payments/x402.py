@@ -1,0 +1,220 @@
+"""The engine side of x402 top-ups (USDCBASE): 402 requirements, then settle a signed authorization.
+
+Flow of ``POST /topups`` for an :class:`vpsshop.X402Coin`:
+
+1. without ``X-PAYMENT``: ``402 {"x402Version": 1, "error": ..., "accepts": [requirements]}``;
+2. with ``X-PAYMENT``: the coin decodes it (no network), core records (payer, nonce) in
+   ``x402_payments`` *before* settling (unique: one authorization, one record), then the coin
+   settles. Success credits the ledger once under the key ``x402:<coin>:<payer>:<nonce>`` and
+   answers 201 with the top-up (completed) and ``X-PAYMENT-RESPONSE``.
+3. :class:`X402Rejected`: the record is closed as rejected, nothing is credited, the answer is the
+   rejection's status with ``{"error", "message"}``.
+4. :class:`PluginError` (outcome unknown): the record stays ``settling``, the answer is 503; a
+   retry of the same header, or the watcher, asks :meth:`X402Coin.settlement_status` and credits
+   once if the authorization was used.
+
+USDC is valued at par: ``maxAmountRequired`` is the USD amount in USDC base units, so the amount a
+client signs never depends on a rate that could move between the 402 and the re-send.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from anyio import to_thread
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
+
+from vpsshop import ledger
+from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
+from vpsshop.errors import ApiError, PluginError
+from vpsshop.money import MICROS_PER_USD
+from vpsshop.payments.models import Topup, X402Record
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.payments.engine import PaymentEngine
+
+log = logging.getLogger("vpsshop.x402")
+
+X402_VERSION = 1
+ABANDON_AFTER = timedelta(minutes=30)
+"""An open settlement the chain still does not show after this long is closed as rejected."""
+
+
+class X402Required(Exception):
+    """Answer 402 with this body (the x402 payment requirements)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__("payment required")
+        self.body = body
+
+
+def amount_atomic(coin: X402Coin, amount_micros: int) -> int:
+    """The top-up's USD amount in the stablecoin's base units, at par."""
+    return amount_micros * 10**coin.decimals // MICROS_PER_USD
+
+
+def requirements(engine: "PaymentEngine", coin: X402Coin, amount_micros: int) -> dict[str, Any]:
+    public = engine.ctx.settings.public_url.rstrip("/")
+    return coin.payment_requirements(
+        amount_atomic(coin, amount_micros), f"{public}/topups", f"Top-up of {amount_micros / MICROS_PER_USD:.2f} USD"
+    )
+
+
+def payment_required_body(engine: "PaymentEngine", coin: X402Coin, amount_micros: int, error: str) -> dict[str, Any]:
+    return {"x402Version": X402_VERSION, "error": error, "accepts": [requirements(engine, coin, amount_micros)]}
+
+
+def response_header(settlement: X402Settlement) -> str:
+    """``X-PAYMENT-RESPONSE``: base64 JSON of the settle result."""
+    body = {"success": True, "transaction": settlement.transaction, "network": settlement.network,
+            "payer": settlement.payer}
+    return base64.b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+
+
+async def pay(
+    engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, header: str
+) -> tuple[Topup, X402Settlement]:
+    """Settle the ``X-PAYMENT`` header for a top-up of ``amount_micros``. See the module docs."""
+    try:
+        payment = coin.decode_payment(header, X402_VERSION)
+    except X402Rejected as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    reqs = requirements(engine, coin, amount_micros)
+    record, topup, fresh = await to_thread.run_sync(
+        _record_before_settling, engine, coin, account_id, amount_micros, payment, header, reqs
+    )
+    if not fresh:
+        if topup.account_id != account_id:
+            raise ApiError(409, "nonce_used", "This authorization was already used for another top-up.")
+        if record.status == "settled":
+            settlement = X402Settlement(record.payer, record.nonce, record.transaction or "", record.network or "",
+                                        int(record.amount_atomic))
+            return topup, settlement
+        if record.status == "rejected":
+            raise ApiError(402, "nonce_used", f"This authorization was refused before ({record.error}); sign a new one.")
+        settled = await coin.settlement_status(payment)
+        if settled is None:
+            raise ApiError(503, "settlement_pending",
+                           "The settlement of this authorization is not confirmed yet; retry the same request shortly.")
+        topup = await to_thread.run_sync(_credit, engine, coin, record.id, settled)
+        return topup, settled
+    try:
+        settled = await coin.settle(payment, reqs)
+    except X402Rejected as exc:
+        await to_thread.run_sync(_reject, engine, record.id, exc.code)
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    except PluginError as exc:
+        log.warning("x402 settlement of %s/%s has an unknown outcome: %s", payment.payer, payment.nonce, exc)
+        raise ApiError(503, "settlement_pending",
+                       "The settlement outcome is not known yet; retry the same request shortly. "
+                       "The authorization is recorded and will be credited once if it settles.") from None
+    topup = await to_thread.run_sync(_credit, engine, coin, record.id, settled)
+    return topup, settled
+
+
+def _record_before_settling(
+    engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, payment: X402Payment,
+    header: str, reqs: dict[str, Any],
+) -> tuple[X402Record, Topup, bool]:
+    """Insert the top-up and the (payer, nonce) record, or return the existing record."""
+    from vpsshop.payments.engine import new_ref
+
+    now = engine.ctx.clock.now()
+    payer, nonce = payment.payer.lower(), payment.nonce.lower()
+    try:
+        with engine.ctx.db.session() as session:
+            topup = Topup(
+                ref=new_ref(), account_id=account_id, coin=coin.code, status="pending", amount_micros=amount_micros,
+                rate="1", deposit_address=str(reqs.get("payTo", "")), deposit_amount_atomic=str(payment.value_atomic),
+                deposit_network=coin.network, registered=True, created_at=now,
+                expires_at=now + timedelta(seconds=int(reqs.get("maxTimeoutSeconds", 60))),
+            )
+            session.add(topup)
+            session.flush()
+            record = X402Record(
+                coin=coin.code, payer=payer, nonce=nonce, topup_id=topup.id, status="settling",  # type: ignore[arg-type]
+                amount_atomic=str(payment.value_atomic), header=header, requirements=json.dumps(reqs), created_at=now,
+            )
+            session.add(record)
+            session.flush()
+            return record, topup, True
+    except IntegrityError:
+        with engine.ctx.db.session() as session:
+            record = session.exec(select(X402Record).where(
+                X402Record.coin == coin.code, X402Record.payer == payer, X402Record.nonce == nonce)).one()
+            topup = session.get(Topup, record.topup_id)
+            assert topup is not None
+            return record, topup, False
+
+
+def _reject(engine: "PaymentEngine", record_id: int | None, code: str) -> None:
+    now = engine.ctx.clock.now()
+    with engine.ctx.db.session() as session:
+        record = session.get(X402Record, record_id)
+        if record is None or record.status != "settling":
+            return
+        record.status, record.error = "rejected", code[:200]
+        topup = session.get(Topup, record.topup_id)
+        if topup is not None and topup.status == "pending":
+            topup.status, topup.cancelled_at = "cancelled", now
+            session.add(topup)
+        session.add(record)
+
+
+def _credit(engine: "PaymentEngine", coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup:
+    """Credit a settled authorization once (ledger key ``x402:<coin>:<payer>:<nonce>``)."""
+    now = engine.ctx.clock.now()
+    with engine.ctx.db.session() as session:
+        stmt = select(X402Record).where(X402Record.id == record_id)
+        if session.get_bind().dialect.name == "postgresql":
+            stmt = stmt.with_for_update()
+        record = session.exec(stmt).one()
+        topup = session.get(Topup, record.topup_id)
+        assert topup is not None
+        if record.status == "settled":
+            return topup
+        micros = int(settled.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
+        if micros > 0:
+            ledger.post(session, topup.account_id, micros, "topup", ref=topup.ref,
+                        dedupe_key=f"x402:{coin.code}:{record.payer}:{record.nonce}",
+                        memo=f"x402 {coin.code} tx {settled.transaction}"[:500], now=now)
+        record.status, record.transaction, record.network, record.settled_at = (
+            "settled", settled.transaction, settled.network, now)
+        topup.status, topup.completed_at = "completed", now
+        session.add(record)
+        session.add(topup)
+        return topup
+
+
+async def resolve_open_settlements(engine: "PaymentEngine") -> int:
+    """Watcher step: ask the coin about records left ``settling``; credit or close them."""
+    coins = {code: c for code, c in engine.ctx.coins.items() if isinstance(c, X402Coin)}
+    if not coins:
+        return 0
+    records = await to_thread.run_sync(_open_records, engine, list(coins))
+    credited = 0
+    for record in records:
+        coin = coins[record.coin]
+        try:
+            payment = coin.decode_payment(record.header, X402_VERSION)
+            settled = await coin.settlement_status(payment)
+        except (PluginError, X402Rejected) as exc:
+            log.warning("x402 record %s still unresolved: %s", record.id, exc)
+            continue
+        if settled is not None:
+            await to_thread.run_sync(_credit, engine, coin, record.id, settled)
+            credited += 1
+        elif engine.ctx.clock.now() - record.created_at > ABANDON_AFTER:
+            await to_thread.run_sync(_reject, engine, record.id, "not_settled")
+    return credited
+
+
+def _open_records(engine: "PaymentEngine", coins: list[str]) -> list[X402Record]:
+    with engine.ctx.db.session() as session:
+        return list(session.exec(select(X402Record).where(
+            X402Record.status == "settling", X402Record.coin.in_(coins)).limit(100)).all())  # type: ignore[attr-defined]
