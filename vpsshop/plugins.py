@@ -25,6 +25,9 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("payments", "vpsshop.payments.hooks"),
     ("bitcoin", "vpsshop_bitcoin"),
     ("monero", "vpsshop_monero"),
+    ("evm", "vpsshop_evm"),
+    ("tron", "vpsshop_tron"),
+    ("solana", "vpsshop_solana"),
 )
 """(entry-point name, module) of the plugins shipped in ``plugins/``.
 
