@@ -38,14 +38,13 @@ mnemonic "abandon ... about" on Sepolia and no node: addresses and QR codes only
 from __future__ import annotations
 
 import json
-import weakref
 from typing import Any, ClassVar, Iterable
 
 import httpx
 from Crypto.Hash import keccak
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vpsshop import PluginError, Readiness, hookimpl
+from vpsshop import ConfigError, PluginError, Readiness, hookimpl
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
 from vpsshop.hdkeys import ExtendedPublicKey, KeyError_
 
@@ -198,9 +197,6 @@ class EthRpc:
 
 # ---- the coins ------------------------------------------------------------------------------------------
 
-_GROUPS: dict[str, dict[str, "weakref.ref[EvmCoin]"]] = {}
-"""Live coins by scan group and code: the coin core asks to scan finds the other coins of its group here
-(the deposit-coin interface hands ``scan`` the watched keys but not the group's coins)."""
 
 
 class EvmCoin(DepositCoin):
@@ -218,8 +214,8 @@ class EvmCoin(DepositCoin):
         self.receive = self.account.child(cfg.branch)
         self.chain_id: int = cfg.chain_id  # type: ignore[assignment]
         self.rpc = EthRpc(cfg.rpc_url, cfg.timeout_seconds) if cfg.rpc_url else None
-        if self.rpc is not None:
-            _GROUPS.setdefault(self.scan_group, {})[self.code] = weakref.ref(self)
+        self.group: list["EvmCoin"] = [self]
+        """The coins sharing this coin's scan, linked by :func:`vpsshop_startup` (this one alone until then)."""
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -257,12 +253,7 @@ class EvmCoin(DepositCoin):
 
     def group_members(self) -> list["EvmCoin"]:
         """The live coins of this scan group (this one included), native coin first."""
-        members = {self.code: self}
-        for code, ref in _GROUPS.get(self.scan_group, {}).items():
-            coin = ref()
-            if coin is not None and coin.rpc is not None and code not in members:
-                members[code] = coin
-        ordered = sorted(members.values(), key=lambda c: (c.is_token, c.code))
+        ordered = sorted(self.group, key=lambda c: (c.is_token, c.code))
         seen: dict[str, str] = {}
         for coin in ordered:
             key = coin.key_id()
@@ -396,9 +387,6 @@ class EvmCoin(DepositCoin):
         return Readiness(True, f"{self.network} at block {tip}")
 
     async def close(self) -> None:
-        group = _GROUPS.get(self.scan_group, {})
-        if group.get(self.code) is not None and group[self.code]() is self:
-            del group[self.code]
         if self.rpc is not None:
             await self.rpc.close()
 
@@ -471,6 +459,22 @@ class TetherErc20(EvmToken):
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
         return {**super().sandbox_config(), "contract": SANDBOX_USDT_CONTRACT, "decimals": 6}
+
+
+@hookimpl
+def vpsshop_startup(ctx: Any) -> None:
+    """Link the coins of each scan group, so the one core asks to scan reads every coin's deposits."""
+    groups: dict[str, list[EvmCoin]] = {}
+    for coin in ctx.coins.values():
+        if isinstance(coin, EvmCoin) and coin.can_scan:
+            groups.setdefault(coin.scan_group, []).append(coin)
+    for members in groups.values():
+        for coin in members:
+            coin.group = list(members)
+        try:
+            members[0].group_members()
+        except PluginError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @hookimpl(trylast=True)

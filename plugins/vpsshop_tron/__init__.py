@@ -42,7 +42,6 @@ mnemonic "abandon ... about" on Nile and no node.
 from __future__ import annotations
 
 import json
-import weakref
 from decimal import Decimal
 from typing import Any, ClassVar, Iterable
 
@@ -50,7 +49,7 @@ import httpx
 from Crypto.Hash import keccak
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from vpsshop import PluginError, Readiness, hookimpl
+from vpsshop import ConfigError, PluginError, Readiness, hookimpl
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
 from vpsshop.hdkeys import ExtendedPublicKey, KeyError_, b58check_decode, b58check_encode
 
@@ -163,8 +162,6 @@ def block_number(block: dict[str, Any]) -> int:
     return int(block["block_header"]["raw_data"].get("number", 0))
 
 
-_GROUPS: dict[str, dict[str, "weakref.ref[TronCoin]"]] = {}
-"""Live coins by scan group and code (the interface hands ``scan`` the watched keys, not the group's coins)."""
 
 
 class TronCoin(DepositCoin):
@@ -182,8 +179,8 @@ class TronCoin(DepositCoin):
         self.receive = self.account.child(cfg.branch)
         key = cfg.api_key.get_secret_value() if cfg.api_key else None
         self.api = TronApi(cfg.api_url, key, cfg.timeout_seconds) if cfg.api_url else None
-        if self.api is not None:
-            _GROUPS.setdefault(self.scan_group, {})[self.code] = weakref.ref(self)
+        self.group: list["TronCoin"] = [self]
+        """The coins sharing this coin's scan, linked by :func:`vpsshop_startup` (this one alone until then)."""
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -220,12 +217,7 @@ class TronCoin(DepositCoin):
         return self.api
 
     def group_members(self) -> list["TronCoin"]:
-        members = {self.code: self}
-        for code, ref in _GROUPS.get(self.scan_group, {}).items():
-            coin = ref()
-            if coin is not None and coin.api is not None and code not in members:
-                members[code] = coin
-        ordered = sorted(members.values(), key=lambda c: (c.is_token, c.code))
+        ordered = sorted(self.group, key=lambda c: (c.is_token, c.code))
         seen: dict[str, str] = {}
         for coin in ordered:
             if coin.key_id() in seen:
@@ -306,9 +298,6 @@ class TronCoin(DepositCoin):
         return Readiness(True, f"{self.network} at block {tip}")
 
     async def close(self) -> None:
-        group = _GROUPS.get(self.scan_group, {})
-        if group.get(self.code) is not None and group[self.code]() is self:
-            del group[self.code]
         if self.api is not None:
             await self.api.close()
 
@@ -395,6 +384,22 @@ class TetherTrc20(TronToken):
     name = "Tether USD (TRC-20)"
     rate_symbol = "USDT"
     decimals = 6
+
+
+@hookimpl
+def vpsshop_startup(ctx: Any) -> None:
+    """Link the coins of each scan group, so the one core asks to scan reads every coin's deposits."""
+    groups: dict[str, list[TronCoin]] = {}
+    for coin in ctx.coins.values():
+        if isinstance(coin, TronCoin) and coin.can_scan:
+            groups.setdefault(coin.scan_group, []).append(coin)
+    for members in groups.values():
+        for coin in members:
+            coin.group = list(members)
+        try:
+            members[0].group_members()
+        except PluginError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @hookimpl(trylast=True)
