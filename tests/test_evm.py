@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bip32_private import ABANDON_MNEMONIC, account_node  # noqa: E402
 from evm_peers import CHAIN_ID, EvmChain, rpc, start_evm_chain  # noqa: E402
+from qr_codes import decode_qr  # noqa: E402
 from vpsshop.errors import ConfigError  # noqa: E402
 from vpsshop.hdkeys import b58check_encode  # noqa: E402
 from vpsshop.payments import engine_for  # noqa: E402
@@ -99,7 +100,12 @@ def sandbox_addresses(vpsshop_client: TestClient) -> None:
         body = response.json()
         assert body["deposit_network"] == network
         assert parse_address(body["deposit_address"]) == body["deposit_address"]
-        assert body["qr_data_uri"].startswith("data:image/png;base64,")
+        uri = decode_qr(body["qr_data_uri"])
+        if code == "ETH":
+            assert uri == f"ethereum:{body['deposit_address']}@11155111?value=16666666666666667"
+        else:
+            assert uri == (f"ethereum:0xaA8E23Fb1079EA71e0a56F48a2aA51851D8433D0@11155111/transfer?"
+                           f"address={body['deposit_address']}&uint256=50000000")
     ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
     assert not ctx.coins["ETH"].can_scan and not ctx.coins["USDT"].can_scan
 
@@ -300,3 +306,17 @@ def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient
     assert get(vpsshop_client, h, second["ref"])["credited_usd"] == 40
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 70
+
+
+class TestOneKeyOneBranch:
+    """ETH and USDT on one node must not derive from the same key and branch (they would share addresses)."""
+
+    @pytest.fixture
+    def vpsshop_overrides(self, evm_chain: EvmChain) -> dict[str, Any]:
+        common = {"xpub": random_xpub(), "network": "anvil", "chain_id": CHAIN_ID, "rpc_url": evm_chain.url}
+        return {"coins": {"ETH": dict(common), "USDT": {**common, "branch": 0, "contract": evm_chain.token.address}}}
+
+    def test_start_up_refuses_it(self, vpsshop_app: Any) -> None:
+        with pytest.raises(ConfigError, match="same key and branch"):
+            with TestClient(vpsshop_app):
+                pass

@@ -25,6 +25,7 @@ from starlette.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bip32_private import ABANDON_MNEMONIC, mnemonic_seed  # noqa: E402
+from qr_codes import decode_qr  # noqa: E402
 from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble  # noqa: E402
 from vpsshop.errors import ConfigError  # noqa: E402
 from vpsshop.payments import engine_for  # noqa: E402
@@ -81,7 +82,7 @@ class TestSandbox:
         assert body["deposit_network"] == "solana-devnet"
         assert len(parse_pubkey(body["deposit_address"])) == 32
         assert body["deposit_amount"] == "0.333333334"
-        assert body["qr_data_uri"].startswith("data:image/png;base64,")
+        assert decode_qr(body["qr_data_uri"]) == f"solana:{body['deposit_address']}?amount=0.333333334"
         assert not vpsshop_client.app.state.ctx.coins["SOL"].can_scan  # type: ignore[attr-defined]
 
 

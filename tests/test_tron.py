@@ -27,6 +27,7 @@ from tronpy.keys import PrivateKey, to_base58check_address, to_hex_address
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bip32_private import account_node  # noqa: E402
+from qr_codes import decode_qr  # noqa: E402
 from tron_api_double import TronApiDouble, TronChainDouble  # noqa: E402
 from vpsshop.errors import ConfigError  # noqa: E402
 from vpsshop.hdkeys import b58check_encode  # noqa: E402
@@ -85,7 +86,9 @@ class TestSandbox:
             assert body["deposit_network"] == "nile"
             assert body["deposit_address"].startswith("T")
             assert address_to_hex(body["deposit_address"]).startswith("41")
-            assert body["qr_data_uri"].startswith("data:image/png;base64,")
+            expected = {"TRX": f"tron:{body['deposit_address']}?amount=200",
+                        "USDTTRC": f"tron:{body['deposit_address']}?token=TXYZopYRdj2D9XRtbG411XZZ3kM5VkAeBf&amount=50"}
+            assert decode_qr(body["qr_data_uri"]) == expected[code]
         ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
         assert not ctx.coins["TRX"].can_scan and not ctx.coins["USDTTRC"].can_scan
 
