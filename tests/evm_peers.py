@@ -195,3 +195,51 @@ def start_evm_chain(work_dir: Path) -> EvmChain:
     except Exception:
         anvil.stop()
         raise
+
+
+class RangeLimitedFront:
+    """A TEST DOUBLE of a hosted JSON-RPC provider in front of the real anvil: it forwards every request
+    unchanged, except that it refuses ``eth_getLogs`` over more than ``max_range`` blocks with a
+    JSON-RPC error, as hosted providers do (Alchemy, Infura: "query returned more than 10000 results",
+    "block range too large")."""
+
+    def __init__(self, upstream: str, max_range: int = 1) -> None:
+        import http.server
+        import threading
+
+        self.upstream = upstream
+        self.refused = 0
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                if isinstance(body, dict) and body.get("method") == "eth_getLogs":
+                    query = body["params"][0]
+                    if int(query["toBlock"], 16) - int(query["fromBlock"], 16) + 1 > max_range:
+                        front.refused += 1
+                        payload = json.dumps({"jsonrpc": "2.0", "id": body["id"], "error": {
+                            "code": -32005, "message": "query returned more than 10000 results"}}).encode()
+                        return self._reply(payload)
+                req = urllib.request.Request(front.upstream, raw, {"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    self._reply(resp.read())
+
+            def _reply(self, payload: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

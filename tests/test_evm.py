@@ -320,3 +320,38 @@ class TestOneKeyOneBranch:
         with pytest.raises(ConfigError, match="same key and branch"):
             with TestClient(vpsshop_app):
                 pass
+
+
+class TestProviderRefusingWideLogRanges:
+    """A provider that refuses eth_getLogs over more than one block: the scan splits the range."""
+
+    @pytest.fixture
+    def front(self, evm_chain: EvmChain) -> Iterator[Any]:
+        from evm_peers import RangeLimitedFront
+
+        front = RangeLimitedFront(evm_chain.url, max_range=1)
+        yield front
+        front.stop()
+
+    @pytest.fixture
+    def vpsshop_overrides(self, evm_chain: EvmChain, front: Any) -> dict[str, Any]:
+        common = {"xpub": random_xpub(), "network": "anvil", "chain_id": CHAIN_ID, "rpc_url": front.url,
+                  "confirmations": 3}
+        return {"coins": {"ETH": dict(common), "USDT": {**common, "contract": evm_chain.token.address}},
+                "topups": {"poll_min_seconds": 0}}
+
+    def test_payments_in_several_blocks_are_all_found(self, vpsshop_client: TestClient, evm_chain: EvmChain,
+                                                      front: Any) -> None:
+        h = create_test_account(vpsshop_client).headers
+        run_pass(vpsshop_client)
+        first = new_topup(vpsshop_client, h, "USDT", 25)
+        second = new_topup(vpsshop_client, h, "USDT", 30)
+        evm_chain.pay_token(first["deposit_address"], 25_000_000)
+        evm_chain.anvil.mine(1)
+        evm_chain.pay_token(second["deposit_address"], 30_000_000)
+        evm_chain.anvil.mine(4)
+        run_pass(vpsshop_client)
+        assert front.refused > 0
+        assert get(vpsshop_client, h, first["ref"])["credited_usd"] == 25
+        assert get(vpsshop_client, h, second["ref"])["credited_usd"] == 30
+        assert balance(vpsshop_client, h) == 55

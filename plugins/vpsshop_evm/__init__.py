@@ -109,7 +109,7 @@ class EvmCoinConfig(BaseModel):
     confirmations: int = Field(12, ge=0, le=1000)
     start_block: int | None = Field(None, ge=0, description="First block scanned on the first run.")
     reorg_depth: int = Field(64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain.")
-    max_blocks_per_scan: int = Field(50, ge=1, le=2000)
+    max_blocks_per_scan: int = Field(20, ge=1, le=2000, description="Blocks read per scan call (one batch).")
     timeout_seconds: float = Field(15, gt=0, le=300)
 
     @field_validator("xpub")
@@ -168,7 +168,7 @@ class EthRpc:
         if not isinstance(body, dict):
             raise PluginError(f"EVM node answered {method} with a malformed body")
         if body.get("error"):
-            raise PluginError(f"{method}: {body['error'].get('message')} (code {body['error'].get('code')})")
+            raise EthRpcError(method, body["error"])
         return body.get("result")
 
     async def batch(self, calls: list[tuple[str, list[Any]]], chunk: int = 100) -> list[Any]:
@@ -186,13 +186,20 @@ class EthRpc:
             for i, (method, _) in enumerate(part):
                 item = by_id.get(first + i)
                 if item is None or item.get("error"):
-                    err = (item or {}).get("error") or {"message": "missing from the batch answer"}
-                    raise PluginError(f"{method}: {err.get('message')} (code {err.get('code')})")
+                    raise EthRpcError(method, (item or {}).get("error") or {"message": "missing from the batch answer"})
                 results.append(item.get("result"))
         return results
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+class EthRpcError(PluginError):
+    """The node answered with a JSON-RPC error (it is reachable)."""
+
+    def __init__(self, method: str, error: dict[str, Any]) -> None:
+        super().__init__(f"{method}: {error.get('message')} (code {error.get('code')})")
+        self.code = error.get("code")
 
 
 # ---- the coins ------------------------------------------------------------------------------------------
@@ -292,7 +299,7 @@ class EvmCoin(DepositCoin):
             return ScanResult(f"{height}:{block_hash}", [])
         unchanged = ScanResult(f"{height}:{block_hash}", [])
         blocks = await node.batch(
-            [("eth_getBlockByNumber", [hex(h), native is not None]) for h in range(height + 1, last + 1)]
+            [("eth_getBlockByNumber", [hex(h), native is not None]) for h in range(height + 1, last + 1)], chunk=10
         )
         hashes: dict[int, str] = {}
         previous = block_hash
@@ -302,13 +309,13 @@ class EvmCoin(DepositCoin):
             hashes[h] = previous = block["hash"]
         found: list[tuple[str, DetectedPayment]] = []
         if native is not None:
-            found.extend((native.code, p) for p in await native.match_block_transactions(blocks, watched, tip))
+            native_found = await native.match_block_transactions(blocks, watched, tip)
+            if native_found is None:
+                return unchanged
+            found.extend((native.code, p) for p in native_found)
         if tokens:
-            logs = await node.call("eth_getLogs", {
-                "fromBlock": hex(height + 1), "toBlock": hex(last), "address": [c.cfg.contract for c in tokens.values()],
-                "topics": [TRANSFER_TOPIC],
-            })
-            for log in logs or ():
+            logs = await self.transfer_logs(height + 1, last, [c.cfg.contract for c in tokens.values()])  # type: ignore[attr-defined]
+            for log in logs:
                 matched = match_transfer_log(log, watched, tokens)
                 if matched is None:
                     continue
@@ -321,9 +328,25 @@ class EvmCoin(DepositCoin):
                                                          tip - h + 1, h, log["blockHash"])))
         return ScanResult(f"{last}:{hashes[last]}", found)
 
+    async def transfer_logs(self, first: int, last: int, contracts: list[str]) -> list[dict[str, Any]]:
+        """The contracts' ``Transfer`` logs of blocks ``first..last``. A node or provider that refuses the
+        range (too many results, range too wide) is asked again for each half."""
+        try:
+            logs = await self._node().call("eth_getLogs", {"fromBlock": hex(first), "toBlock": hex(last),
+                                                           "address": contracts, "topics": [TRANSFER_TOPIC]})
+        except EthRpcError:
+            if first >= last:
+                raise
+            middle = (first + last) // 2
+            return [*await self.transfer_logs(first, middle, contracts),
+                    *await self.transfer_logs(middle + 1, last, contracts)]
+        return list(logs or ())
+
     async def match_block_transactions(self, blocks: list[dict[str, Any]], watched: WatchSet,
-                                       tip: int) -> list[DetectedPayment]:
-        """Native transfers to watched addresses in ``blocks`` (full transactions) whose receipt succeeded."""
+                                       tip: int) -> list[DetectedPayment] | None:
+        """Native transfers to watched addresses in ``blocks`` (full transactions) whose receipt succeeded.
+
+        None when a receipt is missing or names another block: the chain moved while it was read."""
         candidates = []
         for block in blocks:
             for tx in block["transactions"]:
@@ -340,7 +363,9 @@ class EvmCoin(DepositCoin):
         receipts = await self._node().batch([("eth_getTransactionReceipt", [c[0]]) for c in candidates])
         found = []
         for (txid, to, value, h, block_hash), receipt in zip(candidates, receipts):
-            if receipt and receipt.get("status") == "0x1" and receipt.get("blockHash") == block_hash:
+            if not receipt or receipt.get("blockHash") != block_hash:
+                return None
+            if receipt.get("status") == "0x1":
                 found.append(DetectedPayment(txid, to, value, txid, tip - h + 1, h, block_hash))
         return found
 
