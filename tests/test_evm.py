@@ -355,3 +355,22 @@ class TestProviderRefusingWideLogRanges:
         assert get(vpsshop_client, h, first["ref"])["credited_usd"] == 25
         assert get(vpsshop_client, h, second["ref"])["credited_usd"] == 30
         assert balance(vpsshop_client, h) == 55
+
+
+def test_health_checks_chain_id_and_token_decimals(vpsshop_client: TestClient, evm_chain: EvmChain) -> None:
+    health = {c["id"]: c for c in vpsshop_client.get("/v1/health").json()["components"] if c["kind"] == "coin"}
+    assert health["ETH"]["ready"] and health["ETH"]["detail"].startswith("anvil at block ")
+    assert health["USDT"]["ready"], health["USDT"]
+    ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
+    wrong = TetherErc20.from_settings({"xpub": random_xpub(), "network": "anvil", "chain_id": CHAIN_ID,
+                                       "rpc_url": evm_chain.url, "contract": evm_chain.token.address, "decimals": 18},
+                                      sandbox=False, where="coins.USDT")
+    readiness = vpsshop_client.portal.call(wrong.check_ready)  # type: ignore[union-attr]
+    assert not readiness.ok and "6 decimals" in readiness.detail
+    other_chain = Ether.from_settings({"xpub": random_xpub(), "network": "sepolia", "rpc_url": evm_chain.url},
+                                      sandbox=False, where="coins.ETH")
+    readiness = vpsshop_client.portal.call(other_chain.check_ready)  # type: ignore[union-attr]
+    assert not readiness.ok and "chain id 31337" in readiness.detail
+    for coin in (wrong, other_chain):
+        vpsshop_client.portal.call(coin.close)  # type: ignore[union-attr]
+    assert ctx.coins["ETH"].group == ctx.coins["USDT"].group

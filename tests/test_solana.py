@@ -218,3 +218,8 @@ def test_refused_transaction_credits_nothing(vpsshop_client: TestClient, solana_
     run_pass(vpsshop_client)
     assert get(vpsshop_client, h, topup["ref"])["payment_status"] == "awaiting_payment"
     assert balance(vpsshop_client, h) == 0
+
+
+def test_health_reports_the_node(vpsshop_client: TestClient, solana_node: SolanaRpcDouble) -> None:
+    health = {c["id"]: c for c in vpsshop_client.get("/v1/health").json()["components"] if c["kind"] == "coin"}
+    assert health["SOL"]["ready"] and health["SOL"]["detail"] == f"solana-double at slot {solana_node.chain.slot} (ok)"

@@ -273,3 +273,9 @@ def test_reorg_that_mines_the_payments_again_credits_them_once(vpsshop_client: T
     assert get(vpsshop_client, h, usdt["ref"])["credited_usd"] == 50
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 100
+
+
+def test_health_reports_the_node(vpsshop_client: TestClient, tron_node: TronApiDouble) -> None:
+    health = {c["id"]: c for c in vpsshop_client.get("/v1/health").json()["components"] if c["kind"] == "coin"}
+    assert health["TRX"]["ready"] and health["TRX"]["detail"] == f"tron-double at block {tron_node.chain.height}"
+    assert health["USDTTRC"]["ready"]
