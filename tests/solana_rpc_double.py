@@ -14,8 +14,10 @@ blocks on top, ``null`` with ``finalized`` from 32), ``getBalance``, ``getLatest
 ``sendTransaction`` (base64; a transaction that fails in the SVM is refused as preflight does, ``-32002``),
 ``getHealth``.
 
-Not modelled: forks (LiteSVM cannot roll its state back), votes, rewards, commitment differences (every
-block is "confirmed" at once, "finalized" 32 blocks later).
+Forks are modelled only as the RPC shows them (:meth:`SolanaChainDouble.abandon_blocks`: the newest
+blocks and their signatures disappear, the next block builds on the one before them); LiteSVM's account
+state is not rolled back. Not modelled: votes, rewards, commitment differences (every block is
+"confirmed" at once, "finalized" 32 blocks later).
 """
 
 from __future__ import annotations
@@ -85,6 +87,15 @@ class SolanaChainDouble:
             for tx in txs:
                 self.tx_slot[tx["transaction"]["signatures"][0]] = self.slot
             return self.slot
+
+    def abandon_blocks(self, count: int) -> None:
+        """The newest ``count`` blocks leave the chain (a minority fork): their slots read as skipped and
+        their transactions are no longer known to ``getSignatureStatuses``."""
+        with self.lock:
+            for slot in self.order[-count:]:
+                for tx in self.blocks.pop(slot)["transactions"]:
+                    self.tx_slot.pop(tx["transaction"]["signatures"][0], None)
+            del self.order[-count:]
 
     # ---- execution -------------------------------------------------------------------------------------
 

@@ -223,3 +223,22 @@ def test_refused_transaction_credits_nothing(vpsshop_client: TestClient, solana_
 def test_health_reports_the_node(vpsshop_client: TestClient, solana_node: SolanaRpcDouble) -> None:
     health = {c["id"]: c for c in vpsshop_client.get("/v1/health").json()["components"] if c["kind"] == "coin"}
     assert health["SOL"]["ready"] and health["SOL"]["detail"] == f"solana-double at slot {solana_node.chain.slot} (ok)"
+
+
+def test_payment_on_an_abandoned_fork_credits_nothing(vpsshop_client: TestClient,
+                                                      solana_node: SolanaRpcDouble) -> None:
+    h = create_test_account(vpsshop_client).headers
+    run_pass(vpsshop_client)
+    topup = new_topup(vpsshop_client, h)
+    pay(solana_node, funded_payer(solana_node), (topup["deposit_address"], 333_333_334))
+    solana_node.chain.produce_block()
+    solana_node.chain.produce_block()
+    assert get(vpsshop_client, h, topup["ref"])["confirmations"] == 2
+    solana_node.chain.abandon_blocks(2)
+    for _ in range(4):
+        solana_node.chain.produce_block()
+    run_pass(vpsshop_client)
+    after = get(vpsshop_client, h, topup["ref"])
+    assert (after["status"], after["payment_status"], after["credited_usd"]) == ("pending", "awaiting_payment", 0)
+    run_pass(vpsshop_client)
+    assert balance(vpsshop_client, h) == 0
