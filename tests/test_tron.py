@@ -39,6 +39,10 @@ TRC20_TRANSFER_ABI = [{
     "name": "transfer", "type": "function", "stateMutability": "nonpayable",
     "inputs": [{"name": "to", "type": "address"}, {"name": "value", "type": "uint256"}],
     "outputs": [{"name": "", "type": "bool"}],
+}, {
+    "name": "batchTransfer", "type": "function", "stateMutability": "nonpayable",
+    "inputs": [{"name": "to", "type": "address[]"}, {"name": "values", "type": "uint256[]"}],
+    "outputs": [{"name": "", "type": "bool"}],
 }]
 
 
@@ -147,6 +151,12 @@ class Payer:
     def pay_token(self, to: str, units: int, contract_hex: str = USDT_HEX) -> str:
         contract = Contract(to_base58check_address(contract_hex), abi=TRC20_TRANSFER_ABI, client=self.client)
         return self._send(contract.functions.transfer.with_owner(self.address)(to, units).fee_limit(30_000_000))
+
+
+    def pay_token_batch(self, payments: list[tuple[str, int]]) -> str:
+        contract = Contract(to_base58check_address(USDT_HEX), abi=TRC20_TRANSFER_ABI, client=self.client)
+        method = contract.functions.batchTransfer.with_owner(self.address)
+        return self._send(method([to for to, _ in payments], [n for _, n in payments]).fee_limit(60_000_000))
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> Any:
@@ -279,3 +289,19 @@ def test_health_reports_the_node(vpsshop_client: TestClient, tron_node: TronApiD
     health = {c["id"]: c for c in vpsshop_client.get("/v1/health").json()["components"] if c["kind"] == "coin"}
     assert health["TRX"]["ready"] and health["TRX"]["detail"] == f"tron-double at block {tron_node.chain.height}"
     assert health["USDTTRC"]["ready"]
+
+
+def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient, tron_node: TronApiDouble) -> None:
+    h = create_test_account(vpsshop_client).headers
+    run_pass(vpsshop_client)
+    first = new_topup(vpsshop_client, h, "USDTTRC", 30)
+    second = new_topup(vpsshop_client, h, "USDTTRC", 40)
+    txid = Payer(tron_node).pay_token_batch([(first["deposit_address"], 30_000_000),
+                                             (second["deposit_address"], 40_000_000)])
+    tron_node.chain.mine(3)
+    run_pass(vpsshop_client)
+    assert get(vpsshop_client, h, first["ref"])["credited_usd"] == 30
+    assert get(vpsshop_client, h, second["ref"])["credited_usd"] == 40
+    assert sorted(p[1] for p in payments(vpsshop_client)) == [f"{txid}:0", f"{txid}:1"]
+    run_pass(vpsshop_client)
+    assert balance(vpsshop_client, h) == 70

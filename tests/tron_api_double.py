@@ -20,8 +20,9 @@ It is driven by real keys and signatures: every transaction is built and signed 
 offline builder computes the protobuf ``txID``); the double recomputes the ``txID`` from ``raw_data``
 with tronpy's protobuf definitions, recovers the secp256k1 signer from the signature and refuses a
 transaction whose signer is not its ``owner_address``. It executes ``TransferContract`` (TRX balances)
-and ``TriggerSmartContract`` calls of ``transfer(address,uint256)`` on the TRC-20 contracts it hosts
-(a call without the balance reverts: ``contractRet`` ``REVERT`` and no log), and lets tests mine blocks
+and ``TriggerSmartContract`` calls of ``transfer(address,uint256)`` and ``batchTransfer(address[],uint256[])``
+(one ``Transfer`` log per recipient, as batch-payout tokens do) on the TRC-20 contracts it hosts (a call
+without the balance reverts: ``contractRet`` ``REVERT`` and no log), and lets tests mine blocks
 and reorganise the chain. Block ids follow java-tron's layout (8 bytes of block number, then 24 bytes of
 a SHA-256 of the header); consensus, bandwidth and energy are not modelled.
 """
@@ -36,11 +37,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from Crypto.Hash import keccak
+from eth_abi import decode as abi_decode
 from tronpy.keys import PrivateKey, Signature
 from tronpy.proto import calculate_txid_from_raw_data
 
 TRANSFER_TOPIC = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 TRANSFER_SELECTOR = "a9059cbb"
+BATCH_TRANSFER_SELECTOR = keccak.new(digest_bits=256, data=b"batchTransfer(address[],uint256[])").hexdigest()[:8]
 GENESIS_TIME_MS = 1_700_000_000_000
 
 
@@ -164,14 +168,11 @@ class TronChainDouble:
             token, data, owner = value["contract_address"], value.get("data", ""), value["owner_address"]
             info["contract_address"] = token
             logs = []
-            if token not in self.token_contracts or not data.startswith(TRANSFER_SELECTOR) or len(data) != 136:
+            moves = self._token_moves(data) if token in self.token_contracts else None
+            if moves is None or self.tokens.get((token, owner), 0) < sum(amount for _, amount in moves):
                 result = "REVERT"
             else:
-                to = "41" + data[8 + 24 : 8 + 64]
-                amount = int(data[8 + 64 :], 16)
-                if self.tokens.get((token, owner), 0) < amount:
-                    result = "REVERT"
-                else:
+                for to, amount in moves:
                     self.tokens[(token, owner)] -= amount
                     self.tokens[(token, to)] = self.tokens.get((token, to), 0) + amount
                     logs.append({"address": token[2:], "topics": [TRANSFER_TOPIC, "0" * 24 + owner[2:],
@@ -185,6 +186,18 @@ class TronChainDouble:
                 info["result"] = "FAILED"
         tx["ret"] = [{"contractRet": result}]
         return tx, info
+
+    @staticmethod
+    def _token_moves(data: str) -> list[tuple[str, int]] | None:
+        """(recipient hex, amount) pairs of a TRC-20 call's data, None for an unknown call."""
+        if data.startswith(TRANSFER_SELECTOR) and len(data) == 136:
+            return [("41" + data[8 + 24 : 8 + 64], int(data[8 + 64 :], 16))]
+        if data.startswith(BATCH_TRANSFER_SELECTOR):
+            recipients, amounts = abi_decode(["address[]", "uint256[]"], bytes.fromhex(data[8:]))
+            if len(recipients) != len(amounts):
+                return None
+            return [("41" + r.lower().removeprefix("0x"), int(a)) for r, a in zip(recipients, amounts)]
+        return None
 
     # ---- wire ----------------------------------------------------------------------------------------
 
