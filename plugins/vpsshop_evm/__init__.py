@@ -378,7 +378,11 @@ class EvmCoin(DepositCoin):
         checks = []
         for payment in payments:
             h = payment.block_height
-            if h is not None and payment.block_hash and canonical.get(h) == payment.block_hash:
+            if h is not None and payment.block_hash and h not in canonical:
+                # The node is behind the block that held it (a lagging backend of a load-balanced
+                # provider): nothing is known yet, so it is kept, with no confirmations counted.
+                checks.append(PaymentCheck(payment.identity, True, 0, h, payment.block_hash))
+            elif h is not None and payment.block_hash and canonical[h] == payment.block_hash:
                 checks.append(PaymentCheck(payment.identity, True, tip - h + 1, h, payment.block_hash))
             elif self.is_token:
                 checks.append(PaymentCheck(payment.identity, False))

@@ -329,7 +329,13 @@ class Solana(DepositCoin):
         for start in range(0, len(payments), 256):  # getSignatureStatuses takes at most 256
             part = payments[start : start + 256]
             answer = await node.call("getSignatureStatuses", [p.txid for p in part], {"searchTransactionHistory": True})
+            node_slot = int((answer.get("context") or {}).get("slot", 0))
             for payment, status in zip(part, answer["value"]):
+                if status is None and await self._still_in_its_block(payment, node_slot):
+                    # The block is there but this node does not know the signature yet (a lagging
+                    # backend): kept, no confirmations counted.
+                    checks.append(PaymentCheck(payment.identity, True, 0, payment.block_height, payment.block_hash))
+                    continue
                 if status is None or status.get("err") is not None:
                     checks.append(PaymentCheck(payment.identity, False))
                     continue
@@ -342,6 +348,14 @@ class Solana(DepositCoin):
                 checks.append(PaymentCheck(payment.identity, True, confirmations, slot,
                                            payment.block_hash if same else None))
         return checks
+
+    async def _still_in_its_block(self, payment: DetectedPayment, node_slot: int) -> bool:
+        """Whether the block a payment was found in is still on the chain (or not reached by this node)."""
+        if payment.block_height is None:
+            return False
+        if node_slot and payment.block_height > node_slot:
+            return True
+        return await self._block_hash(payment.block_height) == payment.block_hash
 
     # ---- collecting -----------------------------------------------------------------------------------
 

@@ -277,11 +277,16 @@ class TronCoin(DepositCoin):
         canonical: dict[int, str] = {}
         for h in sorted({p.block_height for p in payments if p.block_height is not None}):
             if h <= tip:
-                canonical[h] = await self._hash_at(h)
+                block_hash = await self._hash_at(h)
+                if block_hash:
+                    canonical[h] = block_hash
         checks = []
         for payment in payments:
             h = payment.block_height
-            if h is not None and payment.block_hash and canonical.get(h) == payment.block_hash:
+            if h is not None and h not in canonical:
+                # The node is behind the block that held it: kept, no confirmations counted yet.
+                checks.append(PaymentCheck(payment.identity, True, 0, h, payment.block_hash))
+            elif h is not None and payment.block_hash and canonical[h] == payment.block_hash:
                 checks.append(PaymentCheck(payment.identity, True, tip - h + 1, h, payment.block_hash))
             else:
                 checks.append(PaymentCheck(payment.identity, False))
