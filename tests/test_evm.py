@@ -374,3 +374,18 @@ def test_health_checks_chain_id_and_token_decimals(vpsshop_client: TestClient, e
     for coin in (wrong, other_chain):
         vpsshop_client.portal.call(coin.close)  # type: ignore[union-attr]
     assert ctx.coins["ETH"].group == ctx.coins["USDT"].group
+
+
+def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestClient, evm_chain: EvmChain) -> None:
+    """A payment seen by a backend ahead of this one (height above this node's tip) is kept, unconfirmed."""
+    from vpsshop.coins import DetectedPayment
+
+    ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
+    ahead = evm_chain.anvil.height() + 5
+    for code, identity in (("ETH", "0x" + "ab" * 32), ("USDT", "0x" + "ab" * 32 + ":3")):
+        payment = DetectedPayment(identity, "0x" + "00" * 20, 1, "0x" + "ab" * 32, 1, ahead, "0x" + "cd" * 32)
+        (check,) = vpsshop_client.portal.call(ctx.coins[code].recheck, [payment])  # type: ignore[union-attr]
+        assert (check.present, check.confirmations, check.block_height) == (True, 0, ahead)
+        gone = DetectedPayment(identity, "0x" + "00" * 20, 1, "0x" + "ab" * 32, 1, 1, "0x" + "cd" * 32)
+        (check,) = vpsshop_client.portal.call(ctx.coins[code].recheck, [gone])  # type: ignore[union-attr]
+        assert not check.present  # block 1 exists with another hash and the transaction is unknown

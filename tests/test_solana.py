@@ -242,3 +242,15 @@ def test_payment_on_an_abandoned_fork_credits_nothing(vpsshop_client: TestClient
     assert (after["status"], after["payment_status"], after["credited_usd"]) == ("pending", "awaiting_payment", 0)
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 0
+
+
+def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestClient,
+                                                         solana_node: SolanaRpcDouble) -> None:
+    from vpsshop.coins import DetectedPayment
+
+    coin = vpsshop_client.app.state.ctx.coins["SOL"]  # type: ignore[attr-defined]
+    signature = str(Keypair().sign_message(b"never sent"))
+    ahead = DetectedPayment(f"{signature}:x", "x", 1, signature, 1, solana_node.chain.slot + 5, "h")
+    gone = DetectedPayment(f"{signature}:y", "y", 1, signature, 1, solana_node.chain.order[0], "h")
+    checks = vpsshop_client.portal.call(coin.recheck, [ahead, gone])  # type: ignore[union-attr]
+    assert [(c.present, c.confirmations) for c in checks] == [(True, 0), (False, 0)]

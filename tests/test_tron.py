@@ -305,3 +305,14 @@ def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient
     assert sorted(p[1] for p in payments(vpsshop_client)) == [f"{txid}:0", f"{txid}:1"]
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 70
+
+
+def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestClient, tron_node: TronApiDouble) -> None:
+    from vpsshop.coins import DetectedPayment
+
+    coin = vpsshop_client.app.state.ctx.coins["USDTTRC"]  # type: ignore[attr-defined]
+    ahead = tron_node.chain.height + 5
+    payment = DetectedPayment("ab" * 32 + ":0", "41" + "00" * 20, 1, "ab" * 32, 1, ahead, "cd" * 32)
+    gone = DetectedPayment("ab" * 32 + ":1", "41" + "00" * 20, 1, "ab" * 32, 1, 0, "cd" * 32)
+    checks = vpsshop_client.portal.call(coin.recheck, [payment, gone])  # type: ignore[union-attr]
+    assert [(c.present, c.confirmations) for c in checks] == [(True, 0), (False, 0)]
