@@ -29,11 +29,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from evm_peers import Anvil, compile_contracts, rpc  # noqa: E402
+from evm_peers import Anvil, compile_contracts, rpc
 
 TXS = 2000
 TOKEN_TXS = 500
@@ -62,7 +63,7 @@ class RecordingFront:
         front = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 body = json.loads(raw)
                 items = body if isinstance(body, list) else [body]
@@ -105,7 +106,7 @@ async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             compiled = compile_contracts(Path(tmp))
         accounts = rpc(anvil.url, "eth_accounts")
-        abi, bytecode = compiled["TestToken"]
+        _abi, bytecode = compiled["TestToken"]
         deployer = accounts[0]
         constructor_args = word(0x60) + word(0xA0) + word(6) + word(4) + "54455354".ljust(64, "0") + word(4) \
             + "54455354".ljust(64, "0")
@@ -157,10 +158,7 @@ async def main() -> None:
             usdt = TetherErc20.from_settings({**common, "rpc_url": url, "contract": token}, sandbox=False,
                                              where="coins.USDT")
 
-            class Ctx:
-                coins = {"ETH": eth, "USDT": usdt}
-
-            vpsshop_startup(Ctx())
+            vpsshop_startup(SimpleNamespace(coins={"ETH": eth, "USDT": usdt}))
             groups[label] = (eth, usdt)
         assert len(watched) == WATCHED
         few = {random_address() for _ in range(WATCHED - 10)} | set(native_to[:5]) | set(token_to[:5])

@@ -39,7 +39,7 @@ class PrivateNode:
             key, chain_code, depth, parent_fp, child_number)
 
     @classmethod
-    def from_seed(cls, seed: bytes) -> "PrivateNode":
+    def from_seed(cls, seed: bytes) -> PrivateNode:
         digest = hmac.new(b"Bitcoin seed", seed, hashlib.sha512).digest()
         return cls(digest[:32], digest[32:])
 
@@ -47,7 +47,7 @@ class PrivateNode:
     def public_key(self) -> bytes:
         return PrivateKey(self.key).public_key.format(compressed=True)
 
-    def child(self, index: int) -> "PrivateNode":
+    def child(self, index: int) -> PrivateNode:
         if index >= HARDENED:
             data = b"\0" + self.key + index.to_bytes(4, "big")
         else:
@@ -56,7 +56,7 @@ class PrivateNode:
         key = (int.from_bytes(digest[:32], "big") + int.from_bytes(self.key, "big")) % SECP256K1_N
         return PrivateNode(key.to_bytes(32, "big"), digest[32:], self.depth + 1, hash160(self.public_key)[:4], index)
 
-    def derive(self, path: str) -> "PrivateNode":
+    def derive(self, path: str) -> PrivateNode:
         node = self
         for index in parse_path(path):
             node = node.child(index)

@@ -212,7 +212,7 @@ class RangeLimitedFront:
         front = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 body = json.loads(raw)
                 if isinstance(body, dict) and body.get("method") == "eth_getLogs":

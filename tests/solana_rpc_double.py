@@ -195,7 +195,7 @@ class SolanaRpcDouble:
             port = s.getsockname()[1]
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
                     request = json.loads(raw)

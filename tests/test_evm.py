@@ -6,25 +6,22 @@ confirmations credits nothing; two token transfers in one transaction credit bot
 from __future__ import annotations
 
 import secrets
-import sys
+from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from bip32_private import ABANDON_MNEMONIC, account_node
 from coincurve import PrivateKey
+from evm_peers import CHAIN_ID, EvmChain, rpc, start_evm_chain
+from qr_codes import decode_qr
 from starlette.testclient import TestClient
+from vpsshop_evm import SANDBOX_XPUB, Ether, TetherErc20, parse_address, to_checksum_address
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from bip32_private import ABANDON_MNEMONIC, account_node  # noqa: E402
-from evm_peers import CHAIN_ID, EvmChain, rpc, start_evm_chain  # noqa: E402
-from qr_codes import decode_qr  # noqa: E402
-from vpsshop.errors import ConfigError  # noqa: E402
-from vpsshop.hdkeys import b58check_encode  # noqa: E402
-from vpsshop.payments import engine_for  # noqa: E402
-from vpsshop.testing import create_test_account  # noqa: E402
-from vpsshop_evm import SANDBOX_XPUB, Ether, TetherErc20, parse_address, to_checksum_address  # noqa: E402
+from vpsshop.errors import ConfigError
+from vpsshop.hdkeys import b58check_encode
+from vpsshop.payments import engine_for
+from vpsshop.testing import create_test_account
 
 
 def test_eip55_vectors() -> None:
@@ -317,9 +314,8 @@ class TestOneKeyOneBranch:
         return {"coins": {"ETH": dict(common), "USDT": {**common, "branch": 0, "contract": evm_chain.token.address}}}
 
     def test_start_up_refuses_it(self, vpsshop_app: Any) -> None:
-        with pytest.raises(ConfigError, match="same key and branch"):
-            with TestClient(vpsshop_app):
-                pass
+        with pytest.raises(ConfigError, match="same key and branch"), TestClient(vpsshop_app):
+            pass
 
 
 class TestProviderRefusingWideLogRanges:

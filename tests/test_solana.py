@@ -9,28 +9,25 @@ plugin itself."""
 from __future__ import annotations
 
 import secrets
-import sys
+from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from bip32_private import ABANDON_MNEMONIC, mnemonic_seed
+from qr_codes import decode_qr
+from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
 from solders.keypair import Keypair
 from solders.message import Message
 from solders.pubkey import Pubkey
 from solders.system_program import TransferParams, transfer
 from solders.transaction import Transaction
 from starlette.testclient import TestClient
+from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from bip32_private import ABANDON_MNEMONIC, mnemonic_seed  # noqa: E402
-from qr_codes import decode_qr  # noqa: E402
-from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble  # noqa: E402
-from vpsshop.errors import ConfigError  # noqa: E402
-from vpsshop.payments import engine_for  # noqa: E402
-from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account  # noqa: E402
-from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey  # noqa: E402
+from vpsshop.errors import ConfigError
+from vpsshop.payments import engine_for
+from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account
 
 WORDS = ["abandon", "ability", "able", "about", "above", "absent", "absorb", "abstract", "absurd", "abuse", "access",
          "accident", "account", "accuse", "achieve", "acid"]

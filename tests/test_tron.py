@@ -11,29 +11,26 @@ from __future__ import annotations
 
 import json
 import secrets
-import sys
 import urllib.request
+from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from bip32_private import account_node
 from coincurve import PrivateKey as CurveKey
+from qr_codes import decode_qr
 from starlette.testclient import TestClient
+from tron_api_double import TronApiDouble, TronChainDouble
 from tronpy import Tron
 from tronpy.contract import Contract
 from tronpy.keys import PrivateKey, to_base58check_address, to_hex_address
+from vpsshop_tron import SANDBOX_XPUB, TetherTrc20, Tronix, address_to_hex
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from bip32_private import account_node  # noqa: E402
-from qr_codes import decode_qr  # noqa: E402
-from tron_api_double import TronApiDouble, TronChainDouble  # noqa: E402
-from vpsshop.errors import ConfigError  # noqa: E402
-from vpsshop.hdkeys import b58check_encode  # noqa: E402
-from vpsshop.payments import engine_for  # noqa: E402
-from vpsshop.testing import create_test_account  # noqa: E402
-from vpsshop_tron import SANDBOX_XPUB, TetherTrc20, Tronix, address_to_hex  # noqa: E402
+from vpsshop.errors import ConfigError
+from vpsshop.hdkeys import b58check_encode
+from vpsshop.payments import engine_for
+from vpsshop.testing import create_test_account
 
 TRC20_TRANSFER_ABI = [{
     "name": "transfer", "type": "function", "stateMutability": "nonpayable",

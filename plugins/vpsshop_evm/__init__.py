@@ -38,14 +38,25 @@ mnemonic "abandon ... about" on Sepolia and no node: addresses and QR codes only
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Iterable
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import httpx
 from Crypto.Hash import keccak
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vpsshop import ConfigError, PluginError, Readiness, hookimpl
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
+from vpsshop import (
+    ConfigError,
+    DepositAddress,
+    DepositCoin,
+    DetectedPayment,
+    PaymentCheck,
+    PluginError,
+    Readiness,
+    ScanResult,
+    WatchSet,
+    hookimpl,
+)
 from vpsshop.hdkeys import ExtendedPublicKey, KeyError_
 
 # Account key m/44'/60'/0' of the BIP-39 test mnemonic "abandon x11 about": public, well known, and
@@ -122,7 +133,7 @@ class EvmCoinConfig(BaseModel):
         return value.strip()
 
     @model_validator(mode="after")
-    def _chain_id(self) -> "EvmCoinConfig":
+    def _chain_id(self) -> EvmCoinConfig:
         if self.chain_id is None:
             if self.network not in KNOWN_CHAINS:
                 raise ValueError(f"network {self.network!r} is not one of {sorted(KNOWN_CHAINS)}: set chain_id")
@@ -221,7 +232,7 @@ class EvmCoin(DepositCoin):
         self.receive = self.account.child(cfg.branch)
         self.chain_id: int = cfg.chain_id  # type: ignore[assignment]
         self.rpc = EthRpc(cfg.rpc_url, cfg.timeout_seconds) if cfg.rpc_url else None
-        self.group: list["EvmCoin"] = [self]
+        self.group: list[EvmCoin] = [self]
         """The coins sharing this coin's scan, linked by :func:`vpsshop_startup` (this one alone until then)."""
 
     @classmethod
@@ -258,7 +269,7 @@ class EvmCoin(DepositCoin):
             raise PluginError(f"{self.code}: no rpc_url is configured")
         return self.rpc
 
-    def group_members(self) -> list["EvmCoin"]:
+    def group_members(self) -> list[EvmCoin]:
         """The live coins of this scan group (this one included), native coin first."""
         ordered = sorted(self.group, key=lambda c: (c.is_token, c.code))
         seen: dict[str, str] = {}

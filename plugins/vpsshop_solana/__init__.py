@@ -42,9 +42,10 @@ import hmac
 import json
 import struct
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import httpx
 from cryptography.fernet import Fernet, InvalidToken
@@ -52,8 +53,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from vpsshop import ConfigError, PluginError, Readiness, hookimpl
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
+from vpsshop import (
+    ConfigError,
+    DepositAddress,
+    DepositCoin,
+    DetectedPayment,
+    PaymentCheck,
+    PluginError,
+    Readiness,
+    ScanResult,
+    WatchSet,
+    hookimpl,
+)
 from vpsshop.hdkeys import KeyError_, b58decode, b58encode
 
 SANDBOX_MNEMONIC = "abandon " * 11 + "about"

@@ -42,15 +42,26 @@ mnemonic "abandon ... about" on Nile and no node.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import httpx
 from Crypto.Hash import keccak
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from vpsshop import ConfigError, PluginError, Readiness, hookimpl
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
+from vpsshop import (
+    ConfigError,
+    DepositAddress,
+    DepositCoin,
+    DetectedPayment,
+    PaymentCheck,
+    PluginError,
+    Readiness,
+    ScanResult,
+    WatchSet,
+    hookimpl,
+)
 from vpsshop.hdkeys import ExtendedPublicKey, KeyError_, b58check_decode, b58check_encode
 
 # Account key m/44'/195'/0' of the test mnemonic "abandon x11 about": public and useless for real money.
@@ -118,7 +129,7 @@ class TronTokenConfig(TronCoinConfig):
     decimals: int = Field(6, ge=0, le=36)
 
     @model_validator(mode="after")
-    def _contract(self) -> "TronTokenConfig":
+    def _contract(self) -> TronTokenConfig:
         if self.contract is None:
             if self.network not in USDT_CONTRACTS:
                 raise ValueError(f"set contract: no default USDT contract on network {self.network!r}")
@@ -179,7 +190,7 @@ class TronCoin(DepositCoin):
         self.receive = self.account.child(cfg.branch)
         key = cfg.api_key.get_secret_value() if cfg.api_key else None
         self.api = TronApi(cfg.api_url, key, cfg.timeout_seconds) if cfg.api_url else None
-        self.group: list["TronCoin"] = [self]
+        self.group: list[TronCoin] = [self]
         """The coins sharing this coin's scan, linked by :func:`vpsshop_startup` (this one alone until then)."""
 
     @classmethod
@@ -216,7 +227,7 @@ class TronCoin(DepositCoin):
             raise PluginError(f"{self.code}: no api_url is configured")
         return self.api
 
-    def group_members(self) -> list["TronCoin"]:
+    def group_members(self) -> list[TronCoin]:
         ordered = sorted(self.group, key=lambda c: (c.is_token, c.code))
         seen: dict[str, str] = {}
         for coin in ordered:
