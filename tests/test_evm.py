@@ -14,13 +14,12 @@ import pytest
 from bip32_private import ABANDON_MNEMONIC, account_node
 from coincurve import PrivateKey
 from evm_peers import CHAIN_ID, EvmChain, rpc, start_evm_chain
-from qr_codes import decode_qr
 from starlette.testclient import TestClient
+from topup_helpers import balance, decode_qr, get, payments, run_pass
 from vpsshop_evm import SANDBOX_XPUB, Ether, TetherErc20, parse_address, to_checksum_address
 
 from vpsshop.errors import ConfigError
 from vpsshop.hdkeys import b58check_encode
-from vpsshop.payments import engine_for
 from vpsshop.testing import create_test_account
 
 
@@ -135,13 +134,8 @@ def vpsshop_overrides(evm_chain: EvmChain) -> dict[str, Any]:
             "topups": {"poll_min_seconds": 0, "expiry_minutes": 60}}
 
 
-def run_pass(client: TestClient) -> dict[str, int]:
-    engine = engine_for(client.app.state.ctx)  # type: ignore[attr-defined]
-    return client.portal.call(engine.watcher.run_pass)  # type: ignore[union-attr]
 
 
-def balance(client: TestClient, headers: dict[str, str]) -> Decimal:
-    return Decimal(str(client.get("/v1/account", headers=headers).json()["balance_usd"]))
 
 
 def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: int = 50) -> dict[str, Any]:
@@ -154,10 +148,6 @@ def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: in
     return body
 
 
-def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]:
-    response = client.get(f"/v1/topups/{ref}", headers=headers)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def atomic(amount: str, decimals: int) -> int:
@@ -186,25 +176,16 @@ def test_eth_paid_mined_confirmed_credited_once(vpsshop_client: TestClient, evm_
     for _ in range(3):
         run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 50
-    ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
-    with ctx.db.session() as session:
-        from sqlmodel import select
-
-        from vpsshop.payments.models import DetectedPayment
-
-        rows = session.exec(select(DetectedPayment)).all()
-    assert [(r.coin, r.identity, r.status) for r in rows] == [("ETH", txid.lower(), "credited")]
+    assert payments(vpsshop_client) == [("ETH", txid.lower(), "credited")]
 
 
 @pytest.mark.slow
-def test_usdt_paid_credited_once_and_eth_to_a_usdt_address_is_not_usdt(vpsshop_client: TestClient,
-                                                                         evm_chain: EvmChain) -> None:
+def test_usdt_paid_confirmed_credited_once(vpsshop_client: TestClient, evm_chain: EvmChain) -> None:
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)
     topup = new_topup(vpsshop_client, h, "USDT", 25)
     assert topup["deposit_amount"] == "25.000000"
     txid = evm_chain.pay_token(topup["deposit_address"], 25_000_000)
-    evm_chain.pay_eth(topup["deposit_address"], 10**16)  # ETH sent to the USDT address: not a USDT payment
     evm_chain.anvil.mine(2)
     seen = get(vpsshop_client, h, topup["ref"])
     assert (seen["payment_status"], seen["confirmations"], seen["amount_received"]) == ("seen", 2, "25.000000")
@@ -216,14 +197,28 @@ def test_usdt_paid_credited_once_and_eth_to_a_usdt_address_is_not_usdt(vpsshop_c
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 25
     log_index = evm_chain.receipt(txid)["logs"][0]["logIndex"]
+    assert payments(vpsshop_client) == [("USDT", f"{txid.lower()}:{log_index}", "credited")]
+
+
+@pytest.mark.slow
+def test_scan_tags_each_payment_with_the_coin_that_arrived(vpsshop_client: TestClient, evm_chain: EvmChain) -> None:
+    """ETH sent to a USDT top-up's address is reported as ETH, USDT sent to an ETH one as USDT: the
+    engine decides what a payment in the other coin of the group is worth (docs/payments.md)."""
+    h = create_test_account(vpsshop_client).headers
+    eth = new_topup(vpsshop_client, h, "ETH")
+    usdt = new_topup(vpsshop_client, h, "USDT")
+    start = evm_chain.w3.eth.get_block("latest")
+    to_usdt_address = evm_chain.pay_eth(usdt["deposit_address"], 10**16)
+    to_eth_address = evm_chain.pay_token(eth["deposit_address"], 7_000_000)
+    evm_chain.anvil.mine(1)
     ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
-    from sqlmodel import select
-
-    from vpsshop.payments.models import DetectedPayment
-
-    with ctx.db.session() as session:
-        rows = session.exec(select(DetectedPayment)).all()
-    assert [(r.coin, r.identity) for r in rows] == [("USDT", f"{txid.lower()}:{log_index}")]
+    watched = {eth["deposit_address"].lower(), usdt["deposit_address"].lower()}
+    cursor = f"{start['number']}:{start['hash'].to_0x_hex()}"
+    result = vpsshop_client.portal.call(ctx.coins["USDT"].scan, cursor, watched)  # type: ignore[union-attr]
+    found = sorted((code, p.txid, p.watch_key, p.amount_atomic) for code, p in result.payments)
+    assert found == sorted([("ETH", to_usdt_address.lower(), usdt["deposit_address"].lower(), 10**16),
+                            ("USDT", to_eth_address.lower(), eth["deposit_address"].lower(), 7_000_000)])
+    assert result.cursor == f"{start['number'] + 1}:{evm_chain.w3.eth.get_block('latest')['hash'].to_0x_hex()}"
 
 
 @pytest.mark.slow

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from decimal import Decimal
 from typing import Any
 
 import pytest
 from bip32_private import ABANDON_MNEMONIC, mnemonic_seed
-from qr_codes import decode_qr
 from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
 from solders.keypair import Keypair
 from solders.message import Message
@@ -23,10 +21,10 @@ from solders.pubkey import Pubkey
 from solders.system_program import TransferParams, transfer
 from solders.transaction import Transaction
 from starlette.testclient import TestClient
+from topup_helpers import balance, decode_qr, get, payments, run_pass
 from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
 
 from vpsshop.errors import ConfigError
-from vpsshop.payments import engine_for
 from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account
 
 WORDS = ["abandon", "ability", "able", "about", "above", "absent", "absorb", "abstract", "absurd", "abuse", "access",
@@ -123,13 +121,8 @@ def funded_payer(node: SolanaRpcDouble) -> Keypair:
     return payer
 
 
-def run_pass(client: TestClient) -> dict[str, int]:
-    engine = engine_for(client.app.state.ctx)  # type: ignore[attr-defined]
-    return client.portal.call(engine.watcher.run_pass)  # type: ignore[union-attr]
 
 
-def balance(client: TestClient, headers: dict[str, str]) -> Decimal:
-    return Decimal(str(client.get("/v1/account", headers=headers).json()["balance_usd"]))
 
 
 def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> dict[str, Any]:
@@ -139,19 +132,8 @@ def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> 
     return response.json()
 
 
-def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]:
-    response = client.get(f"/v1/topups/{ref}", headers=headers)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
-def payments(client: TestClient) -> list[tuple[str, str, str]]:
-    from sqlmodel import select
-
-    from vpsshop.payments.models import DetectedPayment
-
-    with client.app.state.ctx.db.session() as session:  # type: ignore[attr-defined]
-        return sorted((r.coin, r.identity, r.status) for r in session.exec(select(DetectedPayment)).all())
 
 
 def test_sol_paid_confirmed_credited_once_then_swept(vpsshop_client: TestClient, solana_node: SolanaRpcDouble,

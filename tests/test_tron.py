@@ -13,14 +13,13 @@ import json
 import secrets
 import urllib.request
 from collections.abc import Iterator
-from decimal import Decimal
 from typing import Any
 
 import pytest
 from bip32_private import account_node
 from coincurve import PrivateKey as CurveKey
-from qr_codes import decode_qr
 from starlette.testclient import TestClient
+from topup_helpers import balance, decode_qr, get, payments, run_pass
 from tron_api_double import TronApiDouble, TronChainDouble
 from tronpy import Tron
 from tronpy.contract import Contract
@@ -29,7 +28,6 @@ from vpsshop_tron import SANDBOX_XPUB, TetherTrc20, Tronix, address_to_hex
 
 from vpsshop.errors import ConfigError
 from vpsshop.hdkeys import b58check_encode
-from vpsshop.payments import engine_for
 from vpsshop.testing import create_test_account
 
 TRC20_TRANSFER_ABI = [{
@@ -162,13 +160,8 @@ def post(url: str, path: str, body: dict[str, Any]) -> Any:
         return json.loads(resp.read())
 
 
-def run_pass(client: TestClient) -> dict[str, int]:
-    engine = engine_for(client.app.state.ctx)  # type: ignore[attr-defined]
-    return client.portal.call(engine.watcher.run_pass)  # type: ignore[union-attr]
 
 
-def balance(client: TestClient, headers: dict[str, str]) -> Decimal:
-    return Decimal(str(client.get("/v1/account", headers=headers).json()["balance_usd"]))
 
 
 def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: int = 50) -> dict[str, Any]:
@@ -179,19 +172,8 @@ def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: in
     return body
 
 
-def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]:
-    response = client.get(f"/v1/topups/{ref}", headers=headers)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
-def payments(client: TestClient) -> list[tuple[str, str, str]]:
-    from sqlmodel import select
-
-    from vpsshop.payments.models import DetectedPayment
-
-    with client.app.state.ctx.db.session() as session:  # type: ignore[attr-defined]
-        return [(r.coin, r.identity, r.status) for r in session.exec(select(DetectedPayment)).all()]
 
 
 def test_double_refuses_a_transaction_signed_by_another_key(tron_node: TronApiDouble) -> None:
