@@ -216,10 +216,9 @@ def test_usdt_trc20_paid_credited_once_and_other_tokens_and_reverts_ignored(
     payer.pay_token(topup["deposit_address"], 25_000_000, OTHER_TOKEN_HEX)  # another token: not USDT
     broke = Payer(tron_node, usdt=0)
     broke.pay_token(topup["deposit_address"], 25_000_000)  # reverts: no balance
-    payer.pay_trx(topup["deposit_address"], 1_000_000)  # TRX to the USDTTRC address: not USDT
     tron_node.chain.mine(3)
     block = tron_node.chain.blocks[-3]
-    assert [t["ret"][0]["contractRet"] for t in block["transactions"]] == ["SUCCESS", "SUCCESS", "REVERT", "SUCCESS"]
+    assert [t["ret"][0]["contractRet"] for t in block["transactions"]] == ["SUCCESS", "SUCCESS", "REVERT"]
     done = get(vpsshop_client, h, topup["ref"])
     assert (done["status"], done["credited_usd"], done["amount_received"]) == ("completed", 25, "25.000000")
     run_pass(vpsshop_client)
@@ -295,3 +294,22 @@ def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestCli
     gone = DetectedPayment("ab" * 32 + ":1", "41" + "00" * 20, 1, "ab" * 32, 1, 0, "cd" * 32)
     checks = vpsshop_client.portal.call(coin.recheck, [payment, gone])  # type: ignore[union-attr]
     assert [(c.present, c.confirmations) for c in checks] == [(True, 0), (False, 0)]
+
+
+def test_scan_tags_each_payment_with_the_coin_that_arrived(vpsshop_client: TestClient,
+                                                           tron_node: TronApiDouble) -> None:
+    """TRX sent to a USDTTRC top-up's address is reported as TRX, USDT sent to a TRX one as USDTTRC."""
+    h = create_test_account(vpsshop_client).headers
+    trx = new_topup(vpsshop_client, h, "TRX")
+    usdt = new_topup(vpsshop_client, h, "USDTTRC")
+    start = tron_node.chain.blocks[-1]
+    payer = Payer(tron_node)
+    to_usdt_address = payer.pay_trx(usdt["deposit_address"], 1_000_000)
+    to_trx_address = payer.pay_token(trx["deposit_address"], 7_000_000)
+    tron_node.chain.mine(1)
+    coin = vpsshop_client.app.state.ctx.coins["TRX"]  # type: ignore[attr-defined]
+    watched = {address_to_hex(trx["deposit_address"]), address_to_hex(usdt["deposit_address"])}
+    cursor = f"{start['block_header']['raw_data']['number']}:{start['blockID']}"
+    result = vpsshop_client.portal.call(coin.scan, cursor, watched)  # type: ignore[union-attr]
+    found = sorted((code, p.txid, p.amount_atomic) for code, p in result.payments)
+    assert found == sorted([("TRX", to_usdt_address, 1_000_000), ("USDTTRC", to_trx_address, 7_000_000)])
