@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,3 +234,36 @@ def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestCli
     gone = DetectedPayment(f"{signature}:y", "y", 1, signature, 1, solana_node.chain.order[0], "h")
     checks = vpsshop_client.portal.call(coin.recheck, [ahead, gone])  # type: ignore[union-attr]
     assert [(c.present, c.confirmations) for c in checks] == [(True, 0), (False, 0)]
+
+
+def test_reseller_tools_encrypt_the_mnemonic_and_sweep(tmp_path: Path, solana_node: SolanaRpcDouble,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m vpsshop_solana encrypt-mnemonic`` then ``sweep``, as a reseller runs them."""
+    import io
+
+    from vpsshop_solana import deposit_key, mnemonic_to_seed
+    from vpsshop_solana.__main__ import main
+
+    config = tmp_path / "vpsshop.toml"
+    base = (f'mode = "sandbox"\nsecret_key = "s"\nencryption_key = "{TEST_ENCRYPTION_KEY}"\n'
+            f'database_url = "sqlite:///{tmp_path / "db.sqlite"}"\n')
+    config.write_text(base)
+    mnemonic = random_mnemonic()
+    monkeypatch.setattr("sys.stdin", io.StringIO(mnemonic + "\n"))
+    assert main(["--config", str(config), "encrypt-mnemonic"]) == 0
+    token = capsys.readouterr().out.strip()
+    collector = str(Keypair().pubkey())
+    config.write_text(base + f'[coins.SOL]\nseed_encrypted = "{token}"\nrpc_url = "{solana_node.url}"\n'
+                             f'sweep_to = "{collector}"\n')
+    seed = mnemonic_to_seed(mnemonic)
+    funded = [deposit_key(seed, i).address for i in (1, 3)]
+    pay(solana_node, funded_payer(solana_node), (funded[0], 2_000_000), (funded[1], 3_000_000))
+    solana_node.chain.produce_block()
+    assert main(["--config", str(config), "sweep", "--to", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("\t")[:3] for line in lines] == [["1", funded[0], "1995000"], ["3", funded[1], "2995000"]]
+    solana_node.chain.produce_block()
+    assert solana_node.chain.balance(collector) == 1_995_000 + 2_995_000
+    assert main(["--config", str(config), "sweep", "--to", "3"]) == 0  # again: nothing left to move
+    assert capsys.readouterr().out.strip() == ""
