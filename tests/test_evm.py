@@ -380,3 +380,17 @@ def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestCli
         gone = DetectedPayment(identity, "0x" + "00" * 20, 1, "0x" + "ab" * 32, 1, 1, "0x" + "cd" * 32)
         (check,) = vpsshop_client.portal.call(ctx.coins[code].recheck, [gone])  # type: ignore[union-attr]
         assert not check.present  # block 1 exists with another hash and the transaction is unknown
+
+
+def test_node_urls_never_reach_logs_or_the_database() -> None:
+    """A provider URL may carry an API key: scan group names (stored, logged) and errors hide it."""
+    from vpsshop.errors import PluginError
+
+    coin = Ether.from_settings({"xpub": SANDBOX_XPUB, "rpc_url": "http://127.0.0.1:9/v3/SECRETKEY?key=SECRET2"},
+                               sandbox=False, where="coins.ETH")
+    assert "SECRET" not in coin.scan_group and len(coin.scan_group) <= 40
+    import asyncio
+
+    with pytest.raises(PluginError) as failure:
+        asyncio.run(coin.scan(None, set()))
+    assert "SECRET" not in str(failure.value) and "http://127.0.0.1:9" in str(failure.value)

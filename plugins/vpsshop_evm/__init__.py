@@ -6,7 +6,7 @@ from): top-up number *n* of ETH pays ``<account>/0/n``, top-up number *n* of USD
 (the ``branch`` setting), so the two coins never hand out the same address. An address is the last 20
 bytes of the Keccak-256 of the uncompressed public key, shown with its EIP-55 checksum.
 
-Both coins share **one scan group per node** (``evm:<rpc_url>``): one watcher pass reads each new block
+Both coins share **one scan group per node** (``evm:<hash of rpc_url>``): one watcher pass reads each new block
 once with ``eth_getBlockByNumber(n, true)`` (native transfers: a transaction whose ``to`` is watched and
 whose receipt succeeded) and the token contracts' ``Transfer`` logs of the same block range with one
 ``eth_getLogs`` (filtered to the contracts and the ``Transfer`` topic; the recipient, topic 2, is matched
@@ -37,9 +37,11 @@ mnemonic "abandon ... about" on Sepolia and no node: addresses and QR codes only
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from Crypto.Hash import keccak
@@ -106,6 +108,17 @@ def parse_address(text: str) -> str:
     return checksummed
 
 
+def endpoint_label(url: str) -> str:
+    """``scheme://host:port`` of a node URL, for messages and logs (never its path or query)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
+
+
+def endpoint_id(url: str) -> str:
+    """A short, stable, non-secret identifier of a node URL (scan group names are stored and logged)."""
+    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+
+
 # ---- settings ---------------------------------------------------------------------------------------
 
 
@@ -160,6 +173,8 @@ class EthRpc:
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url
+        self.where = endpoint_label(url)
+        """Scheme, host and port only: the path or query of a provider URL may hold an API key."""
         self.client = httpx.AsyncClient(timeout=timeout)
         self._id = 0
 
@@ -167,7 +182,7 @@ class EthRpc:
         try:
             response = await self.client.post(self.url, json=payload)
         except httpx.HTTPError as exc:
-            raise PluginError(f"EVM node at {self.url} did not answer {what}: {type(exc).__name__}") from None
+            raise PluginError(f"EVM node at {self.where} did not answer {what}: {type(exc).__name__}") from None
         try:
             return json.loads(response.content)
         except ValueError:
@@ -245,7 +260,8 @@ class EvmCoin(DepositCoin):
 
     @property
     def scan_group(self) -> str:
-        return f"evm:{(self.cfg.rpc_url or '').rstrip('/')}" if self.cfg.rpc_url else self.code
+        """``evm:<hash of the RPC URL>``: one scan per node, without the URL's secrets (fits 40 characters)."""
+        return f"evm:{endpoint_id(self.cfg.rpc_url)}" if self.cfg.rpc_url else self.code
 
     @property
     def can_scan(self) -> bool:

@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from cryptography.fernet import Fernet, InvalidToken
@@ -73,6 +74,12 @@ HARDENED = 0x8000_0000
 FINALIZED = 32
 LAMPORTS_PER_SIGNATURE = 5000
 SYSTEM_PROGRAM = bytes(32)
+
+
+def endpoint_label(url: str) -> str:
+    """``scheme://host:port`` of a node URL, for messages and logs (never its path or query)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
 
 # ---- keys ---------------------------------------------------------------------------------------------
@@ -187,6 +194,8 @@ class SolanaRpc:
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url
+        self.where = endpoint_label(url)
+        """Scheme, host and port only: the path or query of a provider URL may hold an API key."""
         self.client = httpx.AsyncClient(timeout=timeout)
         self._id = 0
 
@@ -197,7 +206,7 @@ class SolanaRpc:
                                                               "params": list(params)})
             body = json.loads(response.content)
         except httpx.HTTPError as exc:
-            raise PluginError(f"Solana node at {self.url} did not answer {method}: {type(exc).__name__}") from None
+            raise PluginError(f"Solana node at {self.where} did not answer {method}: {type(exc).__name__}") from None
         except ValueError:
             raise PluginError(f"Solana node answered {method} with something that is not JSON") from None
         if not isinstance(body, dict):

@@ -41,10 +41,12 @@ mnemonic "abandon ... about" on Nile and no node.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from Crypto.Hash import keccak
@@ -75,6 +77,17 @@ USDT_CONTRACTS = {
 }
 TRANSFER_TOPIC = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 """keccak256("Transfer(address,address,uint256)"), as java-tron prints topics (no 0x)."""
+
+
+def endpoint_label(url: str) -> str:
+    """``scheme://host:port`` of a node URL, for messages and logs (never its path or query)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
+
+
+def endpoint_id(url: str) -> str:
+    """A short, stable, non-secret identifier of a node URL (scan group names are stored and logged)."""
+    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
 
 
 def public_key_to_address(uncompressed: bytes) -> str:
@@ -143,6 +156,8 @@ class TronApi:
 
     def __init__(self, url: str, api_key: str | None, timeout: float) -> None:
         self.url = url.rstrip("/")
+        self.where = endpoint_label(url)
+        """Scheme, host and port only: the path or query of a provider URL may hold an API key."""
         headers = {"TRON-PRO-API-KEY": api_key} if api_key else {}
         self.client = httpx.AsyncClient(timeout=timeout, headers=headers)
 
@@ -150,7 +165,7 @@ class TronApi:
         try:
             response = await self.client.post(f"{self.url}{path}", json=body or {})
         except httpx.HTTPError as exc:
-            raise PluginError(f"TRON node at {self.url} did not answer {path}: {type(exc).__name__}") from None
+            raise PluginError(f"TRON node at {self.where} did not answer {path}: {type(exc).__name__}") from None
         if response.status_code != 200:
             raise PluginError(f"TRON node answered {path} with HTTP {response.status_code}")
         try:
@@ -203,7 +218,8 @@ class TronCoin(DepositCoin):
 
     @property
     def scan_group(self) -> str:
-        return f"tron:{self.cfg.api_url.rstrip('/')}" if self.cfg.api_url else self.code
+        """``tron:<hash of the API URL>``: one scan per node, without the URL's secrets (fits 40 characters)."""
+        return f"tron:{endpoint_id(self.cfg.api_url)}" if self.cfg.api_url else self.code
 
     @property
     def can_scan(self) -> bool:
