@@ -56,6 +56,8 @@ class SolanaChainDouble:
         self.pending: list[dict[str, Any]] = []
         self.tx_slot: dict[str, int] = {}
         self.slot = first_slot - 1
+        self.unavailable: set[int] = set()
+        """Slots whose getBlock answers -32004 although getBlocks lists them (a lagging backend)."""
         self.produce_block()
 
     # ---- test controls -----------------------------------------------------------------------------
@@ -149,7 +151,7 @@ class SolanaChainDouble:
             if method == "getBlock":
                 slot = int(params[0])
                 options = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
-                if slot > self.slot:
+                if slot > self.slot or slot in self.unavailable:
                     raise RpcFailure(-32004, f"Block not available for slot {slot}")
                 if slot not in self.blocks:
                     raise RpcFailure(-32007, f"Slot {slot} was skipped, or missing due to ledger jump to recent snapshot")

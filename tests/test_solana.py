@@ -267,3 +267,24 @@ def test_reseller_tools_encrypt_the_mnemonic_and_sweep(tmp_path: Path, solana_no
     assert solana_node.chain.balance(collector) == 1_995_000 + 2_995_000
     assert main(["--config", str(config), "sweep", "--to", "3"]) == 0  # again: nothing left to move
     assert capsys.readouterr().out.strip() == ""
+
+
+def test_a_block_the_node_cannot_serve_yet_is_read_later(vpsshop_client: TestClient,
+                                                          solana_node: SolanaRpcDouble) -> None:
+    """getBlock answers -32004 for a block getBlocks listed: the scan stops before it and reads it later."""
+    h = create_test_account(vpsshop_client).headers
+    run_pass(vpsshop_client)
+    topup = new_topup(vpsshop_client, h)
+    pay(solana_node, funded_payer(solana_node), (topup["deposit_address"], 333_333_334))
+    slot = solana_node.chain.produce_block()
+    for _ in range(3):
+        solana_node.chain.produce_block()
+    solana_node.chain.unavailable.add(slot)
+    try:
+        run_pass(vpsshop_client)
+        assert get(vpsshop_client, h, topup["ref"])["payment_status"] == "awaiting_payment"
+    finally:
+        solana_node.chain.unavailable.discard(slot)
+    run_pass(vpsshop_client)
+    done = get(vpsshop_client, h, topup["ref"])
+    assert (done["status"], done["credited_usd"]) == ("completed", 50)

@@ -225,8 +225,10 @@ class RpcError(PluginError):
         self.code = error.get("code")
 
 
-SKIPPED_SLOT_CODES = {-32007, -32009, -32004}
-"""Slot skipped / missing in long-term storage / block not available: no block at that slot."""
+SKIPPED_SLOT_CODES = {-32007, -32009}
+"""Slot skipped / missing in long-term storage: no block at that slot."""
+BLOCK_NOT_AVAILABLE = -32004
+"""Block not available for slot (not produced yet, or not yet served by this backend)."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ class Solana(DepositCoin):
             block = await self._node().call("getBlock", slot, {"encoding": "json", "transactionDetails": "none",
                                                                "rewards": False, "commitment": "confirmed"})
         except RpcError as exc:
-            if exc.code in SKIPPED_SLOT_CODES:
+            if exc.code in SKIPPED_SLOT_CODES or exc.code == BLOCK_NOT_AVAILABLE:
                 return None
             raise
         return str(block["blockhash"]) if block else None
@@ -334,6 +336,9 @@ class Solana(DepositCoin):
                     "encoding": "json", "transactionDetails": "accounts", "rewards": False,
                     "maxSupportedTransactionVersion": 0, "commitment": "confirmed"})
             except RpcError as exc:
+                if exc.code == BLOCK_NOT_AVAILABLE:
+                    # Listed by getBlocks, so it exists: this backend cannot serve it yet. Stop before it.
+                    return ScanResult(f"{slot - 1}:{block_slot}:{block_hash}", found)
                 if exc.code in SKIPPED_SLOT_CODES:
                     continue
                 raise
