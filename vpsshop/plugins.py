@@ -30,6 +30,9 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("monero", "vpsshop_monero"),
     ("x402", "vpsshop_x402"),
     ("libvirt", "vpsshop_libvirt"),
+    ("evm", "vpsshop_evm"),
+    ("tron", "vpsshop_tron"),
+    ("solana", "vpsshop_solana"),
 )
 """(entry-point name, module) of the plugins shipped in ``plugins/``.
 

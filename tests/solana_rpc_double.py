@@ -1,0 +1,227 @@
+"""A TEST DOUBLE of a Solana JSON-RPC endpoint whose transactions run on a real SVM (``solders.litesvm``).
+
+A real validator (``solana-test-validator``) is not in the registries this project installs from, so the
+SOL tests talk to this loopback HTTP server. Every transaction it accepts is a real signed Solana
+transaction executed by LiteSVM (signatures verified, System Program run, fees charged); the double adds
+what LiteSVM lacks, blocks: :meth:`SolanaChainDouble.produce_block` puts the transactions executed since
+the previous block into a new block at the next slot (optionally after skipped slots) and rolls the
+blockhash. It answers exactly the methods the SOL plugin and its tests call, in the response shapes of
+the Solana JSON-RPC documentation:
+
+``getSlot``, ``getBlocks``, ``getBlock`` (``transactionDetails`` ``accounts`` or ``none``; ``-32007`` for
+a skipped slot, ``-32004`` for one not produced yet), ``getSignatureStatuses`` (``confirmations`` =
+blocks on top, ``null`` with ``finalized`` from 32), ``getBalance``, ``getLatestBlockhash``,
+``sendTransaction`` (base64; a transaction that fails in the SVM is refused as preflight does, ``-32002``),
+``getHealth``.
+
+Forks are modelled only as the RPC shows them (:meth:`SolanaChainDouble.abandon_blocks`: the newest
+blocks and their signatures disappear, the next block builds on the one before them); LiteSVM's account
+state is not rolled back. Not modelled: votes, rewards, commitment differences (every block is
+"confirmed" at once, "finalized" 32 blocks later).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import socket
+import threading
+from typing import Any
+
+from solders.litesvm import LiteSVM
+from solders.pubkey import Pubkey
+from solders.transaction import VersionedTransaction
+from solders.transaction_metadata import FailedTransactionMetadata
+
+FINALIZED_AFTER = 32
+BLOCK_TIME_0 = 1_760_000_000
+
+
+class RpcFailure(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class SolanaChainDouble:
+    """LiteSVM plus blocks. Tests drive it directly (airdrop, produce_block)."""
+
+    def __init__(self, first_slot: int = 1000) -> None:
+        self.svm = LiteSVM()
+        self.lock = threading.RLock()
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.order: list[int] = []
+        self.pending: list[dict[str, Any]] = []
+        self.tx_slot: dict[str, int] = {}
+        self.slot = first_slot - 1
+        self.unavailable: set[int] = set()
+        """Slots whose getBlock answers -32004 although getBlocks lists them (a lagging backend)."""
+        self.produce_block()
+
+    # ---- test controls -----------------------------------------------------------------------------
+
+    def airdrop(self, address: str, lamports: int) -> None:
+        with self.lock:
+            self.svm.airdrop(Pubkey.from_string(address), lamports)
+
+    def balance(self, address: str) -> int:
+        with self.lock:
+            return int(self.svm.get_balance(Pubkey.from_string(address)) or 0)
+
+    def produce_block(self, skipped_slots: int = 0) -> int:
+        """A new block after ``skipped_slots`` empty slots, holding the transactions sent since the last."""
+        with self.lock:
+            parent = self.order[-1] if self.order else None
+            self.slot += 1 + skipped_slots
+            self.svm.expire_blockhash()
+            txs, self.pending = self.pending, []
+            self.blocks[self.slot] = {
+                "blockHeight": len(self.order),
+                "blockTime": BLOCK_TIME_0 + len(self.order),
+                "blockhash": str(self.svm.latest_blockhash()),
+                "parentSlot": parent if parent is not None else self.slot - 1,
+                "previousBlockhash": self.blocks[parent]["blockhash"] if parent is not None else "1" * 32,
+                "transactions": txs,
+            }
+            self.order.append(self.slot)
+            for tx in txs:
+                self.tx_slot[tx["transaction"]["signatures"][0]] = self.slot
+            return self.slot
+
+    def abandon_blocks(self, count: int) -> None:
+        """The newest ``count`` blocks leave the chain (a minority fork): their slots read as skipped and
+        their transactions are no longer known to ``getSignatureStatuses``."""
+        with self.lock:
+            for slot in self.order[-count:]:
+                for tx in self.blocks.pop(slot)["transactions"]:
+                    self.tx_slot.pop(tx["transaction"]["signatures"][0], None)
+            del self.order[-count:]
+
+    # ---- execution -------------------------------------------------------------------------------------
+
+    def send(self, raw: bytes) -> str:
+        tx = VersionedTransaction.from_bytes(raw)
+        message = tx.message
+        keys = list(message.account_keys)
+        header = message.header
+        with self.lock:
+            pre = [int(self.svm.get_balance(k) or 0) for k in keys]
+            result = self.svm.send_transaction(tx)
+            if isinstance(result, FailedTransactionMetadata):
+                raise RpcFailure(-32002, f"Transaction simulation failed: {result.err()}")
+            post = [int(self.svm.get_balance(k) or 0) for k in keys]
+            signers = header.num_required_signatures
+            n = len(keys)
+
+            def writable(i: int) -> bool:
+                if i < signers:
+                    return i < signers - header.num_readonly_signed_accounts
+                return i < n - header.num_readonly_unsigned_accounts
+
+            signature = str(tx.signatures[0])
+            self.pending.append({
+                "meta": {"err": None, "fee": int(result.fee()), "preBalances": pre, "postBalances": post,
+                         "status": {"Ok": None}, "computeUnitsConsumed": int(result.compute_units_consumed())},
+                "transaction": {
+                    "accountKeys": [{"pubkey": str(k), "signer": i < signers, "source": "transaction",
+                                     "writable": writable(i)} for i, k in enumerate(keys)],
+                    "signatures": [str(s) for s in tx.signatures],
+                },
+                "version": "legacy",
+            })
+            return signature
+
+    # ---- JSON-RPC methods ------------------------------------------------------------------------------
+
+    def context(self) -> dict[str, Any]:
+        return {"slot": self.slot, "apiVersion": "2.2.0"}
+
+    def call(self, method: str, params: list[Any]) -> Any:
+        with self.lock:
+            if method == "getHealth":
+                return "ok"
+            if method == "getSlot":
+                return self.slot
+            if method == "getBlocks":
+                start = int(params[0])
+                end = int(params[1]) if len(params) > 1 and not isinstance(params[1], dict) else self.slot
+                return [s for s in self.order if start <= s <= min(end, self.slot)]
+            if method == "getBlock":
+                slot = int(params[0])
+                options = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+                if slot > self.slot or slot in self.unavailable:
+                    raise RpcFailure(-32004, f"Block not available for slot {slot}")
+                if slot not in self.blocks:
+                    raise RpcFailure(-32007, f"Slot {slot} was skipped, or missing due to ledger jump to recent snapshot")
+                block = dict(self.blocks[slot])
+                details = options.get("transactionDetails", "full")
+                if details == "none":
+                    block.pop("transactions")
+                elif details != "accounts":
+                    raise RpcFailure(-32602, "this double serves transactionDetails accounts or none")
+                return block
+            if method == "getSignatureStatuses":
+                value = []
+                for signature in params[0]:
+                    slot = self.tx_slot.get(signature)
+                    if slot is None:
+                        value.append(None)
+                        continue
+                    on_top = sum(1 for s in self.order if s > slot)
+                    final = on_top >= FINALIZED_AFTER
+                    value.append({"slot": slot, "confirmations": None if final else on_top, "err": None,
+                                  "status": {"Ok": None}, "confirmationStatus": "finalized" if final else "confirmed"})
+                return {"context": self.context(), "value": value}
+            if method == "getBalance":
+                return {"context": self.context(), "value": self.balance(params[0])}
+            if method == "getLatestBlockhash":
+                return {"context": self.context(),
+                        "value": {"blockhash": str(self.svm.latest_blockhash()), "lastValidBlockHeight": len(self.order) + 150}}
+        if method == "sendTransaction":
+            options = params[1] if len(params) > 1 else {}
+            if options.get("encoding") != "base64":
+                raise RpcFailure(-32602, "this double takes base64 transactions")
+            return self.send(base64.b64decode(params[0]))
+        raise RpcFailure(-32601, "Method not found")
+
+
+class SolanaRpcDouble:
+    """The JSON-RPC HTTP server of :class:`SolanaChainDouble` on a loopback port."""
+
+    def __init__(self, chain: SolanaChainDouble) -> None:
+        self.chain = chain
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    request = json.loads(raw)
+                    answer: dict[str, Any] = {"jsonrpc": "2.0", "id": request.get("id")}
+                    answer["result"] = chain.call(request["method"], request.get("params") or [])
+                except RpcFailure as exc:
+                    answer["error"] = {"code": exc.code, "message": exc.message}
+                except (ValueError, KeyError, TypeError, IndexError) as exc:
+                    answer = {"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": f"Invalid params: {exc}"}}
+                payload = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
