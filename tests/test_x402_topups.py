@@ -1,0 +1,211 @@
+"""x402 top-ups end to end: core's ``POST /v1/topups`` with the real USDCBASE plugin on anvil.
+
+Nothing here is a double: vpsshop runs under uvicorn on a loopback port with ``[coins.USDCBASE]``
+in direct mode (settings, relayer key from an environment variable), the chain is anvil with the
+EIP-3009 test USDC (tests/x402_peers.py), and the payments are signed by the PyPI ``x402`` clients
+from the 402 the API answered. Every test runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from x402_peers import USDC_UNIT, Chain, free_port, sign_v1_header, start_chain
+
+pytestmark = pytest.mark.slow
+
+ETH = 10**18
+RELAYER_ENV = "TEST_X402_TOPUPS_RELAYER_KEY"
+
+
+@pytest.fixture(scope="session")
+def topup_chain() -> Iterator[Chain]:
+    work = Path(tempfile.mkdtemp(prefix="vpsshop-x402-topups-"))  # private: /tmp/pytest-of-* is shared
+    started = start_chain(work)
+    try:
+        yield started
+    finally:
+        started.anvil.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def shop(topup_chain: Chain) -> Any:
+    return topup_chain.new_account()
+
+
+@pytest.fixture
+def relayer(topup_chain: Chain, monkeypatch: pytest.MonkeyPatch) -> Any:
+    account = topup_chain.new_account(eth_wei=10 * ETH)
+    monkeypatch.setenv(RELAYER_ENV, account.key.hex())
+    return account
+
+
+@pytest.fixture
+def vpsshop_overrides(topup_chain: Chain, shop: Any, relayer: Any) -> dict[str, Any]:
+    return {"coins": {"USDCBASE": {
+        "network": "base", "mode": "direct", "pay_to": shop.address, "asset": topup_chain.asset,
+        "rpc_url": topup_chain.url, "relayer_key_env": RELAYER_ENV, "max_timeout_seconds": 120,
+        "facilitator_url": None,
+    }}}
+
+
+class Served:
+    """vpsshop under uvicorn on a loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(vpsshop_app: Any) -> Iterator[Served]:
+    server = Served(vpsshop_app)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def http(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.base, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def auth(http: httpx.Client) -> dict[str, str]:
+    created = http.post("/account")
+    assert created.status_code == 201, created.text
+    return {"Authorization": f"Bearer {created.json()['api_key']}"}
+
+
+def balance(http: httpx.Client, auth: dict[str, str]) -> Decimal:
+    return Decimal(str(http.get("/account", headers=auth).json()["balance_usd"]))
+
+
+def decode_header(value: str) -> dict[str, Any]:
+    return json.loads(base64.b64decode(value))
+
+
+def ask_402(http: httpx.Client, auth: dict[str, str], amount: int = 25) -> dict[str, Any]:
+    first = http.post("/topups", json={"amount": amount, "coin": "USDCBASE"}, headers=auth)
+    assert first.status_code == 402, first.text
+    return first.json()
+
+
+def test_usdcbase_topup_settles_on_chain_and_credits_once(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, served: Served
+) -> None:
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    body = ask_402(http, auth)
+    assert body["x402Version"] == 1 and body["error"]
+    [req] = body["accepts"]
+    assert req["scheme"] == "exact" and req["network"] == "base" and req["maxAmountRequired"] == str(25 * USDC_UNIT)
+    assert req["payTo"] == shop.address and req["asset"] == topup_chain.asset
+    assert req["resource"].endswith("/v1/topups") and req["extra"] == {"name": "USD Coin", "version": "2"}
+
+    header = sign_v1_header(payer, req)  # the PyPI x402 v1 client signs what the API asked for
+    paid = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert paid.status_code == 201, paid.text
+    topup = paid.json()
+    assert topup["status"] == "completed" and topup["coin"] == "USDCBASE" and topup["payment_status"] == "confirmed"
+    assert Decimal(str(topup["credited_usd"])) == 25 and topup["deposit_address"] == shop.address
+    response = decode_header(paid.headers["X-PAYMENT-RESPONSE"])
+    assert response["success"] is True and response["network"] == "base" and response["payer"] == payer.address
+    receipt = topup_chain.w3.eth.get_transaction_receipt(response["transaction"])
+    assert receipt["status"] == 1
+    from x402.http.utils import decode_payment_response_header
+
+    assert decode_payment_response_header(paid.headers["X-PAYMENT-RESPONSE"]).transaction == response["transaction"]
+
+    assert balance(http, auth) == 25
+    assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT
+    got = http.get(f"/topups/{topup['ref']}", headers=auth)
+    assert got.status_code == 200 and got.json()["status"] == "completed"
+
+    again = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert again.status_code == 201, again.text
+    assert again.json()["ref"] == topup["ref"] and again.json()["status"] == "completed"
+    assert decode_header(again.headers["X-PAYMENT-RESPONSE"])["transaction"] == response["transaction"]
+    assert balance(http, auth) == 25
+    assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT
+
+    # another account replaying the header gets nothing
+    other = {"Authorization": f"Bearer {http.post('/account').json()['api_key']}"}
+    stolen = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**other, "X-PAYMENT": header})
+    assert stolen.status_code == 409 and stolen.json()["error"] == "nonce_used"
+    assert balance(http, other) == 0 and balance(http, auth) == 25
+
+
+def test_same_header_sent_twice_at_once_credits_once(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, served: Served
+) -> None:
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    header = sign_v1_header(payer, ask_402(http, auth, 30)["accepts"][0])
+
+    def send(_: int) -> httpx.Response:
+        with httpx.Client(base_url=served.base, timeout=60) as own:
+            return own.post("/topups", json={"amount": 30, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(send, range(2)))
+    # one settles; the other sees the open record (503 settlement_pending) or, if the first already
+    # finished, the same completed top-up (201)
+    assert 201 in [a.status_code for a in answers], [a.text for a in answers]
+    for answer in answers:
+        if answer.status_code != 201:
+            assert answer.status_code == 503 and answer.json()["error"] == "settlement_pending", answer.text
+    assert len({a.json()["ref"] for a in answers if a.status_code == 201}) == 1
+    assert balance(http, auth) == 30
+    assert topup_chain.usdc(payer.address) == 70 * USDC_UNIT and topup_chain.usdc(shop.address) == 30 * USDC_UNIT
+    # a retry after both answered returns the completed top-up and still credits nothing more
+    retry = http.post("/topups", json={"amount": 30, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert retry.status_code == 201 and retry.json()["status"] == "completed"
+    assert balance(http, auth) == 30
+
+
+def test_wrong_amount_is_refused_and_moves_nothing(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any
+) -> None:
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    req = ask_402(http, auth, 25)["accepts"][0]
+    # a valid signature over the 25 USDC requirements, sent for a 40 USD top-up
+    header = sign_v1_header(payer, req)
+    refused = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert refused.status_code in (400, 402), refused.text
+    assert refused.json()["error"] == "wrong_amount" and refused.json()["message"]
+    # a signature whose value differs from what was asked for
+    cheaper = sign_v1_header(payer, {**req, "maxAmountRequired": str(1 * USDC_UNIT)})
+    refused = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": cheaper})
+    assert refused.status_code in (400, 402) and refused.json()["error"] == "wrong_amount", refused.text
+    assert balance(http, auth) == 0
+    assert topup_chain.usdc(payer.address) == 100 * USDC_UNIT and topup_chain.usdc(shop.address) == 0
+    garbage = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": "%%%"})
+    assert garbage.status_code == 400 and garbage.json()["error"] == "invalid_payment"
