@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from x402_peers import USDC_UNIT, Chain, free_port, sign_v1_header, start_chain
+from x402_peers import USDC_UNIT, Chain, StallingRpcFront, free_port, sign_v1_header, start_chain, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +55,25 @@ def relayer(topup_chain: Chain, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
-def vpsshop_overrides(topup_chain: Chain, shop: Any, relayer: Any) -> dict[str, Any]:
-    return {"coins": {"USDCBASE": {
+def rpc_front(topup_chain: Chain) -> Iterator[StallingRpcFront]:
+    """The RPC endpoint the shop uses in the unknown-outcome tests (forwards to anvil until told to stall)."""
+    front = StallingRpcFront(topup_chain.url, stall_seconds=4)
+    try:
+        yield front
+    finally:
+        front.stop()
+
+
+@pytest.fixture
+def vpsshop_overrides(request: pytest.FixtureRequest, topup_chain: Chain, shop: Any, relayer: Any) -> dict[str, Any]:
+    section = {
         "network": "base", "mode": "direct", "pay_to": shop.address, "asset": topup_chain.asset,
         "rpc_url": topup_chain.url, "relayer_key_env": RELAYER_ENV, "max_timeout_seconds": 120,
         "facilitator_url": None,
-    }}}
+    }
+    if "rpc_front" in request.fixturenames:  # the unknown-outcome tests
+        section.update(rpc_url=request.getfixturevalue("rpc_front").url, rpc_timeout_seconds=1)
+    return {"coins": {"USDCBASE": section}}
 
 
 class Served:
@@ -209,3 +222,126 @@ def test_wrong_amount_is_refused_and_moves_nothing(
     assert topup_chain.usdc(payer.address) == 100 * USDC_UNIT and topup_chain.usdc(shop.address) == 0
     garbage = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": "%%%"})
     assert garbage.status_code == 400 and garbage.json()["error"] == "invalid_payment"
+
+
+# ---- unknown outcome: the record stays open until the authorization can no longer be used ------
+
+
+def run_watcher(app: Any) -> int:
+    """One watcher step over the open x402 records (what the background watcher runs)."""
+    from vpsshop.payments import engine_for
+    from vpsshop.payments.x402 import resolve_open_settlements
+
+    return asyncio.run(resolve_open_settlements(engine_for(app.state.ctx)))
+
+
+def send_unknown_outcome(
+    app: Any, http: httpx.Client, auth: dict[str, str], rpc_front: StallingRpcFront, header: str
+) -> str:
+    """Re-send with X-PAYMENT while the RPC endpoint swallows the transaction: 503, record open."""
+    rpc_front.stall, rpc_front.forward_when_stalling = {"eth_sendRawTransaction"}, False
+    try:
+        lost = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    finally:
+        rpc_front.stall = set()
+    assert lost.status_code == 503 and lost.json()["error"] == "settlement_pending", lost.text
+    # the 503 carries no ref (the client retries the same header); the test reads it from the database
+    from sqlmodel import select
+
+    from vpsshop.payments.models import Topup, X402Record
+
+    with app.state.ctx.db.session() as session:
+        [(ref, status)] = session.exec(select(Topup.ref, X402Record.status).join(  # type: ignore[call-overload]
+            X402Record, X402Record.topup_id == Topup.id).where(Topup.status == "pending")).all()
+    assert status == "settling"
+    return str(ref)
+
+
+def test_open_record_outlives_abandon_after_while_the_authorization_is_valid(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
+    vpsshop_app: Any, vpsshop_clock: Any,
+) -> None:
+    """An authorization valid for 3 hours whose transaction was lost stays open past 30 minutes; when
+    someone else gets it mined later, the watcher credits it (once)."""
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    req = ask_402(http, auth)["accepts"][0]
+    header = sign_v1_header(payer, req, validBefore=str(int(time.time()) + 3 * 3600))
+    ref = send_unknown_outcome(vpsshop_app, http, auth, rpc_front, header)
+    assert topup_chain.usdc(shop.address) == 0  # the shop's transaction never reached the chain
+
+    vpsshop_clock.advance(minutes=45)
+    assert run_watcher(vpsshop_app) == 0
+    pending = http.get(f"/topups/{ref}", headers=auth).json()
+    assert pending["status"] == "pending" and pending["payment_status"] == "seen"  # not expired
+    cancel = http.post(f"/topups/{ref}/cancel", headers=auth)
+    assert cancel.status_code == 409 and cancel.json()["error"] == "payment_in_progress", cancel.text
+
+    # a third party submits the customer's signed authorization: the USDC reaches pay_to
+    raw = json.loads(base64.b64decode(header))
+    authorization, sig = raw["payload"]["authorization"], bytes.fromhex(raw["payload"]["signature"][2:])
+    tx = topup_chain.token.functions.transferWithAuthorization(
+        authorization["from"], authorization["to"], int(authorization["value"]), int(authorization["validAfter"]),
+        int(authorization["validBefore"]), bytes.fromhex(authorization["nonce"][2:]), sig[64], sig[:32], sig[32:64],
+    ).transact({"from": topup_chain.deployer})
+    assert topup_chain.w3.eth.wait_for_transaction_receipt(tx, timeout=30)["status"] == 1
+    wait_until(lambda: topup_chain.used(payer.address, authorization["nonce"]), what="the authorization to be used")
+
+    assert run_watcher(vpsshop_app) == 1
+    assert run_watcher(vpsshop_app) == 0
+    done = http.get(f"/topups/{ref}", headers=auth).json()
+    assert done["status"] == "completed" and Decimal(str(done["credited_usd"])) == 25
+    assert balance(http, auth) == 25
+    assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT
+    again = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert again.status_code == 201 and again.json()["ref"] == ref and balance(http, auth) == 25
+
+
+def test_open_record_is_closed_only_after_valid_before(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
+    vpsshop_app: Any, vpsshop_clock: Any,
+) -> None:
+    from vpsshop.payments.x402 import SETTLE_GRACE
+
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])  # validBefore = now + 120 s
+    valid_before = int(json.loads(base64.b64decode(header))["payload"]["authorization"]["validBefore"])
+    ref = send_unknown_outcome(vpsshop_app, http, auth, rpc_front, header)
+
+    assert run_watcher(vpsshop_app) == 0
+    assert http.get(f"/topups/{ref}", headers=auth).json()["status"] == "pending"
+    retry = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert retry.status_code == 503 and retry.json()["error"] == "settlement_pending"  # still usable: not closed
+
+    from datetime import datetime, timezone
+
+    vpsshop_clock.set(datetime.fromtimestamp(valid_before, timezone.utc) + SETTLE_GRACE / 2)
+    assert run_watcher(vpsshop_app) == 0
+    assert http.get(f"/topups/{ref}", headers=auth).json()["status"] == "pending"  # blocks may still come
+
+    vpsshop_clock.set(datetime.fromtimestamp(valid_before, timezone.utc) + SETTLE_GRACE * 2)
+    assert run_watcher(vpsshop_app) == 0
+    closed = http.get(f"/topups/{ref}", headers=auth).json()
+    assert closed["status"] == "cancelled" and closed["payment_status"] == "awaiting_payment"
+    refused = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert refused.status_code == 402 and refused.json()["error"] == "nonce_used", refused.text
+    assert balance(http, auth) == 0
+    assert topup_chain.usdc(payer.address) == 100 * USDC_UNIT and topup_chain.usdc(shop.address) == 0
+
+
+def test_retry_after_valid_before_closes_the_record(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
+    vpsshop_app: Any, vpsshop_clock: Any,
+) -> None:
+    from vpsshop.payments.x402 import SETTLE_GRACE
+
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])
+    valid_before = int(json.loads(base64.b64decode(header))["payload"]["authorization"]["validBefore"])
+    ref = send_unknown_outcome(vpsshop_app, http, auth, rpc_front, header)
+    from datetime import datetime, timezone
+
+    vpsshop_clock.set(datetime.fromtimestamp(valid_before, timezone.utc) + SETTLE_GRACE * 2)
+    expired = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
+    assert expired.status_code == 402 and expired.json()["error"] == "authorization_expired", expired.text
+    assert http.get(f"/topups/{ref}", headers=auth).json()["status"] == "cancelled"
+    assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == 0

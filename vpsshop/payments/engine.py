@@ -289,7 +289,9 @@ class PaymentEngine:
                 raise NotFound("top-up")
             payments = list(session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all())
             if topup.status == "pending":
-                if any(p.status == "seen" for p in payments):
+                settling = topup.watch_key is None and session.exec(select(X402Record).where(
+                    X402Record.topup_id == topup.id, X402Record.status == "settling")).first() is not None
+                if settling or any(p.status == "seen" for p in payments):
                     raise ApiError(
                         409, "payment_in_progress",
                         "A payment to this top-up is waiting for confirmations; it will be credited, so the "
@@ -309,7 +311,10 @@ class PaymentEngine:
         """
         now = self.ctx.clock.now()
         waiting = sa.exists().where(TopupPayment.topup_id == Topup.id, TopupPayment.status == "seen")
-        stmt = sa.update(Topup).where(Topup.status == "pending", Topup.expires_at <= now, ~waiting)
+        # an x402 authorization whose settlement outcome is unknown may still be mined until its
+        # validBefore: the top-up stays pending until the record is settled or closed
+        settling = sa.exists().where(X402Record.topup_id == Topup.id, X402Record.status == "settling")
+        stmt = sa.update(Topup).where(Topup.status == "pending", Topup.expires_at <= now, ~waiting, ~settling)
         if topup_id is not None:
             stmt = stmt.where(Topup.id == topup_id)
         with self.ctx.db.session() as session:

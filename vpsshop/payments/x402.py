@@ -11,7 +11,11 @@ Flow of ``POST /topups`` for an :class:`vpsshop.X402Coin`:
    rejection's status with ``{"error", "message"}``.
 4. :class:`PluginError` (outcome unknown): the record stays ``settling``, the answer is 503; a
    retry of the same header, or the watcher, asks :meth:`X402Coin.settlement_status` and credits
-   once if the authorization was used.
+   once if the authorization was used. A record the chain does not show is closed as rejected
+   only once the authorization can no longer be used: ``valid_before`` (plus
+   :data:`SETTLE_GRACE` for blocks still arriving) has passed. Until then anyone holding the
+   signed authorization (the shop's stuck transaction, a front-runner) may still get it mined,
+   and the USDC would reach ``payTo``: closing the record earlier would lose that payment.
 
 USDC is valued at par: ``maxAmountRequired`` is the USD amount in USDC base units, so the amount a
 client signs never depends on a rate that could move between the 402 and the re-send.
@@ -22,7 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
@@ -42,7 +46,11 @@ log = logging.getLogger("vpsshop.x402")
 
 X402_VERSION = 1
 ABANDON_AFTER = timedelta(minutes=30)
-"""An open settlement the chain still does not show after this long is closed as rejected."""
+"""For a coin that does not report ``valid_before`` (0): an open settlement the chain still does not
+show after this long is closed as rejected."""
+SETTLE_GRACE = timedelta(minutes=2)
+"""How long after ``valid_before`` a transaction may still show up: block timestamps that trail
+the shop's clock, an RPC node a few blocks behind."""
 
 
 class X402Required(Exception):
@@ -63,6 +71,24 @@ def requirements(engine: "PaymentEngine", coin: X402Coin, amount_micros: int) ->
     return coin.payment_requirements(
         amount_atomic(coin, amount_micros), f"{public}/topups", f"Top-up of {amount_micros / MICROS_PER_USD:.2f} USD"
     )
+
+
+def may_still_settle(payment: X402Payment, created_at: datetime, now: datetime) -> bool:
+    """True while an authorization the chain does not show may still be mined (keep its record open)."""
+    if payment.valid_before > 0:
+        return now <= datetime.fromtimestamp(payment.valid_before, timezone.utc) + SETTLE_GRACE
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=timezone.utc)
+    return now - created_at <= ABANDON_AFTER
+
+
+def decode_recorded(coin: X402Coin, header: str) -> X402Payment:
+    """Decode a header kept in a record: ``X-PAYMENT`` (v1) or ``PAYMENT-SIGNATURE`` (v2)."""
+    try:
+        version = int(json.loads(base64.b64decode(header + "=" * (-len(header) % 4))).get("x402Version", 1))
+    except (ValueError, TypeError, AttributeError):
+        version = X402_VERSION
+    return coin.decode_payment(header, version)
 
 
 def payment_required_body(engine: "PaymentEngine", coin: X402Coin, amount_micros: int, error: str) -> dict[str, Any]:
@@ -98,6 +124,10 @@ async def pay(
         if record.status == "rejected":
             raise ApiError(402, "nonce_used", f"This authorization was refused before ({record.error}); sign a new one.")
         settled = await coin.settlement_status(payment)
+        if settled is None and not may_still_settle(payment, record.created_at, engine.ctx.clock.now()):
+            await to_thread.run_sync(_reject, engine, record.id, "not_settled")
+            raise ApiError(402, "authorization_expired",
+                           "This authorization expired before it was settled; nothing moved. Sign a new one.")
         if settled is None:
             raise ApiError(503, "settlement_pending",
                            "The settlement of this authorization is not confirmed yet; retry the same request shortly.")
@@ -201,7 +231,7 @@ async def resolve_open_settlements(engine: "PaymentEngine") -> int:
     for record in records:
         coin = coins[record.coin]
         try:
-            payment = coin.decode_payment(record.header, X402_VERSION)
+            payment = decode_recorded(coin, record.header)
             settled = await coin.settlement_status(payment)
         except (PluginError, X402Rejected) as exc:
             log.warning("x402 record %s still unresolved: %s", record.id, exc)
@@ -209,7 +239,7 @@ async def resolve_open_settlements(engine: "PaymentEngine") -> int:
         if settled is not None:
             await to_thread.run_sync(_credit, engine, coin, record.id, settled)
             credited += 1
-        elif engine.ctx.clock.now() - record.created_at > ABANDON_AFTER:
+        elif not may_still_settle(payment, record.created_at, engine.ctx.clock.now()):
             await to_thread.run_sync(_reject, engine, record.id, "not_settled")
     return credited
 
