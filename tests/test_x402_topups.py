@@ -345,3 +345,110 @@ def test_retry_after_valid_before_closes_the_record(
     assert expired.status_code == 402 and expired.json()["error"] == "authorization_expired", expired.text
     assert http.get(f"/topups/{ref}", headers=auth).json()["status"] == "cancelled"
     assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == 0
+
+
+# ---- x402 v2: PAYMENT-REQUIRED, PAYMENT-SIGNATURE, PAYMENT-RESPONSE ---------------------------
+
+
+def test_402_carries_the_v2_requirements_header(http: httpx.Client, auth: dict[str, str], shop: Any,
+                                                 topup_chain: Chain) -> None:
+    first = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth)
+    assert first.status_code == 402 and first.json()["x402Version"] == 1  # the body stays v1
+    from x402.http.utils import decode_payment_required_header
+
+    required = decode_header(first.headers["PAYMENT-REQUIRED"])
+    assert required["x402Version"] == 2 and required["error"]
+    v1 = first.json()["accepts"][0]
+    assert required["resource"] == {"url": v1["resource"], "description": v1["description"],
+                                    "mimeType": "application/json"}
+    assert required["accepts"] == [{
+        "scheme": "exact", "network": "eip155:8453", "amount": str(25 * USDC_UNIT), "asset": topup_chain.asset,
+        "payTo": shop.address, "maxTimeoutSeconds": 120, "extra": {"name": "USD Coin", "version": "2"},
+    }]
+    parsed = decode_payment_required_header(first.headers["PAYMENT-REQUIRED"])  # the x402 package reads it
+    assert parsed.x402_version == 2 and parsed.accepts[0].amount == str(25 * USDC_UNIT)
+
+
+def test_v2_payment_signature_settles_and_credits_once(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any
+) -> None:
+    from x402_peers import sign_v2_header
+
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    first = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers=auth)
+    required = decode_header(first.headers["PAYMENT-REQUIRED"])
+    signature = sign_v2_header(payer, required["accepts"][0], required["resource"]["url"])
+    paid = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": signature})
+    assert paid.status_code == 201, paid.text
+    assert paid.json()["status"] == "completed" and "X-PAYMENT-RESPONSE" not in paid.headers
+    response = decode_header(paid.headers["PAYMENT-RESPONSE"])
+    assert response["success"] is True and response["network"] == "eip155:8453" and response["payer"] == payer.address
+    assert response["amount"] == str(40 * USDC_UNIT)
+    assert topup_chain.w3.eth.get_transaction_receipt(response["transaction"])["status"] == 1
+    assert balance(http, auth) == 40
+    assert topup_chain.usdc(payer.address) == 60 * USDC_UNIT and topup_chain.usdc(shop.address) == 40 * USDC_UNIT
+
+    again = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": signature})
+    assert again.status_code == 201 and again.json()["ref"] == paid.json()["ref"]
+    assert decode_header(again.headers["PAYMENT-RESPONSE"])["transaction"] == response["transaction"]
+    assert balance(http, auth) == 40 and topup_chain.usdc(shop.address) == 40 * USDC_UNIT
+
+    # v2 signed for 40 USD, sent for a 25 USD top-up: refused, nothing moves
+    other = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    wrong = sign_v2_header(other, required["accepts"][0], required["resource"]["url"])
+    refused = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": wrong})
+    assert refused.status_code in (400, 402) and refused.json()["error"] in ("wrong_amount", "wrong_asset"), refused.text
+    both = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"},
+                     headers={**auth, "PAYMENT-SIGNATURE": wrong, "X-PAYMENT": wrong})
+    assert both.status_code == 400 and both.json()["error"] == "invalid_payment"
+    assert balance(http, auth) == 40 and topup_chain.usdc(other.address) == 100 * USDC_UNIT
+
+
+def test_x402_httpx_client_pays_the_topup_in_v2(
+    topup_chain: Chain, served: Served, auth: dict[str, str], http: httpx.Client, shop: Any
+) -> None:
+    """The PyPI ``x402HttpxClient`` answers the API's 402 by itself, in v2 from PAYMENT-REQUIRED.
+
+    (This client prefers the header whenever it is present: a client of this package that
+    registered only the v1 scheme finds nothing to pay; real v1 clients read the body, see below.)
+    """
+    from x402 import x402Client
+    from x402.http.clients import x402HttpxClient
+    from x402.http.utils import decode_payment_response_header
+    from x402.mechanisms.evm.exact import ExactEvmClientScheme
+    from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1
+
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    client = x402Client()
+    client.set_spend_controls({"allowed_assets": [{"network": "eip155:8453", "asset": topup_chain.asset},
+                                                  {"network": "base", "asset": topup_chain.asset}]})
+    client.register("eip155:8453", ExactEvmClientScheme(payer))
+    client.register_v1("base", ExactEvmSchemeV1(payer))
+
+    async def pay() -> httpx.Response:
+        async with x402HttpxClient(client, timeout=60, headers=auth) as paying:
+            return await paying.post(f"{served.base}/topups", json={"amount": 25, "coin": "USDCBASE"})
+
+    response = asyncio.run(pay())
+    assert response.status_code == 201, response.text
+    assert response.json()["status"] == "completed" and "X-PAYMENT-RESPONSE" not in response.headers
+    settled = decode_payment_response_header(response.headers["PAYMENT-RESPONSE"])
+    assert settled.success and settled.payer == payer.address and settled.network == "eip155:8453"
+    assert balance(http, auth) == 25
+    assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT
+
+
+def test_npm_x402_fetch_pays_the_topup_in_v1(
+    topup_chain: Chain, served: Served, auth: dict[str, str], http: httpx.Client, shop: Any
+) -> None:
+    """npm ``x402-fetch`` (a v1 client) reads the 402 body and pays with X-PAYMENT, PAYMENT-REQUIRED or not."""
+    from x402_peers import fetch_with_npm_client
+
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    answer = fetch_with_npm_client(payer, f"{served.base}/topups", topup_chain.url, headers=auth)
+    assert answer["status"] == 201, answer
+    assert answer["body"]["status"] == "completed"
+    settled = decode_header(answer["paymentResponse"])
+    assert settled["success"] is True and settled["network"] == "base" and settled["payer"] == payer.address
+    assert balance(http, auth) == 25
+    assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT

@@ -521,11 +521,13 @@ class X402ResourceDouble:
         self.server.server_close()
 
 
-def fetch_with_npm_client(payer: Any, url: str, rpc_url: str) -> dict[str, Any]:
+def fetch_with_npm_client(
+    payer: Any, url: str, rpc_url: str, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """``POST url`` with the npm ``x402-fetch`` wrapper (viem wallet); its status, body and headers."""
     bin_dir = npm_bin()
     env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
-    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url}
+    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url, "headers": headers or {}}
     done = subprocess.run(  # noqa: PLW1510 - the return code is checked below
         ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
         input=json.dumps(request).encode(),

@@ -2,7 +2,7 @@
 // Reads JSON on stdin: {"privateKey", "rpcUrl"} and either
 //   "requirements": one x402 v1 accepts entry -> prints the X-PAYMENT header (x402/client createPaymentHeader)
 //   "url": a paid resource -> POSTs to it with x402-fetch's wrapFetchWithPayment and prints
-//          {"status", "body", "paymentResponse"} as JSON.
+//          {"status", "body", "paymentResponse"} as JSON; optional "headers" are sent too (Authorization).
 // Run with NODE_PATH=.peers/npm/node_modules (the test does).
 const { createWalletClient, http, publicActions } = require("viem");
 const { privateKeyToAccount } = require("viem/accounts");
@@ -11,7 +11,7 @@ const { base } = require("viem/chains");
 async function main() {
   const chunks = [];
   for await (const chunk of process.stdin) chunks.push(chunk);
-  const { privateKey, rpcUrl, requirements, url } = JSON.parse(Buffer.concat(chunks).toString());
+  const { privateKey, rpcUrl, requirements, url, headers } = JSON.parse(Buffer.concat(chunks).toString());
   const wallet = createWalletClient({
     account: privateKeyToAccount(privateKey),
     chain: base,
@@ -27,7 +27,7 @@ async function main() {
   const pay = wrapFetchWithPayment(fetch, wallet, BigInt(2000 * 1e6)); // allow up to the 2000 USD top-up
   const response = await pay(url, {
     method: "POST",
-    headers: { "Content-Type": "application/json" },
+    headers: { "Content-Type": "application/json", ...(headers || {}) },
     body: JSON.stringify({ amount: 25, coin: "USDCBASE" }),
   });
   process.stdout.write(

@@ -134,15 +134,25 @@ async def create_topup(call: Call) -> Reply | Response:
 
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
     engine = engine_for(call.ctx)
-    header = _header(call, "x-payment")
-    if not header:
+    v1, v2 = _header(call, "x-payment"), _header(call, "payment-signature")
+    if v1 and v2:
+        raise BadRequest("invalid_payment", "Send either X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2), not both.")
+    if not v1 and not v2:
         body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
-        return json_response(body, 402)
-    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, header)
+        response = json_response(body, 402)
+        required = x402.payment_required_header(engine, coin, amount_micros)
+        if required is not None:
+            response.headers["PAYMENT-REQUIRED"] = required
+            response.headers["Access-Control-Expose-Headers"] = "PAYMENT-REQUIRED"
+        return response
+    version = 1 if v1 else 2
+    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, v1 or v2 or "", version)
     from vpsshop.payments.engine import x402_view
 
     out = render(call, x402_view(topup, "settled" if topup.status == "completed" else None))
-    return Reply(out, 201, {"X-PAYMENT-RESPONSE": x402.response_header(settlement)})
+    name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
+    return Reply(out, 201, {name: x402.response_header(coin, settlement, version),
+                            "Access-Control-Expose-Headers": name})
 
 
 async def get_topup(call: Call) -> TopupOut:
@@ -180,16 +190,24 @@ def routes() -> list[ApiRoute]:
             "answers 201 with a deposit address unique to this top-up, the amount to pay at a rate locked until "
             "`expires_at`, and a QR code of the payment URI. USDCBASE, or the header `X-Payment-Mode: x402`, "
             "answers 402 with the x402 payment requirements; re-send the same request with `X-PAYMENT` (a signed "
-            "EIP-3009 authorization) and the answer is 201 with the completed top-up and `X-PAYMENT-RESPONSE`. "
+            "EIP-3009 authorization) and the answer is 201 with the completed top-up and `X-PAYMENT-RESPONSE` "
+            "(base64 JSON `{success, transaction, network, payer}`). x402 v2 clients: the 402 also carries "
+            "`PAYMENT-REQUIRED` (base64 JSON `{x402Version: 2, error, resource: {url, description, mimeType}, "
+            "accepts}` with CAIP-2 networks and `amount`); re-send with `PAYMENT-SIGNATURE` instead of `X-PAYMENT` "
+            "and the 201 carries `PAYMENT-RESPONSE` (base64 JSON, network in CAIP-2, plus `amount`). The body of "
+            "the 402 stays x402 v1. Re-sending the same payment header returns the same top-up and credits "
+            "nothing more; 503 settlement_pending means the outcome is not known yet: re-send the same header. "
             "Send `Idempotency-Key` to make a retried request return the first top-up instead of a second one. "
             "Errors: 400 amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, "
-            "unknown_field, invalid_payment_mode, invalid_payment (malformed X-PAYMENT); 402 with an error code "
-            "when an x402 authorization is refused (wrong_amount, nonce_used ...); 409 idempotency_key_reused; "
-            "503 rate_unavailable, settlement_pending. See docs/payments.md.",
+            "unknown_field, invalid_payment_mode, invalid_payment (malformed X-PAYMENT or PAYMENT-SIGNATURE, or "
+            "both sent); 402 with an error code when an x402 authorization is refused (wrong_amount, nonce_used, "
+            "authorization_expired ...); 409 idempotency_key_reused, nonce_used (authorization used by another "
+            "account); 503 rate_unavailable, settlement_pending. See docs/payments.md and docs/x402.md.",
             errors={
                 400: "amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, unknown_field, "
                 "invalid_payment_mode, or a malformed X-PAYMENT.",
-                402: "x402 payment required (body: x402 requirements) or the authorization was refused.",
+                402: "x402 payment required (body: x402 v1 requirements; header PAYMENT-REQUIRED: the v2 form) or "
+                "the authorization was refused (wrong_amount, nonce_used, authorization_expired ...).",
                 409: "idempotency_key_reused (same key, different request), nonce_used.",
                 503: "rate_unavailable (no fresh exchange rate), settlement_pending (x402 outcome unknown; retry).",
             },
@@ -197,7 +215,10 @@ def routes() -> list[ApiRoute]:
             headers=(
                 Header("Idempotency-Key", "A client-chosen key (1-200 chars): a retry returns the first top-up."),
                 Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin."),
-                Header("X-PAYMENT", "base64 JSON x402 payment payload (re-sent request)."),
+                Header("X-PAYMENT", "base64 JSON x402 v1 payment payload (re-sent request); the 201 then "
+                       "carries X-PAYMENT-RESPONSE."),
+                Header("PAYMENT-SIGNATURE", "base64 JSON x402 v2 payment payload (re-sent request, instead of "
+                       "X-PAYMENT); the 201 then carries PAYMENT-RESPONSE."),
             ),
             response_headers={},
             tags=TAG, operation_id="createTopup",

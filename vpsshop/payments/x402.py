@@ -95,19 +95,40 @@ def payment_required_body(engine: "PaymentEngine", coin: X402Coin, amount_micros
     return {"x402Version": X402_VERSION, "error": error, "accepts": [requirements(engine, coin, amount_micros)]}
 
 
-def response_header(settlement: X402Settlement) -> str:
-    """``X-PAYMENT-RESPONSE``: base64 JSON of the settle result."""
-    body = {"success": True, "transaction": settlement.transaction, "network": settlement.network,
-            "payer": settlement.payer}
+def _b64_json(body: dict[str, Any]) -> str:
     return base64.b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
 
 
-async def pay(
-    engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, header: str
-) -> tuple[Topup, X402Settlement]:
-    """Settle the ``X-PAYMENT`` header for a top-up of ``amount_micros``. See the module docs."""
+def payment_required_header(engine: "PaymentEngine", coin: X402Coin, amount_micros: int) -> str | None:
+    """``PAYMENT-REQUIRED`` (x402 v2) sent with the 402 next to the v1 body; None when the coin does
+    not offer v2 (:meth:`X402Coin.payment_requirements_v2` raises ``NotImplementedError``)."""
+    reqs = requirements(engine, coin, amount_micros)
     try:
-        payment = coin.decode_payment(header, X402_VERSION)
+        accepted = coin.payment_requirements_v2(reqs)
+    except NotImplementedError:
+        return None
+    return _b64_json({
+        "x402Version": 2,
+        "error": "PAYMENT-SIGNATURE header is required",
+        "resource": {"url": reqs["resource"], "description": reqs.get("description", ""),
+                     "mimeType": reqs.get("mimeType", "application/json")},
+        "accepts": [accepted],
+    })
+
+
+def response_header(coin: X402Coin, settlement: X402Settlement, version: int = X402_VERSION) -> str:
+    """``X-PAYMENT-RESPONSE`` (v1) or ``PAYMENT-RESPONSE`` (v2): base64 JSON of the settle result."""
+    return _b64_json(coin.settlement_response(settlement, version))
+
+
+async def pay(
+    engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, header: str,
+    version: int = X402_VERSION,
+) -> tuple[Topup, X402Settlement]:
+    """Settle the payment header (``X-PAYMENT`` v1, ``PAYMENT-SIGNATURE`` v2) for a top-up of
+    ``amount_micros``. See the module docs."""
+    try:
+        payment = coin.decode_payment(header, version)
     except X402Rejected as exc:
         raise ApiError(exc.status, exc.code, exc.message) from None
     reqs = requirements(engine, coin, amount_micros)
