@@ -14,8 +14,11 @@ What it does (docs/x402.md explains each step):
 4. lets the PyPI ``x402`` client (``ExactEvmSchemeV1``) sign the ``X-PAYMENT`` header;
 5. settles it and prints the ``X-PAYMENT-RESPONSE`` value and the balances on chain.
 
-With ``--api`` steps 3 to 5 go through a running vpsshop (``POST /v1/topups``, then the re-send with
-``X-PAYMENT``); that needs the top-up engine, and the script says so if this build lacks it.
+With ``--api`` steps 3 to 5 go through vpsshop itself: the script serves the app with uvicorn on a
+loopback port (SQLite in a temporary directory, ``[coins.USDCBASE]`` as above through the settings),
+creates an account, ``POST /v1/topups`` answers 402, the re-send with ``X-PAYMENT`` answers 201 with the
+completed top-up and ``X-PAYMENT-RESPONSE``, and ``GET /v1/account`` shows the 25 USD balance. The
+script exits with status 1 if any of that, or the balances on chain, is not what it should be.
 """
 
 from __future__ import annotations
@@ -69,39 +72,58 @@ def coin_flow(chain, shop, payer, section: dict) -> None:  # type: ignore[no-unt
     print("settled:", settlement)
 
 
-def api_flow(chain, shop, payer, section: dict, tmp: Path) -> None:  # type: ignore[no-untyped-def]
+def api_flow(chain, shop, payer, section: dict, tmp: Path) -> bool:  # type: ignore[no-untyped-def]
+    """The exchange through ``POST /v1/topups``; True when every step answered as it should."""
     import httpx
     import uvicorn
 
     from vpsshop.app import create_app
     from vpsshop.settings import load_settings
 
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": f"sqlite:///{tmp / 'shop.db'}", "coins": {"USDCBASE": section},
-        "server": {"background": False},
-    })
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
     base = f"http://127.0.0.1:{port}/v1"
+    settings = load_settings(None, environ={}, overrides={
+        "mode": "sandbox", "database_url": f"sqlite:///{tmp / 'shop.db'}", "public_url": base,
+        "coins": {"USDCBASE": section}, "server": {"background": False},
+    })
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            print("vpsshop did not start")
+            return False
+        time.sleep(0.05)
     try:
         with httpx.Client(base_url=base, timeout=60) as http:
             key = http.post("/account").json()["api_key"]
             auth = {"Authorization": f"Bearer {key}"}
-            first = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth)
-            if first.status_code == 404:
-                print("This build has no POST /v1/topups yet (top-up engine); run without --api.")
-                return
-            print("first answer:", first.status_code, json.dumps(first.json(), indent=2))
+            order = {"amount": 25, "coin": "USDCBASE"}
+            first = http.post("/topups", json=order, headers=auth)
+            print("POST /v1/topups:", first.status_code, json.dumps(first.json(), indent=2))
+            if first.status_code != 402:
+                return False
+            if "PAYMENT-REQUIRED" in first.headers:
+                print("PAYMENT-REQUIRED (x402 v2):", json.loads(base64.b64decode(first.headers["PAYMENT-REQUIRED"])))
             header = sign_v1_header(payer, first.json()["accepts"][0])
-            paid = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
-            print("re-send:", paid.status_code, paid.json())
-            print("X-PAYMENT-RESPONSE:", paid.headers.get("X-PAYMENT-RESPONSE"))
-            print("account:", http.get("/account", headers=auth).json())
+            print("X-PAYMENT:", header[:60] + "...")
+            paid = http.post("/topups", json=order, headers={**auth, "X-PAYMENT": header})
+            print("re-send with X-PAYMENT:", paid.status_code, json.dumps(paid.json(), indent=2))
+            if paid.status_code != 201 or paid.json()["status"] != "completed":
+                return False
+            settled = json.loads(base64.b64decode(paid.headers["X-PAYMENT-RESPONSE"]))
+            print("X-PAYMENT-RESPONSE:", settled)
+            receipt = chain.w3.eth.get_transaction_receipt(settled["transaction"])
+            print(f"transaction {settled['transaction']} mined in block {receipt['blockNumber']}, status {receipt['status']}")
+            again = http.post("/topups", json=order, headers={**auth, "X-PAYMENT": header})
+            print("same X-PAYMENT again:", again.status_code, "same top-up:", again.json().get("ref") == paid.json()["ref"])
+            account = http.get("/account", headers=auth).json()
+            print("GET /v1/account:", account)
+            return (receipt["status"] == 1 and settled["payer"] == payer.address and again.status_code == 201
+                    and again.json()["ref"] == paid.json()["ref"] and float(account["balance_usd"]) == 25.0)
     finally:
         server.should_exit = True
+        thread.join(10)
 
 
 def main() -> None:
@@ -118,15 +140,20 @@ def main() -> None:
             print(f"anvil {chain.url}, USDC {chain.asset}\nshop {shop.address}\nrelayer {relayer.address}\n"
                   f"customer {payer.address} holding {chain.usdc(payer.address) / USDC_UNIT} USDC")
             section = settings_section(chain, shop, relayer)
+            ok = True
             if args.api:
-                api_flow(chain, shop, payer, section, Path(tmp_dir))
+                ok = api_flow(chain, shop, payer, section, Path(tmp_dir))
             else:
                 coin_flow(chain, shop, payer, section)
             print(f"customer now holds {chain.usdc(payer.address) / USDC_UNIT} USDC, "
                   f"the shop {chain.usdc(shop.address) / USDC_UNIT} USDC; the customer paid no gas "
                   f"(ETH {chain.w3.eth.get_balance(payer.address)})")
+            ok = ok and chain.usdc(payer.address) == 75 * USDC_UNIT and chain.usdc(shop.address) == 25 * USDC_UNIT
         finally:
             chain.anvil.stop()
+    if not ok:
+        print("FAILED: the exchange did not end as it should (see above)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -452,3 +452,18 @@ def test_npm_x402_fetch_pays_the_topup_in_v1(
     assert settled["success"] is True and settled["network"] == "base" and settled["payer"] == payer.address
     assert balance(http, auth) == 25
     assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT
+
+
+def test_example_script_pays_through_the_api() -> None:
+    """``examples/x402_anvil.py --api`` (docs/x402.md) runs end to end: it exits 1 if any step is off."""
+    import subprocess
+    import sys
+
+    from x402_peers import ROOT, npm_bin
+
+    npm_bin()  # anvil and solcjs on PATH for the script
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "x402_anvil.py"), "--api"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "POST /v1/topups: 402" in done.stdout and "re-send with X-PAYMENT: 201" in done.stdout
+    assert "'balance_usd': 25.0" in done.stdout and "customer now holds 75.0 USDC, the shop 25.0 USDC" in done.stdout
