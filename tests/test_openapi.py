@@ -89,11 +89,21 @@ def test_document_schemas_are_the_validating_models(vpsshop_client):
 )
 def test_api_keeps_to_its_schema(case, live_app):
     _, state = live_app
-    response = case.call_and_validate()
+    if case.method == "POST" and case.path == "/topups":
+        # a valid top-up of USDCBASE (or with X-Payment-Mode: x402) is answered 402, as the seed says
+        from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+        response = case.call_and_validate(excluded_checks=[positive_data_acceptance])
+        assert response.status_code in (201, 400, 401, 402, 409, 503), response.text
+    else:
+        response = case.call_and_validate()
     assert response.status_code < 500
     if response.status_code in (400, 401, 402, 404, 405, 413):
         body = response.json()
-        assert set(body) >= {"error", "message"}
+        if response.status_code == 402 and "x402Version" in body:  # the x402 requirements (seed), not an error
+            assert body["x402Version"] == 1 and body["error"] and body["accepts"]
+        else:
+            assert set(body) >= {"error", "message"}
     if case.method == "DELETE" and response.status_code == 200:
         # Generated ids may revoke our own key: sign in again so later cases stay authenticated.
         client = state["client"]

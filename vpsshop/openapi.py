@@ -62,15 +62,19 @@ def _error_response(description: str) -> dict[str, Any]:
 CATALOG_MARK = "x-catalog"
 """Put ``json_schema_extra={"x-catalog": "plans"}`` on a request field that takes a catalog id: the
 document then lists the ids this shop sells as the field's ``enum`` (plans, locations,
-operating_systems)."""
+operating_systems, coins)."""
 
 
 def _mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str]]) -> None:
     for schema in schemas.values():
         for prop in schema.get("properties", {}).values():
             kind = prop.pop(CATALOG_MARK, None)
-            if kind is not None:
-                prop["enum"] = list(catalog_ids[kind])
+            if kind is None:
+                continue
+            # a nullable field (``str | None``): the ids go on its string branch, null stays allowed
+            strings = [b for b in prop.get("anyOf", []) if b.get("type") == "string"]
+            for target in strings or [prop]:
+                target["enum"] = list(catalog_ids.get(kind, []))
 
 
 def build_openapi(

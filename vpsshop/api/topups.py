@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -16,19 +16,24 @@ from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, qr_data_uri
 from vpsshop.payments import x402
-from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, json_response
+from vpsshop.routing import (
+    ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response,
+)
 
 TAG = ("topups",)
 MIN_USD = Decimal(25)
 MAX_USD = Decimal(2000)
+AMOUNT_SCHEMA = {"type": "number", "minimum": 25, "maximum": 2000, "multipleOf": 0.01}
 
 
 class TopupBody(ApiModel):
     """Body of ``POST /topups``."""
 
-    amount: Decimal = Field(ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False,
-                            description="USD to add to the balance: 25 to 2000, at most two decimals.")
-    coin: str | None = Field(None, min_length=1, max_length=16,
+    # the validator refuses strings, so the documented schema is a number only (pydantic says number or string)
+    amount: Annotated[Decimal, WithJsonSchema(AMOUNT_SCHEMA)] = Field(
+        ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False,
+        description="USD to add to the balance: 25 to 2000, at most two decimals.")
+    coin: str | None = Field(None, min_length=1, max_length=16, json_schema_extra={"x-catalog": "coins"},
                              description="Coin code (BTC, XMR, ETH, LTC, TRX, USDT, USDTTRC, SOL, USDCBASE). "
                              "Default: BTC (the shop's `topups.default_coin` setting may change it).")
 
@@ -123,9 +128,7 @@ async def create_topup(call: Call) -> Reply | Response:
         return await _x402_topup(call, coin, amount_micros)
     if not isinstance(coin, DepositCoin):
         raise BadRequest("invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
-    key = _header(call, "idempotency-key")
-    if key is not None and not (1 <= len(key) <= 200):
-        raise BadRequest("invalid_idempotency_key", "Idempotency-Key must be 1 to 200 characters.")
+    key = idempotency_key(call.request)
     topup = await engine.create_topup(call.account_id, amount_micros, coin, key)
     from vpsshop.payments.engine import make_view
 
@@ -213,7 +216,8 @@ def routes() -> list[ApiRoute]:
             },
             responses={402: ("x402 payment requirements", X402RequirementsOut)},
             headers=(
-                Header("Idempotency-Key", "A client-chosen key (1-200 chars): a retry returns the first top-up."),
+                idempotency_header("A client-chosen key (1-200 visible ASCII characters): a retry returns the "
+                                   "first top-up."),
                 Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin."),
                 Header("X-PAYMENT", "base64 JSON x402 v1 payment payload (re-sent request); the 201 then "
                        "carries X-PAYMENT-RESPONSE."),
