@@ -262,7 +262,8 @@ class Solana(DepositCoin):
 
     def unlock(self, encryption_key: str) -> None:
         """Decrypt the deposit mnemonic (called at start-up with the shop's ``encryption_key``)."""
-        if self.cfg.seed_encrypted is None:
+        if self.cfg.seed_encrypted is None:  # the sandbox key; close() wiped it if the app was restarted
+            self._seed = mnemonic_to_seed(SANDBOX_MNEMONIC)
             return
         try:
             mnemonic = Fernet(encryption_key.encode()).decrypt(self.cfg.seed_encrypted.get_secret_value().encode())
