@@ -61,8 +61,8 @@ def _error_response(description: str) -> dict[str, Any]:
 
 CATALOG_MARK = "x-catalog"
 """Put ``json_schema_extra={"x-catalog": "plans"}`` on a request field that takes a catalog id: the
-document then lists the ids this shop sells as the field's ``enum`` (plans, locations,
-operating_systems)."""
+document then lists the ids this shop offers as the field's ``enum`` (plans, locations,
+operating_systems, coins)."""
 
 
 def _mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str]]) -> None:
@@ -70,7 +70,8 @@ def _mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str
         for prop in schema.get("properties", {}).values():
             kind = prop.pop(CATALOG_MARK, None)
             if kind is not None:
-                prop["enum"] = list(catalog_ids[kind])
+                nullable = any(option.get("type") == "null" for option in prop.get("anyOf", ()))
+                prop["enum"] = [*catalog_ids[kind], *([None] if nullable else [])]
 
 
 def build_openapi(
@@ -90,7 +91,7 @@ def build_openapi(
     unique = list(dict.fromkeys(wanted))
     refs, definitions = models_json_schema(unique, ref_template=_REF)
     schemas = definitions.get("$defs", {})
-    _mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": []})
+    _mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": [], "coins": []})
 
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -16,7 +16,7 @@ from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, qr_data_uri
 from vpsshop.payments import x402
-from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, json_response
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
 
 TAG = ("topups",)
 MIN_USD = Decimal(25)
@@ -26,11 +26,15 @@ MAX_USD = Decimal(2000)
 class TopupBody(ApiModel):
     """Body of ``POST /topups``."""
 
-    amount: Decimal = Field(ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False,
-                            description="USD to add to the balance: 25 to 2000, at most two decimals.")
+    amount: Annotated[
+        Decimal,
+        WithJsonSchema({"type": "number", "minimum": 25, "maximum": 2000, "multipleOf": 0.01,
+                        "description": "USD to add to the balance: 25 to 2000, at most two decimals (a JSON number)."}),
+    ] = Field(ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False)
     coin: str | None = Field(None, min_length=1, max_length=16,
                              description="Coin code (BTC, XMR, ETH, LTC, TRX, USDT, USDTTRC, SOL, USDCBASE). "
-                             "Default: BTC (the shop's `topups.default_coin` setting may change it).")
+                             "Default: BTC (the shop's `topups.default_coin` setting may change it).",
+                             json_schema_extra={"x-catalog": "coins"})
 
     @field_validator("amount", mode="before")
     @classmethod
@@ -117,15 +121,17 @@ async def create_topup(call: Call) -> Reply | Response:
     mode = (_header(call, "x-payment-mode") or "").strip().lower()
     if mode and mode not in ("x402", "deposit"):
         raise BadRequest("invalid_payment_mode", "X-Payment-Mode must be x402 (or deposit, the default).")
+    if _header(call, "x-payment") is not None:  # a client that sends a payment means to pay by x402
+        if mode == "deposit":
+            raise BadRequest("invalid_payment_mode", "X-PAYMENT belongs to the x402 flow, not X-Payment-Mode: deposit.")
+        mode = "x402"
     coin = engine.x402_coin() if mode == "x402" and not isinstance(engine.coin(body.coin), X402Coin) \
         else engine.coin(body.coin)
     if isinstance(coin, X402Coin):
         return await _x402_topup(call, coin, amount_micros)
     if not isinstance(coin, DepositCoin):
         raise BadRequest("invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
-    key = _header(call, "idempotency-key")
-    if key is not None and not (1 <= len(key) <= 200):
-        raise BadRequest("invalid_idempotency_key", "Idempotency-Key must be 1 to 200 characters.")
+    key = idempotency_key(call.request)
     topup = await engine.create_topup(call.account_id, amount_micros, coin, key)
     from vpsshop.payments.engine import make_view
 
@@ -135,7 +141,9 @@ async def create_topup(call: Call) -> Reply | Response:
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
     engine = engine_for(call.ctx)
     header = _header(call, "x-payment")
-    if not header:
+    if header is not None and not header.strip():
+        raise BadRequest("invalid_payment", "The X-PAYMENT header is empty; send the base64 payment payload.")
+    if header is None:
         body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
         return json_response(body, 402)
     topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, header)
@@ -195,9 +203,12 @@ def routes() -> list[ApiRoute]:
             },
             responses={402: ("x402 payment requirements", X402RequirementsOut)},
             headers=(
-                Header("Idempotency-Key", "A client-chosen key (1-200 chars): a retry returns the first top-up."),
-                Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin."),
-                Header("X-PAYMENT", "base64 JSON x402 payment payload (re-sent request)."),
+                idempotency_header("A client-chosen key: a retry returns the first top-up."),
+                Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin.",
+                       schema={"type": "string", "enum": ["x402", "deposit"]}),
+                Header("X-PAYMENT", "base64 JSON x402 payment payload (re-sent request). Its presence selects the "
+                       "x402 flow (with X-Payment-Mode: deposit it is a 400 invalid_payment_mode).",
+                       schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"}),
             ),
             response_headers={},
             tags=TAG, operation_id="createTopup",
