@@ -239,15 +239,18 @@ def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]
     return response.json()
 
 
-def eventually(client: TestClient, headers: dict[str, str], ref: str, tries: int = 20,
+def eventually(client: TestClient, headers: dict[str, str], ref: str, seconds: float = 60,
                **expected: Any) -> dict[str, Any]:
     """Run watcher passes until the top-up shows ``expected`` (a wallet-rpc syncs with its daemon
-    asynchronously, so a block can reach the wallet a moment after monerod accepted it)."""
+    asynchronously, so a block can reach the wallet a moment after monerod accepted it; on a
+    loaded machine that takes seconds)."""
     body: dict[str, Any] = {}
-    for _ in range(tries):
+    deadline = time.monotonic() + seconds
+    while True:
         run_pass(client)
         body = get(client, headers, ref)
         if all(body.get(k) == v for k, v in expected.items()):
             return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"top-up never reached {expected} in {seconds}s: {body}")
         time.sleep(0.25)
-    raise AssertionError(f"top-up never reached {expected}: {body}")

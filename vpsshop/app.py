@@ -57,7 +57,7 @@ def create_app(
     catalog_ids = {
         kind: [item.id for item in getattr(ctx.catalog_data, kind)] for kind in ("plans", "locations", "operating_systems")
     }
-    catalog_ids["coins"] = list(ctx.coins)  # the coin codes this shop accepts (POST /topups)
+    catalog_ids["coins"] = list(ctx.coins)
     openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody], catalog_ids=catalog_ids)
     ctx.extras["openapi"] = openapi
     ctx.extras["openapi_json"] = json.dumps(openapi, separators=(",", ":")).encode()

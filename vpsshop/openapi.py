@@ -61,7 +61,7 @@ def _error_response(description: str) -> dict[str, Any]:
 
 CATALOG_MARK = "x-catalog"
 """Put ``json_schema_extra={"x-catalog": "plans"}`` on a request field that takes a catalog id: the
-document then lists the ids this shop sells as the field's ``enum`` (plans, locations,
+document then lists the ids this shop offers as the field's ``enum`` (plans, locations,
 operating_systems, coins)."""
 
 
@@ -69,12 +69,9 @@ def _mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str
     for schema in schemas.values():
         for prop in schema.get("properties", {}).values():
             kind = prop.pop(CATALOG_MARK, None)
-            if kind is None:
-                continue
-            # a nullable field (``str | None``): the ids go on its string branch, null stays allowed
-            strings = [b for b in prop.get("anyOf", []) if b.get("type") == "string"]
-            for target in strings or [prop]:
-                target["enum"] = list(catalog_ids.get(kind, []))
+            if kind is not None:
+                nullable = any(option.get("type") == "null" for option in prop.get("anyOf", ()))
+                prop["enum"] = [*catalog_ids[kind], *([None] if nullable else [])]
 
 
 def build_openapi(
@@ -94,7 +91,7 @@ def build_openapi(
     unique = list(dict.fromkeys(wanted))
     refs, definitions = models_json_schema(unique, ref_template=_REF)
     schemas = definitions.get("$defs", {})
-    _mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": []})
+    _mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": [], "coins": []})
 
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:

@@ -16,26 +16,25 @@ from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, qr_data_uri
 from vpsshop.payments import x402
-from vpsshop.routing import (
-    ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response,
-)
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
 
 TAG = ("topups",)
 MIN_USD = Decimal(25)
 MAX_USD = Decimal(2000)
-AMOUNT_SCHEMA = {"type": "number", "minimum": 25, "maximum": 2000, "multipleOf": 0.01}
 
 
 class TopupBody(ApiModel):
     """Body of ``POST /topups``."""
 
-    # the validator refuses strings, so the documented schema is a number only (pydantic says number or string)
-    amount: Annotated[Decimal, WithJsonSchema(AMOUNT_SCHEMA)] = Field(
-        ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False,
-        description="USD to add to the balance: 25 to 2000, at most two decimals.")
-    coin: str | None = Field(None, min_length=1, max_length=16, json_schema_extra={"x-catalog": "coins"},
+    amount: Annotated[
+        Decimal,
+        WithJsonSchema({"type": "number", "minimum": 25, "maximum": 2000, "multipleOf": 0.01,
+                        "description": "USD to add to the balance: 25 to 2000, at most two decimals (a JSON number)."}),
+    ] = Field(ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False)
+    coin: str | None = Field(None, min_length=1, max_length=16,
                              description="Coin code (BTC, XMR, ETH, LTC, TRX, USDT, USDTTRC, SOL, USDCBASE). "
-                             "Default: BTC (the shop's `topups.default_coin` setting may change it).")
+                             "Default: BTC (the shop's `topups.default_coin` setting may change it).",
+                             json_schema_extra={"x-catalog": "coins"})
 
     @field_validator("amount", mode="before")
     @classmethod
@@ -122,6 +121,12 @@ async def create_topup(call: Call) -> Reply | Response:
     mode = (_header(call, "x-payment-mode") or "").strip().lower()
     if mode and mode not in ("x402", "deposit"):
         raise BadRequest("invalid_payment_mode", "X-Payment-Mode must be x402 (or deposit, the default).")
+    if _header(call, "x-payment") is not None or _header(call, "payment-signature") is not None:
+        # a client that sends a payment means to pay by x402
+        if mode == "deposit":
+            raise BadRequest("invalid_payment_mode",
+                             "X-PAYMENT and PAYMENT-SIGNATURE belong to the x402 flow, not X-Payment-Mode: deposit.")
+        mode = "x402"
     coin = engine.x402_coin() if mode == "x402" and not isinstance(engine.coin(body.coin), X402Coin) \
         else engine.coin(body.coin)
     if isinstance(coin, X402Coin):
@@ -138,9 +143,12 @@ async def create_topup(call: Call) -> Reply | Response:
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
     engine = engine_for(call.ctx)
     v1, v2 = _header(call, "x-payment"), _header(call, "payment-signature")
-    if v1 and v2:
+    for name, value in (("X-PAYMENT", v1), ("PAYMENT-SIGNATURE", v2)):
+        if value is not None and not value.strip():
+            raise BadRequest("invalid_payment", f"The {name} header is empty; send the base64 payment payload.")
+    if v1 is not None and v2 is not None:
         raise BadRequest("invalid_payment", "Send either X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2), not both.")
-    if not v1 and not v2:
+    if v1 is None and v2 is None:
         body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
         response = json_response(body, 402)
         required = x402.payment_required_header(engine, coin, amount_micros)
@@ -216,13 +224,16 @@ def routes() -> list[ApiRoute]:
             },
             responses={402: ("x402 payment requirements", X402RequirementsOut)},
             headers=(
-                idempotency_header("A client-chosen key (1-200 visible ASCII characters): a retry returns the "
-                                   "first top-up."),
-                Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin."),
-                Header("X-PAYMENT", "base64 JSON x402 v1 payment payload (re-sent request); the 201 then "
-                       "carries X-PAYMENT-RESPONSE."),
+                idempotency_header("A client-chosen key: a retry returns the first top-up."),
+                Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin.",
+                       schema={"type": "string", "enum": ["x402", "deposit"]}),
+                Header("X-PAYMENT", "base64 JSON x402 v1 payment payload (re-sent request); the 201 then carries "
+                       "X-PAYMENT-RESPONSE. Its presence selects the x402 flow (with X-Payment-Mode: deposit it is "
+                       "a 400 invalid_payment_mode).",
+                       schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"}),
                 Header("PAYMENT-SIGNATURE", "base64 JSON x402 v2 payment payload (re-sent request, instead of "
-                       "X-PAYMENT); the 201 then carries PAYMENT-RESPONSE."),
+                       "X-PAYMENT); the 201 then carries PAYMENT-RESPONSE. Selects the x402 flow like X-PAYMENT.",
+                       schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"}),
             ),
             response_headers={},
             tags=TAG, operation_id="createTopup",
