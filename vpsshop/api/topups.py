@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from vpsshop.coins import DepositCoin, X402Coin
+from vpsshop.context import MAX_TOPUP_CENTS, MIN_TOPUP_CENTS
 from vpsshop.errors import BadRequest
 from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
@@ -19,8 +20,8 @@ from vpsshop.payments import x402
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
 
 TAG = ("topups",)
-MIN_USD = Decimal(25)
-MAX_USD = Decimal(2000)
+MIN_USD = Decimal(MIN_TOPUP_CENTS) / 100  # the limits the catalog's topup_limits also shows
+MAX_USD = Decimal(MAX_TOPUP_CENTS) / 100
 
 
 class TopupBody(ApiModel):
