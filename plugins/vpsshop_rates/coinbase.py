@@ -18,66 +18,39 @@ Settings::
 
 from __future__ import annotations
 
-import asyncio
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable
+from typing import Any
 
-import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from vpsshop import PluginError, RateSource, Readiness
+from vpsshop import PluginError
+from vpsshop_rates.http_api import PublicApiConfig, PublicPriceApi
 
 
-class CoinbaseConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CoinbaseConfig(PublicApiConfig):
     base_url: str = Field("https://api.coinbase.com", description="Coinbase API root (tests point it elsewhere).")
-    timeout_seconds: float = Field(10, gt=0, le=60)
     symbols: dict[str, str] = Field(default_factory=dict, description="Rate symbol -> Coinbase asset code.")
 
 
-class CoinbaseSpot(RateSource):
+class CoinbaseSpot(PublicPriceApi):
     """USD spot prices from Coinbase."""
 
     name = "coinbase"
+    exchange = "Coinbase"
+    probe = "BTC-USD spot"
     Config = CoinbaseConfig
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
-        super().__init__(config, sandbox=sandbox)
-        cfg: CoinbaseConfig = config  # type: ignore[assignment]
-        self.cfg = cfg
-        self.client = httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), timeout=cfg.timeout_seconds,
-                                        headers={"Accept": "application/json", "User-Agent": "vpsshop"})
-
-    async def _spot(self, symbol: str) -> tuple[str, Decimal | None]:
-        asset = self.cfg.symbols.get(symbol, symbol)
-        try:
-            response = await self.client.get(f"/v2/prices/{asset}-USD/spot")
-        except httpx.HTTPError as exc:
-            raise PluginError(f"Coinbase did not answer: {type(exc).__name__}") from None
+    async def price(self, symbol: str) -> Decimal | None:
+        asset = self.config.symbols.get(symbol, symbol)  # type: ignore[attr-defined]
+        response = await self.get(f"/v2/prices/{asset}-USD/spot")
         if response.status_code == 404:
-            return symbol, None  # Coinbase does not price it
+            return None  # Coinbase does not price it
         if response.status_code != 200:
             raise PluginError(f"Coinbase answered HTTP {response.status_code} for {asset}-USD")
         try:
             data: Any = response.json()["data"]
             if data.get("currency") != "USD" or data.get("base") != asset:
                 raise PluginError(f"Coinbase answered a price of {data.get('base')}-{data.get('currency')}")
-            price = Decimal(str(data["amount"]))
+            return Decimal(str(data["amount"]))
         except (ValueError, KeyError, TypeError, AttributeError, InvalidOperation):
             raise PluginError(f"Coinbase's answer for {asset}-USD is not a price") from None
-        return symbol, price if price.is_finite() and price > 0 else None
-
-    async def fetch(self, symbols: Iterable[str]) -> dict[str, Decimal]:
-        answers = await asyncio.gather(*(self._spot(s) for s in symbols))
-        return {symbol: price for symbol, price in answers if price is not None}
-
-    async def check_ready(self) -> Readiness:
-        try:
-            prices = await self.fetch(["BTC"])
-        except PluginError as exc:
-            return Readiness(False, str(exc))
-        return Readiness("BTC" in prices, "BTC-USD spot answered" if prices else "no BTC-USD price")
-
-    async def close(self) -> None:
-        await self.client.aclose()

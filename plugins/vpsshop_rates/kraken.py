@@ -20,72 +20,49 @@ Settings::
 
 from __future__ import annotations
 
-import asyncio
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable
+from typing import Any
 
-import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from vpsshop import PluginError, RateSource, Readiness
+from vpsshop import PluginError
+from vpsshop_rates.http_api import PublicApiConfig, PublicPriceApi
 
 DEFAULT_PAIRS = {"BTC": "XBTUSD", "DOGE": "XDGUSD"}
 
 
-class KrakenConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class KrakenConfig(PublicApiConfig):
     base_url: str = Field("https://api.kraken.com", description="Kraken API root (tests point it elsewhere).")
-    timeout_seconds: float = Field(10, gt=0, le=60)
     pairs: dict[str, str] = Field(default_factory=dict, description="Rate symbol -> Kraken pair (default SYMBOLUSD).")
 
 
-class KrakenTicker(RateSource):
+class KrakenTicker(PublicPriceApi):
     """USD prices from Kraken's public ticker."""
 
     name = "kraken"
+    exchange = "Kraken"
+    probe = "BTC/USD ticker"
     Config = KrakenConfig
 
     def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        cfg: KrakenConfig = config  # type: ignore[assignment]
-        self.pairs = {**DEFAULT_PAIRS, **cfg.pairs}
-        self.client = httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), timeout=cfg.timeout_seconds,
-                                        headers={"Accept": "application/json", "User-Agent": "vpsshop"})
+        self.pairs = {**DEFAULT_PAIRS, **config.pairs}  # type: ignore[attr-defined]
 
-    async def _last(self, symbol: str) -> tuple[str, Decimal | None]:
+    async def price(self, symbol: str) -> Decimal | None:
         pair = self.pairs.get(symbol, f"{symbol}USD")
-        try:
-            response = await self.client.get("/0/public/Ticker", params={"pair": pair})
-        except httpx.HTTPError as exc:
-            raise PluginError(f"Kraken did not answer: {type(exc).__name__}") from None
+        response = await self.get("/0/public/Ticker", pair=pair)
         if response.status_code != 200:
             raise PluginError(f"Kraken answered HTTP {response.status_code} for {pair}")
         try:
             body: Any = response.json()
             errors = body.get("error") or []
             if any("Unknown asset pair" in str(e) for e in errors):
-                return symbol, None
+                return None
             if errors:
                 raise PluginError(f"Kraken refused {pair}: {', '.join(map(str, errors))[:200]}")
             result = body["result"]
             if len(result) != 1:
                 raise PluginError(f"Kraken answered {len(result)} pairs for {pair}")
-            price = Decimal(str(next(iter(result.values()))["c"][0]))
+            return Decimal(str(next(iter(result.values()))["c"][0]))
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, InvalidOperation):
             raise PluginError(f"Kraken's answer for {pair} is not a ticker") from None
-        return symbol, price if price.is_finite() and price > 0 else None
-
-    async def fetch(self, symbols: Iterable[str]) -> dict[str, Decimal]:
-        answers = await asyncio.gather(*(self._last(s) for s in symbols))
-        return {symbol: price for symbol, price in answers if price is not None}
-
-    async def check_ready(self) -> Readiness:
-        try:
-            prices = await self.fetch(["BTC"])
-        except PluginError as exc:
-            return Readiness(False, str(exc))
-        return Readiness("BTC" in prices, "BTC/USD ticker answered" if prices else "no BTC/USD price")
-
-    async def close(self) -> None:
-        await self.client.aclose()
