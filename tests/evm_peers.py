@@ -10,100 +10,31 @@ tests mine blocks explicitly with ``anvil_mine`` so confirmations are exact.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
-import socket
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-NPM_DIR = ROOT / ".peers" / "npm"
+from anvil_node import ROOT, AnvilNode, rpc
+from anvil_node import npm_bin as _npm_bin
+
 CONTRACTS = ROOT / "tests" / "contracts"
 CHAIN_ID = 31337
 
 
 def npm_bin() -> Path:
     """``.peers/npm/node_modules/.bin`` holding anvil and solcjs, installing them first if missing."""
-    wanted = [
-        line.split("#")[0].strip()
-        for line in (ROOT / "scripts" / "deps" / "npm-chains.txt").read_text().splitlines()
-        if line.split("#")[0].strip()
-    ]
-    bin_dir = NPM_DIR / "node_modules" / ".bin"
-    on_path = all(shutil.which(exe) for exe in ("anvil", "solcjs"))
-    missing = [pkg for pkg in wanted if not (NPM_DIR / "node_modules" / pkg).is_dir()]
-    if missing and not on_path:
-        NPM_DIR.mkdir(parents=True, exist_ok=True)
-        if not (NPM_DIR / "package.json").exists():
-            (NPM_DIR / "package.json").write_text('{"private":true}\n')
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", *missing], cwd=NPM_DIR, check=True)
-    if str(bin_dir) not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    return bin_dir
+    return _npm_bin("npm-chains.txt")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rpc(url: str, method: str, params: list[Any] | None = None, timeout: float = 30) -> Any:
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}).encode()
-    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        answer = json.loads(resp.read())
-    if "error" in answer:
-        raise RuntimeError(f"{method}: {answer['error']}")
-    return answer["result"]
-
-
-class Anvil:
+class Anvil(AnvilNode):
     """A running ``anvil`` on a loopback port that mines only when told to."""
 
     def __init__(self, extra_args: tuple[str, ...] = ()) -> None:
-        npm_bin()
-        exe = shutil.which("anvil")
-        if exe is None:
-            raise RuntimeError("anvil is not installed (npm @foundry-rs/anvil into .peers/npm)")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [exe, "--host", "127.0.0.1", "--port", str(self.port), "--chain-id", str(CHAIN_ID), "--silent",
-             "--no-mining", *extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if int(rpc(self.url, "eth_chainId", timeout=1), 16) == CHAIN_ID:
-                    break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                self.stop()
-                raise RuntimeError(f"anvil did not start: {err}")
-            time.sleep(0.1)
-
-    def mine(self, blocks: int = 1) -> None:
-        rpc(self.url, "anvil_mine", [hex(blocks)])
-
-    def height(self) -> int:
-        return int(rpc(self.url, "eth_blockNumber"), 16)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        super().__init__(CHAIN_ID, ("--no-mining", *extra_args), "npm-chains.txt")
 
 
 def compile_contracts(out_dir: Path) -> dict[str, tuple[list[dict[str, Any]], str]]:

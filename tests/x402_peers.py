@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -28,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-NPM_DIR = ROOT / ".peers" / "npm"
+from anvil_node import ROOT, AnvilNode, free_port
+from anvil_node import npm_bin as _npm_bin
+from anvil_node import rpc as _rpc
+
 CONTRACT = ROOT / "tests" / "contracts" / "TestUSDC.sol"
 CHAIN_ID = 8453
 USDC_UNIT = 10**6
@@ -37,78 +38,19 @@ USDC_UNIT = 10**6
 
 def npm_bin() -> Path:
     """``.peers/npm/node_modules/.bin``, installing the x402 npm packages first if missing."""
-    wanted = [
-        line.split("#")[0].strip()
-        for line in (ROOT / "scripts" / "deps" / "npm-x402.txt").read_text().splitlines()
-        if line.split("#")[0].strip()
-    ]
-    missing = [pkg for pkg in wanted if not (NPM_DIR / "node_modules" / (pkg[0] + pkg[1:].split("@")[0])).is_dir()]
-    if missing:
-        NPM_DIR.mkdir(parents=True, exist_ok=True)
-        if not (NPM_DIR / "package.json").exists():
-            (NPM_DIR / "package.json").write_text('{"private":true}\n')
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", *wanted], cwd=NPM_DIR, check=True)
-    bin_dir = NPM_DIR / "node_modules" / ".bin"
-    if str(bin_dir) not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    return bin_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return _npm_bin("npm-x402.txt")
 
 
 def rpc(url: str, method: str, params: list[Any] | None = None, timeout: float = 10) -> Any:
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}).encode()
-    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        answer = json.loads(resp.read())
-    if "error" in answer:
-        raise RuntimeError(f"{method}: {answer['error']}")
-    return answer["result"]
+    return _rpc(url, method, params, timeout)
 
 
-# ---- anvil --------------------------------------------------------------------------------------
-
-
-class Anvil:
+class Anvil(AnvilNode):
     """A running ``anvil`` on a loopback port."""
 
     def __init__(self, block_time: int = 1) -> None:
         """``block_time`` 0: mine each transaction at once (anvil's automine)."""
-        exe = shutil.which("anvil", path=str(npm_bin()))
-        if exe is None:
-            raise RuntimeError("anvil is not installed in .peers/npm (npm @foundry-rs/anvil)")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [exe, "--host", "127.0.0.1", "--port", str(self.port), "--chain-id", str(CHAIN_ID), "--silent",
-             *(["--block-time", str(block_time)] if block_time else [])],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if int(rpc(self.url, "eth_chainId", timeout=1), 16) == CHAIN_ID:
-                    break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                self.stop()
-                raise RuntimeError(f"anvil did not start: {err}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        super().__init__(CHAIN_ID, ("--block-time", str(block_time)) if block_time else (), "npm-x402.txt")
 
 
 # ---- the token ----------------------------------------------------------------------------------
