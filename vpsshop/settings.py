@@ -64,7 +64,7 @@ class Settings(BaseModel):
 
     mode: Literal["sandbox", "production"]
     database_url: str
-    secret_key: SecretStr = Field(description="Key of the HMAC that stores API keys.")
+    secret_key: SecretStr = Field(description="Keys the digest (keyed BLAKE2b) under which API keys are stored.")
     encryption_key: SecretStr = Field(description="Fernet key encrypting root passwords at rest.")
     public_url: str = Field(description="Public base URL of the API, ending in /v1.")
     server: ServerSettings = Field(default_factory=ServerSettings)
