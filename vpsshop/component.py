@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vpsshop.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext
 
 
 class NoConfig(BaseModel):
@@ -21,7 +24,12 @@ class Readiness:
     """The answer of :meth:`Component.check_ready`: shown per plugin by ``GET /v1/health``."""
 
     ok: bool
+    """Ready for real use now."""
     detail: str = ""
+    sandbox_ok: bool | None = None
+    """Only read in the sandbox: True when the component is not ready for real use (``ok`` is
+    False: a placeholder recipient, no node) but does everything a sandbox promises (test
+    addresses, payment requirements, simulated servers). None: the same as ``ok``."""
 
 
 class Component:
@@ -34,6 +42,12 @@ class Component:
 
     Config: ClassVar[type[BaseModel]] = NoConfig
     """Pydantic model of this component's settings. Override when the component has settings."""
+
+    sandbox_priority: ClassVar[int | None] = None
+    """In the sandbox, when the settings name no component of this kind (``[hypervisor] backend``
+    unset), core picks the registered class with the highest ``sandbox_priority``. None (the
+    default): never picked unless named. A component that needs nothing outside Python (the
+    hypervisor simulator) sets one; one that needs a daemon or a native library does not."""
 
     def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
         """Core calls this with the validated config. Override to open clients; call ``super()``."""
@@ -59,6 +73,25 @@ class Component:
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, where)) from None
         return cls(config, sandbox=sandbox)
+
+    def bind(self, ctx: "AppContext") -> None:
+        """Called by core once the shop's context exists (after every component is built, before
+        start-up hooks, before any other method runs), in every process that builds one: each
+        ``vpsshop serve`` worker, ``vpsshop worker``, ``vpsshop plugins``. A component that keeps
+        state in the database takes a :class:`vpsshop.PluginState` here; ``ctx.clock`` is the
+        shop's clock. Must not touch the network or the database. Default: nothing."""
+
+    async def preflight(self) -> None:
+        """Refuse to start when this component cannot work at all, with the remedy in the message.
+
+        Core awaits it for every loaded component before serving: ``vpsshop serve`` and
+        ``vpsshop worker`` stop with the message in production; the sandbox logs it as a warning.
+        Check what no retry can fix: a missing Python binding (name the ``pip install``), a
+        missing program (name the Debian package), a node that does not answer at all (name the
+        setting). A node that answers but is not ready (syncing) is :meth:`check_ready`'s
+        business, not a reason to refuse. Keep it short: bound every network wait by a few
+        seconds. Raise :class:`vpsshop.StartupError`. Default: nothing to check.
+        """
 
     async def check_ready(self) -> Readiness:
         """Whether the component can serve now (its node answers, its file loaded).

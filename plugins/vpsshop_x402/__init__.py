@@ -614,7 +614,9 @@ class USDCBASE(X402Coin):
     async def check_ready(self) -> Readiness:
         """Ready when payments can be settled now: says what is missing otherwise."""
         if self.config.pay_to.lower() == SANDBOX_PAY_TO.lower():
-            return Readiness(False, "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address")
+            # Not ready for real use; enough for a sandbox: the 402 and its payment requirements work.
+            return Readiness(False, "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address "
+                             "(payment requirements are served; nothing settles to you)", sandbox_ok=self.sandbox)
         if self.config.mode == "direct":
             chain = self._chain
             if chain is None or chain.relayer is None:
