@@ -30,14 +30,18 @@ BEGIN
         RETURN NULL;
     END IF;
     IF TG_TABLE_NAME = 'accounts' THEN
-        account := CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END;
+        IF TG_OP = 'DELETE' THEN account := OLD.id; ELSE account := NEW.id; END IF;
+    ELSIF TG_OP = 'DELETE' THEN
+        account := OLD.account_id;
     ELSE
-        account := CASE WHEN TG_OP = 'DELETE' THEN OLD.account_id ELSE NEW.account_id END;
+        account := NEW.account_id;
+        IF TG_OP = 'UPDATE' THEN
+            IF OLD.account_id <> NEW.account_id THEN
+                PERFORM pg_notify('vpsshop_auth', OLD.account_id::text);
+            END IF;
+        END IF;
     END IF;
     PERFORM pg_notify('vpsshop_auth', account::text);
-    IF TG_OP = 'UPDATE' AND TG_TABLE_NAME <> 'accounts' AND OLD.account_id <> NEW.account_id THEN
-        PERFORM pg_notify('vpsshop_auth', OLD.account_id::text);
-    END IF;
     RETURN NULL;
 END
 $$
