@@ -30,7 +30,7 @@ from vpsshop.coins import (
     X402Rejected,
     X402Settlement,
 )
-from vpsshop.component import Component, NoConfig, Readiness
+from vpsshop.component import Component, NoConfig, Readiness, require_reachable
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
 from vpsshop.hypervisor import (
@@ -109,6 +109,7 @@ __all__ = [
     "create_app",
     "hookimpl",
     "load_settings",
+    "require_reachable",
     "X402Coin",
     "X402Payment",
     "X402Rejected",

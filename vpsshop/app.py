@@ -127,7 +127,8 @@ async def preflight(ctx: AppContext) -> list[str]:
             problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): preflight failed: "
                             f"{type(exc).__name__}: {exc}")
     if problems and not ctx.settings.sandbox:
-        raise StartupError("\n  " + "\n  ".join(problems))
+        raise StartupError("configured components cannot work (fix each, then start again):\n  "
+                           + "\n  ".join(problems))
     for problem in problems:
         log.warning("sandbox: %s", problem)
     return problems

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vpsshop.errors import ConfigError
+from vpsshop.errors import ConfigError, StartupError
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -115,3 +117,39 @@ def describe_validation_error(exc: ValidationError, where: str) -> str:
         else:
             problems.append(f"invalid setting '{name}': {err['msg']}")
     return "; ".join(problems)
+
+
+async def require_reachable(url: str, *, setting: str, what: str, timeout: float = 5.0) -> None:
+    """For :meth:`Component.preflight`: refuse to start when nothing answers at ``url`` at all.
+
+    Opens (and closes) a TCP connection to the URL's host and port (80/443 by default). No
+    connection (refused, unknown host, no route) within ``timeout`` seconds stops start-up with
+    a message naming ``setting``. Whatever answers passes: whether it is the right node, synced,
+    on the right chain is :meth:`Component.check_ready`'s business. The message shows the
+    scheme, host and port only, never the credentials or path of the URL.
+
+    :raises StartupError: nothing answers.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or {"https": 443, "wss": 443, "http": 80, "ws": 80}.get(parts.scheme, 80)
+    except ValueError:
+        raise StartupError(f"{what}: setting {setting} is not a valid URL") from None
+    shown = f"{parts.scheme}://{host}:{port}"
+    if not host:
+        raise StartupError(f"{what}: setting {setting} has no host")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except asyncio.TimeoutError:
+        raise StartupError(f"{what} at {shown} (setting {setting}) does not answer: no connection within "
+                           f"{timeout:g} s. Start it, or correct {setting}.") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise StartupError(f"{what} at {shown} (setting {setting}) does not answer: {reason}. "
+                           f"Start it, or correct {setting}.") from None
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass

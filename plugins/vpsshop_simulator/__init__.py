@@ -38,6 +38,7 @@ from vpsshop import (
     Readiness,
     ServerHandle,
     ServerSpec,
+    StartupError,
     check_address_range,
     hookimpl,
 )
@@ -147,6 +148,12 @@ class SimulatedBackend(HypervisorBackend):
         if self.clock.now() < datetime.fromisoformat(record.data["booted_at"]):
             return DomainState.STARTING
         return DomainState.RUNNING
+
+    async def preflight(self) -> None:
+        if not self.sandbox:
+            raise StartupError("the simulator makes no real servers, so a production shop cannot sell them: set "
+                               "hypervisor.backend to a real backend (\"libvirt\"), or run this config as a sandbox "
+                               "(mode = \"sandbox\")")
 
     async def check_ready(self) -> Readiness:
         return Readiness(True, f"simulated servers (records in the database), booting in {self.config.boot_seconds:g} s")

@@ -45,6 +45,7 @@ from vpsshop import (
     PaymentCoin,
     PluginError,
     Readiness,
+    require_reachable,
     X402Coin,
     X402Payment,
     X402Rejected,
@@ -610,6 +611,14 @@ class USDCBASE(X402Coin):
             return None  # the authorization was canceled or paid someone else
 
     # ---- health ----
+
+    async def preflight(self) -> None:
+        """Production refuses to start when the Base node (direct) or the facilitator does not answer at all."""
+        if self.config.mode == "direct" and self.config.rpc_url:
+            await require_reachable(self.config.rpc_url, setting="coins.USDCBASE.rpc_url", what="USDCBASE Base node")
+        elif self.config.mode == "facilitator" and self.config.facilitator_url:
+            await require_reachable(self.config.facilitator_url, setting="coins.USDCBASE.facilitator_url",
+                                    what="USDCBASE x402 facilitator")
 
     async def check_ready(self) -> Readiness:
         """Ready when payments can be settled now: says what is missing otherwise."""

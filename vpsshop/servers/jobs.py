@@ -58,7 +58,7 @@ class ClaimedJob:
     worker: str
 
 
-BOOT_RECHECK_SECONDS = 1.0
+BOOT_RECHECK_SECONDS = 0.5
 """How soon a provisioning job looks again at a domain that reports ``starting``."""
 
 

@@ -66,7 +66,7 @@ class ServersPolicy(BaseModel):
     boot_timeout_seconds: float = Field(
         900, ge=1, le=86400,
         description="A new server whose domain still reports starting this long after the order: a failed attempt.")
-    jobs_interval_seconds: float = Field(2, ge=0.05, le=600)
+    jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
     job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
     lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
 
