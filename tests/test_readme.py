@@ -78,7 +78,7 @@ def test_readme_walkthrough_on_a_plain_install(plain_venv: Path, tmp_path: Path)
     assert "running as a SANDBOX" in banner and "simulator" in banner, banner
 
     ran: dict[int, tuple[int, float, str]] = {}
-    for i in range(1, len(outputs) - 1, 4):
+    for i in range(0, len(outputs) - 1, 4):  # output, step number, exit status, time; then the next step
         ran[int(outputs[i + 1])] = (int(outputs[i + 2]), float(outputs[i + 3]), outputs[i].strip())
     assert sorted(ran) == list(range(len(steps))), result.stderr
     workdir: dict[str, Any] = {}

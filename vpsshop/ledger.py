@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from vpsshop.db import touch_account
 from vpsshop.errors import ApiError
 from vpsshop.models import Account, LedgerEntry, utcnow
 from vpsshop.money import micros_to_usd
@@ -97,6 +98,7 @@ def post(
             if balance is None:
                 raise LookupError(f"no account {account_id}")
             raise InsufficientBalance(-amount_micros, balance)
+        touch_account(session, account_id)
         entry = LedgerEntry(
             account_id=account_id,
             amount_micros=amount_micros,

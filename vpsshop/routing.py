@@ -230,7 +230,8 @@ async def authenticate(request: Request, db: Any, digest: Callable[[str], str]) 
     key = parse_bearer(header)
     if key is None:
         raise Unauthorized()
-    row = await db.fetch_one(_AUTH_SQL, {"digest": digest(key)})
+    hashed = digest(key)
+    row = await db.fetch_one(_AUTH_SQL, {"digest": hashed}, cache_key=hashed)
     if row is None:
         raise Unauthorized("The API key is unknown or revoked.")
     return Principal(row[0], row[1], row[2], bool(row[3]), as_utc(row[4]), row[5])
