@@ -2,12 +2,12 @@
 
 Each line on standard error looks like::
 
-    {"t":"2026-11-22T21:04:05.123Z","log":"access","method":"GET","path":"/v1/account","status":200,"ms":0.42,"bytes":139}
+    {"t":"2026-11-22T21:04:05.123Z","log":"access","method":"GET","path":"/v1/account","status":200,"us":420,"bytes":139}
 
 What a line holds, and what it never holds:
 
 * the method, the path (ids in it are not secrets), the status, the time spent in the app in
-  milliseconds and the size of the response body;
+  microseconds (``us``) and the size of the response body;
 * never a header (the API key travels in ``Authorization``), never the query string, never a
   body, and not the client's address: a shop that asks no identity should not keep one by
   default. A reverse proxy in front is where addresses are logged, if the reseller wants them.
@@ -53,7 +53,7 @@ class AccessLogWriter:
             path = json.dumps(path)[1:-1]
         self.lines.append(
             f'{self._prefix}.{int((now - second) * 1000):03d}Z","log":"access","method":"{method}",'
-            f'"path":"{path}","status":{status},"ms":{elapsed * 1000:.2f},"bytes":{size}}}\n'
+            f'"path":"{path}","status":{status},"us":{int(elapsed * 1_000_000)},"bytes":{size}}}\n'
         )
         if len(self.lines) >= BATCH_LINES:
             self.flush()

@@ -15,7 +15,6 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vpsshop.accesslog import AccessLog, AccessLogWriter
@@ -24,7 +23,7 @@ from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
-from vpsshop.routing import ApiRoute, json_response, to_starlette_routes
+from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
 from vpsshop.settings import Settings, load_settings
 from vpsshop.tasks import TaskRunner
 
@@ -84,7 +83,6 @@ def create_app(
     if access_log is not None:
         middleware.insert(0, Middleware(AccessLog, writer=access_log))
     app = Starlette(
-        routes=[Mount(BASE_PATH, routes=to_starlette_routes(routes, ctx))],
         middleware=middleware,
         exception_handlers={
             ApiError: _api_error,
@@ -94,6 +92,8 @@ def create_app(
         },
         lifespan=lifespan,
     )
+    # Routes under /v1, found by a dictionary lookup when the path has no parameters.
+    app.router = ApiRouter(to_starlette_routes(routes, ctx, prefix=BASE_PATH), lifespan=lifespan)
     app.state.ctx = ctx
     return app
 
