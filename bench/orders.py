@@ -66,6 +66,25 @@ def _request(url: str, method: str = "GET", headers: dict | None = None) -> dict
         return json.loads(resp.read())
 
 
+def _serve_no_worker(work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    server = subprocess.Popen([VPSSHOP, "serve", "--no-worker", "--port", str(port)], cwd=work, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return server, f"http://127.0.0.1:{port}/v1"
+
+
+def _wait_health(base: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            _request(f"{base}/health")
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{base} did not answer") from None
+            time.sleep(0.1)
+
+
 def _wrk(url: str, seconds: int, connections: int, key: str, script: str | None = None) -> tuple[float, int, int]:
     cmd = ["wrk", "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--latency",
            "-H", f"Authorization: Bearer {key}"]
@@ -92,17 +111,9 @@ def run(db: str, seconds: int, connections: int) -> float:
         reset_postgres(url)
     env.update(VPSSHOP_DATABASE_URL=url, VPSSHOP_SECRET_KEY="bench-secret",
                VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", VPSSHOP_MODE="sandbox")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}/v1"
-    server = subprocess.Popen([VPSSHOP, "serve", "--no-worker", "--port", str(port)], cwd=work, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, base = _serve_no_worker(work, env)
     try:
-        for _ in range(100):
-            try:
-                _request(f"{base}/health")
-                break
-            except OSError:
-                time.sleep(0.1)
+        _wait_health(base)
         account = _request(f"{base}/account", "POST")
         key = account["api_key"]
         subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "10000000", "--reason", "bench"],
@@ -176,18 +187,12 @@ def run_many(seconds: int, accounts: int, processes: int) -> float:
                VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", VPSSHOP_MODE="sandbox")
     servers, bases = [], []
     for _ in range(processes):
-        port = _free_port()
-        servers.append(subprocess.Popen([VPSSHOP, "serve", "--no-worker", "--port", str(port)], cwd=work, env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        bases.append(f"http://127.0.0.1:{port}/v1")
+        server, base = _serve_no_worker(work, env)
+        servers.append(server)
+        bases.append(base)
     try:
         for base in bases:
-            for _ in range(300):
-                try:
-                    _request(f"{base}/health")
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            _wait_health(base)
         made = [_request(f"{bases[0]}/account", "POST") for _ in range(accounts)]
         from vpsshop import ledger
         from vpsshop.db import Database
