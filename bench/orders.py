@@ -18,7 +18,8 @@ every request with the next account's key), as a ratio to the authenticated ``GE
 measured the same way in the same run; afterwards every balance is checked against its servers
 and its ledger entries.
 
-    VPSSHOP_TEST_PG_URL=postgresql+psycopg://postgres@127.0.0.1:5432/wt9bench .venv/bin/python bench/orders.py --case many
+    VPSSHOP_TEST_PG_URL=postgresql+psycopg://postgres@127.0.0.1:5432/wt9bench \
+        .venv/bin/python bench/orders.py --case many
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ request = function()
    %s
 end
 """
-ORDER_REQUEST = 'headers["Content-Type"] = "application/json"\n   return wrk.format("POST", "/v1/servers", headers, \'%s\')'
+ORDER_REQUEST = ('headers["Content-Type"] = "application/json"\n'
+                 '   return wrk.format("POST", "/v1/servers", headers, \'%s\')')
 READ_REQUEST = 'return wrk.format("GET", "/v1/account", headers)'
 
 

@@ -227,7 +227,8 @@ class Monero(DepositCoin):
         """Production refuses to start when the configured monero-wallet-rpc does not answer at all."""
         url = self.config.wallet_rpc_url  # type: ignore[attr-defined]
         if url:
-            await require_reachable(url, setting=f"coins.{self.code}.wallet_rpc_url", what=f"{self.code} monero-wallet-rpc")
+            await require_reachable(url, setting=f"coins.{self.code}.wallet_rpc_url",
+                                    what=f"{self.code} monero-wallet-rpc")
 
     async def check_ready(self) -> Readiness:
         if self.rpc is None:

@@ -156,7 +156,8 @@ class SimulatedBackend(HypervisorBackend):
                                "(mode = \"sandbox\")")
 
     async def check_ready(self) -> Readiness:
-        return Readiness(True, f"simulated servers (records in the database), booting in {self.config.boot_seconds:g} s")
+        boot = self.config.boot_seconds
+        return Readiness(True, f"simulated servers (records in the database), booting in {boot:g} s")
 
 
 @hookimpl
