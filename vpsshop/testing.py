@@ -104,7 +104,7 @@ def vpsshop_settings(vpsshop_database_url: str, vpsshop_overrides: dict[str, Any
         "database_url": vpsshop_database_url,
         "secret_key": TEST_SECRET_KEY,
         "encryption_key": TEST_ENCRYPTION_KEY,
-        "server": {"background": False},
+        "server": {"background": False, "access_log": False},
     }
     return load_settings(None, environ={}, overrides=_merge(base, vpsshop_overrides))
 
