@@ -136,9 +136,8 @@ def main() -> None:
         backend = url.split(":", 1)[0].split("+")[0]
         lines = sum(1 for line in (work / "vpsshop-serve.log").open() if '"log":"access"' in line)
         print(f"database {backend}: median baseline {statistics.median(bare_rps):.0f} req/s, median vpsshop serve "
-              f"GET /v1/account {statistics.median(shop_rps):.0f} req/s, ratio {ratio:.2f} (goal >= 0.60), median of the "
-              f"rounds' ratios {per_round:.2f}; "
-              f"access log lines written: {lines}")
+              f"GET /v1/account {statistics.median(shop_rps):.0f} req/s, ratio {ratio:.2f} (goal >= 0.60), "
+              f"median of the rounds' ratios {per_round:.2f}; access log lines written: {lines}")
     finally:
         for proc in (bare, shop):
             proc.terminate()
