@@ -39,7 +39,7 @@ from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, SQLModel
 
-from vpsshop.models import _ts, utcnow
+from vpsshop.models import _ts
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -222,9 +222,5 @@ def _check_key(key: str) -> None:
 
 
 def _record(row: Any) -> PluginRecord:
-    updated = row[3]
-    if isinstance(updated, datetime) and updated.tzinfo is None:
-        from datetime import timezone
-
-        updated = updated.replace(tzinfo=timezone.utc)
-    return PluginRecord(row[0], json.loads(row[1]), int(row[2]), updated or utcnow())
+    # updated_at is a UTCDateTime column: always aware UTC, on SQLite too.
+    return PluginRecord(row[0], json.loads(row[1]), int(row[2]), row[3])
