@@ -1,8 +1,6 @@
-"""The two apps the hot-path benchmark compares, as uvicorn factories."""
+"""The baseline of the hot-path benchmark, as a uvicorn factory."""
 
 from __future__ import annotations
-
-import os
 
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
@@ -10,7 +8,7 @@ from starlette.routing import Mount, Route
 
 
 def bare_app() -> Starlette:
-    """The baseline: a Starlette JSON endpoint with the same body shape and no work behind it."""
+    """A Starlette JSON endpoint with the same body shape as GET /v1/account and no work behind it."""
 
     async def account(request):  # noqa: ANN001
         return JSONResponse(
@@ -19,20 +17,3 @@ def bare_app() -> Starlette:
         )
 
     return Starlette(routes=[Mount("/v1", routes=[Route("/account", account)])])
-
-
-def vpsshop_app() -> Starlette:
-    from vpsshop import create_app
-    from vpsshop.settings import load_settings
-
-    settings = load_settings(
-        None,
-        environ={},
-        overrides={
-            "database_url": os.environ["BENCH_DATABASE_URL"],
-            "secret_key": "bench-secret",
-            "encryption_key": "bench-encryption",
-            "server": {"background": False},
-        },
-    )
-    return create_app(settings, background=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -106,3 +107,37 @@ def test_plugins_lists_defaults_with_their_hooks(tmp_path):
     assert "catalog  (vpsshop_catalog, default plugin)" in result.stdout
     assert "vpsshop_register_catalog_sources" in result.stdout
     assert "catalog_source:file" in result.stdout
+
+
+def test_the_banner_and_health_say_what_is_really_loaded(tmp_path):
+    """Without the simulator (blocked) the sandbox has no hypervisor: the banner and health say so."""
+    port = _free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
+    environ["VPSSHOP_BLOCK_PLUGINS"] = "simulator,x402"
+    proc = subprocess.Popen([VPSSHOP, "serve", "--port", str(port)], cwd=tmp_path, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).json()
+                httpx.get(f"http://127.0.0.1:{port}/v1/account", headers={"Authorization": "Bearer vpsk_nope"})
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=20)[0]
+    assert health["status"] == "degraded"
+    assert {"kind": "hypervisor", "id": "none", "plugin": "-", "ready": False} == {
+        k: v for k, v in next(c for c in health["components"] if c["kind"] == "hypervisor").items() if k != "detail"}
+    banner = output.split("Uvicorn running")[0]
+    assert "hypervisor  none: NOT READY" in banner and "simulator" not in banner
+    assert "USDCBASE" not in banner and "BTC (plugin bitcoin): bitcoin-testnet" in banner
+    # The access log: one JSON line per request, no header, no key, no client address.
+    lines = [json.loads(line) for line in output.splitlines() if '"log":"access"' in line]
+    assert [(line["method"], line["path"], line["status"]) for line in lines][-2:] == [
+        ("GET", "/v1/health", 200), ("GET", "/v1/account", 401)]
+    assert set(lines[-1]) == {"t", "log", "method", "path", "status", "us", "bytes"}
+    assert "vpsk_nope" not in output and "127.0.0.1:" not in "".join(str(line) for line in lines)

@@ -25,6 +25,7 @@ import libvirt
 import pytest
 
 from vpsshop import DomainState, ServerSpec
+from vpsshop.testing import HypervisorContract
 from vpsshop_libvirt import LibvirtBackend, domain_xml
 
 URI = "qemu:///system"
@@ -261,3 +262,18 @@ def test_contract_on_the_sandbox_test_driver():
     asyncio.run(check_backend(backend, _contract_spec(name, location="anywhere")))
     vols = libvirt.open("test:///default").storagePoolLookupByName("default-pool").listVolumes()
     assert not [v for v in vols if v.startswith(name)]
+
+
+class TestLibvirtTestDriverContract(HypervisorContract):
+    """The contract kit of vpsshop.testing against libvirt's test:///default driver (the sandbox's
+    libvirt configuration); the real libvirtd runs the whole-life walk above."""
+
+    @pytest.fixture
+    def hypervisor_backend(self):
+        backend = LibvirtBackend.from_settings(None, sandbox=True, where="hypervisor.libvirt")
+        yield backend
+        asyncio.run(backend.close())
+
+    @pytest.fixture
+    def hypervisor_location(self) -> str:
+        return "anywhere"

@@ -18,7 +18,14 @@ def test_no_config_file_is_a_sandbox(tmp_path, monkeypatch):
     assert settings.sandbox
     assert settings.database_url == "sqlite:///./vpsshop.db"
     assert settings.rates["source"] == "fixed"
-    assert settings.hypervisor["backend"] == "libvirt"
+    # No backend is named: the sandbox runs the registered one with the highest sandbox_priority,
+    # the simulator, which needs nothing native (libvirt has none: it needs libvirt-python and a daemon).
+    assert "backend" not in settings.hypervisor
+    ctx = AppContext.build(settings)
+    try:
+        assert ctx.hypervisor is not None and ctx.hypervisor.kind == "simulator"
+    finally:
+        ctx.db.dispose()
     # Sandbox secrets are generated once, kept beside the database with mode 0600, and reused.
     keys = tmp_path / "vpsshop.db.keys"
     assert stat.S_IMODE(os.stat(keys).st_mode) == 0o600

@@ -30,22 +30,32 @@ from vpsshop.coins import (
     X402Rejected,
     X402Settlement,
 )
-from vpsshop.component import Component, NoConfig, Readiness
+from vpsshop.component import Component, NoConfig, Readiness, require_reachable
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
-from vpsshop.hypervisor import AddressPool, DomainState, HypervisorBackend, ServerHandle, ServerSpec
+from vpsshop.hypervisor import (
+    AddressPool,
+    DomainState,
+    HypervisorBackend,
+    ServerHandle,
+    ServerSpec,
+    check_address_range,
+)
 from vpsshop.rates import RateSource
 from vpsshop.tasks import BackgroundTask
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.app import create_app
     from vpsshop.context import AppContext
+    from vpsshop.plugin_state import PluginRecord, PluginState
     from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
     from vpsshop.settings import Settings, load_settings
 
 _LAZY = {
     "create_app": "vpsshop.app",
     "AppContext": "vpsshop.context",
+    "PluginRecord": "vpsshop.plugin_state",
+    "PluginState": "vpsshop.plugin_state",
     "ApiModel": "vpsshop.routing",
     "ApiRoute": "vpsshop.routing",
     "Call": "vpsshop.routing",
@@ -84,6 +94,8 @@ __all__ = [
     "PaymentCoin",
     "Plan",
     "PluginError",
+    "PluginRecord",
+    "PluginState",
     "RateSource",
     "Readiness",
     "Reply",
@@ -93,9 +105,11 @@ __all__ = [
     "Settings",
     "StartupError",
     "WatchSet",
+    "check_address_range",
     "create_app",
     "hookimpl",
     "load_settings",
+    "require_reachable",
     "X402Coin",
     "X402Payment",
     "X402Rejected",

@@ -15,15 +15,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vpsshop.accesslog import AccessLog, AccessLogWriter
 from vpsshop.api import core_routes
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
-from vpsshop.routing import ApiRoute, json_response, to_starlette_routes
+from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
 from vpsshop.settings import Settings, load_settings
 from vpsshop.tasks import TaskRunner
 
@@ -38,6 +38,7 @@ def create_app(
     pm: pluggy.PluginManager | None = None,
     clock: Clock | None = None,
     background: bool | None = None,
+    check: bool = True,
 ) -> Starlette:
     """Assemble the API of one shop.
 
@@ -46,6 +47,8 @@ def create_app(
     :param clock: the clock of the service (tests pass a :class:`vpsshop.clock.FrozenClock`).
     :param background: run the plugins' background tasks in this app's lifespan; default the
         ``server.background`` setting.
+    :param check: run the components' preflight checks in the lifespan (``vpsshop serve`` has
+        run them already and passes False).
     :raises StartupError: a plugin clash, a misspelt hook, a missing setting, a route claimed twice.
     """
     settings = settings or load_settings()
@@ -64,17 +67,23 @@ def create_app(
     ctx.extras["routes"] = routes
     run_background = settings.server.background if background is None else background
 
+    access_log = AccessLogWriter() if settings.server.access_log else None
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        runner = await start_services(ctx, background=run_background)
+        runner = await start_services(ctx, background=run_background, check=check)
         try:
             yield
         finally:
             await stop_services(ctx, runner)
+            if access_log is not None:
+                access_log.flush()
 
+    middleware = [Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)]
+    if access_log is not None:
+        middleware.insert(0, Middleware(AccessLog, writer=access_log))
     app = Starlette(
-        routes=[Mount(BASE_PATH, routes=to_starlette_routes(routes, ctx))],
-        middleware=[Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)],
+        middleware=middleware,
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
@@ -83,17 +92,53 @@ def create_app(
         },
         lifespan=lifespan,
     )
+    # Routes under /v1, found by a dictionary lookup when the path has no parameters.
+    app.router = ApiRouter(to_starlette_routes(routes, ctx, prefix=BASE_PATH), lifespan=lifespan)
     app.state.ctx = ctx
     return app
 
 
+PREFLIGHT_DONE_ENV = "VPSSHOP_PREFLIGHT_DONE"
+"""Set by ``vpsshop serve`` for its uvicorn workers: the checks ran once in the parent."""
+
+
 def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory`` workers: settings from ``VPSSHOP_CONFIG`` and the environment."""
-    return create_app(load_settings(os.environ.get("VPSSHOP_CONFIG") or None))
+    return create_app(load_settings(os.environ.get("VPSSHOP_CONFIG") or None),
+                      check=os.environ.get(PREFLIGHT_DONE_ENV) != "1")
 
 
-async def start_services(ctx: AppContext, *, background: bool) -> TaskRunner | None:
-    """Migrate, run the start-up hooks and (optionally) the background tasks."""
+async def preflight(ctx: AppContext) -> list[str]:
+    """Run every loaded component's :meth:`~vpsshop.Component.preflight`.
+
+    In production any failure stops start-up: :class:`StartupError` listing every component that
+    cannot work, each with its remedy. In the sandbox the problems are logged as warnings and
+    returned (the banner shows them).
+    """
+    problems = []
+    for item in ctx.components():
+        if item.component is None:
+            continue
+        try:
+            await item.component.preflight()
+        except StartupError as exc:
+            problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): {exc}")
+        except Exception as exc:  # noqa: BLE001 - a broken check must not look like a pass
+            problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): preflight failed: "
+                            f"{type(exc).__name__}: {exc}")
+    if problems and not ctx.settings.sandbox:
+        raise StartupError("configured components cannot work (fix each, then start again):\n  "
+                           + "\n  ".join(problems))
+    for problem in problems:
+        log.warning("sandbox: %s", problem)
+    return problems
+
+
+async def start_services(ctx: AppContext, *, background: bool, check: bool = True) -> TaskRunner | None:
+    """Check the components (:func:`preflight`), migrate, run the start-up hooks and (optionally)
+    the background tasks."""
+    if check:
+        await preflight(ctx)
     ctx.db.migrate()
     for result in ctx.pm.hook.vpsshop_startup(ctx=ctx):
         if inspect.isawaitable(result):

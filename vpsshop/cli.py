@@ -13,22 +13,60 @@ import signal
 import sys
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from vpsshop import __version__
 from vpsshop.errors import StartupError
 from vpsshop.settings import Settings, load_settings
 
-SANDBOX_BANNER = """\
-==============================================================================
-  vpsshop {version} is running as a SANDBOX
-  - database: {database}
-  - test networks only; coins accept no real money
-  - hypervisor: libvirt test driver (test:///default); servers are simulated
-  - exchange rates: fixed, not market prices
-  Nothing here is for real customers. `vpsshop init` writes a production config.
-==============================================================================
-"""
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext
+
+BANNER_RULE = "=" * 78
+
+
+def sandbox_banner(database_url: str, rows: list[tuple[str, str, str, bool, str]], problems: list[str]) -> str:
+    """What ``vpsshop serve`` prints in the sandbox, computed from what is really loaded.
+
+    :param rows: (kind, id, plugin, ready, detail) of every loaded component, as health reports them.
+    :param problems: what the components' preflight checks found.
+    """
+    lines = [BANNER_RULE, f"  vpsshop {__version__} is running as a SANDBOX: nothing here is for real customers",
+             f"  database    {database_url}"]
+    labels = {"coin": "coin", "hypervisor": "hypervisor", "rates": "rates", "catalog": "catalog"}
+    for kind, key, plugin, ready, detail in rows:
+        label = labels.get(kind, kind)
+        state = "" if ready else "NOT READY: "
+        where = f" (plugin {plugin})" if plugin not in ("-", key) else ""
+        lines.append(_wrapped(f"{label:<11} {key}{where}: {state}{detail}"))
+    for problem in problems:
+        lines.append(_wrapped(f"{'WARNING':<11} {problem}"))
+    lines += ["  Coins use test networks and accept no real money. `vpsshop init` writes a production config.",
+              BANNER_RULE]
+    return "\n".join(lines) + "\n"
+
+
+def _wrapped(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=100, initial_indent="  ", subsequent_indent=" " * 14)
+
+
+async def _start_checks(ctx: "AppContext") -> tuple[list[str], list[tuple[str, str, str, bool, str]]]:
+    """Preflight, migrate, and (sandbox) the components' readiness for the banner; then close."""
+    from vpsshop.api.service import component_readiness
+    from vpsshop.app import preflight
+
+    try:
+        problems = await preflight(ctx)
+        ctx.db.migrate()
+        rows = []
+        if ctx.settings.sandbox:
+            for item, ready in await component_readiness(ctx):
+                rows.append((item.kind, item.key, item.plugin, ready.ok or bool(ready.sandbox_ok), ready.detail))
+        return problems, rows
+    finally:
+        await ctx.close()
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -38,7 +76,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from vpsshop.app import create_app
+    from vpsshop.app import PREFLIGHT_DONE_ENV, create_app
     from vpsshop.context import AppContext
 
     overrides: dict[str, object] = {}
@@ -48,21 +86,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
+    # Check once, here, before any worker starts: a component that cannot work stops start-up with
+    # its remedy (production), the schema is migrated once, and the sandbox banner shows what loaded.
+    problems, rows = asyncio.run(_start_checks(AppContext.build(settings)))
     if settings.sandbox:
-        print(SANDBOX_BANNER.format(version=__version__, database=settings.database_url), file=sys.stderr, flush=True)
+        print(sandbox_banner(settings.database_url, rows, problems), file=sys.stderr, flush=True)
     if workers == 1:
-        app = create_app(settings)
-        uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+        app = create_app(settings, check=False)
+        uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False, access_log=False)
         return 0
-    # Several processes: validate and migrate once here, then each worker builds its own app.
-    ctx = AppContext.build(settings)
-    ctx.db.migrate()
-    ctx.db.dispose()
+    # Several processes: each worker builds its own app from the same settings.
     if args.config:
         os.environ["VPSSHOP_CONFIG"] = str(Path(args.config).resolve())
     if args.no_worker:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
-    uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info")
+    os.environ[PREFLIGHT_DONE_ENV] = "1"
+    uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
+                proxy_headers=False, access_log=False)
     return 0
 
 

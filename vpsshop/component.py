@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vpsshop.errors import ConfigError
+from vpsshop.errors import ConfigError, StartupError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext
 
 
 class NoConfig(BaseModel):
@@ -21,7 +26,12 @@ class Readiness:
     """The answer of :meth:`Component.check_ready`: shown per plugin by ``GET /v1/health``."""
 
     ok: bool
+    """Ready for real use now."""
     detail: str = ""
+    sandbox_ok: bool | None = None
+    """Only read in the sandbox: True when the component is not ready for real use (``ok`` is
+    False: a placeholder recipient, no node) but does everything a sandbox promises (test
+    addresses, payment requirements, simulated servers). None: the same as ``ok``."""
 
 
 class Component:
@@ -34,6 +44,12 @@ class Component:
 
     Config: ClassVar[type[BaseModel]] = NoConfig
     """Pydantic model of this component's settings. Override when the component has settings."""
+
+    sandbox_priority: ClassVar[int | None] = None
+    """In the sandbox, when the settings name no component of this kind (``[hypervisor] backend``
+    unset), core picks the registered class with the highest ``sandbox_priority``. None (the
+    default): never picked unless named. A component that needs nothing outside Python (the
+    hypervisor simulator) sets one; one that needs a daemon or a native library does not."""
 
     def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
         """Core calls this with the validated config. Override to open clients; call ``super()``."""
@@ -60,6 +76,25 @@ class Component:
             raise ConfigError(describe_validation_error(exc, where)) from None
         return cls(config, sandbox=sandbox)
 
+    def bind(self, ctx: "AppContext") -> None:
+        """Called by core once the shop's context exists (after every component is built, before
+        start-up hooks, before any other method runs), in every process that builds one: each
+        ``vpsshop serve`` worker, ``vpsshop worker``, ``vpsshop plugins``. A component that keeps
+        state in the database takes a :class:`vpsshop.PluginState` here; ``ctx.clock`` is the
+        shop's clock. Must not touch the network or the database. Default: nothing."""
+
+    async def preflight(self) -> None:
+        """Refuse to start when this component cannot work at all, with the remedy in the message.
+
+        Core awaits it for every loaded component before serving: ``vpsshop serve`` and
+        ``vpsshop worker`` stop with the message in production; the sandbox logs it as a warning.
+        Check what no retry can fix: a missing Python binding (name the ``pip install``), a
+        missing program (name the Debian package), a node that does not answer at all (name the
+        setting). A node that answers but is not ready (syncing) is :meth:`check_ready`'s
+        business, not a reason to refuse. Keep it short: bound every network wait by a few
+        seconds. Raise :class:`vpsshop.StartupError`. Default: nothing to check.
+        """
+
     async def check_ready(self) -> Readiness:
         """Whether the component can serve now (its node answers, its file loaded).
 
@@ -82,3 +117,39 @@ def describe_validation_error(exc: ValidationError, where: str) -> str:
         else:
             problems.append(f"invalid setting '{name}': {err['msg']}")
     return "; ".join(problems)
+
+
+async def require_reachable(url: str, *, setting: str, what: str, timeout: float = 5.0) -> None:
+    """For :meth:`Component.preflight`: refuse to start when nothing answers at ``url`` at all.
+
+    Opens (and closes) a TCP connection to the URL's host and port (80/443 by default). No
+    connection (refused, unknown host, no route) within ``timeout`` seconds stops start-up with
+    a message naming ``setting``. Whatever answers passes: whether it is the right node, synced,
+    on the right chain is :meth:`Component.check_ready`'s business. The message shows the
+    scheme, host and port only, never the credentials or path of the URL.
+
+    :raises StartupError: nothing answers.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or {"https": 443, "wss": 443, "http": 80, "ws": 80}.get(parts.scheme, 80)
+    except ValueError:
+        raise StartupError(f"{what}: setting {setting} is not a valid URL") from None
+    shown = f"{parts.scheme}://{host}:{port}"
+    if not host:
+        raise StartupError(f"{what}: setting {setting} has no host")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except asyncio.TimeoutError:
+        raise StartupError(f"{what} at {shown} (setting {setting}) does not answer: no connection within "
+                           f"{timeout:g} s. Start it, or correct {setting}.") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise StartupError(f"{what} at {shown} (setting {setting}) does not answer: {reason}. "
+                           f"Start it, or correct {setting}.") from None
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass

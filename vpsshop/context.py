@@ -102,11 +102,11 @@ class AppContext:
         )
         hypervisor = _build_named(
             settings.hypervisor, "backend", "hypervisor", registered["hypervisors"], sandbox, "hypervisor backend",
-            loaded, optional_in_sandbox=True,
+            loaded, optional_in_sandbox=True, default=sandbox_choice(registered["hypervisors"]) if sandbox else None,
         )
         options = [PaymentOption(**coin.payment_option()) for coin in coins.values()]
         catalog = build_catalog(catalog_data, options, MIN_TOPUP_CENTS, MAX_TOPUP_CENTS)
-        return cls(
+        ctx = cls(
             settings=settings,
             pm=pm,
             db=Database(settings.database_url),
@@ -119,6 +119,10 @@ class AppContext:
             loaded=loaded,
             registered=registered,
         )
+        for item in loaded:
+            if item.component is not None:
+                item.component.bind(ctx)
+        return ctx
 
     def components(self) -> Iterator[LoadedComponent]:
         return iter(self.loaded)
@@ -158,6 +162,13 @@ def _build_coins(
     return coins
 
 
+def sandbox_choice(registered: dict[str, Registered]) -> str | None:
+    """The registered class with the highest ``sandbox_priority`` (None: no class has one)."""
+    ranked = [(reg.cls.sandbox_priority, key) for key, reg in registered.items()
+              if getattr(reg.cls, "sandbox_priority", None) is not None]
+    return max(ranked)[1] if ranked else None
+
+
 def _build_named(
     section: dict[str, Any],
     selector: str,
@@ -171,6 +182,10 @@ def _build_named(
     optional_in_sandbox: bool = False,
 ) -> Component | None:
     name = section.get(selector, default)
+    if name is None and sandbox and optional_in_sandbox:
+        log.warning("sandbox: no plugin offers a %s; running without one", label)
+        loaded.append(LoadedComponent(where, "none", "-", None))
+        return None
     if name is None:
         raise ConfigError(f"missing setting '{where}.{selector}' (one of: {', '.join(sorted(registered)) or 'none'})")
     reg = registered.get(name)

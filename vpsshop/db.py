@@ -14,9 +14,19 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlmodel import Session
 
+from vpsshop.authcache import MISS
 from vpsshop.errors import ConfigError
 
 _PG_MIGRATION_LOCK = 0x7670_7373  # "vpss": serialises concurrent `upgrade head` on PostgreSQL
+_TOUCHED = "vpsshop.touched_accounts"
+
+
+def touch_account(session: Session, account_id: int) -> None:
+    """Mark ``account_id`` as changed by ``session``'s transaction (its balance, its keys, its
+    servers): after the commit, :meth:`Database.session` drops it from this process's
+    authentication cache, so the writer's next request never sees the old state. Other processes
+    learn it from the database's ``NOTIFY`` (``vpsshop/authcache.py``)."""
+    session.info.setdefault(_TOUCHED, set()).add(account_id)
 
 
 class Database:
@@ -49,10 +59,19 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """A session in one transaction: committed on success, rolled back on an exception."""
+        """A session in one transaction: committed on success, rolled back on an exception.
+
+        After the commit, the accounts the transaction marked with :func:`touch_account` are
+        dropped from this process's authentication cache (PostgreSQL), before the caller answers.
+        """
         with Session(self.engine, expire_on_commit=False) as session:
             with session.begin():
                 yield session
+            touched = session.info.get(_TOUCHED)
+        if touched:
+            for reader in list(self.__dict__.get("_pg_readers", {}).values()):
+                for account_id in touched:
+                    reader.cache.evict(account_id)
 
     def migrate(self) -> None:
         """Bring the schema to the newest migration. Safe to call from several processes at once."""
@@ -89,6 +108,10 @@ class Database:
         if reader is not None:
             await reader.close()
 
+    def auth_caches(self) -> list[Any]:
+        """The authentication caches of this process (one per event loop; PostgreSQL only)."""
+        return [reader.cache for reader in self.__dict__.get("_pg_readers", {}).values()]
+
     def dispose(self) -> None:
         reader = getattr(self._local, "sqlite", None)
         if reader is not None:
@@ -98,7 +121,8 @@ class Database:
 
     # ---- hot-path reads ------------------------------------------------------------------------
 
-    async def fetch_one(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    async def fetch_one(self, sql: str, params: dict[str, Any], *, cache_key: str | None = None,
+                        owner_column: int = 1) -> tuple[Any, ...] | None:
         """Run a read-only ``sql`` (``:name`` parameters) and return its first row.
 
         SQLite answers an indexed read in microseconds, so it runs inline on a connection of this
@@ -107,10 +131,12 @@ class Database:
         connection committed anything at all, so a cached answer is never older than the newest
         commit: a revoked key is refused on the very next request. PostgreSQL needs a network
         round trip, so it runs on a few asynchronous psycopg connections of this event loop with
-        prepared statements, uncached.
+        prepared statements; with ``cache_key`` (the authentication read) a row that names an
+        account in ``owner_column`` is kept in :class:`vpsshop.authcache.AuthCache`, which
+        ``NOTIFY`` invalidates (see that module for the rules).
         """
         if self.dialect != "sqlite":
-            return await self._pg_reader().fetch_one(sql, params)
+            return await self._pg_reader().fetch_one(sql, params, cache_key, owner_column)
         reader: _SqliteReader | None = getattr(self._local, "sqlite", None)
         if reader is None:
             reader = self._local.sqlite = _SqliteReader(self.url.database or "")
@@ -161,13 +187,32 @@ class _PgReader:
     _PARAM = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")
 
     def __init__(self, conninfo: str) -> None:
+        from vpsshop.authcache import AuthCache
+
         self.conninfo = conninfo
         self.idle: list[Any] = []
         self.opened = 0
         self.available = asyncio.Semaphore(self.SIZE)
         self.statements: dict[str, str] = {}
+        self.cache = AuthCache(conninfo)
 
-    async def fetch_one(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    async def fetch_one(self, sql: str, params: dict[str, Any], cache_key: str | None = None,
+                        owner_column: int = 1) -> tuple[Any, ...] | None:
+        if cache_key is None:
+            return await self._query(sql, params)
+        cache = self.cache
+        row = cache.get(cache_key)
+        if row is not MISS:
+            return row  # type: ignore[no-any-return]
+        if cache.task is None:
+            cache.start()
+        generation = cache.generation
+        row = await self._query(sql, params)
+        if row is not None:
+            cache.put(cache_key, row, row[owner_column], generation)
+        return row
+
+    async def _query(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
         import psycopg
 
         statement = self.statements.get(sql)
@@ -185,6 +230,7 @@ class _PgReader:
             return row
 
     async def close(self) -> None:
+        await self.cache.stop()
         idle, self.idle = self.idle, []
         for conn in idle:
             await conn.close()

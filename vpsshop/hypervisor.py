@@ -14,8 +14,9 @@ the event loop serving the API never waits on a hypervisor.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable
+from typing import ClassVar, Iterable, Iterator
 
 from vpsshop.component import Component
 
@@ -23,6 +24,10 @@ from vpsshop.component import Component
 class DomainState(str, enum.Enum):
     """What the hypervisor reports about a server's virtual machine."""
 
+    STARTING = "starting"
+    """Powered on but not up yet (the guest is booting). Core waits for ``RUNNING`` without
+    counting a failed attempt; a domain that stays ``STARTING`` longer than
+    ``servers.boot_timeout_seconds`` after its order counts as a failed attempt."""
     RUNNING = "running"
     STOPPED = "stopped"
     PAUSED = "paused"
@@ -43,6 +48,53 @@ class AddressPool:
     prefix_length: int = 24
     gateway: str | None = None
     nameservers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_range(
+        cls, pool: str, addresses: str, *, gateway: str | None = None, nameservers: Iterable[str] = ()
+    ) -> "AddressPool":
+        """A pool of ``"203.0.113.0/26"`` (its host addresses) or ``"203.0.113.10-203.0.113.60"``
+        (a range, prefix /24), without the gateway. Addresses are produced lazily, so a /16 costs
+        nothing until core looks for a free one.
+
+        :raises ValueError: a malformed range, an empty one, or one larger than a /14.
+        """
+        prefix = check_address_range(addresses)
+        skip = {gateway} if gateway else set()
+        return cls(pool=pool, addresses=_addresses(addresses, skip), prefix_length=prefix, gateway=gateway,
+                   nameservers=tuple(nameservers))
+
+
+def check_address_range(value: str) -> int:
+    """Validate ``"10.0.0.0/24"`` or ``"10.0.0.10-10.0.0.20"``; return its prefix length (24 for a
+    range). Use it in a settings validator so a bad range stops start-up.
+
+    :raises ValueError: naming what is wrong.
+    """
+    if "-" in value:
+        first_s, last_s = value.split("-", 1)
+        first, last = ipaddress.ip_address(first_s.strip()), ipaddress.ip_address(last_s.strip())
+        if last < first or int(last) - int(first) > 65535:
+            raise ValueError(f"address range {value!r} is empty or larger than 65536")
+        return 24
+    network = ipaddress.ip_network(value, strict=False)
+    if network.num_addresses > 65536 * 4:
+        raise ValueError(f"address pool {value!r} is larger than a /14")
+    return network.prefixlen
+
+
+def _addresses(value: str, skip: set[str]) -> Iterator[str]:
+    if "-" in value:
+        first_s, last_s = value.split("-", 1)
+        first, last = ipaddress.ip_address(first_s.strip()), ipaddress.ip_address(last_s.strip())
+        for i in range(int(last) - int(first) + 1):
+            address = str(ipaddress.ip_address(int(first) + i))
+            if address not in skip:
+                yield address
+        return
+    for host in ipaddress.ip_network(value, strict=False).hosts():
+        if str(host) not in skip:
+            yield str(host)
 
 
 @dataclass(frozen=True)
@@ -133,5 +185,7 @@ class HypervisorBackend(Component):
 
     async def state(self, handle: ServerHandle) -> DomainState:
         """What the domain is doing now. ``MISSING`` when it does not exist. Never raises for a
-        missing domain."""
+        missing domain. ``STARTING`` while a guest powered on by :meth:`create`, :meth:`start`,
+        :meth:`reboot` or :meth:`resume` is still booting (a backend that cannot tell reports
+        ``RUNNING`` at once)."""
         raise NotImplementedError

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from vpsshop.db import touch_account
 from vpsshop.errors import ApiError
 from vpsshop.models import Account, LedgerEntry, utcnow
 from vpsshop.money import micros_to_usd
@@ -83,7 +84,9 @@ def post(
         existing = _by_dedupe_key(session, dedupe_key)
         if existing is not None:
             return Posting(existing, created=False)
-    savepoint = session.begin_nested()
+    # A savepoint only where a concurrent duplicate can be caught and answered (a dedupe key): it
+    # costs two round trips on PostgreSQL, and an order (no dedupe key) has nothing to catch.
+    savepoint = session.begin_nested() if dedupe_key is not None else None
     try:
         result = session.execute(
             sa.update(Account)
@@ -92,11 +95,13 @@ def post(
             .returning(Account.balance_micros)
         ).first()
         if result is None:
-            savepoint.rollback()
+            if savepoint is not None:
+                savepoint.rollback()
             balance = session.execute(select(Account.balance_micros).where(Account.id == account_id)).scalar()
             if balance is None:
                 raise LookupError(f"no account {account_id}")
             raise InsufficientBalance(-amount_micros, balance)
+        touch_account(session, account_id)
         entry = LedgerEntry(
             account_id=account_id,
             amount_micros=amount_micros,
@@ -109,8 +114,11 @@ def post(
         )
         session.add(entry)
         session.flush()
-        savepoint.commit()
+        if savepoint is not None:
+            savepoint.commit()
     except IntegrityError:
+        if savepoint is None:
+            raise
         savepoint.rollback()
         existing = _by_dedupe_key(session, dedupe_key) if dedupe_key else None
         if existing is None:

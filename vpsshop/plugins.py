@@ -29,6 +29,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("bitcoin", "vpsshop_bitcoin"),
     ("monero", "vpsshop_monero"),
     ("x402", "vpsshop_x402"),
+    ("simulator", "vpsshop_simulator"),
     ("libvirt", "vpsshop_libvirt"),
     ("evm", "vpsshop_evm"),
     ("tron", "vpsshop_tron"),

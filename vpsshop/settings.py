@@ -9,7 +9,8 @@ Where settings come from, first match wins:
 3. in the sandbox only, sandbox values.
 
 With no config file the service runs as a **sandbox**: SQLite in ``./vpsshop.db``, test networks,
-the libvirt test driver and fixed exchange rates. A config file is production unless it says
+fixed exchange rates, and (unless ``[hypervisor] backend`` names one) the hypervisor backend with
+the highest ``sandbox_priority``: the simulator. A config file is production unless it says
 ``mode = "sandbox"``, and production never takes a sandbox value: each missing setting is named in
 the error that stops start-up.
 """
@@ -50,6 +51,7 @@ class ServerSettings(_Section):
     workers: int = Field(1, ge=1, le=64)
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
+    access_log: bool = Field(True, description="One JSON line per request on stderr (vpsshop/accesslog.py).")
 
 
 class PluginSettings(_Section):
@@ -177,7 +179,6 @@ def sandbox_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
         "database_url": database_url,
         "public_url": "http://127.0.0.1:8000/v1",
         "rates": {"source": "fixed"},
-        "hypervisor": {"backend": "libvirt"},
         "catalog": {"source": "file"},
     }
     if not (data.get("secret_key") and data.get("encryption_key")):

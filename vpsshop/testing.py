@@ -20,6 +20,10 @@ Fixtures:
 ``vpsshop_account``
     A new account: ``.user_id``, ``.api_key``, ``.login_token``, ``.headers``, and
     ``.credit(usd)`` to fund it through the ledger.
+
+The hypervisor contract kit (``vpsshop/servers/contract.py``): subclass
+:class:`HypervisorContract` as ``TestMyBackend`` and override its ``hypervisor_backend`` fixture,
+or call :func:`check_hypervisor` on a backend and a :func:`contract_spec`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from vpsshop.servers.contract import HypervisorContract, check_hypervisor, contract_spec
+
+__all__ = ["HypervisorContract", "check_hypervisor", "contract_spec", "create_test_account", "postgres_test_url",
+           "reset_postgres"]
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PG_URL_ENV = "VPSSHOP_TEST_PG_URL"
@@ -95,7 +104,7 @@ def vpsshop_settings(vpsshop_database_url: str, vpsshop_overrides: dict[str, Any
         "database_url": vpsshop_database_url,
         "secret_key": TEST_SECRET_KEY,
         "encryption_key": TEST_ENCRYPTION_KEY,
-        "server": {"background": False},
+        "server": {"background": False, "access_log": False},
     }
     return load_settings(None, environ={}, overrides=_merge(base, vpsshop_overrides))
 

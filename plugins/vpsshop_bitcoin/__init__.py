@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Iterable, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from vpsshop import PluginError, Readiness, hookimpl
+from vpsshop import PluginError, Readiness, hookimpl, require_reachable
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
 from vpsshop.hdkeys import ExtendedPublicKey, KeyError_, p2wpkh_address
 
@@ -252,6 +252,12 @@ class UtxoCoin(DepositCoin):
                 continue
             checks.append(PaymentCheck(payment.identity, True, 0, None, None))
         return checks
+
+    async def preflight(self) -> None:
+        """Production refuses to start when the configured node does not answer at all."""
+        url = self.config.rpc_url  # type: ignore[attr-defined]
+        if url:
+            await require_reachable(url, setting=f"coins.{self.code}.rpc_url", what=f"{self.code} node")
 
     async def check_ready(self) -> Readiness:
         if self.rpc is None:

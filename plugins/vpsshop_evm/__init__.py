@@ -55,6 +55,7 @@ from vpsshop import (
     PaymentCheck,
     PluginError,
     Readiness,
+    require_reachable,
     ScanResult,
     WatchSet,
     hookimpl,
@@ -428,6 +429,12 @@ class EvmCoin(DepositCoin):
         if tx and tx.get("blockHash") is None:
             return PaymentCheck(identity, True, 0, None, None)  # back in the mempool
         return PaymentCheck(identity, False)
+
+    async def preflight(self) -> None:
+        """Production refuses to start when the configured node does not answer at all."""
+        url = self.config.rpc_url  # type: ignore[attr-defined]
+        if url:
+            await require_reachable(url, setting=f"coins.{self.code}.rpc_url", what=f"{self.code} node")
 
     async def check_ready(self) -> Readiness:
         if self.rpc is None:

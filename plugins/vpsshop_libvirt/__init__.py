@@ -16,8 +16,14 @@ Settings (``[hypervisor] backend = "libvirt"``)::
     [[hypervisor.libvirt.locations.nl.hosts]]
     uri = "qemu+ssh://root@kvm2.nl.example/system"
 
-A location named ``"*"`` serves every catalog location not listed. The sandbox uses libvirt's
-``test:///default`` driver for ``"*"``.
+A location named ``"*"`` serves every catalog location not listed. A sandbox that names
+``backend = "libvirt"`` uses libvirt's ``test:///default`` driver for ``"*"`` (a sandbox that names
+no backend runs the simulator instead).
+
+Needs libvirt-python (``pip install 'vpsshop[libvirt]'``, which compiles against Debian's
+``libvirt-dev``) and ``genisoimage`` or ``cloud-localds`` on the vpsshop host: :meth:`preflight`
+refuses to start without them, naming the remedy, and names the setting of a host that does not
+answer.
 
 How a server is made (:meth:`LibvirtBackend.create`):
 
@@ -38,7 +44,6 @@ Every libvirt call runs in a worker thread; the event loop never waits on a hype
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import shutil
 import subprocess
@@ -47,7 +52,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -59,13 +64,29 @@ from vpsshop import (
     Readiness,
     ServerHandle,
     ServerSpec,
+    StartupError,
+    check_address_range,
     hookimpl,
 )
 
 try:
     import libvirt
-except ImportError:  # pragma: no cover - the plugin then offers nothing (see the hook below)
+except ImportError:  # pragma: no cover - preflight then refuses to start, naming the remedy
     libvirt = None  # type: ignore[assignment]
+
+
+class _LibvirtMissing(Exception):
+    """Stands in for ``libvirt.libvirtError`` when libvirt-python is not installed."""
+
+
+LibvirtError: type[Exception] = libvirt.libvirtError if libvirt is not None else _LibvirtMissing
+
+INSTALL_BINDING = (
+    "pip install 'vpsshop[libvirt]' (libvirt-python; it compiles against the system's libvirt: "
+    "apt-get install libvirt-dev pkg-config gcc python3-dev first)"
+)
+INSTALL_SEED_TOOL = "apt-get install genisoimage (or cloud-image-utils, which has cloud-localds)"
+PREFLIGHT_CONNECT_SECONDS = 10.0
 
 SHUTDOWN_GRACE_SECONDS = 30.0
 _STATES = {
@@ -105,7 +126,7 @@ class LocationConfig(BaseModel):
     @classmethod
     def _parse(cls, value: str | None) -> str | None:
         if value is not None:
-            _address_range(value)
+            check_address_range(value)
         return value
 
 
@@ -119,30 +140,6 @@ class LibvirtConfig(BaseModel):
         SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown, then power off."
     )
     locations: dict[str, LocationConfig] = Field(min_length=1)
-
-
-def _address_range(value: str) -> tuple[list[ipaddress.IPv4Address | ipaddress.IPv6Address], int]:
-    """Addresses and prefix length of ``"10.0.0.0/24"`` or ``"10.0.0.10-10.0.0.20"`` (a /24 then)."""
-    if "-" in value:
-        first_s, last_s = value.split("-", 1)
-        first, last = ipaddress.ip_address(first_s.strip()), ipaddress.ip_address(last_s.strip())
-        if last < first or int(last) - int(first) > 65535:
-            raise ValueError(f"address range {value!r} is empty or larger than 65536")
-        return [ipaddress.ip_address(int(first) + i) for i in range(int(last) - int(first) + 1)], 24
-    network = ipaddress.ip_network(value, strict=False)
-    if network.num_addresses > 65536 * 4:
-        raise ValueError(f"address pool {value!r} is larger than a /14")
-    return [], network.prefixlen
-
-
-def _pool_addresses(value: str, skip: set[str]) -> Iterator[str]:
-    if "-" in value:
-        addresses, _ = _address_range(value)
-        yield from (str(a) for a in addresses if str(a) not in skip)
-        return
-    for address in ipaddress.ip_network(value, strict=False).hosts():
-        if str(address) not in skip:
-            yield str(address)
 
 
 def choose_host(candidates: Iterable[tuple[HostConfig, int, int]], need_mib: int) -> HostConfig | None:
@@ -272,7 +269,8 @@ class LibvirtBackend(HypervisorBackend):
         self.cfg: LibvirtConfig = config  # type: ignore[assignment]
         self._conns: dict[str, Any] = {}
         self._lock = threading.Lock()
-        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors arrive as exceptions
+        if libvirt is not None:
+            libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors arrive as exceptions
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -309,27 +307,25 @@ class LibvirtBackend(HypervisorBackend):
         if loc.addresses is None:
             return None
         name = location if location in self.cfg.locations else "*"
-        _, prefix = _address_range(loc.addresses)
-        skip = {loc.gateway} if loc.gateway else set()
-        return AddressPool(
-            pool=f"libvirt:{name}", addresses=_pool_addresses(loc.addresses, skip), prefix_length=prefix,
-            gateway=loc.gateway, nameservers=tuple(loc.nameservers),
-        )
+        return AddressPool.from_range(f"libvirt:{name}", loc.addresses, gateway=loc.gateway,
+                                      nameservers=loc.nameservers)
 
     # ---- connections ----------------------------------------------------------------------------
 
     def _conn(self, uri: str) -> Any:
+        if libvirt is None:
+            raise PluginError(f"libvirt-python is not installed: {INSTALL_BINDING}")
         with self._lock:
             conn = self._conns.get(uri)
             if conn is not None:
                 try:
                     if conn.isAlive():
                         return conn
-                except libvirt.libvirtError:
+                except LibvirtError:
                     pass
             try:
                 conn = libvirt.open(uri)
-            except libvirt.libvirtError as exc:
+            except LibvirtError as exc:
                 raise PluginError(f"cannot connect to {uri}: {exc.get_error_message()}") from None
             self._conns[uri] = conn
             return conn
@@ -337,7 +333,7 @@ class LibvirtBackend(HypervisorBackend):
     def _lookup(self, conn: Any, name: str) -> Any | None:
         try:
             return conn.lookupByName(name)
-        except libvirt.libvirtError as exc:
+        except LibvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 return None
             raise PluginError(f"looking up domain {name}: {exc.get_error_message()}") from None
@@ -364,7 +360,7 @@ class LibvirtBackend(HypervisorBackend):
                 if existing is not None:  # an earlier attempt defined it here
                     return host, conn
                 candidates.append((host, self._used_mib(conn), self._capacity_mib(host, conn)))
-            except (PluginError, libvirt.libvirtError) as exc:
+            except (PluginError, LibvirtError) as exc:
                 errors.append(f"{host.key}: {exc}")
         chosen = choose_host(candidates, spec.memory_mib)
         if chosen is None:
@@ -375,7 +371,7 @@ class LibvirtBackend(HypervisorBackend):
     def _volume(self, pool: Any, name: str) -> Any | None:
         try:
             return pool.storageVolLookupByName(name)
-        except libvirt.libvirtError as exc:
+        except LibvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
                 return None
             raise
@@ -383,7 +379,7 @@ class LibvirtBackend(HypervisorBackend):
     def _pool(self, conn: Any, loc: LocationConfig) -> tuple[Any, str]:
         try:
             pool = conn.storagePoolLookupByName(loc.pool)
-        except libvirt.libvirtError as exc:
+        except LibvirtError as exc:
             raise PluginError(f"storage pool {loc.pool!r}: {exc.get_error_message()}") from None
         path = ET.fromstring(pool.XMLDesc()).findtext("target/path")
         if not path:
@@ -398,7 +394,7 @@ class LibvirtBackend(HypervisorBackend):
             xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, self.cfg.base_image_format))
             try:
                 vol = pool.createXML(xml, 0)
-            except libvirt.libvirtError as exc:
+            except LibvirtError as exc:
                 raise PluginError(f"creating disk {name} on base image {spec.os_image}: {exc.get_error_message()}") from None
         return vol
 
@@ -415,7 +411,7 @@ class LibvirtBackend(HypervisorBackend):
             stream = conn.newStream(0)
             try:
                 vol.upload(stream, 0, size, 0)
-            except libvirt.libvirtError as exc:
+            except LibvirtError as exc:
                 if exc.get_error_code() == libvirt.VIR_ERR_NO_SUPPORT and conn.getURI().startswith("test:"):
                     return vol  # libvirt's test driver keeps no volume content: nothing to upload to
                 raise PluginError(f"uploading seed ISO: {exc.get_error_message()}") from None
@@ -436,7 +432,7 @@ class LibvirtBackend(HypervisorBackend):
                 dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
             if not dom.isActive():
                 dom.create()
-        except libvirt.libvirtError as exc:
+        except LibvirtError as exc:
             raise PluginError(f"creating {spec.name} on {host.key}: {exc.get_error_message()}") from None
         return ServerHandle(host=host.key, domain=spec.name, ip=spec.ip)
 
@@ -460,7 +456,7 @@ class LibvirtBackend(HypervisorBackend):
             return
         try:
             dom.shutdown()  # ACPI: the guest shuts down cleanly if it listens
-        except libvirt.libvirtError:
+        except LibvirtError:
             pass
         deadline = time.monotonic() + grace
         while dom.isActive() and time.monotonic() < deadline:
@@ -475,7 +471,7 @@ class LibvirtBackend(HypervisorBackend):
             return
         try:
             dom.reboot(0)
-        except libvirt.libvirtError:
+        except LibvirtError:
             dom.reset(0)
 
     def _destroy(self, handle: ServerHandle) -> None:
@@ -511,7 +507,7 @@ class LibvirtBackend(HypervisorBackend):
     async def _run(self, fn: Any, *args: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)
-        except libvirt.libvirtError as exc:
+        except LibvirtError as exc:
             raise PluginError(f"libvirt: {exc.get_error_message()}") from None
 
     async def start(self, handle: ServerHandle) -> None:
@@ -546,14 +542,49 @@ class LibvirtBackend(HypervisorBackend):
                 hosts += 1
                 try:
                     self._conn(host.uri).getVersion()
-                except (PluginError, libvirt.libvirtError) as exc:
+                except (PluginError, LibvirtError) as exc:
                     problems.append(f"{host.key}: {exc}")
         if problems:
             return Readiness(False, "; ".join(problems)[:300])
         return Readiness(True, f"{hosts} host(s) answer")
 
     async def check_ready(self) -> Readiness:
+        if libvirt is None:
+            return Readiness(False, f"libvirt-python is not installed: {INSTALL_BINDING}")
         return await asyncio.to_thread(self._check)
+
+    async def preflight(self) -> None:
+        """Refuse to start without the binding, without a seed-ISO tool, or with a host that does
+        not answer at all (each message names the remedy)."""
+        if libvirt is None:
+            raise StartupError(f"hypervisor backend 'libvirt' needs libvirt-python, which is not installed: "
+                               f"{INSTALL_BINDING}")
+        if not (shutil.which("cloud-localds") or shutil.which("genisoimage")):
+            raise StartupError("hypervisor backend 'libvirt' builds each server's first-boot (NoCloud) seed image "
+                               f"with genisoimage or cloud-localds, and neither is installed: {INSTALL_SEED_TOOL}")
+        problems = []
+        for name, loc in self.cfg.locations.items():
+            for index, host in enumerate(loc.hosts):
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(self._preflight_host, host.uri),
+                                           PREFLIGHT_CONNECT_SECONDS)
+                except asyncio.TimeoutError:
+                    problem = f"no answer within {PREFLIGHT_CONNECT_SECONDS:g} s"
+                except PluginError as exc:
+                    problem = str(exc)
+                else:
+                    continue
+                problems.append(f"host {host.uri} (setting hypervisor.libvirt.locations.{name}.hosts[{index}].uri) "
+                                f"does not answer: {problem}")
+        if problems:
+            raise StartupError("; ".join(problems) + ". Is libvirtd running there, and can this user reach it "
+                               "(virsh -c URI version)?")
+
+    def _preflight_host(self, uri: str) -> None:
+        try:
+            self._conn(uri).getVersion()
+        except LibvirtError as exc:
+            raise PluginError(exc.get_error_message()) from None  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         with self._lock:
@@ -561,12 +592,12 @@ class LibvirtBackend(HypervisorBackend):
         for conn in conns:
             try:
                 conn.close()
-            except libvirt.libvirtError:
+            except LibvirtError:
                 pass
 
 
 @hookimpl(trylast=True)
 def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
-    if libvirt is None:  # libvirt-python missing: `pip install vpsshop[libvirt]` (needs libvirt-dev)
-        return []
+    # Offered even without libvirt-python: a config naming it then fails preflight with the remedy,
+    # not with "no plugin offers hypervisor backend 'libvirt'".
     return [LibvirtBackend]

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Iterable, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from vpsshop import PluginError, Readiness, hookimpl
+from vpsshop import PluginError, Readiness, hookimpl, require_reachable
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
 from vpsshop_monero.addresses import MoneroKeyError, ViewWallet
 
@@ -222,6 +222,13 @@ class Monero(DepositCoin):
             checks.append(PaymentCheck(payment.identity, True,
                                        int(t.get("confirmations") or 0) if height else 0, height, None))
         return checks
+
+    async def preflight(self) -> None:
+        """Production refuses to start when the configured monero-wallet-rpc does not answer at all."""
+        url = self.config.wallet_rpc_url  # type: ignore[attr-defined]
+        if url:
+            await require_reachable(url, setting=f"coins.{self.code}.wallet_rpc_url",
+                                    what=f"{self.code} monero-wallet-rpc")
 
     async def check_ready(self) -> Readiness:
         if self.rpc is None:

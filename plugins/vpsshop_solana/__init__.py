@@ -62,6 +62,7 @@ from vpsshop import (
     PaymentCheck,
     PluginError,
     Readiness,
+    require_reachable,
     ScanResult,
     WatchSet,
     hookimpl,
@@ -413,6 +414,12 @@ class Solana(DepositCoin):
                                         {"encoding": "base64", "preflightCommitment": "confirmed"})
             results.append(SweepResult(index, key.address, lamports - LAMPORTS_PER_SIGNATURE, str(signature)))
         return results
+
+    async def preflight(self) -> None:
+        """Production refuses to start when the configured node does not answer at all."""
+        url = self.config.rpc_url  # type: ignore[attr-defined]
+        if url:
+            await require_reachable(url, setting=f"coins.{self.code}.rpc_url", what=f"{self.code} node")
 
     async def check_ready(self) -> Readiness:
         if self._seed is None:

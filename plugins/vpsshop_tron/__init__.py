@@ -60,6 +60,7 @@ from vpsshop import (
     PaymentCheck,
     PluginError,
     Readiness,
+    require_reachable,
     ScanResult,
     WatchSet,
     hookimpl,
@@ -318,6 +319,12 @@ class TronCoin(DepositCoin):
             else:
                 checks.append(PaymentCheck(payment.identity, False))
         return checks
+
+    async def preflight(self) -> None:
+        """Production refuses to start when the configured node does not answer at all."""
+        url = self.config.api_url  # type: ignore[attr-defined]
+        if url:
+            await require_reachable(url, setting=f"coins.{self.code}.api_url", what=f"{self.code} node")
 
     async def check_ready(self) -> Readiness:
         if self.api is None:

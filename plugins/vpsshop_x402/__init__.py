@@ -45,6 +45,7 @@ from vpsshop import (
     PaymentCoin,
     PluginError,
     Readiness,
+    require_reachable,
     X402Coin,
     X402Payment,
     X402Rejected,
@@ -611,10 +612,22 @@ class USDCBASE(X402Coin):
 
     # ---- health ----
 
+    async def preflight(self) -> None:
+        """Production refuses to start when the Base node (direct) or the facilitator does not answer at all."""
+        if self.sandbox and self.config.pay_to.lower() == SANDBOX_PAY_TO.lower():
+            return  # the sandbox's placeholder settles nothing: no peer to check (the sandbox may be offline)
+        if self.config.mode == "direct" and self.config.rpc_url:
+            await require_reachable(self.config.rpc_url, setting="coins.USDCBASE.rpc_url", what="USDCBASE Base node")
+        elif self.config.mode == "facilitator" and self.config.facilitator_url:
+            await require_reachable(self.config.facilitator_url, setting="coins.USDCBASE.facilitator_url",
+                                    what="USDCBASE x402 facilitator")
+
     async def check_ready(self) -> Readiness:
         """Ready when payments can be settled now: says what is missing otherwise."""
         if self.config.pay_to.lower() == SANDBOX_PAY_TO.lower():
-            return Readiness(False, "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address")
+            # Not ready for real use; enough for a sandbox: the 402 and its payment requirements work.
+            return Readiness(False, "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address "
+                             "(payment requirements are served; nothing settles to you)", sandbox_ok=self.sandbox)
         if self.config.mode == "direct":
             chain = self._chain
             if chain is None or chain.relayer is None:

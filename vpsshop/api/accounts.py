@@ -10,6 +10,7 @@ from sqlmodel import select
 
 from vpsshop.auth import login_token_selector, new_api_key, new_login_token, verify_login_token
 from vpsshop.context import AppContext
+from vpsshop.db import touch_account
 from vpsshop.errors import NotFound, Unauthorized
 from vpsshop.models import Account, ApiKey
 from vpsshop.money import UsdAmount, micros_to_usd
@@ -102,7 +103,8 @@ async def create_account(call: Call) -> AccountCreated:
 async def get_account(call: Call) -> AccountOut:
     me = call.principal
     assert me is not None
-    return AccountOut(
+    # Every value comes typed from the authentication read: construct without re-validating.
+    return AccountOut.model_construct(
         user_id=me.account_id,
         balance_usd=micros_to_usd(me.balance_micros),
         servers=me.servers,
@@ -149,6 +151,7 @@ def _revoke_key(ctx: AppContext, account_id: int, key_id: int) -> ApiKeyRevoked:
             raise NotFound("API key")
         key.revoked_at = now
         session.add(key)
+        touch_account(session, account_id)  # this process forgets the key before it answers
         return ApiKeyRevoked(id=key_id, prefix=key.prefix, revoked_at=now)
 
 

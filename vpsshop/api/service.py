@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -14,6 +14,9 @@ from vpsshop import __version__
 from vpsshop.catalog import Catalog
 from vpsshop.component import Readiness
 from vpsshop.routing import ApiRoute, Call, Reply
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext, LoadedComponent
 
 HEALTH_CHECK_TIMEOUT = 3.0
 HEALTH_CACHE_SECONDS = 2.0
@@ -28,7 +31,11 @@ class ComponentHealth(BaseModel):
     kind: str = Field(description="coin, hypervisor, catalog or rates")
     id: str = Field(description="The coin code, backend kind or source name.")
     plugin: str = Field(description="Name of the plugin that provides it.")
-    ready: bool
+    ready: bool = Field(
+        description="Ready for what this mode promises. Production: real customers can use it now (its node "
+        "answers, its file loaded). Sandbox: it does what a sandbox does (test addresses, payment requirements, "
+        "simulated servers) even when it could not take real money; detail then says what real use needs."
+    )
     detail: str = ""
 
 
@@ -36,8 +43,9 @@ class Health(BaseModel):
     """Response of ``GET /health``."""
 
     status: Literal["ok", "degraded", "down"] = Field(
-        description="ok: everything ready; degraded: the database works but a component is not ready; "
-        "down: the database does not answer (status code 503)."
+        description="ok: the database answers and every component is ready (see components[].ready for what "
+        "ready means in each mode); degraded: the database works but a component is not ready; down: the database "
+        "does not answer (status code 503)."
     )
     version: str
     mode: Literal["sandbox", "production"]
@@ -63,18 +71,30 @@ async def _readiness(component: object | None) -> Readiness:
         return Readiness(False, f"check failed: {type(exc).__name__}")
 
 
+async def component_readiness(ctx: "AppContext") -> list[tuple["LoadedComponent", Readiness]]:
+    """Every loaded component with its readiness, checked concurrently, each within the time limit."""
+    items = list(ctx.components())
+    readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
+    return list(zip(items, readiness))
+
+
+def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:
+    """Ready for what this mode promises: real use in production; in the sandbox, what a sandbox
+    does (a component may say so with ``Readiness.sandbox_ok`` while not ready for real use)."""
+    return readiness.ok or (sandbox and bool(readiness.sandbox_ok))
+
+
 async def get_health(call: Call) -> Reply:
     ctx = call.ctx
     cached = ctx.extras.get("health")
     if cached is not None and time.monotonic() - cached[0] < HEALTH_CACHE_SECONDS:
         return cached[1]
-    items = list(ctx.components())
-    db_ok, readiness = await asyncio.gather(
-        run_in_threadpool(ctx.db.check), asyncio.gather(*(_readiness(item.component) for item in items))
-    )
+    db_ok, checked = await asyncio.gather(run_in_threadpool(ctx.db.check), component_readiness(ctx))
+    sandbox = ctx.settings.sandbox
     components = [
-        ComponentHealth(kind=item.kind, id=item.key, plugin=item.plugin, ready=r.ok, detail=r.detail)
-        for item, r in zip(items, readiness)
+        ComponentHealth(kind=item.kind, id=item.key, plugin=item.plugin, ready=ready_in_mode(r, sandbox),
+                        detail=r.detail)
+        for item, r in checked
     ]
     status = "down" if not db_ok else ("ok" if all(c.ready for c in components) else "degraded")
     body = Health(

@@ -183,6 +183,33 @@ def _writers(ctx: AppContext) -> Any:
     return lock
 
 
+def _insert_order_pg(values: dict[str, Any], default_hostname: bool, detail: str, now: datetime) -> Any:
+    """PostgreSQL: the server row, its ``ordered`` event and its ``provision`` job in one statement.
+
+    The id is drawn from the table's sequence first, so the default hostname ``vps-<id>`` goes into
+    the same insert (elsewhere it takes an insert and an update).
+    """
+    servers, events, jobs = Server.__table__, ServerEvent.__table__, ServerJob.__table__  # type: ignore[attr-defined]
+    fields = {k: v for k, v in values.items() if not (default_hostname and k == "hostname")}
+    seq = sa.select(sa.func.nextval(sa.func.pg_get_serial_sequence("servers", "id")).label("n")).cte("n")
+    columns: list[Any] = [seq.c.n, *(sa.literal(v, servers.c[k].type) for k, v in fields.items())]
+    names = ["id", *fields]
+    if default_hostname:
+        columns.append(sa.literal("vps-") + sa.cast(seq.c.n, sa.String))
+        names.append("hostname")
+    server = sa.insert(servers).from_select(names, sa.select(*columns)).returning(servers.c.id).cte("s")
+    event = sa.insert(events).from_select(
+        ["server_id", "kind", "detail", "created_at"],
+        sa.select(server.c.id, sa.literal("ordered"), sa.literal(detail), sa.literal(now, events.c.created_at.type)),
+    ).cte("e")
+    job = sa.insert(jobs).from_select(
+        ["server_id", "kind", "status", "attempts", "run_after", "created_at"],
+        sa.select(server.c.id, sa.literal("provision"), sa.literal("queued"), sa.literal(0),
+                  sa.literal(now, jobs.c.run_after.type), sa.literal(now, jobs.c.created_at.type)),
+    ).cte("j")
+    return sa.select(server.c.id).add_cte(event).add_cte(job)
+
+
 def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -> Reply:
     price = _resolve(ctx, body)
     digest = _digest(body)
@@ -203,15 +230,21 @@ def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -
                 root_password_enc=encrypt_password(ctx, password), idempotency_key=key,
                 request_digest=digest if key is not None else None, auto_renew=True,
             )
-            server_id = session.execute(sa.insert(Server).values(**values).returning(Server.id)).scalar_one()
-            if body.hostname is None:
-                values["hostname"] = f"vps-{server_id}"
-                session.execute(sa.update(Server).where(Server.id == server_id).values(hostname=values["hostname"]))
-            session.execute(sa.insert(ServerEvent).values(
-                server_id=server_id, kind="ordered", created_at=now,
-                detail=f"{body.plan} {body.location} {body.os} {body.cycle}"))
-            session.execute(sa.insert(ServerJob).values(
-                server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
+            detail = f"{body.plan} {body.location} {body.os} {body.cycle}"
+            if ctx.db.dialect == "postgresql":
+                # One round trip for the server (its default hostname from its id), its history row and its job.
+                server_id = session.execute(_insert_order_pg(values, body.hostname is None, detail, now)).scalar_one()
+                if body.hostname is None:
+                    values["hostname"] = f"vps-{server_id}"
+            else:
+                server_id = session.execute(sa.insert(Server).values(**values).returning(Server.id)).scalar_one()
+                if body.hostname is None:
+                    values["hostname"] = f"vps-{server_id}"
+                    session.execute(sa.update(Server).where(Server.id == server_id).values(hostname=values["hostname"]))
+                session.execute(sa.insert(ServerEvent).values(
+                    server_id=server_id, kind="ordered", created_at=now, detail=detail))
+                session.execute(sa.insert(ServerJob).values(
+                    server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
             # Last: the balance update locks the account row until commit, so keep that short.
             ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
                         memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)

@@ -1,30 +1,93 @@
-"""A contract every hypervisor backend must meet, runnable against any backend and daemon.
+"""The hypervisor contract: what core relies on, as tests any backend runs against itself.
 
-A plugin's test suite calls :func:`check_backend` with its backend (configured against a real or
-test daemon) and a spec; it walks one server through the verbs core uses, in the order core uses
-them, and checks the idempotency core relies on when it retries a job::
+Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs). Two ways to use it:
 
-    from vpsshop.servers.contract import check_backend
+1. **The test class.** Subclass :class:`HypervisorContract` in a test module whose name starts
+   with ``Test``, and give it the backend (built against a real or test daemon) as the
+   ``hypervisor_backend`` fixture. Every contract test then runs against it, one test per rule,
+   so a failure names the rule that broke::
 
-    def test_my_backend_meets_the_contract(my_backend):
-        asyncio.run(check_backend(my_backend, ServerSpec(name="vps-contract-1", ...)))
+       import pytest
+       from vpsshop.testing import HypervisorContract
 
-It raises ``AssertionError`` naming the verb that broke the contract, and always destroys what it
-created.
+       class TestMyBackend(HypervisorContract):
+           @pytest.fixture
+           def hypervisor_backend(self):
+               backend = MyBackend.from_settings({...}, sandbox=False, where="hypervisor.mine")
+               yield backend
+               asyncio.run(backend.close())
+
+   Optional fixtures: ``hypervisor_location`` (a location the backend serves, default ``"nl"``),
+   ``hypervisor_spec_overrides`` (fields of the :class:`~vpsshop.ServerSpec`, e.g. the OS image
+   your test host has) and ``hypervisor_boot_timeout`` (seconds a domain may report
+   ``starting``, default 60).
+
+2. **One walk.** :func:`check_hypervisor` takes one server through every verb in the order core
+   uses them, twice where core may retry, and raises ``AssertionError`` naming the verb that broke
+   the contract. It always destroys what it created.
+
+What the contract says (``docs/plugins.md``, "Hypervisor backends"):
+
+* ``create`` returns a handle whose ``domain`` is ``spec.name`` and whose ``host`` is set; the
+  domain is powered on: ``state`` reports ``starting`` and then ``running`` within the boot time;
+* ``create`` again with the same spec returns the same host and domain (a retried job);
+* ``start``/``resume`` of a running domain, ``stop``/``suspend`` of a stopped one, ``destroy`` of a
+  missing one do nothing and do not raise; ``reboot`` of a stopped domain starts it;
+* ``state`` of a domain that never existed is ``missing``, without raising;
+* ``start`` or ``reboot`` of a missing domain raises :class:`vpsshop.PluginError`;
+* ``address_pool`` is None or an :class:`~vpsshop.AddressPool` of distinct address strings.
 """
 
 from __future__ import annotations
 
-from vpsshop.hypervisor import DomainState, HypervisorBackend, ServerHandle, ServerSpec
+import asyncio
+import itertools
+import secrets
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from vpsshop.errors import PluginError
+from vpsshop.hypervisor import AddressPool, DomainState, HypervisorBackend, ServerHandle, ServerSpec
+
+DEFAULT_BOOT_TIMEOUT = 60.0
+_POLL_SECONDS = 0.1
 
 
-async def _expect(backend: HypervisorBackend, handle: ServerHandle, wanted: DomainState, after: str) -> None:
+def contract_spec(location: str = "nl", **overrides: Any) -> ServerSpec:
+    """A small server (1 vCPU, 256 MiB, 5 GiB, Debian 12) with a unique name."""
+    values: dict[str, Any] = dict(
+        name=f"vps-contract-{secrets.token_hex(4)}", hostname="contract", location=location, vcpu=1,
+        memory_mib=256, disk_gib=5, os_id="debian-12", os_image="debian-12-genericcloud-amd64.qcow2",
+        root_password="contract-Pass-1234",
+    )
+    values.update(overrides)
+    return ServerSpec(**values)
+
+
+async def wait_running(backend: HypervisorBackend, handle: ServerHandle, after: str,
+                       boot_timeout: float = DEFAULT_BOOT_TIMEOUT) -> None:
+    """Wait while the domain reports ``starting``; it must then report ``running``."""
+    deadline = time.monotonic() + boot_timeout
+    while True:
+        state = await backend.state(handle)
+        if state != DomainState.STARTING:
+            break
+        assert time.monotonic() < deadline, f"after {after} the domain is still starting after {boot_timeout:g} s"
+        await asyncio.sleep(_POLL_SECONDS)
+    assert state == DomainState.RUNNING, f"after {after} the domain is {state.value}, expected running"
+
+
+async def expect_state(backend: HypervisorBackend, handle: ServerHandle, wanted: DomainState, after: str) -> None:
     state = await backend.state(handle)
     assert state == wanted, f"after {after} the domain is {state.value}, expected {wanted.value}"
 
 
-async def check_backend(backend: HypervisorBackend, spec: ServerSpec) -> ServerHandle:
-    """Create, re-create, stop, start, reboot, suspend, resume and destroy one server.
+async def check_hypervisor(backend: HypervisorBackend, spec: ServerSpec,
+                           boot_timeout: float = DEFAULT_BOOT_TIMEOUT) -> ServerHandle:
+    """Create, re-create, start, stop, reboot, suspend, resume and destroy one server, checking the
+    states and the idempotency core relies on.
 
     :return: the handle ``create`` returned (the domain is gone by then).
     """
@@ -32,30 +95,128 @@ async def check_backend(backend: HypervisorBackend, spec: ServerSpec) -> ServerH
     try:
         assert handle.domain == spec.name, f"create returned domain {handle.domain!r}, not spec.name {spec.name!r}"
         assert handle.host, "create must say which host the domain is on"
-        await _expect(backend, handle, DomainState.RUNNING, "create")
+        await wait_running(backend, handle, "create", boot_timeout)
         again = await backend.create(spec)
         assert (again.host, again.domain) == (handle.host, handle.domain), "create is not idempotent"
+        await expect_state(backend, handle, DomainState.RUNNING, "create of an existing running domain")
         handle = ServerHandle(handle.host, handle.domain, handle.ip, spec.location)
         await backend.start(handle)
-        await _expect(backend, handle, DomainState.RUNNING, "start of a running domain")
+        await expect_state(backend, handle, DomainState.RUNNING, "start of a running domain")
         await backend.stop(handle)
-        await _expect(backend, handle, DomainState.STOPPED, "stop")
+        await expect_state(backend, handle, DomainState.STOPPED, "stop")
         await backend.stop(handle)
-        await _expect(backend, handle, DomainState.STOPPED, "stop of a stopped domain")
+        await expect_state(backend, handle, DomainState.STOPPED, "stop of a stopped domain")
         await backend.reboot(handle)
-        await _expect(backend, handle, DomainState.RUNNING, "reboot of a stopped domain")
+        await wait_running(backend, handle, "reboot of a stopped domain", boot_timeout)
         await backend.reboot(handle)
-        await _expect(backend, handle, DomainState.RUNNING, "reboot")
+        await wait_running(backend, handle, "reboot", boot_timeout)
         await backend.suspend(handle)
-        await _expect(backend, handle, DomainState.STOPPED, "suspend")
+        await expect_state(backend, handle, DomainState.STOPPED, "suspend")
         await backend.suspend(handle)
+        await expect_state(backend, handle, DomainState.STOPPED, "suspend of a suspended domain")
         await backend.resume(handle)
-        await _expect(backend, handle, DomainState.RUNNING, "resume")
+        await wait_running(backend, handle, "resume", boot_timeout)
         await backend.resume(handle)
-        await _expect(backend, handle, DomainState.RUNNING, "resume of a running domain")
+        await expect_state(backend, handle, DomainState.RUNNING, "resume of a running domain")
     finally:
         await backend.destroy(handle)
-    await _expect(backend, handle, DomainState.MISSING, "destroy")
+    await expect_state(backend, handle, DomainState.MISSING, "destroy")
     await backend.destroy(handle)
-    await _expect(backend, handle, DomainState.MISSING, "destroy of a missing domain")
+    await expect_state(backend, handle, DomainState.MISSING, "destroy of a missing domain")
     return handle
+
+
+check_backend = check_hypervisor
+"""The name this walk had before ``vpsshop.testing`` exposed it."""
+
+
+class HypervisorContract:
+    """Contract tests for a hypervisor backend: subclass it as ``TestSomething`` (module docstring)."""
+
+    @pytest.fixture
+    def hypervisor_backend(self) -> HypervisorBackend:  # pragma: no cover - overridden by the subclass
+        raise NotImplementedError("override the hypervisor_backend fixture with your configured backend")
+
+    @pytest.fixture
+    def hypervisor_location(self) -> str:
+        return "nl"
+
+    @pytest.fixture
+    def hypervisor_spec_overrides(self) -> dict[str, Any]:
+        return {}
+
+    @pytest.fixture
+    def hypervisor_boot_timeout(self) -> float:
+        return DEFAULT_BOOT_TIMEOUT
+
+    @pytest.fixture
+    def hypervisor_spec(self, hypervisor_location: str, hypervisor_spec_overrides: dict[str, Any]) -> ServerSpec:
+        return contract_spec(hypervisor_location, **hypervisor_spec_overrides)
+
+    @pytest.fixture
+    def created(self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec,
+                hypervisor_boot_timeout: float) -> Iterator[ServerHandle]:
+        """A running domain, destroyed afterwards."""
+        handle = asyncio.run(hypervisor_backend.create(hypervisor_spec))
+        handle = ServerHandle(handle.host, handle.domain, handle.ip, hypervisor_spec.location)
+        try:
+            asyncio.run(wait_running(hypervisor_backend, handle, "create", hypervisor_boot_timeout))
+            yield handle
+        finally:
+            asyncio.run(hypervisor_backend.destroy(handle))
+
+    def test_whole_life_of_a_server(self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec,
+                                    hypervisor_boot_timeout: float) -> None:
+        asyncio.run(check_hypervisor(hypervisor_backend, hypervisor_spec, hypervisor_boot_timeout))
+
+    def test_create_names_the_domain_and_its_host(self, created: ServerHandle, hypervisor_spec: ServerSpec) -> None:
+        assert created.domain == hypervisor_spec.name
+        assert created.host, "create must say which host the domain is on"
+
+    def test_create_again_returns_the_same_domain(self, hypervisor_backend: HypervisorBackend,
+                                                 created: ServerHandle, hypervisor_spec: ServerSpec) -> None:
+        again = asyncio.run(hypervisor_backend.create(hypervisor_spec))
+        assert (again.host, again.domain) == (created.host, created.domain)
+        asyncio.run(expect_state(hypervisor_backend, created, DomainState.RUNNING, "a second create"))
+
+    def test_power_verbs_are_idempotent(self, hypervisor_backend: HypervisorBackend, created: ServerHandle,
+                                        hypervisor_boot_timeout: float) -> None:
+        async def walk() -> None:
+            for verb in ("stop", "stop", "suspend"):
+                await getattr(hypervisor_backend, verb)(created)
+                await expect_state(hypervisor_backend, created, DomainState.STOPPED, verb)
+            for verb in ("start", "start", "resume"):
+                await getattr(hypervisor_backend, verb)(created)
+                await wait_running(hypervisor_backend, created, verb, hypervisor_boot_timeout)
+
+        asyncio.run(walk())
+
+    def test_reboot_starts_a_stopped_domain(self, hypervisor_backend: HypervisorBackend, created: ServerHandle,
+                                            hypervisor_boot_timeout: float) -> None:
+        asyncio.run(hypervisor_backend.stop(created))
+        asyncio.run(hypervisor_backend.reboot(created))
+        asyncio.run(wait_running(hypervisor_backend, created, "reboot of a stopped domain", hypervisor_boot_timeout))
+
+    def test_destroy_removes_and_is_idempotent(self, hypervisor_backend: HypervisorBackend,
+                                               created: ServerHandle) -> None:
+        asyncio.run(hypervisor_backend.destroy(created))
+        asyncio.run(expect_state(hypervisor_backend, created, DomainState.MISSING, "destroy"))
+        asyncio.run(hypervisor_backend.destroy(created))
+        asyncio.run(hypervisor_backend.stop(created))  # stopping a missing domain: nothing to do
+
+    def test_missing_domain(self, hypervisor_backend: HypervisorBackend, created: ServerHandle) -> None:
+        handle = ServerHandle(host=created.host, domain=f"{created.domain}-never", location=created.location)
+        asyncio.run(expect_state(hypervisor_backend, handle, DomainState.MISSING, "nothing"))
+        for verb in ("start", "reboot"):
+            with pytest.raises(PluginError):
+                asyncio.run(getattr(hypervisor_backend, verb)(handle))
+
+    def test_address_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
+        pool = hypervisor_backend.address_pool(hypervisor_location)
+        if pool is None:
+            return  # the backend assigns addresses itself
+        assert isinstance(pool, AddressPool) and pool.pool
+        first = list(itertools.islice(iter(pool.addresses), 64))
+        assert first and all(isinstance(a, str) for a in first)
+        assert len(set(first)) == len(first), "an address pool lists an address twice"
+        assert pool.gateway not in first, "the gateway is not an address to hand out"

@@ -58,8 +58,20 @@ class ClaimedJob:
     worker: str
 
 
+BOOT_RECHECK_SECONDS = 0.5
+"""How soon a provisioning job looks again at a domain that reports ``starting``."""
+
+
 class RetryLater(Exception):
-    """The job cannot run yet (no hypervisor loaded, the domain still booting): not a failure."""
+    """The job cannot run yet (no hypervisor loaded, the domain still booting): not a failure.
+
+    The job goes back to the queue without counting an attempt, to run again after ``after``
+    seconds (default: ``servers.jobs_interval_seconds``).
+    """
+
+    def __init__(self, message: str, after: float | None = None) -> None:
+        super().__init__(message)
+        self.after = after
 
 
 def claim(ctx: AppContext, worker: str = WORKER_ID) -> ClaimedJob | None:
@@ -182,6 +194,13 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
     assert ctx.hypervisor is not None
     handle = await ctx.hypervisor.create(spec)
     state = await ctx.hypervisor.state(handle)
+    if state == DomainState.STARTING:
+        waited = (ctx.clock.now() - server.created_at).total_seconds()
+        limit = policy(ctx).boot_timeout_seconds
+        if waited < limit:
+            raise RetryLater(f"domain {handle.domain} is booting", after=BOOT_RECHECK_SECONDS)
+        raise PluginError(f"domain {handle.domain} is still starting {waited:.0f} s after the order "
+                          f"(servers.boot_timeout_seconds = {limit:g})")
     if state != DomainState.RUNNING:
         raise PluginError(f"domain {handle.domain} is {state.value} after creation, not running")
     ip = handle.ip or spec.ip
@@ -263,7 +282,7 @@ async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
         else:
             await _verb(ctx, job)
     except RetryLater as exc:
-        await to_thread.run_sync(_requeue, ctx, job, str(exc), False, pol)
+        await to_thread.run_sync(_requeue, ctx, job, str(exc), False, pol, exc.after)
         return "retry"
     except Exception as exc:  # noqa: BLE001 - any failure of a verb is recorded, never lost
         error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
@@ -278,9 +297,13 @@ async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
     return "done"
 
 
-def _requeue(ctx: AppContext, job: ClaimedJob, error: str, counts: bool, pol: ServersPolicy) -> None:
+def _requeue(ctx: AppContext, job: ClaimedJob, error: str, counts: bool, pol: ServersPolicy,
+             after: float | None = None) -> None:
     now = ctx.clock.now()
-    delay = pol.retry_seconds * 2 ** (job.attempts - 1) if counts else pol.jobs_interval_seconds
+    if counts:
+        delay = pol.retry_seconds * 2 ** (job.attempts - 1)
+    else:
+        delay = pol.jobs_interval_seconds if after is None else after
     with ctx.db.session() as session:
         _finish(session, job, now, status="queued", run_after=now + timedelta(seconds=delay), locked_until=None,
                 locked_by=None, last_error=error[:500],

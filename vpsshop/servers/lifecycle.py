@@ -63,7 +63,10 @@ class ServersPolicy(BaseModel):
     provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
     retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
     job_lease_seconds: float = Field(600, ge=10, le=86400, description="A running job's lease.")
-    jobs_interval_seconds: float = Field(2, ge=0.05, le=600)
+    boot_timeout_seconds: float = Field(
+        900, ge=1, le=86400,
+        description="A new server whose domain still reports starting this long after the order: a failed attempt.")
+    jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
     job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
     lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
 

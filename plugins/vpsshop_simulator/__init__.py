@@ -1,0 +1,165 @@
+"""The hypervisor simulator: servers that exist only as records in the shop's database.
+
+It needs nothing native and nothing outside Python, so it is what the sandbox runs when no
+``[hypervisor] backend`` is set (it has the highest ``sandbox_priority``). Servers go through the
+whole hypervisor contract (create, start, stop, reboot, suspend, resume, destroy, state): a
+powered-on domain reports ``starting`` for ``boot_seconds``, then ``running``; addresses come from
+``addresses`` and are leased by core exactly as libvirt's are. Nothing boots for real and nobody
+can log in to a simulated server.
+
+Each domain is one record of :class:`vpsshop.PluginState` (namespace ``simulator``, key = domain
+name), written with compare-and-set, so several ``vpsshop serve`` processes and a ``vpsshop
+worker`` see and change the same domains, and they survive a restart.
+
+It is also the shortest complete hypervisor plugin: it imports only ``vpsshop``'s public API.
+
+Settings (``[hypervisor] backend = "simulator"``)::
+
+    [hypervisor.simulator]
+    boot_seconds = 3                   # how long a powered-on domain reports "starting"
+    addresses = "10.99.0.0/16"         # CIDR or "10.99.0.10-10.99.0.60"
+    gateway = "10.99.0.1"
+    nameservers = ["1.1.1.1", "9.9.9.9"]
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from vpsshop import (
+    AddressPool,
+    DomainState,
+    HypervisorBackend,
+    PluginError,
+    PluginState,
+    Readiness,
+    ServerHandle,
+    ServerSpec,
+    StartupError,
+    check_address_range,
+    hookimpl,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop import AppContext
+
+HOST = "simulator"
+
+
+class SimulatorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    boot_seconds: float = Field(3, ge=0, le=3600, description="How long a powered-on domain reports starting.")
+    addresses: str = Field("10.99.0.0/16", description="CIDR or first-last range of the addresses to hand out.")
+    gateway: str | None = "10.99.0.1"
+    nameservers: list[str] = Field(default_factory=lambda: ["1.1.1.1", "9.9.9.9"])
+
+    @field_validator("addresses")
+    @classmethod
+    def _parse(cls, value: str) -> str:
+        check_address_range(value)
+        return value
+
+
+class SimulatedBackend(HypervisorBackend):
+    """Domains as database records; see the module docstring."""
+
+    kind = "simulator"
+    Config = SimulatorConfig
+    sandbox_priority = 100
+
+    config: SimulatorConfig
+
+    def bind(self, ctx: "AppContext") -> None:
+        self.records = PluginState(ctx, "simulator")
+        self.clock = ctx.clock
+
+    def address_pool(self, location: str) -> AddressPool | None:
+        cfg = self.config
+        return AddressPool.from_range("simulator", cfg.addresses, gateway=cfg.gateway, nameservers=cfg.nameservers)
+
+    # ---- the record of a domain -----------------------------------------------------------------
+
+    def _state(self) -> PluginState:
+        records = getattr(self, "records", None)
+        if records is None:
+            raise PluginError("the simulator is not bound to a shop: core calls bind(ctx) before any verb")
+        return records
+
+    def _powered_on(self, data: dict[str, Any]) -> dict[str, Any]:
+        booted = self.clock.now() + timedelta(seconds=self.config.boot_seconds)
+        return {**data, "power": "on", "booted_at": booted.isoformat()}
+
+    async def _power(self, handle: ServerHandle, change: Any, *, must_exist: bool) -> None:
+        missing = False
+
+        def apply(data: dict[str, Any] | None) -> dict[str, Any] | None:
+            nonlocal missing
+            missing = data is None
+            return None if data is None else change(data)
+
+        await self._state().modify(handle.domain, apply)
+        if missing and must_exist:
+            raise PluginError(f"domain {handle.domain} does not exist on {HOST}")
+
+    # ---- the verbs ------------------------------------------------------------------------------
+
+    async def create(self, spec: ServerSpec) -> ServerHandle:
+        data = self._powered_on({
+            "hostname": spec.hostname, "location": spec.location, "ip": spec.ip, "vcpu": spec.vcpu,
+            "memory_mib": spec.memory_mib, "disk_gib": spec.disk_gib, "os": spec.os_id,
+            "created_at": self.clock.now().isoformat(),
+        })
+        if await self._state().create(spec.name, data) is None:  # an earlier attempt made it
+            await self._power(ServerHandle(HOST, spec.name), self._start_data, must_exist=True)
+        return ServerHandle(host=HOST, domain=spec.name, ip=spec.ip, location=spec.location)
+
+    def _start_data(self, data: dict[str, Any]) -> dict[str, Any]:
+        return data if data["power"] == "on" else self._powered_on(data)
+
+    async def start(self, handle: ServerHandle) -> None:
+        await self._power(handle, self._start_data, must_exist=True)
+
+    async def stop(self, handle: ServerHandle) -> None:
+        await self._power(handle, lambda data: {**data, "power": "off", "booted_at": None}, must_exist=False)
+
+    async def reboot(self, handle: ServerHandle) -> None:
+        await self._power(handle, self._powered_on, must_exist=True)
+
+    async def suspend(self, handle: ServerHandle) -> None:
+        """Non-payment: powered off; the (simulated) disk stays."""
+        await self.stop(handle)
+
+    async def resume(self, handle: ServerHandle) -> None:
+        await self.start(handle)
+
+    async def destroy(self, handle: ServerHandle) -> None:
+        await self._state().delete(handle.domain)
+
+    async def state(self, handle: ServerHandle) -> DomainState:
+        record = await self._state().get(handle.domain)
+        if record is None:
+            return DomainState.MISSING
+        if record.data["power"] == "off":
+            return DomainState.STOPPED
+        if self.clock.now() < datetime.fromisoformat(record.data["booted_at"]):
+            return DomainState.STARTING
+        return DomainState.RUNNING
+
+    async def preflight(self) -> None:
+        if not self.sandbox:
+            raise StartupError("the simulator makes no real servers, so a production shop cannot sell them: set "
+                               "hypervisor.backend to a real backend (\"libvirt\"), or run this config as a sandbox "
+                               "(mode = \"sandbox\")")
+
+    async def check_ready(self) -> Readiness:
+        boot = self.config.boot_seconds
+        return Readiness(True, f"simulated servers (records in the database), booting in {boot:g} s")
+
+
+@hookimpl
+def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
+    return [SimulatedBackend]

@@ -1,0 +1,95 @@
+"""The shipped commands as tests run them: ``vpsshop serve`` and ``vpsshop worker`` in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+VPSSHOP = str(Path(sys.executable).with_name("vpsshop"))
+TEST_SECRET_KEY = "test-secret-key-not-for-production"
+TEST_ENCRYPTION_KEY = "3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shop_env(database_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a sandbox shop on ``database_url``, without the caller's VPSSHOP settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
+    env.update(VPSSHOP_DATABASE_URL=database_url, VPSSHOP_SECRET_KEY=TEST_SECRET_KEY,
+               VPSSHOP_ENCRYPTION_KEY=TEST_ENCRYPTION_KEY, VPSSHOP_MODE="sandbox")
+    env.update(extra)
+    return env
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[str], base: str, log: Path) -> None:
+        self.proc = proc
+        self.base = base
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+def wait_for(base: str, proc: subprocess.Popen[str], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code in (200, 503):
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"vpsshop serve exited with {proc.returncode}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"vpsshop serve did not answer within {timeout} s:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+@contextmanager
+def serve(cwd: Path, env: dict[str, str], *args: str, command: str = VPSSHOP, name: str = "serve") -> Iterator[Served]:
+    """``vpsshop serve --port <free> [args]`` until the block ends; its output goes to a log file."""
+    port = free_port()
+    log = cwd / f"{name}-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([command, "serve", "--port", str(port), *args], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+    served = Served(proc, f"http://127.0.0.1:{port}/v1", log)
+    try:
+        wait_for(served.base, proc, log)
+        yield served
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def worker(cwd: Path, env: dict[str, str], command: str = VPSSHOP) -> Iterator[Served]:
+    log = cwd / f"worker-{time.monotonic_ns()}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([command, "worker"], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield Served(proc, "", log)
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
