@@ -276,6 +276,13 @@ class PaymentEngine:
             payments = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all()
         return make_view(topup, list(payments))
 
+    def recent_topups(self, account_id: int, limit: int = 10) -> list[Topup]:
+        """The account's newest top-ups, newest first (as stored; :meth:`get_topup` refreshes one)."""
+        with self.ctx.db.session() as session:
+            return list(session.exec(
+                select(Topup).where(Topup.account_id == account_id).order_by(Topup.id.desc()).limit(limit)  # type: ignore[union-attr]
+            ).all())
+
     # ---- cancelling and expiring --------------------------------------------------------------------
 
     async def cancel_topup(self, account_id: int, ref: str) -> TopupView:
