@@ -50,9 +50,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.server.workers
     if settings.sandbox:
         print(SANDBOX_BANNER.format(version=__version__, database=settings.database_url), file=sys.stderr, flush=True)
+    # X-Forwarded-For/-Proto are believed only from the proxies the settings name.
+    trusted = settings.server.forwarded_allow_ips
+    proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings)
-        uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+        uvicorn.run(app, host=host, port=port, log_level="info", **proxy)
         return 0
     # Several processes: validate and migrate once here, then each worker builds its own app.
     ctx = AppContext.build(settings)
@@ -62,7 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP_CONFIG"] = str(Path(args.config).resolve())
     if args.no_worker:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
-    uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info")
+    uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
+                **proxy)
     return 0
 
 
