@@ -31,7 +31,9 @@ class AccountOut(BaseModel):
     balance_usd: UsdAmount = Field(description="Prepaid balance in USD.")
     currency: str = Field("USD", description="Always USD.")
     servers: int = Field(description="Servers of this account that are not terminated.")
-    totp_enabled: bool
+    totp_enabled: bool = Field(description="Two-factor sign-in is on (turned on in the web dashboard): signing in "
+                               "with the login token, in the dashboard or with POST /login, also needs a TOTP code. "
+                               "API keys are not affected.")
     created_at: datetime
 
 

@@ -26,6 +26,7 @@ SANDBOX_BANNER = """\
   - test networks only; coins accept no real money
   - hypervisor: libvirt test driver (test:///default); servers are simulated
   - exchange rates: fixed, not market prices
+  - API: http://{host}:{port}/v1    web dashboard: {dashboard}
   Nothing here is for real customers. `vpsshop init` writes a production config.
 ==============================================================================
 """
@@ -49,7 +50,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
     if settings.sandbox:
-        print(SANDBOX_BANNER.format(version=__version__, database=settings.database_url), file=sys.stderr, flush=True)
+        print(SANDBOX_BANNER.format(version=__version__, database=settings.database_url, host=host, port=port,
+                                    dashboard=f"http://{host}:{port}{settings.dashboard.path}/"
+                                    if settings.dashboard.enabled else "off"), file=sys.stderr, flush=True)
     # X-Forwarded-For/-Proto are believed only from the proxies the settings name.
     trusted = settings.server.forwarded_allow_ips
     proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}

@@ -107,7 +107,8 @@ async def create_account(page: Page) -> Response:
         await page.shop.end_session(page.session.account_id, page.session.id)
     session_token = await page.shop.start_session(created.user_id, pending_totp=False,
                                                   user_agent=page.request.headers.get("user-agent"))
-    response = page.render("created.html", 201, title="Your new account", created=created, signed_in_now=True)
+    page.adopt(session_token)
+    response = page.render("created.html", 201, title="Your new account", created=created)
     page.dash.sign_in(response, session_token)
     return response
 

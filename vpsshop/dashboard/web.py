@@ -33,7 +33,7 @@ from vpsshop.context import AppContext
 from vpsshop.dashboard.shop import Shop
 from vpsshop.errors import ApiError
 from vpsshop.money import micros_to_usd
-from vpsshop.sessions import ActiveSession
+from vpsshop.sessions import ActiveSession, token_digest
 
 log = logging.getLogger("vpsshop.dashboard")
 
@@ -80,6 +80,13 @@ class Page:
     form: dict[str, str] = field(default_factory=dict)
     csrf: str = ""
     new_csrf_cookie: str | None = None
+    signed_in_now: bool = False
+    """A session was opened by this request (a new account): its pages show the signed-in view."""
+
+    def adopt(self, session_token: str) -> None:
+        """This request opened a session: its forms carry that session's CSRF token."""
+        self.csrf = self.dash.csrf_for_digest(token_digest(self.dash.ctx, session_token))
+        self.signed_in_now = True
 
     @property
     def account_id(self) -> int:
@@ -132,7 +139,7 @@ class Dashboard:
                **context: Any) -> Response:
         notice = NOTICES.get(page.request.query_params.get("notice", ""))
         html = self.env.get_template(template).render(
-            csrf=page.csrf, signed_in=page.session is not None and not page.session.pending_totp,
+            csrf=page.csrf, signed_in=page.signed_in_now or (page.session is not None and not page.session.pending_totp),
             notice=notice, path=page.request.url.path, api_base=self.api_base(page.request), **context,
         )
         return HTMLResponse(html, status, headers=headers)
@@ -183,7 +190,10 @@ class Dashboard:
     # ---- the request pipeline -----------------------------------------------------------------------
 
     def csrf_for(self, session: ActiveSession) -> str:
-        return keyed_digest(self.ctx.settings.secret_key_bytes(), "dashboard csrf", session.token_hash)[:43]
+        return self.csrf_for_digest(session.token_hash)
+
+    def csrf_for_digest(self, token_hash: str) -> str:
+        return keyed_digest(self.ctx.settings.secret_key_bytes(), "dashboard csrf", token_hash)[:43]
 
     def endpoint(self, handler: Handler, *, auth: bool = True, pending: bool = False) -> Callable[[Request],
                                                                                                    Awaitable[Response]]:
