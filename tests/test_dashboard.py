@@ -262,8 +262,8 @@ def test_wrong_codes_are_limited_per_account(vpsshop_client, signed_in, vpsshop_
 
 def test_credentials_need_a_fresh_code_when_totp_is_on(vpsshop_client, signed_in, vpsshop_clock):
     signed_in.credit(10)
-    ordered = post_form(vpsshop_client, f"{D}/servers", {"plan": "pup", "location": "nl", "os": "debian-12",
-                                                        "root_password": "correct horse battery"}, page=f"{D}/servers/new")
+    form = {"plan": "pup", "location": "nl", "os": "debian-12", "root_password": "correct horse battery"}
+    ordered = post_form(vpsshop_client, f"{D}/servers", form, page=f"{D}/servers/new")
     server = ordered.headers["location"].split("?")[0]
     shown = post_form(vpsshop_client, f"{server}/credentials", page=server)
     assert shown.status_code == 200 and "correct horse battery" in shown.text

@@ -116,8 +116,8 @@ def get_account(ctx: AppContext, account_id: int) -> AccountOut:
             raise NotFound("account")
         servers = session.execute(select(sa.func.count()).select_from(Server).where(
             Server.account_id == account_id, Server.status != "terminated")).scalar()
-        return AccountOut(user_id=account_id, balance_usd=micros_to_usd(account.balance_micros), servers=int(servers or 0),
-                          totp_enabled=account.totp_enabled, created_at=account.created_at)
+        return AccountOut(user_id=account_id, balance_usd=micros_to_usd(account.balance_micros),
+                          servers=int(servers or 0), totp_enabled=account.totp_enabled, created_at=account.created_at)
 
 
 def list_keys(ctx: AppContext, account_id: int) -> ApiKeyList:
@@ -125,7 +125,8 @@ def list_keys(ctx: AppContext, account_id: int) -> ApiKeyList:
         rows = session.exec(
             select(ApiKey).where(ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None)).order_by(ApiKey.id)  # type: ignore[union-attr]
         ).all()
-        return ApiKeyList(keys=[ApiKeyOut(id=k.id, prefix=k.prefix, name=k.name, created_at=k.created_at) for k in rows])  # type: ignore[arg-type]
+        return ApiKeyList(keys=[ApiKeyOut(id=k.id, prefix=k.prefix, name=k.name, created_at=k.created_at)  # type: ignore[arg-type]
+                                for k in rows])
 
 
 def mint_key(ctx: AppContext, account_id: int, name: str | None) -> ApiKeyCreated:

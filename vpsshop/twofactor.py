@@ -20,9 +20,7 @@ are not affected: a key is a full credential of its own, minted by someone who s
 
 from __future__ import annotations
 
-import base64
 import hmac
-import io
 import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -36,6 +34,7 @@ from vpsshop.context import AppContext
 from vpsshop.encryption import decrypt_text, encrypt_text
 from vpsshop.errors import ApiError, BadRequest, Conflict
 from vpsshop.models import Account, RecoveryCode
+from vpsshop.qrcodes import png_data_uri
 from vpsshop.ratelimit import RateLimited, Rule, limiter_for
 
 STEP_SECONDS = 30
@@ -70,19 +69,9 @@ def _issuer(ctx: AppContext) -> str:
     return urlsplit(ctx.settings.public_url).hostname or "vpsshop"
 
 
-def _qr_png(text: str) -> str:
-    import qrcode
-    import qrcode.image.pure
-
-    image = qrcode.make(text, image_factory=qrcode.image.pure.PyPNGImage, border=2, box_size=6)
-    buffer = io.BytesIO()
-    image.save(buffer)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 def _enrolment(ctx: AppContext, account_id: int, secret: str) -> Enrolment:
     uri = pyotp.TOTP(secret).provisioning_uri(name=f"account {account_id}", issuer_name=_issuer(ctx))
-    return Enrolment(secret=secret, uri=uri, qr_data_uri=_qr_png(uri))
+    return Enrolment(secret=secret, uri=uri, qr_data_uri=png_data_uri(uri))
 
 
 def is_enabled(ctx: AppContext, account_id: int) -> bool:
@@ -96,10 +85,7 @@ def begin_enrolment(ctx: AppContext, account_id: int) -> Enrolment:
     :raises Conflict: ``totp_enabled`` (turn it off first to change the app).
     """
     with ctx.db.session() as session:
-        account = session.get(Account, account_id, with_for_update=True)
-        assert account is not None
-        if account.totp_enabled:
-            raise Conflict("totp_enabled", "Two-factor sign-in is on already; turn it off first to change the app.")
+        account = _enrolling(session, account_id)
         if account.totp_secret_enc is None:
             secret = pyotp.random_base32()
             account.totp_secret_enc = encrypt_text(ctx, secret)
@@ -120,10 +106,7 @@ def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
     code = _normalise(code)
     _check_not_limited(ctx, account_id)
     with ctx.db.session() as session:
-        account = session.get(Account, account_id, with_for_update=True)
-        assert account is not None
-        if account.totp_enabled:
-            raise Conflict("totp_enabled", "Two-factor sign-in is on already.")
+        account = _enrolling(session, account_id)
         if account.totp_secret_enc is None:
             raise Conflict("totp_not_started", "Start setting up two-factor sign-in first.")
         secret = decrypt_text(ctx, account.totp_secret_enc, "TOTP secret")
@@ -210,6 +193,15 @@ def current_code(secret: str, timestamp: float) -> str:
 
 
 # ---- internals -----------------------------------------------------------------------------------
+
+
+def _enrolling(session: Session, account_id: int) -> Account:
+    """The account, locked for this transaction. :raises Conflict: two-factor is on already."""
+    account = session.get(Account, account_id, with_for_update=True)
+    assert account is not None
+    if account.totp_enabled:
+        raise Conflict("totp_enabled", "Two-factor sign-in is on already; turn it off first to change the app.")
+    return account
 
 
 def _normalise(code: str) -> str:

@@ -174,7 +174,8 @@ async def topup_status(page: Page) -> Response:
     return JSONResponse({
         "status": topup.status, "payment_status": topup.payment_status, "amount_received": topup.amount_received,
         "confirmations": topup.confirmations, "confirmations_required": topup.confirmations_required,
-        "credited_usd": str(topup.credited_usd), "expires_at": topup.expires_at.isoformat() if topup.expires_at else None,
+        "credited_usd": str(topup.credited_usd),
+        "expires_at": topup.expires_at.isoformat() if topup.expires_at else None,
     }, headers={"Cache-Control": "no-store"})
 
 
@@ -210,9 +211,9 @@ async def order_form(page: Page, *, error: str | None = None, deficit: Any = Non
     form = {"plan": catalog.plans[0].id, "location": catalog.locations[0].id,
             "os": catalog.operating_systems[0].id, "cycle": "monthly", **page.form}
     price = next((p for p in catalog.pricing if p.plan == form["plan"] and p.location == form["location"]), None)
+    shown = None if price is None else price.annual_usd if form.get("cycle") == "annual" else price.monthly_usd
     return page.render("order.html", status, title="Order a server", account=account, catalog=catalog, form=form,
-                       error=error, deficit=deficit, pricing=_pricing(page),
-                       price=(price.annual_usd if form.get("cycle") == "annual" else price.monthly_usd) if price else None,
+                       error=error, deficit=deficit, pricing=_pricing(page), price=shown,
                        idempotency_key=page.form.get("idempotency_key") or secrets.token_urlsafe(16))
 
 

@@ -31,7 +31,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from vpsshop.auth import keyed_digest
 from vpsshop.context import AppContext
 from vpsshop.dashboard.shop import Shop
-from vpsshop.errors import ApiError
+from vpsshop.errors import ApiError, PluginError
 from vpsshop.money import micros_to_usd
 from vpsshop.sessions import ActiveSession, token_digest
 
@@ -138,9 +138,10 @@ class Dashboard:
     def render(self, page: Page, template: str, status: int = 200, headers: dict[str, str] | None = None,
                **context: Any) -> Response:
         notice = NOTICES.get(page.request.query_params.get("notice", ""))
+        signed_in = page.signed_in_now or (page.session is not None and not page.session.pending_totp)
         html = self.env.get_template(template).render(
-            csrf=page.csrf, signed_in=page.signed_in_now or (page.session is not None and not page.session.pending_totp),
-            notice=notice, path=page.request.url.path, api_base=self.api_base(page.request), **context,
+            csrf=page.csrf, signed_in=signed_in, notice=notice, path=page.request.url.path,
+            api_base=self.api_base(page.request), **context,
         )
         return HTMLResponse(html, status, headers=headers)
 
@@ -240,6 +241,13 @@ class Dashboard:
             return await handler(page)
         except ApiError as exc:
             return self.error_page(page, exc.status, exc.message, exc.headers)
+        except PluginError as exc:
+            log.error("plugin failure on %s %s: %s", request.method, request.url.path, exc)
+            return self.error_page(page, 503, f"A service this page needs is not available right now ({exc}). "
+                                   "Try again in a minute.")
+        except Exception:
+            log.exception("dashboard failure on %s %s", request.method, request.url.path)
+            return self.error_page(page, 500, "The server failed; try again shortly.")
 
     async def _read_form(self, page: Page) -> Response | None:
         request = page.request

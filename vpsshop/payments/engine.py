@@ -13,8 +13,6 @@ credited. Under- and over-payments are credited for what arrived, to the micro-d
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import secrets
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginEr
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record
 from vpsshop.payments.rates import RateService
+from vpsshop.qrcodes import png_data_uri
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -73,13 +72,7 @@ class TopupView:
 @lru_cache(maxsize=4096)
 def qr_data_uri(text: str) -> str:
     """A PNG QR code of ``text`` as a ``data:`` URI (made with ``qrcode``; cached per text)."""
-    import qrcode
-    import qrcode.image.pure
-
-    image = qrcode.make(text, image_factory=qrcode.image.pure.PyPNGImage, border=2, box_size=6)
-    buffer = io.BytesIO()
-    image.save(buffer)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return png_data_uri(text)
 
 
 def usd_value_micros(amount_atomic: int, decimals: int, rate: Decimal) -> int:

@@ -70,6 +70,8 @@ def downgrade() -> None:
     with op.batch_alter_table('recovery_codes', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_recovery_codes_account_id'))
     op.drop_table('recovery_codes')
+    # without its secret two-factor cannot be checked: turn it off rather than lock accounts out
+    op.execute(sa.text('UPDATE accounts SET totp_enabled = false'))
     with op.batch_alter_table('accounts', schema=None) as batch_op:
         batch_op.drop_column('totp_last_step')
         batch_op.drop_column('totp_secret_enc')
