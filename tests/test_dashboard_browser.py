@@ -197,6 +197,9 @@ def test_a_customer_does_everything_with_the_login_token(shop, context, check):
     assert page.locator("#deposit-address").inner_text().startswith("tltc1")
     expect_text(page.locator("[data-countdown]"), re.compile(r"\d+:\d\d:\d\d left|\d+:\d\d left"))
     assert page.locator('[data-field="payment_status"]').inner_text() == "waiting for your payment"
+    with page.expect_response(re.compile(r"/topups/tp_[^/]+/status$"), timeout=15_000) as polled:
+        pass  # the open page asks for the status by itself (the chain's answer, through GET /v1/topups/{ref})
+    assert polled.value.json()["payment_status"] == "awaiting_payment"
     check(page, "topup")
     ref = page.url.rsplit("/", 1)[1]
     api = httpx.get(f"{shop.url}/v1/topups/{ref}", headers=_bearer(context, shop, token))
