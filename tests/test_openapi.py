@@ -31,7 +31,7 @@ def _build_app():
             "server": {"background": False},
             # generated cases send many wrong login tokens; the re-sign-in below must not meet the
             # sign-in limit (tests/test_dashboard.py tests the limit)
-            "signin": {"failures_per_client": 100_000},
+            "signin": {"failures_per_client": 10_000},
         },
     )
     return create_app(settings, background=False)

@@ -32,7 +32,10 @@ def _exercise(make_limiter) -> None:
     clock.now += 40
     assert limiter.check(RULE, "a").allowed and limiter.hit(RULE, "a").count == 1  # a new window
     limiter.hit(RULE, "a")
+    limiter.refund(RULE, "a")  # a counted attempt that succeeded is given back
+    assert limiter.check(RULE, "a").count == 1
     limiter.reset(RULE, "a")
+    limiter.refund(RULE, "a")  # never below zero
     assert limiter.check(RULE, "a").count == 0
 
 

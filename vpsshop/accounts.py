@@ -176,13 +176,15 @@ def check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, bo
     """The account of a login token and whether it has two-factor on.
 
     Failed attempts are counted per client address (``[signin]`` settings); over the limit every
-    attempt from that address is refused until the window ends, before any hash is computed.
+    attempt from that address is refused until the window ends, before any hash is computed. An
+    attempt is counted before it is checked and given back when it succeeds, so attempts sent
+    together cannot slip past the limit.
 
     :raises Unauthorized: the token is not valid.
     :raises RateLimited: too many failed sign-ins from ``client``.
     """
     limiter, rule = limiter_for(ctx), client_rule(ctx)
-    decision = limiter.check(rule, client)
+    decision = limiter.hit(rule, client)
     if not decision.allowed:
         raise RateLimited("Too many failed sign-ins from your address.", decision.retry_after)
     selector = login_token_selector(token)
@@ -191,8 +193,8 @@ def check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, bo
         with ctx.db.session() as session:
             account = session.exec(select(Account).where(Account.login_selector == selector)).first()
     if account is None or not verify_login_token(account.login_hash, token):
-        limiter.hit(rule, client)
         raise Unauthorized(INVALID_TOKEN)
+    limiter.refund(rule, client)
     assert account.id is not None
     return account.id, account.totp_enabled
 

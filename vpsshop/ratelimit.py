@@ -10,9 +10,10 @@ share one interface (:class:`RateLimiter`):
   attempt, so every worker and every ``vpsshop serve`` process of a shop shares the count (on
   PostgreSQL and on SQLite). Sign-in uses it: an attempt costs an argon2 hash anyway.
 
-Callers that limit *failures* (sign-in) ask :meth:`RateLimiter.check` before the attempt and
-:meth:`RateLimiter.hit` after a failure; callers that limit every attempt just call ``hit``.
-:func:`limiter_for` gives the shop's shared limiter.
+Callers that limit every attempt call :meth:`RateLimiter.hit`. Callers that limit *failures*
+(sign-in) also ``hit`` before the attempt, so that concurrent attempts cannot slip past the limit
+together, and :meth:`RateLimiter.refund` the attempt when it succeeds. :func:`limiter_for` gives
+the shop's shared limiter.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class RateLimiter(Protocol):
     def hit(self, rule: Rule, key: str) -> Decision:
         """Count one attempt of ``key``; ``allowed`` is False when it went over the limit."""
 
+    def refund(self, rule: Rule, key: str) -> None:
+        """Take back one attempt of ``key`` in the current window (it succeeded)."""
+
     def reset(self, rule: Rule, key: str) -> None:
         """Forget ``key``'s attempts in the current window."""
 
@@ -116,6 +120,13 @@ class MemoryRateLimiter:
 
     def hit(self, rule: Rule, key: str) -> Decision:
         return self._current(rule, key, 1)
+
+    def refund(self, rule: Rule, key: str) -> None:
+        start, _ = _window(rule, self.clock())
+        with self._lock:
+            window, count = self._counts.get((rule.name, key), (start, 0))
+            if window == start and count > 0:
+                self._counts[(rule.name, key)] = (start, count - 1)
 
     def reset(self, rule: Rule, key: str) -> None:
         with self._lock:
@@ -168,6 +179,14 @@ class DatabaseRateLimiter:
                 conn.execute(sa.delete(RateLimitCounter).where(
                     RateLimitCounter.window_start < int(now) - self.PURGE_AFTER_SECONDS))
         return Decision(count <= rule.limit, count, left)
+
+    def refund(self, rule: Rule, key: str) -> None:
+        start, _ = _window(rule, self.clock())
+        with self.db.engine.begin() as conn:
+            conn.execute(sa.update(RateLimitCounter).where(
+                RateLimitCounter.key == self._key(rule, key), RateLimitCounter.window_start == start,
+                RateLimitCounter.count > 0,
+            ).values(count=RateLimitCounter.count - 1))
 
     def reset(self, rule: Rule, key: str) -> None:
         with self.db.engine.begin() as conn:

@@ -104,7 +104,7 @@ def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
     :raises RateLimited: too many wrong codes.
     """
     code = _normalise(code)
-    _check_not_limited(ctx, account_id)
+    _count_attempt(ctx, account_id)
     with ctx.db.session() as session:
         account = _enrolling(session, account_id)
         if account.totp_secret_enc is None:
@@ -115,8 +115,10 @@ def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
             account.totp_enabled = True
             account.totp_last_step = step
             session.add(account)
-            return _new_recovery_codes(ctx, session, account_id)
-    _count_failure(ctx, account_id)  # outside the transaction: SQLite has one writer at a time
+            codes = _new_recovery_codes(ctx, session, account_id)
+    if step is not None:
+        _refund_attempt(ctx, account_id)  # after the commit: SQLite has one writer at a time
+        return codes
     raise InvalidCode("That code does not match. Check that the app shows the account you just added, and type "
                       "the code it shows now.")
 
@@ -155,7 +157,16 @@ def verify(ctx: AppContext, account_id: int, code: str | None) -> str:
         raise BadRequest("totp_required", "This account has two-factor sign-in: give the code from your "
                          "authenticator app (or a recovery code).")
     code = _normalise(code)
-    _check_not_limited(ctx, account_id)
+    _count_attempt(ctx, account_id)
+    kind = _check(ctx, account_id, code)
+    if kind is None:
+        raise InvalidCode()
+    _refund_attempt(ctx, account_id)
+    return kind
+
+
+def _check(ctx: AppContext, account_id: int, code: str) -> str | None:
+    """Use up the code if it is right: ``"totp"``, ``"recovery_code"``, else None."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
         account = session.get(Account, account_id)
@@ -183,8 +194,7 @@ def verify(ctx: AppContext, account_id: int, code: str | None) -> str:
             ).rowcount
             if used == 1:
                 return "recovery_code"
-    _count_failure(ctx, account_id)
-    raise InvalidCode()
+    return None
 
 
 def current_code(secret: str, timestamp: float) -> str:
@@ -217,14 +227,16 @@ def _matching_step(secret: str, code: str, timestamp: float) -> int | None:
     return None
 
 
-def _check_not_limited(ctx: AppContext, account_id: int) -> None:
-    decision = limiter_for(ctx).check(failure_rule(ctx), str(account_id))
+def _count_attempt(ctx: AppContext, account_id: int) -> None:
+    """Count a code attempt before checking it (so attempts sent together all count); a right code
+    is given back by :func:`_refund_attempt`, so the limit counts wrong codes."""
+    decision = limiter_for(ctx).hit(failure_rule(ctx), str(account_id))
     if not decision.allowed:
         raise RateLimited("Too many wrong two-factor codes for this account.", decision.retry_after)
 
 
-def _count_failure(ctx: AppContext, account_id: int) -> None:
-    limiter_for(ctx).hit(failure_rule(ctx), str(account_id))
+def _refund_attempt(ctx: AppContext, account_id: int) -> None:
+    limiter_for(ctx).refund(failure_rule(ctx), str(account_id))
 
 
 def _new_recovery_codes(ctx: AppContext, session: Session, account_id: int) -> list[str]:
