@@ -55,3 +55,28 @@ def test_balance_cannot_go_negative_even_bypassing_the_ledger(vpsshop_database_u
                     "VALUES (-1, false, 'neg', 'hash', '2026-01-01 00:00:00')"))
     finally:
         db.dispose()
+
+
+def test_dashboard_migration_0008_adds_and_removes_its_tables_keeping_accounts(vpsshop_database_url):
+    db = Database(vpsshop_database_url)
+    try:
+        db.migrate()
+        with db.engine.connect() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO accounts (id, balance_micros, totp_enabled, login_selector, login_hash, created_at, "
+                "totp_secret_enc) VALUES (9, 5, true, 'sel9', 'hash', '2026-01-01 00:00:00', 'gAAAA-enc')"))
+            conn.commit()
+            command.downgrade(_alembic(conn), "0003")  # below the dashboard revision
+            conn.commit()
+            tables = sa.inspect(conn).get_table_names()
+            assert "dashboard_sessions" not in tables and "recovery_codes" not in tables
+            assert "totp_secret_enc" not in {c["name"] for c in sa.inspect(conn).get_columns("accounts")}
+        db.migrate()
+        with db.engine.connect() as conn:
+            row = conn.execute(sa.text(
+                "SELECT balance_micros, totp_secret_enc, totp_enabled FROM accounts WHERE id = 9")).one()
+            assert tuple(row) == (5, None, False)  # no secret left, so two-factor is off, not unpassable
+            assert {"dashboard_sessions", "recovery_codes", "rate_limit_counters"} <= set(
+                sa.inspect(conn).get_table_names())
+    finally:
+        db.dispose()

@@ -14,13 +14,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vpsshop.accesslog import AccessLog, AccessLogWriter
 from vpsshop.api import core_routes
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
+from vpsshop.dashboard import mount as mount_dashboard
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
@@ -82,6 +84,11 @@ def create_app(
     middleware = [Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)]
     if access_log is not None:
         middleware.insert(0, Middleware(AccessLog, writer=access_log))
+    # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
+    served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
+    dashboard = mount_dashboard(ctx)
+    if dashboard is not None:
+        served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]
     app = Starlette(
         middleware=middleware,
         exception_handlers={
@@ -92,8 +99,7 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    # Routes under /v1, found by a dictionary lookup when the path has no parameters.
-    app.router = ApiRouter(to_starlette_routes(routes, ctx, prefix=BASE_PATH), lifespan=lifespan)
+    app.router = ApiRouter(served, lifespan=lifespan)
     app.state.ctx = ctx
     return app
 
@@ -180,14 +186,34 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return json_response(exc.body(), exc.status)
+    return json_response(exc.body(), exc.status, exc.headers or None)
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "")
+
+
+async def _root(request: Request) -> Response:
+    """``/``: a browser goes to the dashboard; anything else is told where the API is (404)."""
+    dash = request.app.state.ctx.extras.get("dashboard")
+    if dash is not None and _wants_html(request):
+        return RedirectResponse(f"{dash.base}/", 303)
+    raise HTTPException(404)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-    if exc.status_code == 404:
-        message = f"No endpoint at {request.url.path}. The API lives under {BASE_PATH}; see {BASE_PATH}/openapi.json."
+    path = request.url.path
+    dash = request.app.state.ctx.extras.get("dashboard")
+    in_api = path == BASE_PATH or path.startswith(BASE_PATH + "/")
+    if dash is not None and not in_api and (path.startswith(dash.base + "/") or _wants_html(request)):
+        return dash.http_error_page(request, exc.status_code)
+    if exc.status_code == 404 and in_api:
+        message = f"No endpoint at {path}; the endpoints of this API are listed in {BASE_PATH}/openapi.json."
+    elif exc.status_code == 404:
+        where = f"; the customer dashboard is at {dash.base}/" if dash is not None else ""
+        message = f"No endpoint at {path}. The API lives under {BASE_PATH} (see {BASE_PATH}/openapi.json){where}."
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}."
     else:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 BANNER_RULE = "=" * 78
 
 
-def sandbox_banner(database_url: str, rows: list[tuple[str, str, str, bool, str]], problems: list[str]) -> str:
+def sandbox_banner(database_url: str, rows: list[tuple[str, str, str, bool, str]], problems: list[str], *,
+                   api: str = "", dashboard: str = "") -> str:
     """What ``vpsshop serve`` prints in the sandbox, computed from what is really loaded.
 
     :param rows: (kind, id, plugin, ready, detail) of every loaded component, as health reports them.
@@ -33,6 +34,8 @@ def sandbox_banner(database_url: str, rows: list[tuple[str, str, str, bool, str]
     """
     lines = [BANNER_RULE, f"  vpsshop {__version__} is running as a SANDBOX: nothing here is for real customers",
              f"  database    {database_url}"]
+    if api:
+        lines.append(f"  API         {api}    web dashboard: {dashboard or 'off'}")
     labels = {"coin": "coin", "hypervisor": "hypervisor", "rates": "rates", "catalog": "catalog"}
     for kind, key, plugin, ready, detail in rows:
         label = labels.get(kind, kind)
@@ -90,10 +93,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # its remedy (production), the schema is migrated once, and the sandbox banner shows what loaded.
     problems, rows = asyncio.run(_start_checks(AppContext.build(settings)))
     if settings.sandbox:
-        print(sandbox_banner(settings.database_url, rows, problems), file=sys.stderr, flush=True)
+        dashboard = f"http://{host}:{port}{settings.dashboard.path}/" if settings.dashboard.enabled else "off"
+        print(sandbox_banner(settings.database_url, rows, problems, api=f"http://{host}:{port}/v1",
+                             dashboard=dashboard), file=sys.stderr, flush=True)
+    # X-Forwarded-For/-Proto are believed only from the proxies the settings name.
+    trusted = settings.server.forwarded_allow_ips
+    proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings, check=False)
-        uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False, access_log=False)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, **proxy)
         return 0
     # Several processes: each worker builds its own app from the same settings.
     if args.config:
@@ -102,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
-                proxy_headers=False, access_log=False)
+                access_log=False, **proxy)
     return 0
 
 

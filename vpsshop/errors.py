@@ -19,6 +19,8 @@ class ApiError(Exception):
         self.error = error
         self.message = message
         self.extra = extra
+        self.headers: dict[str, str] = {}
+        """Response headers to send with the error body (``Retry-After`` of a 429)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": self.error, "message": self.message, **self.extra}

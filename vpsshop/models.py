@@ -52,6 +52,12 @@ class Account(SQLModel, table=True):
     login_selector: str = Field(max_length=32, unique=True, nullable=False)
     login_hash: str = Field(max_length=200, nullable=False)
     created_at: datetime = _ts()
+    # Added by migration 0008 (dashboard issue): two-factor sign-in, see vpsshop/twofactor.py.
+    totp_secret_enc: Optional[str] = Field(default=None, max_length=500)
+    """The TOTP secret, Fernet-encrypted with ``settings.encryption_key``. Set while enrolling
+    (``totp_enabled`` still false) and while enabled; cleared when two-factor is turned off."""
+    totp_last_step: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    """The 30-second step of the last code accepted: a code is never accepted twice."""
 
 
 class ApiKey(SQLModel, table=True):
@@ -110,3 +116,48 @@ class Server(SQLModel, table=True):
     auto_renew: bool = Field(default=True, nullable=False)
     suspended_at: Optional[datetime] = _ts(nullable=True)
     terminated_at: Optional[datetime] = _ts(nullable=True)
+
+
+class RecoveryCode(SQLModel, table=True):
+    """A one-time two-factor recovery code, stored only as a keyed digest (``vpsshop.twofactor``)."""
+
+    __tablename__ = "recovery_codes"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    code_hash: str = Field(max_length=64, unique=True, nullable=False)
+    created_at: datetime = _ts()
+    used_at: Optional[datetime] = _ts(nullable=True)
+
+
+class DashboardSession(SQLModel, table=True):
+    """A signed-in browser. The cookie holds a random token; the row holds its keyed digest.
+
+    A session is valid while ``ended_at`` is null and both ``expires_at`` (absolute) and
+    ``last_seen_at`` + the idle limit are in the future. Sign-out and revocation set ``ended_at``:
+    the next request with that cookie is refused. ``pending_totp`` marks a session whose login
+    token was right but whose two-factor code is still to come: it opens no page but that step.
+    """
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    token_hash: str = Field(max_length=64, unique=True, nullable=False)
+    pending_totp: bool = Field(default=False, nullable=False)
+    user_agent: Optional[str] = Field(default=None, max_length=200)
+    created_at: datetime = _ts()
+    last_seen_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    ended_at: Optional[datetime] = _ts(nullable=True)
+
+
+class RateLimitCounter(SQLModel, table=True):
+    """Attempts counted for one key in one fixed window (``vpsshop.ratelimit.DatabaseRateLimiter``)."""
+
+    __tablename__ = "rate_limit_counters"
+
+    key: str = Field(max_length=200, primary_key=True)
+    window_start: int = Field(sa_type=sa.BigInteger, primary_key=True, index=True)
+    """Start of the window, whole seconds since the epoch."""
+    count: int = Field(default=0, nullable=False)

@@ -52,6 +52,32 @@ class ServerSettings(_Section):
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
     access_log: bool = Field(True, description="One JSON line per request on stderr (vpsshop/accesslog.py).")
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list,
+        description="Addresses of the reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed "
+        "(uvicorn's forwarded_allow_ips). Empty: the peer address is the client (sign-in limits count per client).",
+    )
+
+
+class DashboardSettings(_Section):
+    """The customer web dashboard (``vpsshop.dashboard``, docs/dashboard.md)."""
+
+    enabled: bool = Field(True, description="Serve the dashboard pages beside the API.")
+    shop_name: str = Field("vpsshop", min_length=1, max_length=60, description="The name the pages show.")
+    path: str = Field("/dashboard", pattern=r"^/[a-z0-9-]+$", description="Where the pages are mounted.")
+    session_idle_minutes: int = Field(60, ge=5, le=7 * 24 * 60, description="A session unused this long ends.")
+    session_max_hours: int = Field(24, ge=1, le=30 * 24, description="A session ends this long after sign-in.")
+
+
+class SigninSettings(_Section):
+    """Limits on signing in with the login token: the dashboard and ``POST /v1/login`` share them."""
+
+    failures_per_client: int = Field(10, ge=1, le=10_000, description="Failed sign-ins one client address may "
+                                     "make per window; then every attempt from it is refused until the window ends.")
+    client_window_seconds: int = Field(600, ge=1, le=86_400)
+    totp_failures_per_account: int = Field(5, ge=1, le=1_000, description="Wrong two-factor codes per account "
+                                           "per window; then that account's codes are refused until it ends.")
+    totp_window_seconds: int = Field(900, ge=1, le=86_400)
 
 
 class PluginSettings(_Section):
@@ -71,6 +97,8 @@ class Settings(BaseModel):
     public_url: str = Field(description="Public base URL of the API, ending in /v1.")
     server: ServerSettings = Field(default_factory=ServerSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+    signin: SigninSettings = Field(default_factory=SigninSettings)
     catalog: dict[str, Any] = Field(default_factory=dict)
     rates: dict[str, Any] = Field(default_factory=dict)
     coins: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -85,6 +113,11 @@ class Settings(BaseModel):
 
     def secret_key_bytes(self) -> bytes:
         return self.secret_key.get_secret_value().encode()
+
+    @property
+    def behind_tls(self) -> bool:
+        """The public address is https: cookies are marked Secure (and named ``__Host-``)."""
+        return self.public_url.lower().startswith("https://")
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -1,68 +1,20 @@
-"""Accounts, API keys and dashboard sign-in."""
+"""Accounts, API keys and sign-in with the login token: the endpoints over :mod:`vpsshop.accounts`."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from pydantic import BaseModel, Field
+from pydantic import Field
 from starlette.concurrency import run_in_threadpool
-from sqlmodel import select
 
-from vpsshop.auth import login_token_selector, new_api_key, new_login_token, verify_login_token
-from vpsshop.context import AppContext
-from vpsshop.db import touch_account
-from vpsshop.errors import NotFound, Unauthorized
-from vpsshop.models import Account, ApiKey
-from vpsshop.money import UsdAmount, micros_to_usd
+from vpsshop import accounts
+from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyOut, ApiKeyRevoked
+from vpsshop.money import micros_to_usd
 from vpsshop.routing import ApiModel, ApiRoute, Call
+
+__all__ = ["AccountCreated", "AccountOut", "ApiKeyCreated", "ApiKeyList", "ApiKeyOut", "ApiKeyRevoked", "LoginBody",
+           "NewKeyBody", "routes"]
 
 TAG = ("account",)
 NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
-
-
-class AccountOut(BaseModel):
-    """The seed's Account."""
-
-    user_id: int
-    balance_usd: UsdAmount = Field(description="Prepaid balance in USD.")
-    currency: str = Field("USD", description="Always USD.")
-    servers: int = Field(description="Servers of this account that are not terminated.")
-    totp_enabled: bool
-    created_at: datetime
-
-
-class AccountCreated(BaseModel):
-    """Response of ``POST /account``. ``api_key`` and ``login_token`` are shown this once only."""
-
-    user_id: int
-    api_key: str = Field(description="Bearer credential, starts with vpsk_. Shown once; stored only as a hash.")
-    key_id: int = Field(description="Id of that key, for DELETE /keys/{id}.")
-    login_token: str = Field(description="Dashboard sign-in credential, not a Bearer key. Shown once.")
-    balance_usd: UsdAmount
-    currency: str = "USD"
-    created_at: datetime
-
-
-class ApiKeyOut(BaseModel):
-    id: int
-    prefix: str = Field(description="First characters of the key, to tell keys apart.")
-    name: str | None
-    created_at: datetime
-
-
-class ApiKeyList(BaseModel):
-    keys: list[ApiKeyOut] = Field(description="Active keys of the account, oldest first.")
-
-
-class ApiKeyCreated(ApiKeyOut):
-    api_key: str = Field(description="The full key. Shown once; stored only as a hash.")
-
-
-class ApiKeyRevoked(BaseModel):
-    id: int
-    prefix: str
-    revoked: bool = True
-    revoked_at: datetime
 
 
 class NewKeyBody(ApiModel):
@@ -71,40 +23,21 @@ class NewKeyBody(ApiModel):
 
 class LoginBody(ApiModel):
     login_token: str = Field(min_length=1, max_length=200)
-
-
-def _create_account(ctx: AppContext) -> AccountCreated:
-    key = new_api_key(ctx.settings.secret_key_bytes())
-    token = new_login_token()  # argon2: slow on purpose, so this runs in the thread pool
-    now = ctx.clock.now()
-    with ctx.db.session() as session:
-        account = Account(login_selector=token.selector, login_hash=token.hash, created_at=now)
-        session.add(account)
-        session.flush()
-        assert account.id is not None
-        api_key = ApiKey(account_id=account.id, key_hash=key.digest, prefix=key.prefix, name="default", created_at=now)
-        session.add(api_key)
-        session.flush()
-        assert api_key.id is not None
-        return AccountCreated(
-            user_id=account.id,
-            api_key=key.value,
-            key_id=api_key.id,
-            login_token=token.value,
-            balance_usd=micros_to_usd(0),
-            created_at=now,
-        )
+    totp_code: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="Required when the account has two-factor sign-in on (Account.totp_enabled): the current "
+        "6-digit code of the authenticator app, or one of the account's recovery codes (each works once).",
+    )
 
 
 async def create_account(call: Call) -> AccountCreated:
-    return await run_in_threadpool(_create_account, call.ctx)
+    return await run_in_threadpool(accounts.create_account, call.ctx)
 
 
 async def get_account(call: Call) -> AccountOut:
     me = call.principal
     assert me is not None
-    # Every value comes typed from the authentication read: construct without re-validating.
-    return AccountOut.model_construct(
+    return AccountOut(
         user_id=me.account_id,
         balance_usd=micros_to_usd(me.balance_micros),
         servers=me.servers,
@@ -113,67 +46,23 @@ async def get_account(call: Call) -> AccountOut:
     )
 
 
-def _list_keys(ctx: AppContext, account_id: int) -> ApiKeyList:
-    with ctx.db.session() as session:
-        rows = session.exec(
-            select(ApiKey).where(ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None)).order_by(ApiKey.id)  # type: ignore[union-attr]
-        ).all()
-        return ApiKeyList(keys=[ApiKeyOut(id=k.id, prefix=k.prefix, name=k.name, created_at=k.created_at) for k in rows])  # type: ignore[arg-type]
-
-
 async def list_keys(call: Call) -> ApiKeyList:
-    return await run_in_threadpool(_list_keys, call.ctx, call.account_id)
-
-
-def _mint_key(ctx: AppContext, account_id: int, name: str | None) -> ApiKeyCreated:
-    key = new_api_key(ctx.settings.secret_key_bytes())
-    now = ctx.clock.now()
-    with ctx.db.session() as session:
-        row = ApiKey(account_id=account_id, key_hash=key.digest, prefix=key.prefix, name=name, created_at=now)
-        session.add(row)
-        session.flush()
-        assert row.id is not None
-        return ApiKeyCreated(id=row.id, prefix=key.prefix, name=name, created_at=now, api_key=key.value)
+    return await run_in_threadpool(accounts.list_keys, call.ctx, call.account_id)
 
 
 async def create_key(call: Call) -> ApiKeyCreated:
     body: NewKeyBody = call.body
-    return await run_in_threadpool(_mint_key, call.ctx, call.account_id, body.name)
-
-
-def _revoke_key(ctx: AppContext, account_id: int, key_id: int) -> ApiKeyRevoked:
-    now = ctx.clock.now()
-    with ctx.db.session() as session:
-        key = session.exec(
-            select(ApiKey).where(ApiKey.id == key_id, ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None))  # type: ignore[union-attr]
-        ).first()
-        if key is None:
-            raise NotFound("API key")
-        key.revoked_at = now
-        session.add(key)
-        touch_account(session, account_id)  # this process forgets the key before it answers
-        return ApiKeyRevoked(id=key_id, prefix=key.prefix, revoked_at=now)
+    return await run_in_threadpool(accounts.mint_key, call.ctx, call.account_id, body.name)
 
 
 async def revoke_key(call: Call) -> ApiKeyRevoked:
-    return await run_in_threadpool(_revoke_key, call.ctx, call.account_id, call.path["id"])
-
-
-def _login(ctx: AppContext, token: str) -> ApiKeyCreated:
-    selector = login_token_selector(token)
-    if selector is None:
-        raise Unauthorized("The login token is not valid.")
-    with ctx.db.session() as session:
-        account = session.exec(select(Account).where(Account.login_selector == selector)).first()
-        if account is None or not verify_login_token(account.login_hash, token):
-            raise Unauthorized("The login token is not valid.")
-        assert account.id is not None
-    return _mint_key(ctx, account.id, "dashboard")
+    return await run_in_threadpool(accounts.revoke_key, call.ctx, call.account_id, call.path["id"])
 
 
 async def login(call: Call) -> ApiKeyCreated:
     body: LoginBody = call.body
-    return await run_in_threadpool(_login, call.ctx, body.login_token)
+    client = call.request.client.host if call.request.client else "unknown"
+    return await run_in_threadpool(accounts.login, call.ctx, body.login_token, body.totp_code, client)
 
 
 def routes() -> list[ApiRoute]:
@@ -210,10 +99,20 @@ def routes() -> list[ApiRoute]:
         ApiRoute(
             "POST", "/login", login, "Sign in with the login token", ApiKeyCreated, status=201, auth=False,
             body=LoginBody,
-            description="Exchanges the account's login_token for a new API key named \"dashboard\". This is how "
-            "the web dashboard signs in, and how a customer who lost or revoked every key regains access. "
-            "The token is checked with argon2 and is not usable as a Bearer key.",
-            errors={401: "The login token is not valid."},
+            description="Exchanges the account's login_token for a new API key named \"dashboard\": how a customer "
+            "who lost or revoked every key regains access (the web dashboard signs in with the same token, into a "
+            "browser session rather than a key). The token is checked with argon2 and is not usable as a Bearer key."
+            "\n\nTwo-factor: when the account has two-factor sign-in on (`totp_enabled` in GET /account, turned on "
+            "in the dashboard), the body must also carry `totp_code`: the current code of the authenticator app or "
+            "an unused recovery code. Without it the answer is 401 `totp_required`; a wrong or reused code is 401 "
+            "`invalid_totp_code`. Bearer API keys are not affected by two-factor: a key already is a full "
+            "credential, minted by someone who signed in.\n\nFailed attempts are limited per client address and "
+            "wrong codes per account (the shop's `[signin]` settings; by default 10 failures per 10 minutes, 5 "
+            "wrong codes per 15 minutes): over the limit the answer is 429 `rate_limited` with `Retry-After` "
+            "and `retry_after` (seconds) until the window ends.",
+            errors={401: "unauthorized: the login token is not valid; totp_required: the account has two-factor on "
+                    "and no totp_code was sent; invalid_totp_code: the code is wrong or was used already.",
+                    429: "rate_limited: too many failed sign-ins from this address, or wrong codes for this account."},
             tags=TAG, operation_id="login", response_headers=NO_STORE,
         ),
     ]

@@ -1,4 +1,8 @@
-"""Top-up endpoints: create (deposit address or x402), read (checks the chain), cancel."""
+"""Top-up endpoints: create (deposit address or x402), read (checks the chain), cancel.
+
+The deposit top-up services (:func:`create_deposit_topup`, :func:`read_topup`,
+:func:`cancel_topup_of`) give the API's :class:`TopupOut`; the endpoints and the dashboard call them.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from vpsshop.coins import DepositCoin, X402Coin
-from vpsshop.context import MAX_TOPUP_CENTS, MIN_TOPUP_CENTS
+from vpsshop.context import MAX_TOPUP_CENTS, MIN_TOPUP_CENTS, AppContext
 from vpsshop.errors import BadRequest
 from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
-from vpsshop.payments.engine import TopupView, qr_data_uri
+from vpsshop.payments.engine import TopupView, make_view, qr_data_uri
 from vpsshop.payments import x402
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
 
@@ -80,9 +84,9 @@ class TopupOut(BaseModel):
     created_at: datetime
 
 
-def render(call: Call, view: TopupView) -> TopupOut:
+def render(ctx: AppContext, view: TopupView) -> TopupOut:
     topup = view.topup
-    coin = call.ctx.coins.get(topup.coin)
+    coin = ctx.coins.get(topup.coin)
     decimals = coin.decimals if coin is not None else 0
     from vpsshop.coins import format_atomic
 
@@ -135,10 +139,18 @@ async def create_topup(call: Call) -> Reply | Response:
     if not isinstance(coin, DepositCoin):
         raise BadRequest("invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
     key = idempotency_key(call.request)
-    topup = await engine.create_topup(call.account_id, amount_micros, coin, key)
-    from vpsshop.payments.engine import make_view
+    return Reply(await create_deposit_topup(call.ctx, call.account_id, coin, amount_micros, key), 201)
 
-    return Reply(await run_in_threadpool(render, call, make_view(topup, [])), 201)  # the QR code takes ~15 ms
+
+async def create_deposit_topup(
+    ctx: AppContext, account_id: int, coin: DepositCoin, amount_micros: int, key: str | None
+) -> TopupOut:
+    """A pending top-up with its own deposit address (or the earlier one of ``key``).
+
+    :raises ApiError: 409 idempotency_key_reused, 503 rate_unavailable.
+    """
+    topup = await engine_for(ctx).create_topup(account_id, amount_micros, coin, key)
+    return await run_in_threadpool(render, ctx, make_view(topup, []))  # the QR code takes ~15 ms
 
 
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
@@ -161,20 +173,30 @@ async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply |
     topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, v1 or v2 or "", version)
     from vpsshop.payments.engine import x402_view
 
-    out = render(call, x402_view(topup, "settled" if topup.status == "completed" else None))
+    out = render(call.ctx, x402_view(topup, "settled" if topup.status == "completed" else None))
     name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
     return Reply(out, 201, {name: x402.response_header(coin, settlement, version),
                             "Access-Control-Expose-Headers": name})
 
 
+async def read_topup(ctx: AppContext, account_id: int, ref: str) -> TopupOut:
+    """The account's top-up ``ref``, after checking its chain (rate-limited). :raises NotFound:"""
+    view = await engine_for(ctx).get_topup(account_id, ref)
+    return await run_in_threadpool(render, ctx, view)  # a QR code not cached yet is drawn off the loop
+
+
+async def cancel_topup_of(ctx: AppContext, account_id: int, ref: str) -> TopupOut:
+    """Cancel a pending top-up. :raises ApiError: 404, 409 payment_in_progress or topup_completed."""
+    view = await engine_for(ctx).cancel_topup(account_id, ref)
+    return await run_in_threadpool(render, ctx, view)
+
+
 async def get_topup(call: Call) -> TopupOut:
-    view = await engine_for(call.ctx).get_topup(call.account_id, _ref(call))
-    return await run_in_threadpool(render, call, view)  # a QR code not cached yet is drawn off the loop
+    return await read_topup(call.ctx, call.account_id, _ref(call))
 
 
 async def cancel_topup(call: Call) -> TopupOut:
-    view = await engine_for(call.ctx).cancel_topup(call.account_id, _ref(call))
-    return await run_in_threadpool(render, call, view)
+    return await cancel_topup_of(call.ctx, call.account_id, _ref(call))
 
 
 def _ref(call: Call) -> str:

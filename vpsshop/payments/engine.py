@@ -13,8 +13,6 @@ credited. Under- and over-payments are credited for what arrived, to the micro-d
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import secrets
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginEr
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record
 from vpsshop.payments.rates import RateService
+from vpsshop.qrcodes import png_data_uri
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -73,13 +72,7 @@ class TopupView:
 @lru_cache(maxsize=4096)
 def qr_data_uri(text: str) -> str:
     """A PNG QR code of ``text`` as a ``data:`` URI (made with ``qrcode``; cached per text)."""
-    import qrcode
-    import qrcode.image.pure
-
-    image = qrcode.make(text, image_factory=qrcode.image.pure.PyPNGImage, border=2, box_size=6)
-    buffer = io.BytesIO()
-    image.save(buffer)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return png_data_uri(text)
 
 
 def usd_value_micros(amount_atomic: int, decimals: int, rate: Decimal) -> int:
@@ -275,6 +268,13 @@ class PaymentEngine:
                 return x402_view(topup, record.status if record is not None else None)
             payments = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all()
         return make_view(topup, list(payments))
+
+    def recent_topups(self, account_id: int, limit: int = 10) -> list[Topup]:
+        """The account's newest top-ups, newest first (as stored; :meth:`get_topup` refreshes one)."""
+        with self.ctx.db.session() as session:
+            return list(session.exec(
+                select(Topup).where(Topup.account_id == account_id).order_by(Topup.id.desc()).limit(limit)  # type: ignore[union-attr]
+            ).all())
 
     # ---- cancelling and expiring --------------------------------------------------------------------
 

@@ -1,4 +1,11 @@
-"""The server endpoints: order, list, show, credentials, renew and power actions."""
+"""The server endpoints, and the service functions behind them: order, list, show, credentials,
+auto-renew, renew and power actions.
+
+The service functions (:func:`place_order`, :func:`servers_of`, :func:`server_of`,
+:func:`reveal_credentials`, :func:`set_auto_renew`, :func:`renew_now`, :func:`power_action`) are
+synchronous and raise :class:`~vpsshop.errors.ApiError`; the endpoints run them in the thread pool,
+and the dashboard (:mod:`vpsshop.dashboard`) calls the same functions.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import threading
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -137,7 +145,15 @@ def _digest(body: OrderBody) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay(ctx: AppContext, session: Session, account_id: int, key: str, body: OrderBody) -> Reply | None:
+@dataclass(frozen=True)
+class Ordered:
+    """What :func:`place_order` did: the order, and whether it is the replay of an earlier one."""
+
+    order: OrderOut
+    replayed: bool = False
+
+
+def _replay(ctx: AppContext, session: Session, account_id: int, key: str, body: OrderBody) -> Ordered | None:
     server = session.exec(select(Server).where(Server.account_id == account_id, Server.idempotency_key == key)).first()
     if server is None:
         return None
@@ -152,7 +168,7 @@ def _replay(ctx: AppContext, session: Session, account_id: int, key: str, body: 
         # Same body as the first order, which gave no password: the first response carried the
         # generated one, and so does its replay (the credentials endpoint reveals it anyway).
         generated = decrypt_password(ctx, server.root_password_enc)
-    return Reply(OrderOut(server=server_out(server), root_password=generated), 201, {"Idempotent-Replayed": "true"})
+    return Ordered(OrderOut(server=server_out(server), root_password=generated), replayed=True)
 
 
 def _resolve(ctx: AppContext, body: OrderBody) -> int:
@@ -210,7 +226,13 @@ def _insert_order_pg(values: dict[str, Any], default_hostname: bool, detail: str
     return sa.select(server.c.id).add_cte(event).add_cte(job)
 
 
-def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -> Reply:
+def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -> Ordered:
+    """Charge one cycle and create the server (provisioning), atomically; ``key`` makes it idempotent.
+
+    :raises BadRequest: invalid_plan, invalid_location, invalid_os.
+    :raises InsufficientBalance: 402, nothing charged.
+    :raises Conflict: idempotency_key_reused.
+    """
     price = _resolve(ctx, body)
     digest = _digest(body)
     if key is not None:
@@ -257,12 +279,13 @@ def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -
         if replay is None:
             raise
         return replay
-    return Reply(OrderOut(server=out, root_password=None if body.root_password else password), 201)
+    return Ordered(OrderOut(server=out, root_password=None if body.root_password else password))
 
 
 async def order_server(call: Call) -> Reply:
     key = idempotency_key(call.request)
-    return await run_in_threadpool(_order, call.ctx, call.account_id, call.body, key)
+    done = await run_in_threadpool(place_order, call.ctx, call.account_id, call.body, key)
+    return Reply(done.order, 201, {"Idempotent-Replayed": "true"} if done.replayed else {})
 
 
 # ---- reading -------------------------------------------------------------------------------------
@@ -276,26 +299,26 @@ def _owned(session: Session, account_id: int, server_id: int, *, lock: bool = Fa
     return server
 
 
-def _list(ctx: AppContext, account_id: int) -> ServerList:
+def servers_of(ctx: AppContext, account_id: int) -> ServerList:
     with ctx.db.session() as session:
         rows = session.exec(select(Server).where(Server.account_id == account_id).order_by(Server.id)).all()  # type: ignore[arg-type]
         return ServerList(servers=[server_out(s) for s in rows])
 
 
 async def list_servers(call: Call) -> ServerList:
-    return await run_in_threadpool(_list, call.ctx, call.account_id)
+    return await run_in_threadpool(servers_of, call.ctx, call.account_id)
 
 
-def _get(ctx: AppContext, account_id: int, server_id: int) -> ServerOut:
+def server_of(ctx: AppContext, account_id: int, server_id: int) -> ServerOut:
     with ctx.db.session() as session:
         return server_out(_owned(session, account_id, server_id))
 
 
 async def get_server(call: Call) -> ServerOut:
-    return await run_in_threadpool(_get, call.ctx, call.account_id, call.path["id"])
+    return await run_in_threadpool(server_of, call.ctx, call.account_id, call.path["id"])
 
 
-def _credentials(ctx: AppContext, account_id: int, server_id: int) -> CredentialsOut:
+def reveal_credentials(ctx: AppContext, account_id: int, server_id: int) -> CredentialsOut:
     with ctx.db.session() as session:
         server = _owned(session, account_id, server_id)
     if server.status == "terminated" or server.root_password_enc is None:
@@ -307,10 +330,10 @@ def _credentials(ctx: AppContext, account_id: int, server_id: int) -> Credential
 
 
 async def get_credentials(call: Call) -> CredentialsOut:
-    return await run_in_threadpool(_credentials, call.ctx, call.account_id, call.path["id"])
+    return await run_in_threadpool(reveal_credentials, call.ctx, call.account_id, call.path["id"])
 
 
-def _patch(ctx: AppContext, account_id: int, server_id: int, auto_renew: bool) -> ServerOut:
+def set_auto_renew(ctx: AppContext, account_id: int, server_id: int, auto_renew: bool) -> ServerOut:
     now = ctx.clock.now()
     with ctx.db.session() as session:
         server = _owned(session, account_id, server_id, lock=True)
@@ -324,13 +347,13 @@ def _patch(ctx: AppContext, account_id: int, server_id: int, auto_renew: bool) -
 
 
 async def patch_server(call: Call) -> ServerOut:
-    return await run_in_threadpool(_patch, call.ctx, call.account_id, call.path["id"], call.body.auto_renew)
+    return await run_in_threadpool(set_auto_renew, call.ctx, call.account_id, call.path["id"], call.body.auto_renew)
 
 
 # ---- renewal and power ---------------------------------------------------------------------------
 
 
-def _renew(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
+def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
     for _ in range(3):
         try:
             with ctx.db.session() as session:
@@ -347,10 +370,10 @@ def _renew(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
 
 
 async def renew_server(call: Call) -> RenewOut:
-    return await run_in_threadpool(_renew, call.ctx, call.account_id, call.path["id"])
+    return await run_in_threadpool(renew_now, call.ctx, call.account_id, call.path["id"])
 
 
-def _power(ctx: AppContext, account_id: int, server_id: int, action: str) -> Reply:
+def power_action(ctx: AppContext, account_id: int, server_id: int, action: str) -> PowerActionOut:
     with ctx.db.session() as session:
         server = _owned(session, account_id, server_id)
         if server.status != "active":
@@ -359,12 +382,12 @@ def _power(ctx: AppContext, account_id: int, server_id: int, action: str) -> Rep
         job = enqueue(session, server_id, action, now)
         record(session, server_id, f"power_{action}", now, "customer")
         assert job.id is not None
-        return Reply(PowerActionOut(server_id=server_id, action=action, job_id=job.id), 202)  # type: ignore[arg-type]
+        return PowerActionOut(server_id=server_id, action=action, job_id=job.id)  # type: ignore[arg-type]
 
 
 def _power_endpoint(action: str):  # type: ignore[no-untyped-def]
-    async def power(call: Call) -> Reply:
-        return await run_in_threadpool(_power, call.ctx, call.account_id, call.path["id"], action)
+    async def power(call: Call) -> PowerActionOut:
+        return await run_in_threadpool(power_action, call.ctx, call.account_id, call.path["id"], action)
 
     power.__name__ = f"{action}_server"
     return power

@@ -1,8 +1,7 @@
 """Root passwords: generated with :mod:`secrets`, stored only encrypted, revealed to their owner.
 
-The key is ``settings.encryption_key`` (a Fernet key from the settings file or the environment),
-never the database: a copy of the database alone does not reveal a password. Fernet authenticates
-what it decrypts, so a tampered column is refused rather than revealed as garbage.
+Encrypted with ``settings.encryption_key`` through :mod:`vpsshop.encryption` (Fernet): a copy of
+the database alone does not reveal a password, and a tampered column is refused.
 """
 
 from __future__ import annotations
@@ -10,15 +9,12 @@ from __future__ import annotations
 import secrets
 import string
 
-from cryptography.fernet import Fernet, InvalidToken
-
 from vpsshop.context import AppContext
-from vpsshop.errors import ConfigError
+from vpsshop.encryption import decrypt_text, encrypt_text
 
 GENERATED_LENGTH = 20
 """Generated passwords: 20 characters from 62 letters and digits, about 119 bits."""
 _ALPHABET = string.ascii_letters + string.digits
-_EXTRA_KEY = "servers.fernet"
 
 
 def generate_root_password() -> str:
@@ -34,28 +30,10 @@ def generate_root_password() -> str:
             return value
 
 
-def _fernet(ctx: AppContext) -> Fernet:
-    cached = ctx.extras.get(_EXTRA_KEY)
-    if cached is None:
-        key = ctx.settings.encryption_key.get_secret_value()
-        try:
-            cached = Fernet(key.encode())
-        except (ValueError, TypeError):
-            raise ConfigError(
-                "encryption_key must be a Fernet key: 32 bytes in url-safe base64 "
-                "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
-            ) from None
-        ctx.extras[_EXTRA_KEY] = cached
-    return cached
-
-
 def encrypt_password(ctx: AppContext, password: str) -> str:
-    return _fernet(ctx).encrypt(password.encode()).decode()
+    return encrypt_text(ctx, password)
 
 
 def decrypt_password(ctx: AppContext, token: str) -> str:
     """The clear password. :raises ValueError: the column was not written with this key."""
-    try:
-        return _fernet(ctx).decrypt(token.encode()).decode()
-    except InvalidToken:
-        raise ValueError("the stored root password does not decrypt with settings.encryption_key") from None
+    return decrypt_text(ctx, token, "root password")

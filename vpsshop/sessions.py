@@ -1,0 +1,120 @@
+"""Dashboard sessions: server-side, so that sign-out and revocation end them at once.
+
+The browser holds a random 256-bit token in an HttpOnly cookie; the ``dashboard_sessions`` row
+holds its keyed digest (:func:`vpsshop.auth.keyed_digest`), so a copy of the table signs no one in.
+Every page request looks the row up: a session that was ended, has passed its absolute lifetime
+(``[dashboard] session_max_hours``) or sat unused too long (``session_idle_minutes``) is refused.
+
+A session opened with the right login token on an account with two-factor is ``pending_totp``:
+it opens only the code step. The code swaps it for a new session with a new token, so a token
+seen before the second factor is worth nothing after it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlmodel import select
+
+from vpsshop.auth import keyed_digest
+from vpsshop.context import AppContext
+from vpsshop.models import DashboardSession
+
+TOUCH_EVERY = timedelta(minutes=1)
+"""``last_seen_at`` is written at most this often per session."""
+
+
+@dataclass(frozen=True)
+class ActiveSession:
+    id: int
+    account_id: int
+    pending_totp: bool
+    token_hash: str
+    created_at: datetime
+    last_seen_at: datetime
+    expires_at: datetime
+    user_agent: str | None
+
+
+def token_digest(ctx: AppContext, token: str) -> str:
+    return keyed_digest(ctx.settings.secret_key_bytes(), "dashboard session", token)
+
+
+def start(ctx: AppContext, account_id: int, *, pending_totp: bool, user_agent: str | None) -> str:
+    """Open a session; returns the token for the cookie (its only copy)."""
+    token = secrets.token_urlsafe(32)
+    now = ctx.clock.now()
+    limits = ctx.settings.dashboard
+    # a pending session lives only as long as it takes to type a code
+    lifetime = timedelta(minutes=10) if pending_totp else timedelta(hours=limits.session_max_hours)
+    with ctx.db.session() as session:
+        session.add(DashboardSession(
+            account_id=account_id, token_hash=token_digest(ctx, token), pending_totp=pending_totp,
+            user_agent=(user_agent or "")[:200] or None, created_at=now, last_seen_at=now, expires_at=now + lifetime,
+        ))
+    return token
+
+
+def resolve(ctx: AppContext, token: str | None) -> ActiveSession | None:
+    """The live session of a cookie's token, or None (unknown, ended, expired or idle too long)."""
+    if not token or len(token) > 100:
+        return None
+    now = ctx.clock.now()
+    idle = timedelta(minutes=ctx.settings.dashboard.session_idle_minutes)
+    with ctx.db.session() as session:
+        row = session.exec(select(DashboardSession).where(
+            DashboardSession.token_hash == token_digest(ctx, token), DashboardSession.ended_at.is_(None)  # type: ignore[union-attr]
+        )).first()
+        if row is None or row.expires_at <= now or row.last_seen_at + idle <= now:
+            return None
+        if now - row.last_seen_at >= TOUCH_EVERY:
+            row.last_seen_at = now
+            session.add(row)
+        assert row.id is not None
+        return ActiveSession(row.id, row.account_id, row.pending_totp, row.token_hash, row.created_at,
+                             row.last_seen_at, row.expires_at, row.user_agent)
+
+
+def complete_second_factor(ctx: AppContext, pending: ActiveSession) -> str:
+    """End the pending session and open a full one for the same browser; returns the new token."""
+    end(ctx, pending.account_id, pending.id)
+    return start(ctx, pending.account_id, pending_totp=False, user_agent=pending.user_agent)
+
+
+def end(ctx: AppContext, account_id: int, session_id: int) -> bool:
+    """Sign a session of ``account_id`` out. False when there was no such live session."""
+    with ctx.db.session() as session:
+        ended = session.execute(
+            sa.update(DashboardSession)
+            .where(DashboardSession.id == session_id, DashboardSession.account_id == account_id,
+                   DashboardSession.ended_at.is_(None))  # type: ignore[union-attr]
+            .values(ended_at=ctx.clock.now())
+        ).rowcount
+    return ended == 1
+
+
+def end_others(ctx: AppContext, account_id: int, keep_id: int | None) -> int:
+    """Sign out every session of the account but ``keep_id``; returns how many ended."""
+    with ctx.db.session() as session:
+        stmt = sa.update(DashboardSession).where(
+            DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None))  # type: ignore[union-attr]
+        if keep_id is not None:
+            stmt = stmt.where(DashboardSession.id != keep_id)
+        return int(session.execute(stmt.values(ended_at=ctx.clock.now())).rowcount or 0)
+
+
+def live(ctx: AppContext, account_id: int) -> list[ActiveSession]:
+    """The account's signed-in browsers, newest first."""
+    now = ctx.clock.now()
+    idle = timedelta(minutes=ctx.settings.dashboard.session_idle_minutes)
+    with ctx.db.session() as session:
+        rows = session.exec(select(DashboardSession).where(
+            DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None),  # type: ignore[union-attr]
+            DashboardSession.pending_totp.is_(False), DashboardSession.expires_at > now,  # type: ignore[attr-defined]
+            DashboardSession.last_seen_at > now - idle,
+        ).order_by(DashboardSession.id.desc())).all()  # type: ignore[union-attr]
+    return [ActiveSession(r.id, r.account_id, r.pending_totp, r.token_hash, r.created_at, r.last_seen_at,  # type: ignore[arg-type]
+                          r.expires_at, r.user_agent) for r in rows]
