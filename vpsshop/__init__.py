@@ -40,12 +40,14 @@ from vpsshop.tasks import BackgroundTask
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.app import create_app
     from vpsshop.context import AppContext
+    from vpsshop.events import Event
     from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
     from vpsshop.settings import Settings, load_settings
 
 _LAZY = {
     "create_app": "vpsshop.app",
     "AppContext": "vpsshop.context",
+    "Event": "vpsshop.events",
     "ApiModel": "vpsshop.routing",
     "ApiRoute": "vpsshop.routing",
     "Call": "vpsshop.routing",
@@ -73,6 +75,7 @@ __all__ = [
     "DepositCoin",
     "DetectedPayment",
     "DomainState",
+    "Event",
     "FrozenClock",
     "Header",
     "HypervisorBackend",

@@ -8,9 +8,11 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from sqlmodel import select
 
+from vpsshop import events
 from vpsshop.auth import login_token_selector, new_api_key, new_login_token, verify_login_token
 from vpsshop.context import AppContext
 from vpsshop.errors import NotFound, Unauthorized
+from vpsshop.events.resources import account_data, api_key_data
 from vpsshop.models import Account, ApiKey
 from vpsshop.money import UsdAmount, micros_to_usd
 from vpsshop.routing import ApiModel, ApiRoute, Call
@@ -85,6 +87,8 @@ def _create_account(ctx: AppContext) -> AccountCreated:
         session.add(api_key)
         session.flush()
         assert api_key.id is not None
+        events.emit(session, "account.created", account.id, account_data(account.id, now), now=now)
+        events.emit(session, "api_key.created", account.id, api_key_data(api_key), now=now)
         return AccountCreated(
             user_id=account.id,
             api_key=key.value,
@@ -131,6 +135,7 @@ def _mint_key(ctx: AppContext, account_id: int, name: str | None) -> ApiKeyCreat
         session.add(row)
         session.flush()
         assert row.id is not None
+        events.emit(session, "api_key.created", account_id, api_key_data(row), now=now)
         return ApiKeyCreated(id=row.id, prefix=key.prefix, name=name, created_at=now, api_key=key.value)
 
 
@@ -149,6 +154,7 @@ def _revoke_key(ctx: AppContext, account_id: int, key_id: int) -> ApiKeyRevoked:
             raise NotFound("API key")
         key.revoked_at = now
         session.add(key)
+        events.emit(session, "api_key.revoked", account_id, api_key_data(key), now=now)
         return ApiKeyRevoked(id=key_id, prefix=key.prefix, revoked_at=now)
 
 

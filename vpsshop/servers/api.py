@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
 
-from vpsshop import ledger
+from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
@@ -216,6 +216,7 @@ def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -
             ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
                         memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)
             out = server_out(Server(id=server_id, **values))
+            events.emit(session, "server.provisioning", account_id, out, now=now)
     except IntegrityError:
         if key is None:
             raise
