@@ -73,10 +73,6 @@ def emit(
         resource_id=resource_id[:64], data=json.dumps(data, separators=(",", ":"), ensure_ascii=False),
         created_at=now or utcnow(),
     )
-    if session.get_bind().dialect.name == "postgresql":
-        # the inserting transaction's id: readers page past this row only once every older
-        # transaction has ended (see vpsshop.events.outbox.visible)
-        values["txid"] = sa.cast(sa.cast(sa.func.pg_current_xact_id(), sa.Text), sa.BigInteger)
     session.execute(sa.insert(StoredEvent).values(**values))
     return public_id
 
@@ -96,11 +92,11 @@ class Event:
     data: dict[str, Any]
     body: bytes
     seq: int
-    """Position in the outbox (increasing); internal, not shown to customers."""
+    """Position in the published order of the outbox (increasing); internal, not shown to customers."""
 
     @classmethod
     def from_row(cls, row: StoredEvent) -> "Event":
-        assert row.id is not None
+        assert row.seq is not None
         timestamp = to_jsonable_python(row.created_at)
         body = (
             '{"id":' + json.dumps(row.public_id) + ',"type":' + json.dumps(row.type)
@@ -108,7 +104,7 @@ class Event:
             + ',"data":' + row.data + "}"
         ).encode()
         return cls(id=row.public_id, type=row.type, timestamp=row.created_at, account_id=row.account_id,
-                   data=json.loads(row.data), body=body, seq=row.id)
+                   data=json.loads(row.data), body=body, seq=row.seq)
 
     def payload(self) -> dict[str, Any]:
         """The body as a dict."""

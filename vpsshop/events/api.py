@@ -182,8 +182,8 @@ def _limit(call: Call, default: int = 50) -> int:
 
 
 def _anchor(session: Session, account_id: int, public_id: str) -> int:
-    row = session.exec(select(StoredEvent.id).where(StoredEvent.public_id == public_id,
-                                                    StoredEvent.account_id == account_id)).first()
+    row = session.exec(select(StoredEvent.seq).where(StoredEvent.public_id == public_id,
+                                                     StoredEvent.account_id == account_id)).first()
     if row is None:
         raise NotFound("event on this account")
     return int(row)
@@ -191,6 +191,7 @@ def _anchor(session: Session, account_id: int, public_id: str) -> int:
 
 def _list_events(ctx: AppContext, account_id: int, after: str | None, before: str | None, limit: int,
                  type_: str | None) -> Response:
+    outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
         query = select(StoredEvent).where(StoredEvent.account_id == account_id)
         if type_ is not None and type_ != "*":
@@ -199,13 +200,13 @@ def _list_events(ctx: AppContext, account_id: int, after: str | None, before: st
             else:
                 query = query.where(StoredEvent.type == type_)
         if before is not None:
-            query = query.where(StoredEvent.id < _anchor(session, account_id, before)).order_by(  # type: ignore[operator]
-                StoredEvent.id.desc())  # type: ignore[union-attr]
+            query = query.where(StoredEvent.seq < _anchor(session, account_id, before)).order_by(  # type: ignore[operator]
+                StoredEvent.seq.desc())  # type: ignore[union-attr]
         else:
             if after is not None:
-                query = query.where(StoredEvent.id > _anchor(session, account_id, after))  # type: ignore[operator]
-            query = query.order_by(StoredEvent.id)  # type: ignore[arg-type]
-        rows = list(session.exec(outbox.visible(query.limit(limit + 1), ctx.db.dialect)).all())
+                query = query.where(StoredEvent.seq > _anchor(session, account_id, after))  # type: ignore[operator]
+            query = query.order_by(StoredEvent.seq)  # type: ignore[arg-type]
+        rows = list(session.exec(outbox.visible(query.limit(limit + 1))).all())
     has_more = len(rows) > limit
     rows = rows[:limit]
     cursor = rows[-1].public_id if rows else (after if before is None else None)
@@ -234,9 +235,10 @@ async def list_events(call: Call) -> Response:
 
 
 def _get_event(ctx: AppContext, account_id: int, public_id: str) -> Response:
+    outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
         row = session.exec(outbox.visible(select(StoredEvent).where(
-            StoredEvent.public_id == public_id, StoredEvent.account_id == account_id), ctx.db.dialect)).first()
+            StoredEvent.public_id == public_id, StoredEvent.account_id == account_id))).first()
         if row is None:
             raise NotFound("event on this account")
     return JsonBody(Event.from_row(row).body, 200)
@@ -282,13 +284,16 @@ def _create(ctx: AppContext, account_id: int, body: WebhookBody) -> WebhookCreat
     secret = signing.new_secret()
     now = ctx.clock.now()
     limit = event_settings(ctx).max_endpoints_per_account
+    outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
         count = session.execute(sa.select(sa.func.count()).select_from(WebhookEndpoint).where(
             WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))).scalar()  # type: ignore[union-attr]
         if int(count or 0) >= limit:
             raise Conflict("too_many_webhooks", f"An account may have {limit} webhook endpoints; delete one first.")
+        since = outbox.head(session)
         endpoint = WebhookEndpoint(account_id=account_id, url=url, description=body.description, event_types=types,
-                                   secret_enc=signing.encrypt_secret(ctx, secret), status="enabled", created_at=now)
+                                   secret_enc=signing.encrypt_secret(ctx, secret), status="enabled",
+                                   since_event_id=since, created_at=now)
         session.add(endpoint)
         session.flush()
         return WebhookCreated(**webhook_out(endpoint).model_dump(), secret=secret)
@@ -412,12 +417,13 @@ async def list_deliveries(call: Call) -> DeliveryList:
 
 def _redeliver(ctx: AppContext, account_id: int, endpoint_id: int, event_id: str) -> Reply:
     now = ctx.clock.now()
+    outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
         endpoint = _owned(session, account_id, endpoint_id)
         if endpoint.status != "enabled":
             raise Conflict("webhook_disabled", "The endpoint is disabled; re-enable it with PATCH /webhooks/{id}.")
         row = session.exec(outbox.visible(select(StoredEvent).where(
-            StoredEvent.public_id == event_id, StoredEvent.account_id == account_id), ctx.db.dialect)).first()
+            StoredEvent.public_id == event_id, StoredEvent.account_id == account_id))).first()
         if row is None:
             raise NotFound("event on this account")
         delivery = WebhookDelivery(endpoint_id=endpoint_id, event_id=row.id, account_id=account_id,  # type: ignore[arg-type]
@@ -447,8 +453,8 @@ def routes() -> list[ApiRoute]:
             "GET", "/events", list_events, "List the account's events", EventList,
             description="The account's own events, oldest first: page with `after` (the `cursor` of the previous "
             "page), or newest first with `before`. A client that missed a webhook (or uses none) polls with "
-            "`after=<last id seen>`. Events appear here, and are delivered to webhooks, once every transaction "
-            "that started before them has ended, so paging forward never skips one. " + _EVENTS_DOC,
+            "`after=<last id seen>`. Events are listed in the order they were committed, and an event is listed "
+            "only once every event before it is, so paging forward never skips one. " + _EVENTS_DOC,
             query=(Query("after", "Events after this event id, oldest first.",
                          {"type": "string", "pattern": EVENT_ID_PATTERN}),
                    Query("before", "Events before this event id, newest first.",

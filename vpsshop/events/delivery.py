@@ -2,9 +2,10 @@
 
 One pass of the ``webhooks`` background task (:func:`run_pass`):
 
-1. **fan-out**: events after the ``webhooks`` cursor (see :mod:`vpsshop.events.outbox`) become one
+1. **fan-out**: newly committed events are published (:func:`vpsshop.events.outbox.publish`); those
+   after the ``webhooks`` cursor (see :mod:`vpsshop.events.outbox`) become one
    ``webhook_deliveries`` row per enabled endpoint of the event's account that subscribes to its
-   type and existed when it happened. The cursor row is locked for the transaction (PostgreSQL
+   type and was registered before it happened. The cursor row is locked for the transaction (PostgreSQL
    ``FOR UPDATE SKIP LOCKED``; SQLite serialises writers), so the rows and the cursor move together
    and an event is fanned out once.
 2. **claim**: due deliveries move to ``delivering`` under a lease in one statement (``UPDATE ...
@@ -79,8 +80,8 @@ def fan_out(ctx: AppContext, limit: int | None = None) -> tuple[int, int]:
         if cursor is None:
             return 0, 0  # another worker is fanning out right now
         rows = session.exec(outbox.visible(
-            select(StoredEvent).where(StoredEvent.id > cursor.last_id)  # type: ignore[operator]
-            .order_by(StoredEvent.id).limit(limit or settings.batch_size), dialect)).all()
+            select(StoredEvent).where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
+            .order_by(StoredEvent.seq).limit(limit or settings.batch_size))).all()  # type: ignore[arg-type]
         if not rows:
             return 0, 0
         accounts = {row.account_id for row in rows}
@@ -93,14 +94,14 @@ def fan_out(ctx: AppContext, limit: int | None = None) -> tuple[int, int]:
         created = []
         for row in rows:
             for endpoint, patterns in by_account.get(row.account_id, ()):
-                if endpoint.created_at <= row.created_at and matches(patterns, row.type):
+                if row.seq > endpoint.since_event_id and matches(patterns, row.type):  # type: ignore[operator]
                     created.append(dict(
                         endpoint_id=endpoint.id, event_id=row.id, account_id=row.account_id,
                         fanout_key=f"{endpoint.id}:{row.id}", redelivery=False, status="pending", attempts=0,
                         next_attempt_at=now, created_at=now))
         if created:
             session.execute(sa.insert(WebhookDelivery), created)
-        cursor.last_id = rows[-1].id  # type: ignore[assignment]
+        cursor.last_id = rows[-1].seq  # type: ignore[assignment]
         cursor.updated_at = now
         session.add(cursor)
     return len(rows), len(created)
@@ -250,6 +251,7 @@ async def run_pass(ctx: AppContext, worker: str = WORKER_ID, resolver: sender.Re
     """One pass of the ``webhooks`` task: fan out, then deliver what is due (up to ``batch_size``)."""
     settings = event_settings(ctx)
     counts = {"fanned_out": 0, "succeeded": 0, "retry": 0, "failed": 0, "lost": 0}
+    await to_thread.run_sync(outbox.publish_pending, ctx.db)
     while True:
         read, created = await to_thread.run_sync(fan_out, ctx)
         counts["fanned_out"] += created

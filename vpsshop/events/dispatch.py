@@ -47,8 +47,9 @@ def ensure_cursors(ctx: AppContext) -> None:
     if not impls:
         return
     now = ctx.clock.now()
+    outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
-        start = outbox.head(session, ctx.db.dialect)
+        start = outbox.head(session)
         for impl in impls:
             outbox.ensure_cursor(session, CURSOR_PREFIX + impl.plugin_name, start, now)
 
@@ -57,7 +58,7 @@ def _take(ctx: AppContext, name: str, worker: str, limit: int) -> tuple[Any, lis
     settings = event_settings(ctx)
     now = ctx.clock.now()
     with ctx.db.session() as session:
-        outbox.ensure_cursor(session, name, outbox.head(session, ctx.db.dialect), now)
+        outbox.ensure_cursor(session, name, outbox.head(session), now)
         cursor = outbox.lease(session, name, worker, now, settings.lease_seconds)
         if cursor is None:
             return None
@@ -65,8 +66,8 @@ def _take(ctx: AppContext, name: str, worker: str, limit: int) -> tuple[Any, lis
             outbox.store(session, name, worker, now, locked_by=None, locked_until=None)
             return None
         rows = session.exec(outbox.visible(
-            select(StoredEvent).where(StoredEvent.id > cursor.last_id)  # type: ignore[operator]
-            .order_by(StoredEvent.id).limit(limit), ctx.db.dialect)).all()  # type: ignore[arg-type]
+            select(StoredEvent).where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
+            .order_by(StoredEvent.seq).limit(limit))).all()  # type: ignore[arg-type]
         return cursor, [Event.from_row(row) for row in rows]
 
 
@@ -134,6 +135,8 @@ async def run_plugin(ctx: AppContext, impl: Any, worker: str = WORKER_ID) -> int
 async def run_hooks(ctx: AppContext, worker: str = WORKER_ID) -> int:
     """One pass of the ``event-hooks`` task over every plugin implementing ``vpsshop_event``."""
     total = 0
+    if implementations(ctx):
+        await to_thread.run_sync(outbox.publish_pending, ctx.db)
     for impl in implementations(ctx):
         try:
             total += await run_plugin(ctx, impl, worker)

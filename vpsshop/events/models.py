@@ -32,12 +32,12 @@ class StoredEvent(SQLModel, table=True):
 
     ``public_id`` (``evt_...``) is the public, stable id: the ``webhook-id`` of every delivery of
     it. ``data`` is the JSON of the resource as the API shows it (see ``vpsshop/events/types.py``).
-    ``txid`` is PostgreSQL's transaction id of the insert: readers page past an event only once
-    every transaction older than it has ended, so a cursor never skips a late commit.
+    ``seq`` is the event's place in the published order, given after commit by
+    :func:`vpsshop.events.outbox.publish`; readers page by it and never see an unpublished event.
     """
 
     __tablename__ = "events"
-    __table_args__ = (sa.Index("ix_events_account_id_id", "account_id", "id"),)
+    __table_args__ = (sa.Index("ix_events_account_id_seq", "account_id", "seq"),)
 
     id: Optional[int] = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
     public_id: str = Field(max_length=40, unique=True, nullable=False)
@@ -46,12 +46,12 @@ class StoredEvent(SQLModel, table=True):
     resource_type: str = Field(max_length=32, nullable=False)
     resource_id: str = Field(max_length=64, nullable=False)
     data: str = Field(sa_type=sa.Text, nullable=False)
-    txid: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    seq: Optional[int] = Field(default=None, sa_type=sa.BigInteger, unique=True)
     created_at: datetime = _ts()
 
 
 class EventCursor(SQLModel, table=True):
-    """A consumer's position in the outbox: it has handled every visible event up to ``last_id``.
+    """A consumer's position in the outbox: it has handled every published event up to ``last_id`` (a ``seq``).
 
     ``failures``/``retry_at``/``last_error`` hold back a consumer whose last call failed (a plugin's
     hook that raised); ``locked_by``/``locked_until`` is the lease of the worker moving it.
@@ -87,6 +87,8 @@ class WebhookEndpoint(SQLModel, table=True):
     secret_enc: str = Field(max_length=500, nullable=False)
     status: str = Field(default="enabled", max_length=16, nullable=False)
     disabled_reason: Optional[str] = Field(default=None, max_length=500)
+    since_event_id: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+    """The newest published event (``seq``) when the endpoint was registered: it receives those after it."""
     failing_since: Optional[datetime] = _ts(nullable=True)
     """When the run of failed attempts that has not been broken by a success began."""
     created_at: datetime = _ts()

@@ -1,11 +1,16 @@
 """Reading the outbox in order without skipping a late commit, and the cursors of its consumers.
 
-Event ids come from a sequence, so on PostgreSQL two transactions can commit out of id order (id
-101 after 102). A reader that moved past 102 would never see 101. So on PostgreSQL each event row
-carries the id of the transaction that inserted it, and a reader only takes events whose
-transaction id is below the oldest transaction still running (``pg_snapshot_xmin``): every event
-of an older transaction has committed (or rolled back) by then, so nothing can appear behind the
-reader. On SQLite writers are serialised (``BEGIN IMMEDIATE``), so ids commit in order.
+Row ids come from a sequence, so on PostgreSQL two transactions can commit out of id order (id 101
+after 102): a reader that moved past 102 would never see 101. So readers do not page by id. After
+commit, :func:`publish` gives each new event its place, ``seq``, in one transaction that only one
+publisher at a time runs (a transaction-scoped advisory lock on PostgreSQL; SQLite serialises
+writers). Seqs are therefore committed in increasing order: once a reader has seen seq N, no event
+can later appear below N. An event becomes visible to readers (webhooks, plugins, ``GET
+/v1/events``) when it is published, which the worker does every ``events.interval_seconds`` and
+``GET /v1/events`` does on demand.
+
+This depends on nothing outside the shop's database (a horizon such as ``pg_snapshot_xmin`` would
+wait for every transaction of every database of the PostgreSQL cluster).
 """
 
 from __future__ import annotations
@@ -19,18 +24,51 @@ from sqlmodel import Session
 
 from vpsshop.events.models import EventCursor, StoredEvent
 
-
-def visible(stmt: Any, dialect: str) -> Any:
-    """``stmt`` over ``events`` limited to rows no earlier commit can still appear before."""
-    if dialect == "postgresql":
-        horizon = sa.cast(sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger)
-        return stmt.where(StoredEvent.txid < horizon)  # type: ignore[operator]
-    return stmt
+_PG_PUBLISH_LOCK = 0x7670_7365  # "vpse"
+PUBLISH_BATCH = 1000
 
 
-def head(session: Session, dialect: str) -> int:
-    """The id of the newest visible event (0 when there is none)."""
-    value = session.execute(visible(sa.select(sa.func.max(StoredEvent.id)), dialect)).scalar()
+def publish(session: Session, limit: int = PUBLISH_BATCH) -> int:
+    """Give committed, unpublished events their ``seq`` in id order. Returns how many were published.
+
+    On PostgreSQL, returns 0 at once when another publisher holds the lock (it publishes them).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        if not session.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_PG_PUBLISH_LOCK))).scalar():
+            return 0
+    ids = session.execute(
+        sa.select(StoredEvent.id).where(StoredEvent.seq.is_(None)).order_by(StoredEvent.id).limit(limit)  # type: ignore[union-attr,arg-type]
+    ).scalars().all()
+    if not ids:
+        return 0
+    top = int(session.execute(sa.select(sa.func.coalesce(sa.func.max(StoredEvent.seq), 0))).scalar() or 0)
+    session.execute(sa.update(StoredEvent), [{"id": i, "seq": top + n} for n, i in enumerate(ids, 1)])
+    return len(ids)
+
+
+def publish_pending(db: Any) -> int:
+    """:func:`publish` in its own transaction, skipped without a write when nothing waits."""
+    with db.session() as session:
+        waiting = session.execute(sa.select(StoredEvent.id).where(StoredEvent.seq.is_(None)).limit(1)).first()  # type: ignore[union-attr]
+    if waiting is None:
+        return 0
+    total = 0
+    while True:
+        with db.session() as session:
+            done = publish(session)
+        total += done
+        if done < PUBLISH_BATCH:
+            return total
+
+
+def visible(stmt: Any) -> Any:
+    """``stmt`` over ``events`` limited to published events."""
+    return stmt.where(StoredEvent.seq.is_not(None))  # type: ignore[union-attr]
+
+
+def head(session: Session) -> int:
+    """The ``seq`` of the newest published event (0 when there is none)."""
+    value = session.execute(sa.select(sa.func.max(StoredEvent.seq))).scalar()
     return int(value or 0)
 
 

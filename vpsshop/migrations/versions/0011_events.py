@@ -26,14 +26,15 @@ def upgrade() -> None:
     sa.Column('resource_type', sa.String(length=32), nullable=False),
     sa.Column('resource_id', sa.String(length=64), nullable=False),
     sa.Column('data', sa.Text(), nullable=False),
-    sa.Column('txid', sa.BigInteger(), nullable=True),
+    sa.Column('seq', sa.BigInteger(), nullable=True),
     sa.Column('created_at', vpsshop.models.UTCDateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['account_id'], ['accounts.id'], ),
     sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('public_id')
+    sa.UniqueConstraint('public_id'),
+    sa.UniqueConstraint('seq')
     )
     with op.batch_alter_table('events', schema=None) as batch_op:
-        batch_op.create_index('ix_events_account_id_id', ['account_id', 'id'], unique=False)
+        batch_op.create_index('ix_events_account_id_seq', ['account_id', 'seq'], unique=False)
 
     op.create_table('event_cursors',
     sa.Column('name', sa.String(length=120), nullable=False),
@@ -56,6 +57,7 @@ def upgrade() -> None:
     sa.Column('secret_enc', sa.String(length=500), nullable=False),
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('disabled_reason', sa.String(length=500), nullable=True),
+    sa.Column('since_event_id', sa.BigInteger(), nullable=False),
     sa.Column('failing_since', vpsshop.models.UTCDateTime(timezone=True), nullable=True),
     sa.Column('created_at', vpsshop.models.UTCDateTime(timezone=True), nullable=False),
     sa.Column('disabled_at', vpsshop.models.UTCDateTime(timezone=True), nullable=True),
@@ -125,5 +127,5 @@ def downgrade() -> None:
     op.drop_table('webhook_endpoints')
     op.drop_table('event_cursors')
     with op.batch_alter_table('events', schema=None) as batch_op:
-        batch_op.drop_index('ix_events_account_id_id')
+        batch_op.drop_index('ix_events_account_id_seq')
     op.drop_table('events')
