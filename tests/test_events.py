@@ -203,3 +203,29 @@ def test_emit_refuses_an_unknown_type_and_rolls_back_with_the_change(vpsshop_cli
             raise RuntimeError("the change failed")
     with ctx.db.session() as session:
         assert len(session.exec(select(StoredEvent)).all()) == 2  # account.created + api_key.created only
+
+
+def test_every_event_type_is_documented_and_in_the_openapi_webhooks(vpsshop_client: TestClient) -> None:
+    from pathlib import Path
+
+    from openapi_spec_validator import validate
+
+    from vpsshop.events.types import EVENT_TYPES
+
+    doc = (Path(__file__).parent.parent / "docs" / "events.md").read_text()
+    document = vpsshop_client.get("/v1/openapi.json").json()
+    validate(document)
+    schemas = document["components"]["schemas"]
+    for name, info in EVENT_TYPES.items():
+        assert f"| `{name}` | {info.object} |" in doc, f"docs/events.md does not describe {name}"
+        hook = document["webhooks"][name]["post"]
+        ref = hook["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        declared = schemas[ref]["properties"]["type"]
+        assert name in declared.get("enum", [declared.get("const")])
+        assert {p["name"] for p in hook["parameters"]} == {"webhook-id", "webhook-timestamp", "webhook-signature"}
+    assert set(document["webhooks"]) == set(EVENT_TYPES)
+    listed = document["paths"]["/events"]["get"]
+    assert {p["name"] for p in listed["parameters"]} == {"after", "before", "limit", "type"}
+    for path in ("/webhooks", "/webhooks/{id}", "/webhooks/{id}/deliveries", "/webhooks/{id}/redeliver",
+                 "/events/{event_id}"):
+        assert path in document["paths"]

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from chain_nodes import Litecoind, free_port, peer_workdir, remove_workdir
-from test_bitcoin import random_tpub
+from chain_nodes import Litecoind, free_port
+from test_bitcoin import litecoind, random_tpub  # noqa: F401 - litecoind -regtest, the session fixture
 from vpsshop.db import Database
 from vpsshop.events.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
@@ -289,17 +289,6 @@ def vpsshop_event(event):
 '''
 
 
-@pytest.fixture(scope="module")
-def litecoind() -> Iterator[Litecoind]:
-    workdir = peer_workdir("ltc-webhooks")
-    node = Litecoind(workdir)
-    try:
-        yield node
-    finally:
-        node.stop()
-        remove_workdir(workdir)
-
-
 def test_customer_gets_signed_events_for_a_topup_and_an_order_and_a_plugin_sees_them(
         vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process],
         litecoind: Litecoind) -> None:
@@ -368,7 +357,8 @@ def test_customer_gets_signed_events_for_a_topup_and_an_order_and_a_plugin_sees_
 
     deadline = time.monotonic() + 60
     while True:  # the reseller's plugin sees the same events, in the worker, without polling the API
-        plugin_ids = {json.loads(line)["id"] for line in seen_file.read_text().splitlines()} if seen_file.exists() else set()
+        lines = seen_file.read_text().splitlines() if seen_file.exists() else []
+        plugin_ids = {json.loads(line)["id"] for line in lines}
         if {b["id"] for b in bodies} <= plugin_ids:
             break
         assert time.monotonic() < deadline, work.text()

@@ -199,17 +199,16 @@ def _list_events(ctx: AppContext, account_id: int, after: str | None, before: st
                 query = query.where(StoredEvent.type.startswith(type_[:-1]))  # type: ignore[attr-defined]
             else:
                 query = query.where(StoredEvent.type == type_)
+        if after is not None:
+            query = query.where(StoredEvent.seq > _anchor(session, account_id, after))  # type: ignore[operator]
         if before is not None:
-            query = query.where(StoredEvent.seq < _anchor(session, account_id, before)).order_by(  # type: ignore[operator]
-                StoredEvent.seq.desc())  # type: ignore[union-attr]
-        else:
-            if after is not None:
-                query = query.where(StoredEvent.seq > _anchor(session, account_id, after))  # type: ignore[operator]
-            query = query.order_by(StoredEvent.seq)  # type: ignore[arg-type]
+            query = query.where(StoredEvent.seq < _anchor(session, account_id, before))  # type: ignore[operator]
+        newest_first = before is not None and after is None
+        query = query.order_by(StoredEvent.seq.desc() if newest_first else StoredEvent.seq)  # type: ignore[union-attr]
         rows = list(session.exec(outbox.visible(query.limit(limit + 1))).all())
     has_more = len(rows) > limit
     rows = rows[:limit]
-    cursor = rows[-1].public_id if rows else (after if before is None else None)
+    cursor = rows[-1].public_id if rows else after
     body = (b'{"events":[' + b",".join(Event.from_row(r).body for r in rows) + b'],"has_more":'
             + (b"true" if has_more else b"false") + b',"cursor":' + json.dumps(cursor).encode() + b"}")
     return JsonBody(body, 200)
@@ -226,8 +225,6 @@ def _event_param(call: Call, name: str) -> str | None:
 
 async def list_events(call: Call) -> Response:
     after, before = _event_param(call, "after"), _event_param(call, "before")
-    if after is not None and before is not None:
-        raise BadRequest("invalid_cursor", "Give after or before, not both.")
     type_ = call.request.query_params.get("type")
     if type_ is not None and not valid_pattern(type_):
         raise BadRequest("invalid_type", f"Unknown event type {type_!r}; see docs/events.md.")
@@ -348,7 +345,8 @@ def _patch(ctx: AppContext, account_id: int, endpoint_id: int, body: WebhookPatc
             endpoint.status, endpoint.disabled_reason, endpoint.disabled_at = "enabled", None, None
             endpoint.failing_since = None
         elif body.enabled is False and endpoint.status == "enabled":
-            endpoint.status, endpoint.disabled_reason, endpoint.disabled_at = "disabled", "Disabled by the account.", now
+            endpoint.status, endpoint.disabled_at = "disabled", now
+            endpoint.disabled_reason = "Disabled by the account."
         session.add(endpoint)
         session.flush()
         return webhook_out(endpoint)
@@ -452,7 +450,8 @@ def routes() -> list[ApiRoute]:
         ApiRoute(
             "GET", "/events", list_events, "List the account's events", EventList,
             description="The account's own events, oldest first: page with `after` (the `cursor` of the previous "
-            "page), or newest first with `before`. A client that missed a webhook (or uses none) polls with "
+            "page), or newest first with `before` alone (both: the events between them, oldest first). "
+            "A client that missed a webhook (or uses none) polls with "
             "`after=<last id seen>`. Events are listed in the order they were committed, and an event is listed "
             "only once every event before it is, so paging forward never skips one. " + _EVENTS_DOC,
             query=(Query("after", "Events after this event id, oldest first.",

@@ -136,7 +136,7 @@ class WebhookAttempt(SQLModel, table=True):
     endpoint_id: int = Field(foreign_key="webhook_endpoints.id", nullable=False)
     number: int = Field(nullable=False)
     outcome: str = Field(max_length=16, nullable=False)
-    """``accepted`` (2xx), ``rejected`` (another status), ``error`` (no answer), ``refused`` (destination not allowed)."""
+    """``accepted`` (2xx), ``rejected`` (another status), ``error`` (no answer), ``refused`` (address refused)."""
     status_code: Optional[int] = Field(default=None)
     error: Optional[str] = Field(default=None, max_length=500)
     response_excerpt: Optional[str] = Field(default=None, max_length=500)

@@ -108,7 +108,10 @@ def normalize_url(url: str, settings: EventSettings) -> str:
             host = host.encode("idna").decode("ascii").lower()
         except UnicodeError:
             raise InvalidUrl("the host name is not a valid domain name") from None
-        if "." not in host and host != "localhost":
+        if host == "localhost" or host.endswith(".localhost"):
+            if refusal("127.0.0.1", settings.networks()) is not None:
+                raise InvalidUrl(f"{host} is a loopback name, which webhooks may not reach")
+        elif "." not in host:
             raise InvalidUrl("the host must be a fully qualified domain name")
     else:
         why = refusal(literal, settings.networks())

@@ -65,7 +65,9 @@ class EventSettings(BaseModel):
 
 
 def build_settings(section: dict[str, Any], *, sandbox: bool) -> EventSettings:
-    data: dict[str, Any] = {"require_https": False, "allowed_networks": list(SANDBOX_ALLOWED_NETWORKS)} if sandbox else {}
+    data: dict[str, Any] = {}
+    if sandbox:
+        data = {"require_https": False, "allowed_networks": list(SANDBOX_ALLOWED_NETWORKS)}
     data.update(section)
     try:
         return EventSettings.model_validate(data)
