@@ -291,7 +291,7 @@ def vpsshop_event(event):
 
 def test_customer_gets_signed_events_for_a_topup_and_an_order_and_a_plugin_sees_them(
         vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process],
-        litecoind: Litecoind) -> None:
+        litecoind: Litecoind) -> None:  # noqa: F811 - the imported fixture
     (tmp_path / "reseller_log.py").write_text(textwrap.dedent(RESELLER_PLUGIN))
     seen_file = tmp_path / "reseller-events.jsonl"
     config = write_config(
