@@ -73,8 +73,12 @@ def emit(
         resource_id=resource_id[:64], data=json.dumps(data, separators=(",", ":"), ensure_ascii=False),
         created_at=now or utcnow(),
     )
-    session.execute(sa.insert(StoredEvent).values(**values))
+    # a Core insert of the table with bound parameters: compiled once, cheap on the order hot path
+    session.execute(_INSERT, values)
     return public_id
+
+
+_INSERT = sa.insert(StoredEvent.__table__)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

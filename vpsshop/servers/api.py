@@ -212,11 +212,11 @@ def _order(ctx: AppContext, account_id: int, body: OrderBody, key: str | None) -
                 detail=f"{body.plan} {body.location} {body.os} {body.cycle}"))
             session.execute(sa.insert(ServerJob).values(
                 server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
+            out = server_out(Server(id=server_id, **values))
+            events.emit(session, "server.provisioning", account_id, out, now=now)
             # Last: the balance update locks the account row until commit, so keep that short.
             ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
                         memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)
-            out = server_out(Server(id=server_id, **values))
-            events.emit(session, "server.provisioning", account_id, out, now=now)
     except IntegrityError:
         if key is None:
             raise
