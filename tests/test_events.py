@@ -51,19 +51,19 @@ def test_account_keys_orders_and_servers_write_events(vpsshop_client: TestClient
     listed = events(client, account)
     assert [e["type"] for e in listed] == [
         "account.created", "api_key.created", "api_key.created", "api_key.revoked",
-        "ledger.credit", "ledger.debit", "server.provisioning", "server.active"]
+        "ledger.credit", "server.provisioning", "ledger.debit", "server.active"]
     key_event = listed[3]
     assert key_event["data"] == {"object": "api_key", "id": minted["id"], "prefix": minted["prefix"], "name": "ci",
                                  "created_at": minted["created_at"], "revoked_at": key_event["data"]["revoked_at"]}
     assert minted["api_key"] not in str(listed)  # a key is never in an event
-    debit = listed[5]["data"]
+    debit = listed[6]["data"]
     assert (debit["object"], debit["amount_usd"], debit["balance_after_usd"], debit["reason"], debit["ref"]) == (
         "ledger_entry", -3.99, 6.01, "order", f"server:{server_id}")
     active = listed[-1]
     shown = client.get(f"/v1/servers/{server_id}", headers=account.headers).json()
     assert active["data"] == {"object": "server", **shown}  # the resource as the API shows it
     assert active["account_id"] == account.user_id and active["id"].startswith("evt_")
-    assert listed[-2]["data"]["status"] == "provisioning" and listed[-2]["data"]["ip"] is None
+    assert listed[5]["data"]["status"] == "provisioning" and listed[5]["data"]["ip"] is None
     one = client.get(f"/v1/events/{active['id']}", headers=account.headers)
     assert one.status_code == 200 and one.json() == active
 
