@@ -155,6 +155,13 @@ def _credentials(step: str, output: str, cwd: Path, seen: dict[str, Any], when: 
     assert re.fullmatch(r"10\.99\.\d+\.\d+", body["ip"])
 
 
+def _events(step: str, output: str, cwd: Path, seen: dict[str, Any], when: float) -> None:
+    body = _json(output)
+    types = [e["type"] for e in body["events"]]
+    assert {"account.created", "topup.created", "ledger.credit", "server.provisioning", "server.active"} <= set(types)
+    assert all(e["account_id"] == seen["account"]["user_id"] for e in body["events"])
+
+
 CHECKS: list[tuple[str, Callable[..., None]]] = [
     (r"POST \S+/v1/account > account\.json", _account_created),
     (r"^[A-Z_]+=\$\(", _assigned),
@@ -166,6 +173,7 @@ CHECKS: list[tuple[str, Callable[..., None]]] = [
     (r"POST \S+/v1/servers .*> order\.json", _order),
     (r"^until ", _until_active),
     (r"/credentials -H", _credentials),
+    (r"/v1/events -H", _events),
     (r"/v1/servers/\$SERVER_ID -H \"Authorization: Bearer \$KEY\"$", _server),
 ]
 

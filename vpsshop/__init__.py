@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.app import create_app
     from vpsshop.context import AppContext
     from vpsshop.plugin_state import PluginRecord, PluginState
+    from vpsshop.events import Event
     from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
     from vpsshop.settings import Settings, load_settings
 
@@ -56,6 +57,7 @@ _LAZY = {
     "AppContext": "vpsshop.context",
     "PluginRecord": "vpsshop.plugin_state",
     "PluginState": "vpsshop.plugin_state",
+    "Event": "vpsshop.events",
     "ApiModel": "vpsshop.routing",
     "ApiRoute": "vpsshop.routing",
     "Call": "vpsshop.routing",
@@ -83,6 +85,7 @@ __all__ = [
     "DepositCoin",
     "DetectedPayment",
     "DomainState",
+    "Event",
     "FrozenClock",
     "Header",
     "HypervisorBackend",

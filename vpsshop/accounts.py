@@ -13,10 +13,11 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 from sqlmodel import select
 
-from vpsshop import twofactor
+from vpsshop import events, twofactor
 from vpsshop.auth import login_token_selector, new_api_key, new_login_token, verify_login_token
 from vpsshop.context import AppContext
 from vpsshop.db import touch_account
+from vpsshop.events.resources import account_data, api_key_data
 from vpsshop.errors import ApiError, NotFound, Unauthorized
 from vpsshop.models import Account, ApiKey, LedgerEntry, Server
 from vpsshop.money import UsdAmount, micros_to_usd
@@ -99,6 +100,8 @@ def create_account(ctx: AppContext) -> AccountCreated:
         session.add(api_key)
         session.flush()
         assert api_key.id is not None
+        events.emit(session, "account.created", account.id, account_data(account.id, now), now=now)
+        events.emit(session, "api_key.created", account.id, api_key_data(api_key), now=now)
         return AccountCreated(
             user_id=account.id,
             api_key=key.value,
@@ -138,6 +141,7 @@ def mint_key(ctx: AppContext, account_id: int, name: str | None) -> ApiKeyCreate
         session.add(row)
         session.flush()
         assert row.id is not None
+        events.emit(session, "api_key.created", account_id, api_key_data(row), now=now)
         return ApiKeyCreated(id=row.id, prefix=key.prefix, name=name, created_at=now, api_key=key.value)
 
 
@@ -152,6 +156,7 @@ def revoke_key(ctx: AppContext, account_id: int, key_id: int) -> ApiKeyRevoked:
             raise NotFound("API key")
         key.revoked_at = now
         session.add(key)
+        events.emit(session, "api_key.revoked", account_id, api_key_data(key), now=now)
         touch_account(session, account_id)  # this process forgets the key before it answers
         return ApiKeyRevoked(id=key_id, prefix=key.prefix, revoked_at=now)
 

@@ -24,6 +24,7 @@ from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
 from vpsshop.errors import ApiError, PluginError, StartupError
+from vpsshop.events.api import openapi_webhooks
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
 from vpsshop.settings import Settings, load_settings
@@ -63,7 +64,9 @@ def create_app(
         kind: [item.id for item in getattr(ctx.catalog_data, kind)] for kind in ("plans", "locations", "operating_systems")
     }
     catalog_ids["coins"] = list(ctx.coins)
-    openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody], catalog_ids=catalog_ids)
+    event_models, webhooks = openapi_webhooks()
+    openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody, *event_models], catalog_ids=catalog_ids,
+                            webhooks=webhooks)
     ctx.extras["openapi"] = openapi
     ctx.extras["openapi_json"] = json.dumps(openapi, separators=(",", ":")).encode()
     ctx.extras["routes"] = routes

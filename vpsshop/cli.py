@@ -243,7 +243,8 @@ public_url = "https://api.example.com/v1"
 
 # Generated for you. secret_key keys the hashes of API keys: changing it invalidates every key.
 secret_key = "{secret_key}"
-# encryption_key encrypts root passwords at rest (a Fernet key). Back it up apart from the database.
+# encryption_key encrypts root passwords and webhook signing secrets at rest (a Fernet key). Back it
+# up apart from the database.
 encryption_key = "{encryption_key}"
 
 [server]
@@ -273,6 +274,12 @@ max_age_seconds = 600       # no price younger than this: new top-ups are refuse
 [topups]
 expiry_minutes = 60         # how long a top-up's rate is locked; late payments are still credited
 # default_coin = "BTC"      # coin of POST /topups without "coin" (docs/payments.md)
+
+[events]
+# Webhooks (docs/events.md): https only, never to private, loopback or link-local addresses.
+# allowed_networks = []     # CIDR networks webhooks may reach anyway, e.g. ["10.20.0.0/16"]
+# retry_window_hours = 72   # how long a failing delivery is retried
+# disable_after_hours = 120 # an endpoint failing this long is disabled (the account gets webhook.disabled)
 
 [hypervisor]
 # REQUIRED. The backend that runs servers.

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from vpsshop.catalog import CatalogSource
     from vpsshop.coins import PaymentCoin
     from vpsshop.context import AppContext
+    from vpsshop.events import Event
     from vpsshop.hypervisor import HypervisorBackend
     from vpsshop.rates import RateSource
     from vpsshop.routing import ApiRoute
@@ -150,4 +151,29 @@ def vpsshop_background_tasks(ctx: "AppContext") -> Iterable["BackgroundTask"]:
     :return: an iterable of :class:`vpsshop.BackgroundTask`. Names must be unique.
 
     .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def vpsshop_event(ctx: "AppContext", event: "Event") -> Any:
+    """Act on an event (a top-up completed, a server suspended...) without polling.
+
+    Called by the worker (``vpsshop worker``, or ``vpsshop serve`` with background tasks) after the
+    change has committed, once per event and plugin, in the order the events happened. Each plugin
+    reads the outbox from its own cursor, so it sees every event **at least once**: after a worker
+    crash an event may come again (``event.id`` identifies it). A plugin installed later starts at
+    the newest event.
+
+    An exception is logged and the same event is offered again after ``events.hook_retry_seconds``
+    (doubling), up to ``events.hook_max_attempts`` calls, then skipped with an error in the log. A
+    failing plugin holds back only itself: webhook deliveries and other plugins go on. A plain
+    function runs in a worker thread (blocking I/O is fine); a coroutine function is awaited.
+
+    :param ctx: the application context (``ctx.db`` for the plugin's own tables, ``ctx.settings``).
+    :param event: a :class:`vpsshop.Event`: ``id`` (``evt_...``), ``type`` (``"topup.completed"``,
+        see ``docs/events.md``), ``timestamp``, ``account_id``, ``data`` (the resource as the API
+        shows it, ``data["object"]`` naming it) and ``body`` (the JSON a webhook receives).
+    :return: ignored.
+
+    .. versionadded:: 1.1
     """

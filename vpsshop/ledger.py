@@ -17,8 +17,10 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from vpsshop import events
 from vpsshop.db import touch_account
 from vpsshop.errors import ApiError
+from vpsshop.events.resources import ledger_entry_data
 from vpsshop.models import Account, LedgerEntry, utcnow
 from vpsshop.money import micros_to_usd
 
@@ -114,6 +116,8 @@ def post(
         )
         session.add(entry)
         session.flush()
+        events.emit(session, "ledger.credit" if amount_micros > 0 else "ledger.debit", account_id,
+                    ledger_entry_data(entry), now=entry.created_at)
         if savepoint is not None:
             savepoint.commit()
     except IntegrityError:

@@ -79,6 +79,7 @@ def build_openapi(
     *,
     extra_models: list[type[BaseModel]] = (),  # type: ignore[assignment]
     catalog_ids: dict[str, list[str]] | None = None,
+    webhooks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorBody, "serialization")]
     wanted += [(m, "serialization") for m in extra_models]
@@ -117,6 +118,11 @@ def build_openapi(
             if name != "id":
                 parameters.append({"name": name, "in": "path", "required": True,
                                    "schema": {"type": "string", "minLength": 1, "maxLength": 64}})
+        for param in route.query:
+            parameters.append(
+                {"name": param.name, "in": "query", "required": False, "description": param.description,
+                 "schema": param.schema}
+            )
         for header in route.headers:
             parameters.append(
                 {
@@ -165,6 +171,7 @@ def build_openapi(
         "info": {"title": "vpsshop: prepaid crypto VPS ordering API", "version": API_VERSION, "description": DESCRIPTION},
         "servers": [{"url": "/v1", "description": "The base path of this service."}],
         "paths": paths,
+        **({"webhooks": webhooks} if webhooks else {}),
         "components": {
             "schemas": schemas,
             "securitySchemes": {

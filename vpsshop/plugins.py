@@ -23,6 +23,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     # core's own background work, offered through the hooks like any plugin's
     ("payments", "vpsshop.payments.hooks"),
     ("servers", "vpsshop.servers.hooks"),
+    ("events", "vpsshop.events.hooks"),
     # the default plugins in plugins/
     ("catalog", "vpsshop_catalog"),
     ("rates", "vpsshop_rates"),

@@ -69,6 +69,15 @@ class Header:
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
 
 
+@dataclass(frozen=True)
+class Query:
+    """A query parameter an endpoint reads, for the OpenAPI description (the endpoint parses it)."""
+
+    name: str
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+
+
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,200}")
 
 
@@ -161,6 +170,7 @@ class ApiRoute:
     errors: dict[int, str] = field(default_factory=dict)
     responses: dict[int, tuple[str, type[BaseModel] | None]] = field(default_factory=dict)
     headers: tuple[Header, ...] = ()
+    query: tuple[Query, ...] = ()
     response_headers: dict[str, str] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
     operation_id: str = ""

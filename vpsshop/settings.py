@@ -105,6 +105,7 @@ class Settings(BaseModel):
     hypervisor: dict[str, Any] = Field(default_factory=dict)
     topups: dict[str, Any] = Field(default_factory=dict)
     servers: dict[str, Any] = Field(default_factory=dict)
+    events: dict[str, Any] = Field(default_factory=dict)
     config_path: Path | None = None
 
     @property

@@ -7,6 +7,7 @@ import vpsshop.models  # noqa: F401 - registers the tables on SQLModel.metadata
 import vpsshop.servers.models  # noqa: F401 - servers area: jobs, events, ip leases
 import vpsshop.payments.models  # noqa: F401 - top-ups (issue 3)
 import vpsshop.plugin_state  # noqa: F401 - plugin records (PluginState)
+import vpsshop.events.models  # noqa: F401 - events and webhooks (issue 16)
 
 
 

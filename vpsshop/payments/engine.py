@@ -27,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from vpsshop import ledger
+from vpsshop import events, ledger
 from vpsshop.coins import DepositCoin, PaymentCheck, X402Coin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.component import describe_validation_error
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
+from vpsshop.events.resources import emit_payment_credited, topup_data
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record
 from vpsshop.payments.rates import RateService
@@ -223,6 +224,7 @@ class PaymentEngine:
             )
             session.add(topup)
             session.flush()
+            events.emit(session, "topup.created", account_id, topup_data(self.ctx, topup), now=now)
             return topup
 
     async def register(self, coin: DepositCoin, topup: Topup) -> None:
@@ -300,6 +302,7 @@ class PaymentEngine:
                 topup.status = "cancelled"
                 topup.cancelled_at = now
                 session.add(topup)
+                events.emit(session, "topup.cancelled", account_id, topup_data(self.ctx, topup), now=now)
             elif topup.status == "completed":
                 raise ApiError(409, "topup_completed", "This top-up is completed and its payment credited.")
             return make_view(topup, payments)
@@ -318,8 +321,11 @@ class PaymentEngine:
         if topup_id is not None:
             stmt = stmt.where(Topup.id == topup_id)
         with self.ctx.db.session() as session:
-            result = session.execute(stmt.values(status="expired").execution_options(synchronize_session=False))
-            return int(result.rowcount or 0)
+            expired = session.execute(stmt.values(status="expired").returning(Topup.id)
+                                      .execution_options(synchronize_session=False)).scalars().all()
+            for topup in session.exec(select(Topup).where(Topup.id.in_(expired))).all():  # type: ignore[union-attr]
+                events.emit(session, "topup.expired", topup.account_id, topup_data(self.ctx, topup), now=now)
+            return len(expired)
 
     # ---- recording and crediting payments ----------------------------------------------------------
 
@@ -368,7 +374,12 @@ class PaymentEngine:
                     except IntegrityError:  # another worker recorded it first
                         savepoint.rollback()
                         continue
+                    events.emit(session, "topup.payment_seen", topup.account_id,
+                                topup_data(self.ctx, topup, row), now=now)
                 elif row.status != "credited":
+                    if row.status == "dropped":  # back on chain after a reorganisation
+                        events.emit(session, "topup.payment_seen", row.account_id,
+                                    topup_data(self.ctx, session.get(Topup, row.topup_id), row), now=now)
                     row.status = "seen"
                     row.confirmations = payment.confirmations
                     row.block_height = payment.block_height
@@ -396,6 +407,12 @@ class PaymentEngine:
                 else:
                     values = {"status": "dropped", "confirmations": 0}
                     log.warning("%s payment %s left the chain before its confirmations", coin, check.identity)
+                    gone = session.exec(select(TopupPayment).where(TopupPayment.coin == coin, TopupPayment.identity
+                                                                   == check.identity, TopupPayment.status == "seen")).first()
+                    if gone is not None:
+                        events.emit(session, "topup.payment_dropped", gone.account_id,
+                                    topup_data(self.ctx, session.get(Topup, gone.topup_id), gone),
+                                    now=self.ctx.clock.now())
                 session.execute(
                     sa.update(TopupPayment)
                     .where(TopupPayment.coin == coin, TopupPayment.identity == check.identity,
@@ -446,10 +463,12 @@ class PaymentEngine:
             payment.ledger_entry_id = entry_id
             payment.credited_at = now
             session.add(payment)
-            if topup.status != "completed" and micros > 0:  # dust worth no micro-dollar completes nothing
+            completes = topup.status != "completed" and micros > 0
+            if completes:  # dust worth no micro-dollar completes nothing
                 topup.status = "completed"
                 topup.completed_at = now
                 session.add(topup)
+            emit_payment_credited(session, self.ctx, topup, payment, completes, now)
             log.info("credited %s micro-USD to account %s for %s payment %s (top-up %s)",
                      micros, payment.account_id, payment.coin, payment.identity, topup.ref)
         return True

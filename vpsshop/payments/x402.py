@@ -33,9 +33,10 @@ from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
-from vpsshop import ledger
+from vpsshop import events, ledger
 from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
 from vpsshop.errors import ApiError, PluginError
+from vpsshop.events.resources import topup_data, x402_payment_data
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import Topup, X402Record
 
@@ -187,6 +188,7 @@ def _record_before_settling(
             )
             session.add(topup)
             session.flush()
+            events.emit(session, "topup.created", account_id, topup_data(engine.ctx, topup), now=now)
             record = X402Record(
                 coin=coin.code, payer=payer, nonce=nonce, topup_id=topup.id, status="settling",  # type: ignore[arg-type]
                 amount_atomic=str(payment.value_atomic), header=header, requirements=json.dumps(reqs), created_at=now,
@@ -214,6 +216,7 @@ def _reject(engine: "PaymentEngine", record_id: int | None, code: str) -> None:
         if topup is not None and topup.status == "pending":
             topup.status, topup.cancelled_at = "cancelled", now
             session.add(topup)
+            events.emit(session, "topup.cancelled", topup.account_id, topup_data(engine.ctx, topup), now=now)
         session.add(record)
 
 
@@ -239,6 +242,9 @@ def _credit(engine: "PaymentEngine", coin: X402Coin, record_id: int | None, sett
         topup.status, topup.completed_at = "completed", now
         session.add(record)
         session.add(topup)
+        events.emit(session, "topup.payment_confirmed", topup.account_id,
+                    x402_payment_data(engine.ctx, topup, settled.transaction, settled.amount_atomic, micros), now=now)
+        events.emit(session, "topup.completed", topup.account_id, topup_data(engine.ctx, topup), now=now)
         return topup
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
 
-from vpsshop import ledger
+from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
@@ -267,10 +267,11 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
                     server_id=server_id, kind="ordered", created_at=now, detail=detail))
                 session.execute(sa.insert(ServerJob).values(
                     server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
+            out = server_out(Server(id=server_id, **values))
+            events.emit(session, "server.provisioning", account_id, out, now=now)
             # Last: the balance update locks the account row until commit, so keep that short.
             ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
                         memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)
-            out = server_out(Server(id=server_id, **values))
     except IntegrityError:
         if key is None:
             raise

@@ -34,9 +34,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, select
 
-from vpsshop import ledger
+from vpsshop import events, ledger
 from vpsshop.context import AppContext
 from vpsshop.errors import PluginError
+from vpsshop.events.resources import server_data
 from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
 from vpsshop.models import Server
 from vpsshop.servers.credentials import decrypt_password
@@ -215,6 +216,7 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
             ).rowcount
             if moved:
                 record(session, server.id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")  # type: ignore[arg-type]
+                events.emit(session, "server.active", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
 
     await to_thread.run_sync(activate)
 
@@ -238,6 +240,7 @@ def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error:
                     dedupe_key=f"refund:server:{server_id}", memo=reason, now=now)
         record(session, server_id, "provision_failed", now, reason)
         record(session, server_id, "refunded", now, str(server.price_micros))
+        events.emit(session, "server.terminated", server.account_id, server_data(session, server_id), now=now)
         enqueue(session, server_id, "destroy", now)
 
 

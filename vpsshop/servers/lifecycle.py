@@ -40,10 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from vpsshop import ledger
+from vpsshop import events, ledger
 from vpsshop.component import describe_validation_error
 from vpsshop.context import AppContext
 from vpsshop.errors import ConfigError
+from vpsshop.events.resources import server_data
 from vpsshop.models import Server
 from vpsshop.servers.models import ServerEvent, ServerJob
 
@@ -163,9 +164,11 @@ def renew(session: Session, server: Server, now: datetime, *, by: str) -> Renewa
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
         raise RenewalRaced()
     record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
+    events.emit(session, "server.renewed", server.account_id, server_data(session, server.id), now=now)
     if resumed:
         record(session, server.id, "resumed", now, by)
         enqueue(session, server.id, "resume", now)
+        events.emit(session, "server.unsuspended", server.account_id, server_data(session, server.id), now=now)
     session.flush()
     session.refresh(server)
     return Renewal(server, charged=True)
@@ -199,8 +202,9 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
                     done += 1
         except ledger.InsufficientBalance as exc:
             with ctx.db.session() as session:
-                record(session, server.id, "renewal_failed",  # type: ignore[arg-type]
-                       now, exc.message, once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}")
+                if record(session, server.id, "renewal_failed",  # type: ignore[arg-type]
+                          now, exc.message, once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}"):
+                    events.emit(session, "server.renewal_failed", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
         except RenewalRaced:
             continue
     return done
@@ -218,6 +222,7 @@ def _suspend_expired(ctx: AppContext, now: datetime) -> int:
             ).rowcount
             if moved == 1:
                 record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")  # type: ignore[arg-type]
+                events.emit(session, "server.suspended", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
                 enqueue(session, server.id, "suspend", now)  # type: ignore[arg-type]
                 done += 1
     return done
@@ -236,6 +241,7 @@ def _terminate_overdue(ctx: AppContext, pol: ServersPolicy, now: datetime) -> in
             ).rowcount
             if moved == 1:
                 record(session, server.id, "terminated", now, "grace period over")  # type: ignore[arg-type]
+                events.emit(session, "server.terminated", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
                 enqueue(session, server.id, "destroy", now)  # type: ignore[arg-type]
                 done += 1
     return done

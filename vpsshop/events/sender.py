@@ -1,0 +1,246 @@
+"""Sending one webhook request without becoming a tool against the shop's own network (SSRF).
+
+* The URL must be ``https`` (``http`` only where ``events.require_https`` is off, as in the
+  sandbox), carry no credentials, and name a host.
+* The host is resolved once per request, and **every** address it resolves to is checked: a
+  loopback, private, link-local (``169.254.169.254``), shared, multicast, reserved or unspecified
+  address is refused unless it falls in ``events.allowed_networks``. The connection then goes to
+  the checked address itself (a pinned network backend under httpcore): the name is never resolved
+  a second time, so DNS rebinding has no window. TLS still verifies the certificate for the name.
+* No redirect is followed (a 3xx is a failed attempt that says where it pointed), no proxy from the
+  environment is used, the whole request has a deadline (``events.timeout_seconds``), and at most
+  ``events.max_response_bytes`` of the answer are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import httpcore
+
+from vpsshop.events.settings import EventSettings
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+USER_AGENT = "vpsshop-webhooks/1.0"
+
+
+class InvalidUrl(ValueError):
+    """The URL can never be a webhook endpoint (bad scheme, credentials, a refused address)."""
+
+
+class DestinationRefused(Exception):
+    """The host resolved to an address webhooks may not reach."""
+
+
+@dataclass(frozen=True)
+class SendResult:
+    outcome: str
+    """``accepted`` (2xx), ``rejected`` (any other status), ``error`` (no answer), ``refused`` (address)."""
+    status_code: int | None
+    error: str | None
+    excerpt: str | None
+    duration_ms: int
+    retry_after: float | None = None
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """The addresses of ``host`` as the operating system resolves them, in its order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def refusal(address: str, allowed: Iterable[Network] = ()) -> str | None:
+    """Why ``address`` may not be reached (``"loopback"``, ``"link-local"`` ...), or None."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if any(ip.version == net.version and ip in net for net in allowed):
+        return None
+    for reason, flag in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
+                         ("unspecified", ip.is_unspecified), ("multicast", ip.is_multicast),
+                         ("private", ip.is_private), ("reserved", ip.is_reserved)):
+        if flag:
+            return reason
+    if not ip.is_global:
+        return "not public"
+    return None
+
+
+def _ip_literal(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host.strip("[]").split("%", 1)[0]))
+    except ValueError:
+        return None
+
+
+def normalize_url(url: str, settings: EventSettings) -> str:
+    """The URL as it will be called (host in IDNA ASCII, no fragment). :raises InvalidUrl: why not."""
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidUrl(f"not a valid URL: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise InvalidUrl("the URL must start with https:// (or http:// where the shop allows it)")
+    if scheme == "http" and settings.require_https:
+        raise InvalidUrl("this shop delivers webhooks over https only")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidUrl("the URL must not carry a user name or password")
+    host = parts.hostname
+    if not host:
+        raise InvalidUrl("the URL has no host")
+    if port == 0:
+        raise InvalidUrl("the URL's port must be 1 to 65535")
+    literal = _ip_literal(host)
+    if literal is None:
+        try:
+            host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            raise InvalidUrl("the host name is not a valid domain name") from None
+        if host == "localhost" or host.endswith(".localhost"):
+            if refusal("127.0.0.1", settings.networks()) is not None:
+                raise InvalidUrl(f"{host} is a loopback name, which webhooks may not reach")
+        elif "." not in host:
+            raise InvalidUrl("the host must be a fully qualified domain name")
+    else:
+        why = refusal(literal, settings.networks())
+        if why is not None:
+            raise InvalidUrl(f"{literal} is a {why} address, which webhooks may not reach")
+        host = f"[{literal}]" if ":" in literal else literal
+    netloc = host if port is None else f"{host}:{port}"
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+
+
+async def check_destination(
+    host: str, port: int, settings: EventSettings, resolver: Resolver | None = None
+) -> str:
+    """Resolve ``host`` and return the address to connect to, every resolved address checked.
+
+    :raises DestinationRefused: an address is not allowed, or the name does not resolve.
+    """
+    networks = settings.networks()
+    literal = _ip_literal(host)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        try:
+            with anyio.fail_after(settings.connect_timeout_seconds):
+                addresses = await (resolver or system_resolve)(host, port)
+        except TimeoutError:
+            raise DestinationRefused(f"resolving {host} timed out") from None
+        except OSError as exc:
+            raise DestinationRefused(f"{host} does not resolve: {exc.strerror or exc}") from None
+    if not addresses:
+        raise DestinationRefused(f"{host} resolves to no address")
+    for address in addresses:
+        why = refusal(address, networks)
+        if why is not None:
+            raise DestinationRefused(f"{host} resolves to {address}, a {why} address, which webhooks may not reach")
+    return addresses[0]
+
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Connects ``host`` to the one address that was checked, whatever DNS says meanwhile."""
+
+    def __init__(self, host: str, address: str) -> None:
+        self.host = host.strip("[]").lower()
+        self.address = address
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # type: ignore[no-untyped-def]
+        if host.strip("[]").lower() != self.host:
+            raise httpcore.ConnectError(f"connection to {host} was not checked")
+        return await self._inner.connect_tcp(self.address, port, timeout, local_address, socket_options)
+
+    async def connect_unix_socket(self, path, timeout=None, socket_options=None):  # type: ignore[no-untyped-def]
+        raise httpcore.ConnectError("webhooks never use unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+_SSL: ssl.SSLContext | None = None
+
+
+def _ssl_context() -> ssl.SSLContext:
+    global _SSL
+    if _SSL is None:
+        try:
+            import certifi
+
+            _SSL = ssl.create_default_context(cafile=certifi.where())
+        except ImportError:  # pragma: no cover - certifi comes with httpx
+            _SSL = ssl.create_default_context()
+    return _SSL
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 7 * 86400 else None
+
+
+async def post(
+    url: str, headers: dict[str, str], body: bytes, settings: EventSettings, resolver: Resolver | None = None
+) -> SendResult:
+    """POST ``body`` to ``url`` under the rules of the module docs. Never raises for the network."""
+    started = time.monotonic()
+
+    def took() -> int:
+        return int((time.monotonic() - started) * 1000)
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    timeout = settings.timeout_seconds
+    try:
+        with anyio.fail_after(timeout):
+            address = await check_destination(host, port, settings, resolver)
+            request_headers = [
+                ("Host", parts.netloc), ("User-Agent", USER_AGENT), ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))), *headers.items(),
+            ]
+            limits = {"connect": settings.connect_timeout_seconds, "read": timeout, "write": timeout, "pool": timeout}
+            async with httpcore.AsyncConnectionPool(
+                ssl_context=_ssl_context(), max_connections=1, retries=0, network_backend=PinnedBackend(host, address)
+            ) as pool:
+                async with pool.stream("POST", url, headers=request_headers, content=body,
+                                       extensions={"timeout": limits}) as response:
+                    read = b""
+                    if settings.max_response_bytes:
+                        async for chunk in response.aiter_stream():
+                            read += chunk
+                            if len(read) >= settings.max_response_bytes:
+                                break
+                    status = response.status
+                    answer = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
+    except DestinationRefused as exc:
+        return SendResult("refused", None, str(exc), None, took())
+    except TimeoutError:
+        return SendResult("error", None, f"no answer within {timeout:g} s", None, took())
+    except (httpcore.TimeoutException,) as exc:
+        return SendResult("error", None, f"timed out: {type(exc).__name__}", None, took())
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, OSError, ssl.SSLError) as exc:
+        return SendResult("error", None, f"{type(exc).__name__}: {exc}"[:500], None, took())
+    excerpt = read[: settings.max_response_bytes].decode("utf-8", "replace")[:500] or None
+    if 200 <= status < 300:
+        return SendResult("accepted", status, None, excerpt, took())
+    error = f"HTTP {status}"
+    if 300 <= status < 400:
+        error += f": redirect to {answer.get('location', '?')[:300]} not followed; register the final URL instead"
+    return SendResult("rejected", status, error, excerpt, took(), _retry_after(answer.get("retry-after")))

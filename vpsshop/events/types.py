@@ -1,0 +1,79 @@
+"""Every event type: its name, the resource its ``data`` holds, and when it happens.
+
+Names are ``<resource>.<what happened>`` (Standard Webhooks' full-stop hierarchy). A webhook
+endpoint subscribes to names or to ``<resource>.*`` / ``*`` patterns. The payload model of each
+``object`` is in :mod:`vpsshop.events.resources`; ``docs/events.md`` shows examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    object: str
+    """The resource in ``data`` (``data.object``): topup, server, ledger_entry, api_key, account, webhook."""
+    description: str
+
+
+_TYPES = [
+    EventType("account.created", "account", "An account was created (POST /account)."),
+    EventType("api_key.created", "api_key", "An API key was minted (POST /keys, or a dashboard sign-in)."),
+    EventType("api_key.revoked", "api_key", "An API key was revoked (DELETE /keys/{id})."),
+    EventType("ledger.credit", "ledger_entry", "The balance went up: a top-up payment, a refund, a support credit."),
+    EventType("ledger.debit", "ledger_entry", "The balance went down: an order or a renewal."),
+    EventType("topup.created", "topup", "A top-up was started; data carries its deposit address and amount."),
+    EventType("topup.payment_seen", "topup", "A payment to the top-up's address was seen on chain or in the "
+              "mempool; data.payment has it. It is credited once it has its confirmations."),
+    EventType("topup.payment_confirmed", "topup", "A payment reached its confirmations and was credited; "
+              "data.payment.credited_usd says how much (a ledger.credit event carries the entry)."),
+    EventType("topup.payment_dropped", "topup", "A payment seen earlier left the chain before its confirmations "
+              "(a reorganisation or a replaced transaction). If it comes back it is seen again."),
+    EventType("topup.late_payment", "topup", "A payment arrived after the top-up expired or was cancelled (or in "
+              "another coin of the same chain): it was credited at the rate of the moment it was credited."),
+    EventType("topup.underpaid", "topup", "The payments credited to the top-up are less than the amount asked "
+              "for: what arrived was credited; data.amount_received and data.credited_usd say how much."),
+    EventType("topup.overpaid", "topup", "The payments credited to the top-up are more than the amount asked for: "
+              "all of it was credited."),
+    EventType("topup.completed", "topup", "The top-up's first payment was credited: status completed."),
+    EventType("topup.expired", "topup", "The top-up's rate lock ended with nothing paid: status expired. A payment "
+              "that still arrives is credited (topup.late_payment)."),
+    EventType("topup.cancelled", "topup", "The top-up was cancelled by the customer, or its x402 authorization "
+              "was refused: status cancelled."),
+    EventType("server.provisioning", "server", "A server was ordered and paid: status provisioning."),
+    EventType("server.active", "server", "The server is running with its address: status active."),
+    EventType("server.suspended", "server", "The paid period ended unrenewed: the VM is stopped, its disk kept."),
+    EventType("server.unsuspended", "server", "A suspended server was renewed: status active again, the VM starts."),
+    EventType("server.renewed", "server", "One more billing cycle was charged; data.expires_at is the new end."),
+    EventType("server.renewal_failed", "server", "An automatic renewal found the balance too low (once per "
+              "period); the server is suspended at expires_at unless the balance is topped up."),
+    EventType("server.terminated", "server", "The server was deleted: after the grace period, or because "
+              "provisioning failed (then the order was refunded); data.status_reason says which."),
+    EventType("server.reinstalled", "server", "The server's operating system was reinstalled."),
+    EventType("webhook.disabled", "webhook", "A webhook endpoint was disabled: it failed for days, or answered "
+              "410 Gone. Re-enable it with PATCH /webhooks/{id}."),
+]
+
+EVENT_TYPES: dict[str, EventType] = {t.name: t for t in _TYPES}
+OBJECTS = tuple(dict.fromkeys(t.object for t in _TYPES))
+
+
+def matches(patterns: list[str], event_type: str) -> bool:
+    """Whether an endpoint subscribed to ``patterns`` receives ``event_type``."""
+    for pattern in patterns:
+        if pattern == "*" or pattern == event_type:
+            return True
+        if pattern.endswith(".*") and event_type.startswith(pattern[:-1]):
+            return True
+    return False
+
+
+def valid_pattern(pattern: str) -> bool:
+    if pattern == "*" or pattern in EVENT_TYPES:
+        return True
+    return pattern.endswith(".*") and pattern[:-2] in OBJECTS_BY_PREFIX
+
+
+OBJECTS_BY_PREFIX = frozenset(name.split(".", 1)[0] for name in EVENT_TYPES)
