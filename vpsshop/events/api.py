@@ -83,10 +83,15 @@ class EventList(BaseModel):
                                "page. With `after` and no new event, the `after` given.")
 
 
+URL_PATTERN = r"^https?://[^\s/?#@]+(?:[/?#]\S*)?$"
+"""An http(s) URL with a host and no user name or password (the schema's part of the rule; the rest,
+such as private addresses, is checked when the endpoint is registered and at every delivery)."""
+
+
 class WebhookBody(ApiModel):
     """Body of ``POST /webhooks``."""
 
-    url: str = Field(min_length=1, max_length=2000, pattern=r"^https?://", json_schema_extra={"format": "uri"},
+    url: str = Field(min_length=1, max_length=2000, pattern=URL_PATTERN, json_schema_extra={"format": "uri"},
                      description="Where to POST events. https (the sandbox also allows http and loopback); no "
                      "user name or password; a private, loopback or link-local address is refused (invalid_url).")
     event_types: list[str] = Field(["*"], min_length=1, max_length=50,
@@ -98,7 +103,7 @@ class WebhookBody(ApiModel):
 class WebhookPatch(ApiModel):
     """Body of ``PATCH /webhooks/{id}``: any of the fields."""
 
-    url: str | None = Field(None, min_length=1, max_length=2000, pattern=r"^https?://",
+    url: str | None = Field(None, min_length=1, max_length=2000, pattern=URL_PATTERN,
                             json_schema_extra={"format": "uri"})
     event_types: list[str] | None = Field(None, min_length=1, max_length=50,
                                           json_schema_extra={"items": {"type": "string", "enum": PATTERNS}})
