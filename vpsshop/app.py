@@ -18,7 +18,9 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vpsshop import metrics
 from vpsshop.accesslog import AccessLog, AccessLogWriter
+from vpsshop.logs import configure_logging
 from vpsshop.api import core_routes
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
@@ -55,6 +57,9 @@ def create_app(
     :raises StartupError: a plugin clash, a misspelt hook, a missing setting, a route claimed twice.
     """
     settings = settings or load_settings()
+    configure_logging(settings)
+    if settings.metrics.enabled:
+        metrics.configure(settings)
     ctx = AppContext.build(settings, pm=pm, clock=clock)
     routes = list(core_routes())
     for plugin_routes in ctx.pm.hook.vpsshop_routes(ctx=ctx):
@@ -84,11 +89,12 @@ def create_app(
             if access_log is not None:
                 access_log.flush()
 
-    middleware = [Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)]
-    if access_log is not None:
-        middleware.insert(0, Middleware(AccessLog, writer=access_log))
+    middleware = [Middleware(AccessLog, writer=access_log, observe=settings.metrics.enabled),
+                  Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)]
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
+    if settings.metrics.enabled:
+        served.append(Route("/metrics", metrics.metrics_endpoint, methods=["GET"], include_in_schema=False))
     dashboard = mount_dashboard(ctx)
     if dashboard is not None:
         served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]

@@ -79,8 +79,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from vpsshop import metrics
     from vpsshop.app import PREFLIGHT_DONE_ENV, create_app
     from vpsshop.context import AppContext
+    from vpsshop.logs import configure_logging, uvicorn_log_config
 
     overrides: dict[str, object] = {}
     if args.no_worker:
@@ -89,6 +91,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
+    configure_logging(settings)
+    if settings.metrics.enabled:  # before the workers fork or spawn: they inherit the directory
+        metrics.configure(settings)
     # Check once, here, before any worker starts: a component that cannot work stops start-up with
     # its remedy (production), the schema is migrated once, and the sandbox banner shows what loaded.
     problems, rows = asyncio.run(_start_checks(AppContext.build(settings)))
@@ -101,7 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings, check=False)
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, **proxy)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
+                    log_config=uvicorn_log_config(settings), **proxy)
         return 0
     # Several processes: each worker builds its own app from the same settings.
     if args.config:
@@ -110,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
-                access_log=False, **proxy)
+                access_log=False, log_config=uvicorn_log_config(settings), **proxy)
     return 0
 
 
@@ -119,7 +125,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from vpsshop.app import start_services, stop_services
     from vpsshop.context import AppContext
 
+    from vpsshop import metrics
+    from vpsshop.logs import configure_logging
+
     settings = _settings(args)
+    configure_logging(settings)
+    if settings.metrics.enabled:
+        metrics.configure(settings)
     ctx = AppContext.build(settings)
 
     async def run() -> None:

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, Router
 from starlette.types import Receive, Scope, Send
 
+from vpsshop.accesslog import ACCOUNT_SCOPE_KEY
 from vpsshop.auth import api_key_digester, parse_bearer
 from vpsshop.errors import ApiError, BadRequest, Unauthorized
 
@@ -237,6 +238,8 @@ def _handler(route: ApiRoute, ctx: "AppContext") -> Callable[[Request], Awaitabl
 
     async def handle(request: Request) -> Response:
         principal = await authenticate(request, db, digest) if route.auth else None
+        if principal is not None:
+            request.scope[ACCOUNT_SCOPE_KEY] = principal.account_id  # for the access log
         body = await _read_body(request, body_model, route.body_required) if body_model is not None else None
         result = await route.endpoint(Call(request, ctx, principal, body, request.path_params))
         if isinstance(result, Response):

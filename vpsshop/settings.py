@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from vpsshop.component import describe_validation_error
 from vpsshop.errors import ConfigError
+from vpsshop.metrics import MetricsSettings
 
 CONFIG_ENV = "VPSSHOP_CONFIG"
 DEFAULT_CONFIG_FILE = "vpsshop.toml"
@@ -80,6 +81,13 @@ class SigninSettings(_Section):
     totp_window_seconds: int = Field(900, ge=1, le=86_400)
 
 
+class LoggingSettings(_Section):
+    """``[logging]``: how ``vpsshop serve`` and ``vpsshop worker`` write their log lines (standard error)."""
+
+    format: Literal["json", "text"] = Field("json", description="json: one JSON object per line; text: for people.")
+    level: Literal["debug", "info", "warning", "error"] = Field("info")
+
+
 class PluginSettings(_Section):
     disabled: list[str] = Field(default_factory=list, description="Plugin names never to load.")
     modules: list[str] = Field(default_factory=list, description="Extra plugin modules to import by name.")
@@ -99,6 +107,8 @@ class Settings(BaseModel):
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     signin: SigninSettings = Field(default_factory=SigninSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
     catalog: dict[str, Any] = Field(default_factory=dict)
     rates: dict[str, Any] = Field(default_factory=dict)
     coins: dict[str, dict[str, Any]] = Field(default_factory=dict)
