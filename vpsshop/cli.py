@@ -220,6 +220,37 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Write a backup of the configured database (see vpsshop/backup.py)."""
+    import time
+
+    from vpsshop.backup import BackupError, backup
+
+    settings = _settings(args)
+    output = Path(args.output or time.strftime("vpsshop-backup-%Y%m%dT%H%M%SZ.dump", time.gmtime()))
+    try:
+        print(backup(settings.database_url, output))
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("The backup holds no keys: keep secret_key and encryption_key (the settings file) backed up "
+          "separately, or the restored shop cannot reveal root passwords.", file=sys.stderr)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Restore a backup into the configured database, then migrate it."""
+    from vpsshop.backup import BackupError, restore
+
+    settings = _settings(args)
+    try:
+        print(restore(settings.database_url, Path(args.backup), replace=args.yes))
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -337,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = with_config(sub.add_parser("migrate", help="bring the database schema up to date"))
     migrate.set_defaults(func=cmd_migrate)
 
+    backup = with_config(sub.add_parser("backup", help="back up the database (pg_dump / SQLite backup API)"))
+    backup.add_argument("-o", "--output", help="file to write (default vpsshop-backup-<UTC time>.dump)")
+    backup.set_defaults(func=cmd_backup)
+    restore = with_config(sub.add_parser("restore", help="restore a backup into the configured database"))
+    restore.add_argument("backup", help="a file written by `vpsshop backup`")
+    restore.add_argument("--yes", action="store_true", help="replace a database that already holds a shop")
+    restore.set_defaults(func=cmd_restore)
     admin = sub.add_parser("admin", help="support tasks")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
     credit = with_config(admin_sub.add_parser("credit", help="credit an account through the ledger"))

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from vpsshop.component import describe_validation_error
 from vpsshop.errors import ConfigError
+from vpsshop.limits import RateLimitSettings
 from vpsshop.metrics import MetricsSettings
 
 CONFIG_ENV = "VPSSHOP_CONFIG"
@@ -108,6 +109,7 @@ class Settings(BaseModel):
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     signin: SigninSettings = Field(default_factory=SigninSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     catalog: dict[str, Any] = Field(default_factory=dict)
     rates: dict[str, Any] = Field(default_factory=dict)
