@@ -251,6 +251,27 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
+    """Re-encrypt every stored secret with ``encryption_key`` (see vpsshop/encryption.py)."""
+    from vpsshop.context import AppContext
+    from vpsshop.encryption import rotate_stored_secrets
+
+    ctx = AppContext.build(_settings(args))
+    try:
+        ctx.db.migrate()
+        counts = rotate_stored_secrets(ctx)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.db.dispose()
+    for table, count in counts.items():
+        print(f"{table}: {count} secrets re-encrypted with encryption_key")
+    print("Every stored secret now decrypts with encryption_key alone: old_encryption_keys can be removed "
+          "(restart every serve and worker process after removing them).")
+    return 0
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -382,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("amount", help="USD, e.g. 25 or 12.50")
     credit.add_argument("--reason", required=True, help="why (kept in the ledger entry)")
     credit.set_defaults(func=cmd_admin_credit)
+    rotate = with_config(admin_sub.add_parser("rotate-keys", help="re-encrypt every stored secret with "
+                                              "encryption_key (old keys in old_encryption_keys)"))
+    rotate.set_defaults(func=cmd_admin_rotate_keys)
     return parser
 
 

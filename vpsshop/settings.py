@@ -3,7 +3,7 @@
 Where settings come from, first match wins:
 
 1. environment variables: ``VPSSHOP_DATABASE_URL``, ``VPSSHOP_SECRET_KEY``,
-   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
+   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_OLD_ENCRYPTION_KEYS`` (comma-separated), ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
    ``VPSSHOP__SECTION__KEY`` (``VPSSHOP__COINS__BTC__XPUB=zpub...``);
 2. the TOML file given by ``--config``, ``VPSSHOP_CONFIG``, or ``./vpsshop.toml`` if it exists;
 3. in the sandbox only, sandbox values.
@@ -40,6 +40,7 @@ _TOP_LEVEL_ENV = {
     "VPSSHOP_ENCRYPTION_KEY": "encryption_key",
     "VPSSHOP_PUBLIC_URL": "public_url",
     "VPSSHOP_MODE": "mode",
+    "VPSSHOP_OLD_ENCRYPTION_KEYS": "old_encryption_keys",
 }
 
 
@@ -103,6 +104,9 @@ class Settings(BaseModel):
     database_url: str
     secret_key: SecretStr = Field(description="Keys the digest (keyed BLAKE2b) under which API keys are stored.")
     encryption_key: SecretStr = Field(description="Fernet key encrypting root passwords at rest.")
+    old_encryption_keys: list[SecretStr] = Field(
+        default_factory=list, description="Earlier encryption keys, newest first: still decrypt what they "
+        "encrypted until `vpsshop admin rotate-keys` has re-encrypted it with encryption_key.")
     public_url: str = Field(description="Public base URL of the API, ending in /v1.")
     server: ServerSettings = Field(default_factory=ServerSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
@@ -138,6 +142,8 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     for env_name, key in _TOP_LEVEL_ENV.items():
         if environ.get(env_name):
             data[key] = environ[env_name]
+            if key == "old_encryption_keys":  # comma-separated, newest first
+                data[key] = [k.strip() for k in environ[env_name].split(",") if k.strip()]
     for env_name, value in environ.items():
         if not env_name.startswith("VPSSHOP__"):
             continue
