@@ -186,6 +186,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_admin_credit(args: argparse.Namespace) -> int:
     from vpsshop import ledger
+    from vpsshop.admin import audit
     from vpsshop.db import Database
     from vpsshop.money import micros_to_usd, usd_to_micros
 
@@ -207,6 +208,7 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
     try:
         with db.session() as session:
             posting = ledger.post(session, args.user_id, micros, "admin_credit", memo=args.reason.strip()[:500])
+            audit(session, "admin_credit", f"account:{args.user_id}", args.reason.strip(), {"amount_micros": micros})
     except LookupError:
         print(f"error: no account {args.user_id}", file=sys.stderr)
         return 1
@@ -248,6 +250,66 @@ def cmd_restore(args: argparse.Namespace) -> int:
     except BackupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _admin_ctx(args: argparse.Namespace) -> "AppContext":
+    from vpsshop.context import AppContext
+
+    ctx = AppContext.build(_settings(args))
+    ctx.db.migrate()
+    return ctx
+
+
+def _usd_micros(text: str) -> int | None:
+    from vpsshop.money import usd_to_micros
+
+    try:
+        micros = usd_to_micros(Decimal(text))
+    except (InvalidOperation, ValueError):
+        return None
+    return micros if micros > 0 else None
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    """``vpsshop admin lookup|debit|suspend|unsuspend|terminate|retry-job|cancel-job|stuck|audit``."""
+    from vpsshop import admin
+
+    command = args.admin_command
+    if command == "debit":
+        micros = _usd_micros(args.amount)
+        if micros is None:
+            print(f"error: AMOUNT must be a positive USD amount like 25 or 12.50, not {args.amount!r}", file=sys.stderr)
+            return 2
+    ctx = _admin_ctx(args)
+    try:
+        if command == "lookup":
+            print(json.dumps(admin.lookup(ctx, args.query), indent=2, default=str))
+        elif command == "debit":
+            from vpsshop.money import micros_to_usd
+
+            posting = admin.adjust_balance(ctx, args.user_id, -micros, args.reason)
+            print(f"debited account {args.user_id}: balance {micros_to_usd(posting.entry.balance_after_micros)} USD")
+        elif command in ("suspend", "unsuspend", "terminate"):
+            print(admin.set_server_state(ctx, args.server_id, command, args.reason))
+        elif command in ("retry-job", "cancel-job"):
+            print(admin.job_action(ctx, args.job_id, command.split("-")[0], args.reason))
+        elif command == "stuck":
+            print(json.dumps(admin.stuck(ctx, args.minutes), indent=2, default=str))
+        elif command == "audit":
+            print(json.dumps(admin.audit_log(ctx, args.limit), indent=2, default=str))
+    except admin.AdminError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - e.g. InsufficientBalance: say it, do not trace
+        from vpsshop.errors import ApiError
+
+        if isinstance(exc, ApiError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise
+    finally:
+        ctx.db.dispose()
     return 0
 
 
@@ -406,6 +468,32 @@ def build_parser() -> argparse.ArgumentParser:
     rotate = with_config(admin_sub.add_parser("rotate-keys", help="re-encrypt every stored secret with "
                                               "encryption_key (old keys in old_encryption_keys)"))
     rotate.set_defaults(func=cmd_admin_rotate_keys)
+    lookup = with_config(admin_sub.add_parser("lookup", help="find an account by id, API key prefix, top-up ref, "
+                                              "deposit address or tx hash"))
+    lookup.add_argument("query")
+    debit = with_config(admin_sub.add_parser("debit", help="debit an account through the ledger"))
+    debit.add_argument("user_id", type=int)
+    debit.add_argument("amount", help="USD, e.g. 25 or 12.50")
+    for name, what in (("suspend", "suspend an active server (job: suspend)"),
+                       ("unsuspend", "resume a suspended server (job: resume)"),
+                       ("terminate", "terminate a server (job: destroy); no refund")):
+        p = with_config(admin_sub.add_parser(name, help=what))
+        p.add_argument("server_id", type=int)
+        p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        p.set_defaults(func=cmd_admin)
+    for name, what in (("retry-job", "queue a failed or stuck provisioning job again, now"),
+                       ("cancel-job", "cancel a queued or failed provisioning job")):
+        p = with_config(admin_sub.add_parser(name, help=what))
+        p.add_argument("job_id", type=int)
+        p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        p.set_defaults(func=cmd_admin)
+    debit.add_argument("--reason", required=True, help="why (kept in the ledger entry and the audit log)")
+    stuck = with_config(admin_sub.add_parser("stuck", help="list jobs and seen payments waiting too long"))
+    stuck.add_argument("--minutes", type=float, default=30)
+    audit = with_config(admin_sub.add_parser("audit", help="show the latest admin audit entries"))
+    audit.add_argument("--limit", type=int, default=50)
+    for p in (lookup, debit, stuck, audit):
+        p.set_defaults(func=cmd_admin)
     return parser
 
 
