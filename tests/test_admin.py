@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from served import VPSSHOP, serve, shop_env, worker
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import sqlalchemy as sa
-
 from served import VPSSHOP, serve, shop_env, worker
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}

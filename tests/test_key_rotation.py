@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
-
 from served import TEST_ENCRYPTION_KEY, VPSSHOP, serve, shop_env, worker
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}

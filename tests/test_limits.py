@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import httpx
-
 from served import VPSSHOP, serve, shop_env
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}

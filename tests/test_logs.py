@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import httpx
-
 from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, VPSSHOP, free_port, serve, shop_env, worker
+
 from vpsshop.logs import JsonFormatter, scrub
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}

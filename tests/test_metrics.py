@@ -7,13 +7,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
-
 from served import VPSSHOP, free_port, serve, shop_env, stop, worker
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}

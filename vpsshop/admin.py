@@ -48,7 +48,7 @@ def _need_reason(reason: str) -> str:
     return reason
 
 
-def lookup(ctx: "AppContext", query: str) -> dict[str, Any]:
+def lookup(ctx: AppContext, query: str) -> dict[str, Any]:
     """The account behind an account id, API key prefix, top-up ref, deposit address or tx hash."""
     q = query.strip()
     with ctx.db.engine.connect() as conn:
@@ -83,7 +83,7 @@ def lookup(ctx: "AppContext", query: str) -> dict[str, Any]:
             "recent_ledger": entries, "api_keys": keys}
 
 
-def adjust_balance(ctx: "AppContext", account_id: int, micros: int, reason: str) -> ledger.Posting:
+def adjust_balance(ctx: AppContext, account_id: int, micros: int, reason: str) -> ledger.Posting:
     """Credit (``micros`` > 0) or debit through the ledger, with its audit entry."""
     reason = _need_reason(reason)
     kind = "admin_credit" if micros > 0 else "admin_debit"
@@ -103,7 +103,7 @@ def _server(session: Session, server_id: int) -> Server:
     return server
 
 
-def set_server_state(ctx: "AppContext", server_id: int, action: str, reason: str) -> str:
+def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str) -> str:
     """``suspend``, ``unsuspend`` or ``terminate`` a server through the job queue."""
     from vpsshop.events.resources import server_data
     from vpsshop.servers.lifecycle import enqueue, record
@@ -134,7 +134,7 @@ def set_server_state(ctx: "AppContext", server_id: int, action: str, reason: str
     return f"server {server_id}: {action} done, job {job.id} ({job_kind}) queued"
 
 
-def job_action(ctx: "AppContext", job_id: int, action: str, reason: str) -> str:
+def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
     """``retry`` a failed or stuck job (queued again, now) or ``cancel`` a queued or failed one."""
     from vpsshop.servers.models import ServerJob
 
@@ -161,7 +161,7 @@ def job_action(ctx: "AppContext", job_id: int, action: str, reason: str) -> str:
     return f"job {job_id}: {action} done"
 
 
-def stuck(ctx: "AppContext", minutes: float) -> dict[str, list[dict[str, Any]]]:
+def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
     """Jobs queued, running or failed for longer than ``minutes``; pending top-ups with a payment seen
     that long ago and not credited."""
     cutoff = ctx.clock.now() - timedelta(minutes=minutes)
@@ -176,7 +176,7 @@ def stuck(ctx: "AppContext", minutes: float) -> dict[str, list[dict[str, Any]]]:
     return {"jobs": jobs, "topups": topups}
 
 
-def audit_log(ctx: "AppContext", limit: int = 50) -> list[dict[str, Any]]:
+def audit_log(ctx: AppContext, limit: int = 50) -> list[dict[str, Any]]:
     with ctx.db.session() as session:
         rows = session.exec(select(AdminAudit).order_by(AdminAudit.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
         return [row.model_dump() for row in rows]

@@ -59,20 +59,20 @@ class RateLimitSettings(BaseModel):
     max_open_topups_per_account: int = Field(20, ge=1, le=100_000, description="Pending top-ups per account.")
 
 
-def limiter(ctx: "AppContext") -> RateLimiter:
+def limiter(ctx: AppContext) -> RateLimiter:
     """The limiter of the API's per-request limits (built once per context)."""
     cached = ctx.extras.get("limits.limiter")
     if cached is None:
         backend = ctx.settings.ratelimit.backend
         if backend == "auto":
             backend = "database" if ctx.db.dialect == "postgresql" else "memory"
-        clock = lambda: ctx.clock.now().timestamp()  # noqa: E731
+        clock = lambda: ctx.clock.now().timestamp()
         cached = DatabaseRateLimiter(ctx.db, clock=clock) if backend == "database" else MemoryRateLimiter(clock)
         ctx.extras["limits.limiter"] = cached
     return cached
 
 
-def _hit(ctx: "AppContext", rule: Rule, key: str, message: str) -> None:
+def _hit(ctx: AppContext, rule: Rule, key: str, message: str) -> None:
     if not ctx.settings.ratelimit.enabled:
         return
     decision = limiter(ctx).hit(rule, key)
@@ -85,19 +85,19 @@ def client_address(request: object) -> str:
     return client.host if client else "unknown"
 
 
-def signup(ctx: "AppContext", client: str) -> None:
+def signup(ctx: AppContext, client: str) -> None:
     """Count one ``POST /v1/account`` from ``client``. :raises RateLimited: over the limit."""
     s = ctx.settings.ratelimit
     _hit(ctx, Rule("signup", s.signups_per_client, s.signup_window_seconds), client,
          "Too many accounts created from your address.")
 
 
-def _auth_rule(ctx: "AppContext") -> Rule:
+def _auth_rule(ctx: AppContext) -> Rule:
     s = ctx.settings.ratelimit
     return Rule("auth-failures", s.auth_failures_per_client, s.auth_failure_window_seconds)
 
 
-def auth_blocked(ctx: "AppContext", client: str) -> None:
+def auth_blocked(ctx: AppContext, client: str) -> None:
     """Refuse ``client`` while it is over the failed-authentication limit (a dictionary lookup: this
     process remembers the blocks it has seen; the count itself is shared)."""
     blocked: dict[str, float] = ctx.extras.setdefault("limits.auth_blocked", {})
@@ -111,7 +111,7 @@ def auth_blocked(ctx: "AppContext", client: str) -> None:
     raise RateLimited("Too many requests with unknown API keys from your address.", max(1, int(left) + 1))
 
 
-def auth_failed(ctx: "AppContext", client: str) -> None:
+def auth_failed(ctx: AppContext, client: str) -> None:
     """Count one failed authentication of ``client``; past the limit, block it for the window's rest."""
     if not ctx.settings.ratelimit.enabled:
         return
@@ -124,14 +124,14 @@ def auth_failed(ctx: "AppContext", client: str) -> None:
         raise RateLimited("Too many requests with unknown API keys from your address.", decision.retry_after)
 
 
-def account_write(ctx: "AppContext", account_id: int) -> None:
+def account_write(ctx: AppContext, account_id: int) -> None:
     """Count one authenticated write of ``account_id``. :raises RateLimited: over the limit."""
     s = ctx.settings.ratelimit
     _hit(ctx, Rule("writes", s.writes_per_account, s.write_window_seconds), str(account_id),
          "Too many changes from this account.")
 
 
-def server_quota(ctx: "AppContext", servers: int) -> None:
+def server_quota(ctx: AppContext, servers: int) -> None:
     """Refuse an order when the account already holds ``max_servers_per_account`` live servers."""
     cap = ctx.settings.ratelimit.max_servers_per_account
     if servers >= cap:
@@ -139,7 +139,7 @@ def server_quota(ctx: "AppContext", servers: int) -> None:
                           "delete one first.", QUOTA_RETRY_AFTER)
 
 
-def topup_quota(ctx: "AppContext", account_id: int) -> None:
+def topup_quota(ctx: AppContext, account_id: int) -> None:
     """Refuse a top-up when the account has ``max_open_topups_per_account`` pending ones."""
     cap = ctx.settings.ratelimit.max_open_topups_per_account
     with ctx.db.engine.connect() as conn:
@@ -150,7 +150,7 @@ def topup_quota(ctx: "AppContext", account_id: int) -> None:
                           "pay or cancel one first.", QUOTA_RETRY_AFTER)
 
 
-def enforce(ctx: "AppContext", route: "ApiRoute", account_id: int, servers: int) -> None:
+def enforce(ctx: AppContext, route: ApiRoute, account_id: int, servers: int) -> None:
     """The per-account limits of an authenticated request to ``route`` (called by the router)."""
     if route.method.upper() not in WRITE_METHODS or not ctx.settings.ratelimit.enabled:
         return
@@ -161,7 +161,7 @@ def enforce(ctx: "AppContext", route: "ApiRoute", account_id: int, servers: int)
         topup_quota(ctx, account_id)
 
 
-def describe(route: "ApiRoute") -> str | None:
+def describe(route: ApiRoute) -> str | None:
     """When ``route`` answers 429, for the OpenAPI description (None: never)."""
     method = route.method.upper()
     if method == "POST" and route.path == "/account":

@@ -60,11 +60,11 @@ class TextFormatter(logging.Formatter):
         return scrub(super().format(record))
 
 
-def formatter(settings: "Settings") -> logging.Formatter:
+def formatter(settings: Settings) -> logging.Formatter:
     return JsonFormatter() if settings.logging.format == "json" else TextFormatter()
 
 
-def configure_logging(settings: "Settings") -> None:
+def configure_logging(settings: Settings) -> None:
     """Send the ``vpsshop`` logger to standard error in the configured format (uvicorn's own lines:
     :func:`uvicorn_log_config`).
 
@@ -82,7 +82,7 @@ def configure_logging(settings: "Settings") -> None:
     logger.propagate = False
 
 
-def uvicorn_log_config(settings: "Settings") -> dict[str, Any]:
+def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
     """``uvicorn.run(log_config=...)``: uvicorn's own lines in the configured format."""
     fmt = "vpsshop.logs.JsonFormatter" if settings.logging.format == "json" else "vpsshop.logs.TextFormatter"
     return {

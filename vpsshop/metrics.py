@@ -29,9 +29,10 @@ import logging
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -65,7 +66,7 @@ class MetricsSettings(BaseModel):
                                   "<tempdir>/vpsshop-metrics-<hash of database_url>.")
 
 
-def multiprocess_dir(settings: "Settings") -> Path:
+def multiprocess_dir(settings: Settings) -> Path:
     """The shared directory of this shop's processes on this host."""
     configured = settings.metrics.multiprocess_dir or os.environ.get(MULTIPROC_ENV, "")
     if configured:
@@ -77,7 +78,7 @@ def multiprocess_dir(settings: "Settings") -> Path:
 _state: dict[str, Any] = {}
 
 
-def configure(settings: "Settings") -> None:
+def configure(settings: Settings) -> None:
     """Point ``prometheus_client`` at the shared directory (first call in a process wins).
 
     Files that dead processes left for "live" gauges are removed; their counters stay, so totals
@@ -170,14 +171,14 @@ def watcher_pass(group: str, *, tip: int | None = None, scanned: int | None = No
 class DatabaseCollector:
     """Reads the business figures from the database on each scrape (a few grouped counts)."""
 
-    def __init__(self, ctx: "AppContext") -> None:
+    def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         engine = self.ctx.db.engine
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         with engine.connect() as conn:
             topups = GaugeMetricFamily("vpsshop_topups", "Top-ups by coin and status.", labels=["coin", "status"])
             for coin, status, count in conn.execute(sa.text(
@@ -237,7 +238,7 @@ def _peer_allowed(peer: str | None, allow: list[str]) -> bool:
     return False
 
 
-def allowed(request: "Request", settings: MetricsSettings) -> bool:
+def allowed(request: Request, settings: MetricsSettings) -> bool:
     """Whether ``request`` may read /metrics (see the module docstring)."""
     token = settings.token.get_secret_value()
     header = request.headers.get("authorization", "")
@@ -249,11 +250,11 @@ def allowed(request: "Request", settings: MetricsSettings) -> bool:
     return _peer_allowed(raw_peer, settings.allow_ips)
 
 
-async def metrics_endpoint(request: "Request") -> "Response":
+async def metrics_endpoint(request: Request) -> Response:
     from anyio import to_thread
     from starlette.responses import PlainTextResponse, Response
 
-    ctx: "AppContext" = request.app.state.ctx
+    ctx: AppContext = request.app.state.ctx
     settings = ctx.settings.metrics
     if not settings.enabled or not allowed(request, settings):
         return PlainTextResponse("Not Found", status_code=404)
