@@ -43,9 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("vpsshop.payments")
 
-# The seed's coin codes, in the order the default coin is picked from.
-SEED_COINS = ("BTC", "XMR", "ETH", "USDTTRC", "LTC", "TRX", "SOL", "USDT", "USDCBASE")
-
 
 class TopupSettings(BaseModel):
     """``[topups]`` settings."""
@@ -111,10 +108,10 @@ class PaymentEngine:
             if wanted not in self.ctx.coins:
                 raise ConfigError(f"setting 'topups.default_coin' names coin {wanted!r}, which is not enabled")
             return wanted
-        for code in SEED_COINS:
-            coin = self.ctx.coins.get(code)
-            if isinstance(coin, DepositCoin):
-                return code
+        ranked = [(coin.default_priority, -i, code) for i, (code, coin) in enumerate(self.ctx.coins.items())
+                  if isinstance(coin, DepositCoin) and coin.default_priority is not None]
+        if ranked:
+            return max(ranked)[2]
         return next(iter(self.ctx.coins), None)
 
     def coin(self, code: str | None) -> Any:
