@@ -14,8 +14,9 @@ The pieces (``docs/chain-kit.md`` walks through a whole coin):
   answers :class:`RpcError`; both are :class:`vpsshop.PluginError`.
 * :data:`Xpub` and :class:`XpubConfig`: a validated account extended public key setting;
   :class:`XpubCoin`: deposit addresses ``<xpub>/<branch>/<n>``.
-* :class:`NodeConfig`: the node's URL and the scan settings; :class:`NodeCoin`: a deposit coin
-  backed by that node (the node guard, ``preflight``, ``check_ready``, ``close``).
+* :class:`NodeConfig`: the node's URL, confirmations, time-out (:class:`BlockScanConfig` adds
+  the scan's start, reorganisation depth and step); :class:`NodeCoin`: a deposit coin backed by
+  that node (the node guard, ``preflight``, ``check_ready``, ``close``).
 * :class:`BlockCoin`: a :class:`NodeCoin` on a chain of numbered, hashed blocks. Its
   :meth:`~BlockCoin.scan` keeps a :class:`BlockCursor` (``<height>:<hash>``), steps back
   ``reorg_depth`` blocks when the cursor's block left the chain, and its
@@ -54,6 +55,7 @@ from vpsshop.hdkeys import KeyError_ as KeyFormatError
 
 __all__ = [
     "BlockCoin",
+    "BlockScanConfig",
     "BlockCursor",
     "ExtendedPublicKey",
     "HttpJsonClient",
@@ -192,12 +194,14 @@ class HttpJsonClient:
 class JsonRpcClient(HttpJsonClient):
     """A JSON-RPC client: :meth:`call` one method, :meth:`batch` many in one request.
 
-    ``version`` is ``"2.0"`` (Ethereum, Solana, monero-wallet-rpc) or ``"1.0"`` (bitcoind).
+    ``version`` is ``"2.0"`` (Ethereum, Solana, monero-wallet-rpc) or ``"1.0"`` (bitcoind);
+    ``named`` sends parameters as an object, even when there are none (monero-wallet-rpc).
     """
 
-    def __init__(self, url: str, *, version: str = "2.0", **options: Any) -> None:
+    def __init__(self, url: str, *, version: str = "2.0", named: bool = False, **options: Any) -> None:
         super().__init__(url, **options)
         self.version = version
+        self.named = named
         self._id = 0
 
     async def call(self, method: str, *params: Any, **named: Any) -> Any:
@@ -208,7 +212,7 @@ class JsonRpcClient(HttpJsonClient):
         """
         self._id += 1
         payload = {"jsonrpc": self.version, "id": self._id, "method": method,
-                   "params": named if named else list(params)}
+                   "params": named if named or self.named else list(params)}
         body = await self.post_json(payload, what=method)
         if not isinstance(body, dict):
             raise NodeError(f"{self.name} at {self.where} answered {method} with a malformed body")
@@ -277,10 +281,15 @@ class NodeConfig(BaseModel):
 
     rpc_url: str | None = Field(None, description="The node's endpoint; none: addresses only, nothing watched.")
     confirmations: int = Field(1, ge=0, le=1000, description="Confirmations a payment needs before it is credited.")
+    timeout_seconds: float = Field(15, gt=0, le=300, description="Time limit of one request to the node.")
+
+
+class BlockScanConfig(NodeConfig):
+    """:class:`NodeConfig` plus where and how far a block scan goes (:class:`BlockCoin`)."""
+
     start_block: int | None = Field(None, ge=0, description="First block scanned on the first run (default: the tip).")
     reorg_depth: int = Field(64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain.")
     max_blocks_per_scan: int = Field(20, ge=1, le=5000, description="Blocks read per scan call.")
-    timeout_seconds: float = Field(15, gt=0, le=300, description="Time limit of one request to the node.")
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
@@ -300,6 +309,8 @@ class NodeCoin(DepositCoin[ConfigT], Generic[ConfigT, ClientT]):
     """
 
     node_name: ClassVar[str] = "node"
+    node_what: ClassVar[str] = "node"
+    """What start-up messages call the node after the coin code (``"BTC node"``)."""
     node_setting: ClassVar[str] = "rpc_url"
     """The settings key of the node's URL, as the reseller writes it (for messages)."""
 
@@ -336,7 +347,8 @@ class NodeCoin(DepositCoin[ConfigT], Generic[ConfigT, ClientT]):
         """Production refuses to start when the configured node does not answer at all."""
         url = getattr(self.config, "rpc_url", None)
         if url:
-            await require_reachable(url, setting=f"coins.{self.code}.{self.node_setting}", what=f"{self.code} node")
+            await require_reachable(url, setting=f"coins.{self.code}.{self.node_setting}",
+                                    what=f"{self.code} {self.node_what}")
 
     async def check_ready(self) -> Readiness:
         if self._client is None:
@@ -472,7 +484,7 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
     # ---- written once ----------------------------------------------------------------------------
 
     @property
-    def scan_settings(self) -> NodeConfig:
+    def scan_settings(self) -> BlockScanConfig:
         return self.config  # type: ignore[return-value]
 
     async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin] = ()) -> ScanResult:

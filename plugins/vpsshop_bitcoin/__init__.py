@@ -35,7 +35,7 @@ from vpsshop.chains import (
     BlockCoin,
     BlockCursor,
     JsonRpcClient,
-    NodeConfig,
+    BlockScanConfig,
     RpcError,
     XpubCoin,
     Xpub,
@@ -73,7 +73,7 @@ NETWORKS: dict[str, dict[str, ChainParams]] = {
 URI_SCHEMES = {"BTC": "bitcoin", "LTC": "litecoin"}
 
 
-class UtxoCoinConfig(XpubConfig, NodeConfig):
+class UtxoCoinConfig(XpubConfig, BlockScanConfig):
     xpub: Xpub = Field(description="Account extended public key (zpub/vpub/xpub/tpub). Never a private key.")
     branch: Literal[0] = Field(0, description="Receive addresses only: <xpub>/0/<n>.")
     network: Literal["mainnet", "testnet", "regtest"] = "mainnet"

@@ -47,7 +47,7 @@ from vpsshop.chains import (
     BlockCoin,
     BlockCursor,
     JsonRpcClient,
-    NodeConfig,
+    BlockScanConfig,
     RpcError,
     XpubCoin,
     XpubConfig,
@@ -100,7 +100,7 @@ def parse_address(text: str) -> str:
 # ---- settings ---------------------------------------------------------------------------------------
 
 
-class EvmCoinConfig(XpubConfig, NodeConfig):
+class EvmCoinConfig(XpubConfig, BlockScanConfig):
     network: str = Field("ethereum", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="Shown as deposit_network.")
     chain_id: int | None = Field(None, ge=1, description="EIP-155 chain id; optional for the known networks.")
     confirmations: int = Field(12, ge=0, le=1000)

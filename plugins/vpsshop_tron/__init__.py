@@ -53,7 +53,7 @@ from vpsshop.chains import (
     BlockCursor,
     HttpJsonClient,
     KeyFormatError,
-    NodeConfig,
+    BlockScanConfig,
     RpcError,
     XpubCoin,
     XpubConfig,
@@ -96,7 +96,7 @@ def hex_to_address(hex_address: str) -> str:
     return b58check_encode(bytes.fromhex(hex_address))
 
 
-class TronCoinConfig(XpubConfig, NodeConfig):
+class TronCoinConfig(XpubConfig, BlockScanConfig):
     network: str = Field("tron", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="tron (mainnet), nile, shasta.")
     rpc_url: str | None = Field(None, validation_alias=AliasChoices("api_url"),
                                 description="HTTP API of a java-tron full node (or TronGrid); none: addresses only.")
