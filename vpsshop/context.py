@@ -151,7 +151,13 @@ def _build_coins(
             f"settings configure coins.{unknown[0]} but no loaded plugin offers coin {unknown[0]!r} (offered: {offered})"
         )
     coins: dict[str, PaymentCoin] = {}
-    for code, reg in registered.items():
+    # Highest default_priority first (the catalog lists coins in this order), then registration order.
+    def rank(item: tuple[str, Registered]) -> tuple[bool, int]:
+        priority = getattr(item[1].cls, "default_priority", None)
+        return (priority is None, -(priority or 0))
+
+    ranked = sorted(registered.items(), key=rank)
+    for code, reg in ranked:
         section = settings.coins.get(code)
         if settings.sandbox:
             enabled = section is None or section.get("enabled", True)
