@@ -19,8 +19,11 @@ import vpsshop.testing
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "plugins"
 CORE = ROOT / "vpsshop"
-PUBLIC_MODULES = {"vpsshop": set(vpsshop.__all__), "vpsshop.chains": set(vpsshop.chains.__all__),
-                  "vpsshop.testing": set(vpsshop.testing.__all__)}
+PUBLIC_MODULES = {
+    "vpsshop": set(vpsshop.__all__),
+    "vpsshop.chains": set(vpsshop.chains.__all__),
+    "vpsshop.testing": set(vpsshop.testing.__all__),
+}
 
 PENDING: dict[str, set[str]] = {
     # Issue 15 (x402 in one place) rewrites this file; both names are public (`from vpsshop import
@@ -65,7 +68,8 @@ def test_default_plugins_import_only_the_public_api() -> None:
                     problems.append(f"{where}:{line} imports {module}.{name}, which is not in its __all__")
     assert problems == []
     assert pending_seen == {(where, module) for where, modules in PENDING.items() for module in modules}, (
-        "a PENDING exception is no longer needed: delete it")
+        "a PENDING exception is no longer needed: delete it"
+    )
 
 
 def test_public_names_exist() -> None:
@@ -181,4 +185,5 @@ def test_core_imports_have_no_cycle_counting_imports_inside_functions() -> None:
     found = [set(c) for c in cycles(graph)]
     assert [c for c in found if not any(c <= known for known in KNOWN_LATE_CYCLES)] == []
     assert [known for known in KNOWN_LATE_CYCLES if not any(c <= known for c in found)] == [], (
-        "a known cycle is gone: delete it from KNOWN_LATE_CYCLES")
+        "a known cycle is gone: delete it from KNOWN_LATE_CYCLES"
+    )

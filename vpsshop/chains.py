@@ -55,8 +55,8 @@ from vpsshop.hdkeys import KeyError_ as KeyFormatError
 
 __all__ = [
     "BlockCoin",
-    "BlockScanConfig",
     "BlockCursor",
+    "BlockScanConfig",
     "ExtendedPublicKey",
     "HttpJsonClient",
     "JsonRpcClient",
@@ -184,8 +184,9 @@ class HttpJsonClient:
         try:
             return json.loads(response.content, parse_float=self._parse_float)
         except ValueError:
-            raise NodeError(f"{self.name} at {self.where} answered {what} with HTTP {response.status_code}, "
-                            "not JSON") from None
+            raise NodeError(
+                f"{self.name} at {self.where} answered {what} with HTTP {response.status_code}, not JSON"
+            ) from None
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -211,8 +212,12 @@ class JsonRpcClient(HttpJsonClient):
         :raises RpcError: the node answered with an error. :raises NodeError: no usable answer.
         """
         self._id += 1
-        payload = {"jsonrpc": self.version, "id": self._id, "method": method,
-                   "params": named if named or self.named else list(params)}
+        payload = {
+            "jsonrpc": self.version,
+            "id": self._id,
+            "method": method,
+            "params": named if named or self.named else list(params),
+        }
         body = await self.post_json(payload, what=method)
         if not isinstance(body, dict):
             raise NodeError(f"{self.name} at {self.where} answered {method} with a malformed body")
@@ -230,12 +235,13 @@ class JsonRpcClient(HttpJsonClient):
             part = calls[start : start + chunk]
             first = self._id + 1
             self._id += len(part)
-            payload = [{"jsonrpc": self.version, "id": first + i, "method": method, "params": list(params)}
-                       for i, (method, params) in enumerate(part)]
+            payload = [
+                {"jsonrpc": self.version, "id": first + i, "method": method, "params": list(params)}
+                for i, (method, params) in enumerate(part)
+            ]
             body = await self.post_json(payload, what=part[0][0])
             if not isinstance(body, list):
-                raise NodeError(f"{self.name} at {self.where} answered a batch of {part[0][0]} with "
-                                f"{str(body)[:200]}")
+                raise NodeError(f"{self.name} at {self.where} answered a batch of {part[0][0]} with {str(body)[:200]}")
             by_id = {item.get("id"): item for item in body if isinstance(item, dict)}
             for i, (method, _) in enumerate(part):
                 item = by_id.get(first + i)
@@ -288,7 +294,9 @@ class BlockScanConfig(NodeConfig):
     """:class:`NodeConfig` plus where and how far a block scan goes (:class:`BlockCoin`)."""
 
     start_block: int | None = Field(None, ge=0, description="First block scanned on the first run (default: the tip).")
-    reorg_depth: int = Field(64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain.")
+    reorg_depth: int = Field(
+        64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain."
+    )
     max_blocks_per_scan: int = Field(20, ge=1, le=5000, description="Blocks read per scan call.")
 
 
@@ -347,8 +355,9 @@ class NodeCoin(DepositCoin[ConfigT], Generic[ConfigT, ClientT]):
         """Production refuses to start when the configured node does not answer at all."""
         url = getattr(self.config, "rpc_url", None)
         if url:
-            await require_reachable(url, setting=f"coins.{self.code}.{self.node_setting}",
-                                    what=f"{self.code} {self.node_what}")
+            await require_reachable(
+                url, setting=f"coins.{self.code}.{self.node_setting}", what=f"{self.code} {self.node_what}"
+            )
 
     async def check_ready(self) -> Readiness:
         if self._client is None:
@@ -393,8 +402,10 @@ def check_distinct_keys(members: Sequence[DepositCoin]) -> None:
         except NotImplementedError:
             continue
         if key in seen:
-            raise ConfigError(f"{coin.code} and {seen[key]} derive deposit addresses from the same key and branch: "
-                              "give one of them another 'branch' or another xpub")
+            raise ConfigError(
+                f"{coin.code} and {seen[key]} derive deposit addresses from the same key and branch: "
+                "give one of them another 'branch' or another xpub"
+            )
         seen[key] = coin.code
 
 
@@ -412,7 +423,7 @@ class BlockCursor:
         return f"{self.height}:{self.hash}"
 
     @classmethod
-    def parse(cls, text: str) -> "BlockCursor":
+    def parse(cls, text: str) -> BlockCursor:
         height, _, block_hash = text.partition(":")
         return cls(int(height), block_hash)
 
@@ -497,8 +508,9 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
             position = BlockCursor(height, await self.block_hash(height) if height >= 0 else "")
         else:
             position = BlockCursor.parse(cursor)
-            if position.height > tip or (position.height >= 0 and await self.block_hash(position.height)
-                                         != position.hash):
+            if position.height > tip or (
+                position.height >= 0 and await self.block_hash(position.height) != position.hash
+            ):
                 height = max(min(position.height, tip) - cfg.reorg_depth, -1)
                 back = BlockCursor(height, await self.block_hash(height) if height >= 0 else "")
                 return ScanResult(str(back), [])
@@ -518,8 +530,12 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
         checks = []
         for payment in payments:
             h = payment.block_height
-            if h is not None and payment.block_hash and h not in canonical and (
-                    self.trust_heights_above_tip or h <= tip):
+            if (
+                h is not None
+                and payment.block_hash
+                and h not in canonical
+                and (self.trust_heights_above_tip or h <= tip)
+            ):
                 # The node does not serve the block that held it (yet): nothing is known, so it
                 # is kept, with no confirmations counted.
                 checks.append(PaymentCheck(payment.identity, True, 0, h, payment.block_hash))

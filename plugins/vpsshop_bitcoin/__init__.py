@@ -34,11 +34,11 @@ from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, 
 from vpsshop.chains import (
     BlockCoin,
     BlockCursor,
-    JsonRpcClient,
     BlockScanConfig,
+    JsonRpcClient,
     RpcError,
-    XpubCoin,
     Xpub,
+    XpubCoin,
     XpubConfig,
     p2wpkh_address,
 )
@@ -80,9 +80,12 @@ class UtxoCoinConfig(XpubConfig, BlockScanConfig):
     rpc_user: str | None = None
     rpc_password: SecretStr | None = None
     confirmations: int = Field(2, ge=0, le=100)
-    start_block: int | None = Field(None, ge=0, validation_alias=AliasChoices("start_height"),
-                                    description="First block scanned on the first run.")
-    reorg_depth: int = Field(12, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain.")
+    start_block: int | None = Field(
+        None, ge=0, validation_alias=AliasChoices("start_height"), description="First block scanned on the first run."
+    )
+    reorg_depth: int = Field(
+        12, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain."
+    )
     max_blocks_per_scan: int = Field(25, ge=1, le=1000)
     watch_mempool: bool = Field(True, description="Show unconfirmed payments (reads new mempool transactions).")
     timeout_seconds: float = Field(10, gt=0, le=120)
@@ -107,8 +110,9 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
     def connect(self, url: str) -> JsonRpcClient:
         cfg = self.config
         auth = (cfg.rpc_user, cfg.rpc_password.get_secret_value() if cfg.rpc_password else "") if cfg.rpc_user else None
-        return JsonRpcClient(url, version="1.0", name=f"{self.code} node", timeout=cfg.timeout_seconds, auth=auth,
-                             decimal_floats=True)
+        return JsonRpcClient(
+            url, version="1.0", name=f"{self.code} node", timeout=cfg.timeout_seconds, auth=auth, decimal_floats=True
+        )
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -151,8 +155,9 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
             position = BlockCursor(h, block_hash)
         return position, found
 
-    def _match(self, tx: dict[str, Any], watched: WatchSet, confirmations: int, height: int | None,
-               block_hash: str | None) -> Iterable[DetectedPayment]:
+    def _match(
+        self, tx: dict[str, Any], watched: WatchSet, confirmations: int, height: int | None, block_hash: str | None
+    ) -> Iterable[DetectedPayment]:
         for out in tx.get("vout", ()):
             script = out.get("scriptPubKey", {})
             address = script.get("address")
@@ -162,8 +167,9 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
             if address is None or address not in watched:
                 continue
             amount = int((Decimal(out["value"]) * 10**self.decimals).to_integral_exact())
-            yield DetectedPayment(f"{tx['txid']}:{out['n']}", address, amount, tx["txid"], confirmations, height,
-                                  block_hash)
+            yield DetectedPayment(
+                f"{tx['txid']}:{out['n']}", address, amount, tx["txid"], confirmations, height, block_hash
+            )
 
     async def scan_unconfirmed(
         self, watched: WatchSet, members: Sequence[DepositCoin]

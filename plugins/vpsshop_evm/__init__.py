@@ -46,8 +46,8 @@ from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, 
 from vpsshop.chains import (
     BlockCoin,
     BlockCursor,
-    JsonRpcClient,
     BlockScanConfig,
+    JsonRpcClient,
     RpcError,
     XpubCoin,
     XpubConfig,
@@ -104,7 +104,9 @@ class EvmCoinConfig(XpubConfig, BlockScanConfig):
     network: str = Field("ethereum", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="Shown as deposit_network.")
     chain_id: int | None = Field(None, ge=1, description="EIP-155 chain id; optional for the known networks.")
     confirmations: int = Field(12, ge=0, le=1000)
-    reorg_depth: int = Field(64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain.")
+    reorg_depth: int = Field(
+        64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain."
+    )
     max_blocks_per_scan: int = Field(20, ge=1, le=2000, description="Blocks read per scan call (one batch).")
 
     @model_validator(mode="after")
@@ -179,7 +181,7 @@ class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
 
     async def block_hashes(self, heights: Sequence[int]) -> dict[int, str]:
         blocks = await self.node.batch([("eth_getBlockByNumber", [hex(h), False]) for h in heights])
-        return {h: b["hash"] for h, b in zip(heights, blocks) if b}
+        return {h: b["hash"] for h, b in zip(heights, blocks, strict=True) if b}
 
     async def scan_blocks(
         self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
@@ -189,11 +191,12 @@ class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
         native = next((c for c in members if isinstance(c, EvmCoin) and not c.is_token), None)
         tokens = {c.contract_key: c for c in members if isinstance(c, EvmToken)}
         heights = range(after.height + 1, last + 1)
-        blocks = await self.node.batch([("eth_getBlockByNumber", [hex(h), native is not None]) for h in heights],
-                                       chunk=10)
+        blocks = await self.node.batch(
+            [("eth_getBlockByNumber", [hex(h), native is not None]) for h in heights], chunk=10
+        )
         hashes: dict[int, str] = {}
         previous = after.hash
-        for h, block in zip(heights, blocks):
+        for h, block in zip(heights, blocks, strict=True):
             if not block or (previous and block["parentHash"] != previous):
                 return after, []  # the chain moved while we read it: try again next pass
             hashes[h] = previous = block["hash"]
@@ -214,26 +217,37 @@ class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
                 if hashes.get(h) != log.get("blockHash"):
                     return after, []
                 identity = f"{log['transactionHash'].lower()}:{int(log['logIndex'], 16)}"
-                found.append((coin.code, DetectedPayment(identity, to, amount, log["transactionHash"].lower(),
-                                                         tip - h + 1, h, log["blockHash"])))
+                found.append(
+                    (
+                        coin.code,
+                        DetectedPayment(
+                            identity, to, amount, log["transactionHash"].lower(), tip - h + 1, h, log["blockHash"]
+                        ),
+                    )
+                )
         return BlockCursor(last, hashes[last]), found
 
     async def transfer_logs(self, first: int, last: int, contracts: list[str]) -> list[dict[str, Any]]:
         """The contracts' ``Transfer`` logs of blocks ``first..last``. A node or provider that refuses the
         range (too many results, range too wide) is asked again for each half."""
         try:
-            logs = await self.node.call("eth_getLogs", {"fromBlock": hex(first), "toBlock": hex(last),
-                                                        "address": contracts, "topics": [TRANSFER_TOPIC]})
+            logs = await self.node.call(
+                "eth_getLogs",
+                {"fromBlock": hex(first), "toBlock": hex(last), "address": contracts, "topics": [TRANSFER_TOPIC]},
+            )
         except RpcError:
             if first >= last:
                 raise
             middle = (first + last) // 2
-            return [*await self.transfer_logs(first, middle, contracts),
-                    *await self.transfer_logs(middle + 1, last, contracts)]
+            return [
+                *await self.transfer_logs(first, middle, contracts),
+                *await self.transfer_logs(middle + 1, last, contracts),
+            ]
         return list(logs or ())
 
-    async def match_block_transactions(self, blocks: list[dict[str, Any]], watched: WatchSet,
-                                       tip: int) -> list[DetectedPayment] | None:
+    async def match_block_transactions(
+        self, blocks: list[dict[str, Any]], watched: WatchSet, tip: int
+    ) -> list[DetectedPayment] | None:
         """Native transfers to watched addresses in ``blocks`` (full transactions) whose receipt succeeded.
 
         None when a receipt is missing or names another block: the chain moved while it was read."""
@@ -242,13 +256,14 @@ class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
             for tx in block["transactions"]:
                 to = (tx.get("to") or "").lower()
                 if to and to in watched and int(tx["value"], 16) > 0:
-                    candidates.append((tx["hash"].lower(), to, int(tx["value"], 16), int(block["number"], 16),
-                                       block["hash"]))
+                    candidates.append(
+                        (tx["hash"].lower(), to, int(tx["value"], 16), int(block["number"], 16), block["hash"])
+                    )
         if not candidates:
             return []
         receipts = await self.node.batch([("eth_getTransactionReceipt", [c[0]]) for c in candidates])
         found = []
-        for (txid, to, value, h, block_hash), receipt in zip(candidates, receipts):
+        for (txid, to, value, h, block_hash), receipt in zip(candidates, receipts, strict=True):
             if not receipt or receipt.get("blockHash") != block_hash:
                 return None
             if receipt.get("status") == "0x1":
@@ -304,8 +319,9 @@ class EvmToken(EvmCoin):
         return detail
 
 
-def match_transfer_log(log: dict[str, Any], watched: WatchSet,
-                       tokens: dict[str, EvmToken]) -> tuple[EvmToken, str, int] | None:
+def match_transfer_log(
+    log: dict[str, Any], watched: WatchSet, tokens: dict[str, EvmToken]
+) -> tuple[EvmToken, str, int] | None:
     """(token, recipient, amount) of an ERC-20 ``Transfer`` log to a watched address, else None."""
     topics = log.get("topics") or ()
     if log.get("removed") or len(topics) != 3 or topics[0] != TRANSFER_TOPIC:

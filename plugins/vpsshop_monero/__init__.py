@@ -30,19 +30,29 @@ from typing import Any, ClassVar, Literal
 import httpx
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, PluginError, ScanResult, WatchSet
-from vpsshop import hookimpl
+from vpsshop import (
+    DepositAddress,
+    DepositCoin,
+    DetectedPayment,
+    PaymentCheck,
+    PluginError,
+    ScanResult,
+    WatchSet,
+    hookimpl,
+)
 from vpsshop.chains import JsonRpcClient, NodeCoin, NodeConfig, RpcError
 from vpsshop_monero.addresses import MoneroKeyError, ViewWallet
 
 # A stagenet wallet made for the sandbox from the published seed text
 # "vpsshop sandbox: public test wallet, never send real funds" (spend key = Hs(text)): public keys.
-SANDBOX_ADDRESS = (
-    "59x87tTBFSVGC1igPsoBAci1Zr39cAfZNGQKHDT2wi7pT2j5HFi48HhSoCQ5EakoWC5tC2st6tQbsRzrdhkGQ7xoJZq1VVM"
-)
+SANDBOX_ADDRESS = "59x87tTBFSVGC1igPsoBAci1Zr39cAfZNGQKHDT2wi7pT2j5HFi48HhSoCQ5EakoWC5tC2st6tQbsRzrdhkGQ7xoJZq1VVM"
 SANDBOX_VIEW_KEY = "14e73c28e8a94403146b0d6dfdeae0b6c8fa517c3a640c188d95d00f5f73bc0a"
-NETWORK_NAMES = {"mainnet": "monero", "stagenet": "monero-stagenet", "testnet": "monero-testnet",
-                 "regtest": "monero-regtest"}
+NETWORK_NAMES = {
+    "mainnet": "monero",
+    "stagenet": "monero-stagenet",
+    "testnet": "monero-testnet",
+    "regtest": "monero-regtest",
+}
 REORG_MARGIN = 10
 """Blocks below the cursor re-read each scan, so a transfer moved by a short reorg is seen again."""
 
@@ -51,8 +61,11 @@ class MoneroConfig(NodeConfig):
     address: str = Field(description="Primary address of the view-only wallet.")
     view_key: SecretStr = Field(description="Secret view key, 64 hex digits. Cannot spend.")
     network: Literal["mainnet", "stagenet", "testnet", "regtest"] = "mainnet"
-    rpc_url: str | None = Field(None, validation_alias=AliasChoices("wallet_rpc_url"),
-                                description="monero-wallet-rpc JSON-RPC URL (…/json_rpc).")
+    rpc_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("wallet_rpc_url"),
+        description="monero-wallet-rpc JSON-RPC URL (…/json_rpc).",
+    )
     rpc_user: str | None = None
     rpc_password: SecretStr | None = None
     account_index: int = Field(0, ge=0, description="Wallet account whose subaddresses are handed out.")
@@ -60,7 +73,7 @@ class MoneroConfig(NodeConfig):
     timeout_seconds: float = Field(20, gt=0, le=300)
 
     @model_validator(mode="after")
-    def _check_keys(self) -> "MoneroConfig":
+    def _check_keys(self) -> MoneroConfig:
         try:
             wallet = ViewWallet(self.address, self.view_key.get_secret_value())
         except MoneroKeyError as exc:
@@ -91,8 +104,11 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
 
     def connect(self, url: str) -> JsonRpcClient:
         cfg = self.config
-        auth = httpx.DigestAuth(cfg.rpc_user, cfg.rpc_password.get_secret_value() if cfg.rpc_password else "") \
-            if cfg.rpc_user else None
+        auth = (
+            httpx.DigestAuth(cfg.rpc_user, cfg.rpc_password.get_secret_value() if cfg.rpc_password else "")
+            if cfg.rpc_user
+            else None
+        )
         return JsonRpcClient(url, named=True, name=self.node_name, timeout=cfg.timeout_seconds, auth=auth)
 
     @classmethod
@@ -141,9 +157,14 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
             pass  # a refresh already running: get_transfers still answers from what is scanned
         height = int((await rpc.call("get_height"))["height"])
         start = int(cursor) if cursor is not None else height
-        answer = await rpc.call("get_transfers", **{"in": True, "pool": True}, account_index=self.cfg.account_index,
-                                filter_by_height=True, min_height=max(start - REORG_MARGIN, 0),
-                                max_height=height + 1_000_000)
+        answer = await rpc.call(
+            "get_transfers",
+            **{"in": True, "pool": True},
+            account_index=self.cfg.account_index,
+            filter_by_height=True,
+            min_height=max(start - REORG_MARGIN, 0),
+            max_height=height + 1_000_000,
+        )
         found = []
         for kind in ("in", "pool"):
             for transfer in answer.get(kind, ()):
@@ -162,8 +183,12 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
         txid = transfer["txid"]
         height = int(transfer.get("height") or 0) or None
         return DetectedPayment(
-            identity=f"{txid}:{index['major']}:{index['minor']}", watch_key=key, amount_atomic=int(transfer["amount"]),
-            txid=txid, confirmations=int(transfer.get("confirmations") or 0) if height else 0, block_height=height,
+            identity=f"{txid}:{index['major']}:{index['minor']}",
+            watch_key=key,
+            amount_atomic=int(transfer["amount"]),
+            txid=txid,
+            confirmations=int(transfer.get("confirmations") or 0) if height else 0,
+            block_height=height,
         )
 
     async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
@@ -177,15 +202,19 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
                 checks.append(PaymentCheck(payment.identity, False))
                 continue
             transfers = answer.get("transfers") or [answer.get("transfer", {})]
-            mine = [t for t in transfers if str((t.get("subaddr_index") or {}).get("minor")) == minor
-                    and t.get("type") in ("in", "pool")]
+            mine = [
+                t
+                for t in transfers
+                if str((t.get("subaddr_index") or {}).get("minor")) == minor and t.get("type") in ("in", "pool")
+            ]
             if not mine:
                 checks.append(PaymentCheck(payment.identity, False))
                 continue
             t = mine[0]
             height = int(t.get("height") or 0) or None
-            checks.append(PaymentCheck(payment.identity, True,
-                                       int(t.get("confirmations") or 0) if height else 0, height, None))
+            checks.append(
+                PaymentCheck(payment.identity, True, int(t.get("confirmations") or 0) if height else 0, height, None)
+            )
         return checks
 
     async def node_ready(self) -> str:

@@ -53,17 +53,17 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from vpsshop import (
     ConfigError,
     DepositAddress,
-    Readiness,
     DepositCoin,
     DetectedPayment,
     PaymentCheck,
     PluginError,
+    Readiness,
     ScanResult,
     ShopSecrets,
     WatchSet,
     hookimpl,
 )
-from vpsshop.chains import JsonRpcClient, KeyFormatError, BlockScanConfig, NodeCoin, RpcError, b58decode, b58encode
+from vpsshop.chains import BlockScanConfig, JsonRpcClient, KeyFormatError, NodeCoin, RpcError, b58decode, b58encode
 
 SANDBOX_MNEMONIC = "abandon " * 11 + "about"
 """The BIP-39 test mnemonic: public, so its keys are only for the sandbox (devnet)."""
@@ -159,13 +159,17 @@ def transfer_transaction(key: DepositKey, to: bytes, lamports: int, recent_block
 
 class SolanaConfig(BlockScanConfig):
     seed_encrypted: SecretStr | None = Field(
-        None, description="Fernet(encryption_key) token of the deposit mnemonic (python -m vpsshop_solana "
-                          "encrypt-mnemonic). Required outside the sandbox.")
+        None,
+        description="Fernet(encryption_key) token of the deposit mnemonic (python -m vpsshop_solana "
+        "encrypt-mnemonic). Required outside the sandbox.",
+    )
     network: str = Field("solana", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
     confirmations: int = Field(FINALIZED, ge=1, le=FINALIZED, description="Confirmed blocks on top; 32 = finalized.")
     sweep_to: str | None = Field(None, description="Address Solana.sweep moves deposits to.")
     start_block: int | None = Field(None, ge=0, validation_alias=AliasChoices("start_slot"))
-    reorg_depth: int = Field(150, ge=1, le=10_000, description="Slots rescanned when the cursor's block left the chain.")
+    reorg_depth: int = Field(
+        150, ge=1, le=10_000, description="Slots rescanned when the cursor's block left the chain."
+    )
     max_blocks_per_scan: int = Field(100, ge=1, le=5000, validation_alias=AliasChoices("max_slots_per_scan"))
     timeout_seconds: float = Field(20, gt=0, le=300)
 
@@ -251,8 +255,11 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
 
     async def _block_hash(self, slot: int) -> str | None:
         try:
-            block = await self.node.call("getBlock", slot, {"encoding": "json", "transactionDetails": "none",
-                                                               "rewards": False, "commitment": "confirmed"})
+            block = await self.node.call(
+                "getBlock",
+                slot,
+                {"encoding": "json", "transactionDetails": "none", "rewards": False, "commitment": "confirmed"},
+            )
         except RpcError as exc:
             if exc.code in SKIPPED_SLOT_CODES or exc.code == BLOCK_NOT_AVAILABLE:
                 return None
@@ -279,9 +286,17 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
         found: list[tuple[str, DetectedPayment]] = []
         for slot in slots or ():
             try:
-                block = await node.call("getBlock", slot, {
-                    "encoding": "json", "transactionDetails": "accounts", "rewards": False,
-                    "maxSupportedTransactionVersion": 0, "commitment": "confirmed"})
+                block = await node.call(
+                    "getBlock",
+                    slot,
+                    {
+                        "encoding": "json",
+                        "transactionDetails": "accounts",
+                        "rewards": False,
+                        "maxSupportedTransactionVersion": 0,
+                        "commitment": "confirmed",
+                    },
+                )
             except RpcError as exc:
                 if exc.code == BLOCK_NOT_AVAILABLE:
                     # Listed by getBlocks, so it exists: this backend cannot serve it yet. Stop before it.
@@ -302,7 +317,7 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
             part = payments[start : start + 256]
             answer = await node.call("getSignatureStatuses", [p.txid for p in part], {"searchTransactionHistory": True})
             node_slot = int((answer.get("context") or {}).get("slot", 0))
-            for payment, status in zip(part, answer["value"]):
+            for payment, status in zip(part, answer["value"], strict=True):
                 if status is None and await self._still_in_its_block(payment, node_slot):
                     # The block is there but this node does not know the signature yet (a lagging
                     # backend): kept, no confirmations counted.
@@ -317,8 +332,9 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
                     confirmations = min(int(status["confirmations"]) + 1, FINALIZED - 1)
                 slot = int(status["slot"])
                 same = slot == payment.block_height
-                checks.append(PaymentCheck(payment.identity, True, confirmations, slot,
-                                           payment.block_hash if same else None))
+                checks.append(
+                    PaymentCheck(payment.identity, True, confirmations, slot, payment.block_hash if same else None)
+                )
         return checks
 
     async def _still_in_its_block(self, payment: DetectedPayment, node_slot: int) -> bool:
@@ -353,10 +369,14 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
                 results.append(SweepResult(index, key.address, 0, None))
                 continue
             latest = await node.call("getLatestBlockhash", {"commitment": "confirmed"})
-            raw = transfer_transaction(key, to, lamports - LAMPORTS_PER_SIGNATURE,
-                                       b58decode(latest["value"]["blockhash"]))
-            signature = await node.call("sendTransaction", base64.b64encode(raw).decode(),
-                                        {"encoding": "base64", "preflightCommitment": "confirmed"})
+            raw = transfer_transaction(
+                key, to, lamports - LAMPORTS_PER_SIGNATURE, b58decode(latest["value"]["blockhash"])
+            )
+            signature = await node.call(
+                "sendTransaction",
+                base64.b64encode(raw).decode(),
+                {"encoding": "base64", "preflightCommitment": "confirmed"},
+            )
             results.append(SweepResult(index, key.address, lamports - LAMPORTS_PER_SIGNATURE, str(signature)))
         return results
 
@@ -391,8 +411,17 @@ def match_block(block: dict[str, Any], slot: int, watched: WatchSet) -> list[Det
         for i, key in enumerate(keys):
             pubkey = key["pubkey"] if isinstance(key, dict) else key
             if pubkey in watched and i < len(pre) and i < len(post) and post[i] > pre[i]:
-                found.append(DetectedPayment(f"{signature}:{pubkey}", pubkey, int(post[i]) - int(pre[i]), signature,
-                                             1, slot, block["blockhash"]))
+                found.append(
+                    DetectedPayment(
+                        f"{signature}:{pubkey}",
+                        pubkey,
+                        int(post[i]) - int(pre[i]),
+                        signature,
+                        1,
+                        slot,
+                        block["blockhash"],
+                    )
+                )
     return found
 
 

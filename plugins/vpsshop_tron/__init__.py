@@ -51,9 +51,9 @@ from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PluginError, W
 from vpsshop.chains import (
     BlockCoin,
     BlockCursor,
+    BlockScanConfig,
     HttpJsonClient,
     KeyFormatError,
-    BlockScanConfig,
     RpcError,
     XpubCoin,
     XpubConfig,
@@ -98,8 +98,11 @@ def hex_to_address(hex_address: str) -> str:
 
 class TronCoinConfig(XpubConfig, BlockScanConfig):
     network: str = Field("tron", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="tron (mainnet), nile, shasta.")
-    rpc_url: str | None = Field(None, validation_alias=AliasChoices("api_url"),
-                                description="HTTP API of a java-tron full node (or TronGrid); none: addresses only.")
+    rpc_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("api_url"),
+        description="HTTP API of a java-tron full node (or TronGrid); none: addresses only.",
+    )
     api_key: SecretStr | None = Field(None, description="Sent as TRON-PRO-API-KEY (TronGrid).")
     confirmations: int = Field(20, ge=0, le=1000)
     reorg_depth: int = Field(30, ge=1, le=10_000)
@@ -152,8 +155,12 @@ class TronCoin(XpubCoin[TronCoinConfig], BlockCoin[TronCoinConfig, TronApi]):
 
     def connect(self, url: str) -> TronApi:
         key = self.config.api_key.get_secret_value() if self.config.api_key else None
-        return TronApi(url.rstrip("/"), name=self.node_name, timeout=self.config.timeout_seconds,
-                       headers={"TRON-PRO-API-KEY": key} if key else None)
+        return TronApi(
+            url.rstrip("/"),
+            name=self.node_name,
+            timeout=self.config.timeout_seconds,
+            headers={"TRON-PRO-API-KEY": key} if key else None,
+        )
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -199,8 +206,9 @@ class TronCoin(XpubCoin[TronCoinConfig], BlockCoin[TronCoinConfig, TronApi]):
         position = after
         for h in range(after.height + 1, last + 1):
             block = await self.node.block(h)
-            if block is None or (position.hash and
-                                 block["block_header"]["raw_data"].get("parentHash") != position.hash):
+            if block is None or (
+                position.hash and block["block_header"]["raw_data"].get("parentHash") != position.hash
+            ):
                 break  # the chain moved while we read it: stop here, the next call checks the cursor
             confirmations = tip - h + 1
             if native is not None:
@@ -232,6 +240,7 @@ class TronToken(TronCoin):
         """``tron:<address>?token=<contract>&amount=<units>``."""
         return f"tron:{address}?token={self.contract}&amount={_plain(amount_atomic, self.decimals)}"
 
+
 def _plain(amount_atomic: int, decimals: int) -> str:
     text = format(Decimal(amount_atomic).scaleb(-decimals), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
@@ -256,8 +265,9 @@ def match_trx_transfers(block: dict[str, Any], watched: WatchSet, confirmations:
     return found
 
 
-def match_token_logs(infos: Any, block: dict[str, Any], watched: WatchSet, tokens: dict[str, TronToken],
-                     confirmations: int) -> list[tuple[str, DetectedPayment]]:
+def match_token_logs(
+    infos: Any, block: dict[str, Any], watched: WatchSet, tokens: dict[str, TronToken], confirmations: int
+) -> list[tuple[str, DetectedPayment]]:
     """TRC-20 ``Transfer`` logs to watched addresses in a block's transaction infos."""
     if isinstance(infos, dict):  # java-tron answers {} for a block without transactions
         infos = infos.get("transactionInfo") or []
@@ -281,8 +291,9 @@ def match_token_logs(infos: Any, block: dict[str, Any], watched: WatchSet, token
             amount = int(log.get("data") or "0", 16)
             if amount > 0:
                 identity = f"{info['id']}:{index}"
-                found.append((token.code, DetectedPayment(identity, to, amount, info["id"], confirmations, h,
-                                                          block["blockID"])))
+                found.append(
+                    (token.code, DetectedPayment(identity, to, amount, info["id"], confirmations, h, block["blockID"]))
+                )
     return found
 
 
