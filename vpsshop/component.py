@@ -64,6 +64,7 @@ class ShopSecrets:
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+"""The settings model of a component: ``class MySource(RateSource[MyConfig])``."""
 
 
 class Component(Generic[ConfigT]):
