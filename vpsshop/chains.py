@@ -78,6 +78,7 @@ __all__ = [
     "keccak256",
     "keccak_address",
     "p2wpkh_address",
+    "to_checksum_address",
 ]
 
 
@@ -100,6 +101,16 @@ def endpoint_id(url: str) -> str:
 def keccak256(data: bytes) -> bytes:
     """Keccak-256 (the pre-standard SHA-3 Ethereum and TRON use)."""
     return keccak.new(digest_bits=256, data=data).digest()
+
+
+def to_checksum_address(address_hex: str) -> str:
+    """The EIP-55 mixed-case spelling of a 20-byte hex address (with or without ``0x``), as EVM
+    chains show addresses. :raises ValueError: not 20 bytes of hex."""
+    lower = address_hex.lower().removeprefix("0x")
+    if len(lower) != 40 or any(c not in "0123456789abcdef" for c in lower):
+        raise ValueError(f"not a 20-byte hex address: {address_hex!r}")
+    digest = keccak256(lower.encode()).hex()
+    return "0x" + "".join(c.upper() if c.isalpha() and int(digest[i], 16) >= 8 else c for i, c in enumerate(lower))
 
 
 def keccak_address(uncompressed: bytes) -> bytes:

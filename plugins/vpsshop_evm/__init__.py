@@ -52,8 +52,8 @@ from vpsshop.chains import (
     XpubCoin,
     XpubConfig,
     endpoint_id,
-    keccak256,
     keccak_address,
+    to_checksum_address,
 )
 
 # Account key m/44'/60'/0' of the BIP-39 test mnemonic "abandon x11 about": public, well known, and
@@ -69,15 +69,6 @@ TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523
 """keccak256("Transfer(address,address,uint256)")"""
 DECIMALS_SELECTOR = "0x313ce567"
 """keccak256("decimals()")[:4]"""
-
-
-def to_checksum_address(address_hex: str) -> str:
-    """EIP-55 mixed-case checksum of a 20-byte hex address (with or without ``0x``)."""
-    lower = address_hex.lower().removeprefix("0x")
-    if len(lower) != 40 or any(c not in "0123456789abcdef" for c in lower):
-        raise ValueError(f"not a 20-byte hex address: {address_hex!r}")
-    digest = keccak256(lower.encode()).hex()
-    return "0x" + "".join(c.upper() if c.isalpha() and int(digest[i], 16) >= 8 else c for i, c in enumerate(lower))
 
 
 def public_key_to_address(uncompressed: bytes) -> str:

@@ -32,8 +32,8 @@ from vpsshop.chains import (
     JsonRpcClient,
     XpubCoin,
     XpubConfig,
-    keccak256,
     keccak_address,
+    to_checksum_address,
 )
 
 CHAIN_IDS = {"gnosis": 100, "chiado": 10200}
@@ -41,13 +41,6 @@ CHAIN_IDS = {"gnosis": 100, "chiado": 10200}
 SANDBOX_XPUB = (
     "xpub6DCoCpSuQZB2jawqnGMEPS63ePKWkwWPH4TU45Q7LPXWuNd8TMtVxRrgjtEshuqpK3mdhaWHPFsBngh5GFZaM6si3yZdUsT8ddYM3PwnATt"
 )
-
-
-def checksum_address(account: bytes) -> str:
-    """EIP-55 spelling of a 20-byte account."""
-    lower = account.hex()
-    digest = keccak256(lower.encode()).hex()
-    return "0x" + "".join(c.upper() if c.isalpha() and int(digest[i], 16) >= 8 else c for i, c in enumerate(lower))
 
 
 class XdaiConfig(XpubConfig, BlockScanConfig):
@@ -83,7 +76,7 @@ class Xdai(XpubCoin[XdaiConfig], BlockCoin[XdaiConfig, JsonRpcClient]):
         return self.config.network
 
     def derive_address(self, index: int) -> DepositAddress:
-        address = checksum_address(keccak_address(self.receive.child(index).uncompressed()))
+        address = to_checksum_address(keccak_address(self.receive.child(index).uncompressed()).hex())
         return DepositAddress(address, index, address.lower())
 
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
