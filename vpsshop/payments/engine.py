@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from vpsshop import events, ledger
-from vpsshop.coins import DepositCoin, PaymentCheck, X402Coin
+from vpsshop.coins import DepositCoin, PaymentCheck, PaymentCoin, X402Coin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
 from vpsshop.events.resources import emit_payment_credited, topup_data
@@ -98,7 +98,7 @@ class PaymentEngine:
             return max(ranked)[2]
         return next(iter(self.ctx.coins), None)
 
-    def coin(self, code: str | None) -> Any:
+    def coin(self, code: str | None) -> PaymentCoin[Any]:
         """The enabled coin ``code`` (the default when None). :raises BadRequest: invalid_coin."""
         if code is None:
             code = self.default_coin
