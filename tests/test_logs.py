@@ -58,7 +58,7 @@ def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_pat
         assert metrics.status_code == 200
         # The node's failures were logged (so the scrubbing below was exercised).
         deadline = time.monotonic() + 30
-        while "127.0.0.1:%d" % dead_node not in w.output() + api.output():
+        while f"127.0.0.1:{dead_node}" not in w.output() + api.output():
             assert time.monotonic() < deadline, w.output()
             time.sleep(0.3)
         time.sleep(0.5)  # the access log writes in batches

@@ -86,7 +86,7 @@ def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_p
         assert value(final, "vpsshop_http_requests_total", route="/v1/servers/{id}", method="GET",
                      status="200") >= 1
         assert value(final, "vpsshop_http_request_duration_seconds_count", route="/v1/topups", method="POST") == 1
-        assert not any("/servers/%d" % sid in str(k) for k in final)
+        assert not any(f"/servers/{sid}" in str(k) for k in final)
         # Top-ups by coin and state; USD credited; orders and renewals (from the database).
         assert value(final, "vpsshop_topups", coin="BTC", status="pending") == 1
         assert value(before, "vpsshop_credited_usd_total", reason="admin_credit") == 0
@@ -124,7 +124,8 @@ def _access_rules(base: str) -> None:
     # From loopback, straight to the service: open. Through a proxy (X-Forwarded-For): the token is needed.
     assert httpx.get(url).status_code == 200
     assert httpx.get(url, headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404
-    assert httpx.get(url, headers={"X-Forwarded-For": "203.0.113.9", "Authorization": "Bearer wrong"}).status_code == 404
+    wrong = {"X-Forwarded-For": "203.0.113.9", "Authorization": "Bearer wrong"}
+    assert httpx.get(url, headers=wrong).status_code == 404
     assert httpx.get(url, headers={"X-Forwarded-For": "203.0.113.9",
                                    "Authorization": f"Bearer {METRICS_TOKEN}"}).status_code == 200
     # Not part of the API: not in the OpenAPI document.

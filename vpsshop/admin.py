@@ -54,7 +54,8 @@ def lookup(ctx: AppContext, query: str) -> dict[str, Any]:
     with ctx.db.engine.connect() as conn:
         account_id, how = None, ""
         if q.isdigit():
-            account_id, how = conn.execute(sa.text("SELECT id FROM accounts WHERE id = :q"), {"q": int(q)}).scalar(), "id"
+            account_id = conn.execute(sa.text("SELECT id FROM accounts WHERE id = :q"), {"q": int(q)}).scalar()
+            how = "id"
         for sql, name in (
             ("SELECT account_id FROM api_keys WHERE prefix = :q OR :q LIKE prefix || '%'", "key prefix"),
             ("SELECT account_id FROM topups WHERE ref = :q", "top-up ref"),
@@ -64,9 +65,10 @@ def lookup(ctx: AppContext, query: str) -> dict[str, Any]:
             if account_id is None:
                 account_id, how = conn.execute(sa.text(sql), {"q": q}).scalar(), name
         if account_id is None:
-            raise AdminError(f"nothing matches {q!r} (tried account id, key prefix, top-up ref, deposit address, tx hash)")
-        account = conn.execute(sa.text("SELECT id, balance_micros, created_at, totp_enabled FROM accounts WHERE id = :a"),
-                               {"a": account_id}).one()
+            raise AdminError(f"nothing matches {q!r} (tried account id, key prefix, top-up ref, deposit address, "
+                             "tx hash)")
+        account = conn.execute(sa.text(
+            "SELECT id, balance_micros, created_at, totp_enabled FROM accounts WHERE id = :a"), {"a": account_id}).one()
         servers = [dict(r._mapping) for r in conn.execute(sa.text(
             "SELECT id, status, plan, hostname, ip, expires_at FROM servers WHERE account_id = :a ORDER BY id"),
             {"a": account_id})]
@@ -152,7 +154,8 @@ def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
         else:
             if job.status not in ("queued", "failed"):
                 raise AdminError(f"job {job_id} is {job.status}: only a queued or failed job can be cancelled")
-            values = dict(status="cancelled", finished_at=now, locked_until=None, last_error=f"cancelled: {reason}"[:500])
+            values = {"status": "cancelled", "finished_at": now, "locked_until": None,
+                      "last_error": f"cancelled: {reason}"[:500]}
         moved = session.execute(sa.update(ServerJob).where(ServerJob.id == job_id, ServerJob.status == job.status)
                                 .values(**values)).rowcount
         if moved != 1:

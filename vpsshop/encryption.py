@@ -36,7 +36,7 @@ ENCRYPTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 """(table, primary key, column) of every secret stored encrypted with the shop's keys."""
 
 
-def fernet(ctx: "AppContext") -> MultiFernet:
+def fernet(ctx: AppContext) -> MultiFernet:
     """A ``MultiFernet`` of ``encryption_key`` then ``old_encryption_keys`` (built once per context).
 
     :raises ConfigError: a key is not a Fernet key.
@@ -59,11 +59,11 @@ def fernet(ctx: "AppContext") -> MultiFernet:
     return cached
 
 
-def encrypt_text(ctx: "AppContext", text: str) -> str:
+def encrypt_text(ctx: AppContext, text: str) -> str:
     return fernet(ctx).encrypt(text.encode()).decode()
 
 
-def decrypt_text(ctx: "AppContext", token: str, what: str = "secret") -> str:
+def decrypt_text(ctx: AppContext, token: str, what: str = "secret") -> str:
     """The clear text. :raises ValueError: the column was not written with this key."""
     try:
         return fernet(ctx).decrypt(token.encode()).decode()
@@ -72,7 +72,7 @@ def decrypt_text(ctx: "AppContext", token: str, what: str = "secret") -> str:
                          "or old_encryption_keys") from None
 
 
-def rotate_stored_secrets(ctx: "AppContext", batch: int = 500) -> dict[str, int]:
+def rotate_stored_secrets(ctx: AppContext, batch: int = 500) -> dict[str, int]:
     """Re-encrypt every stored secret with ``encryption_key``. Returns rows rewritten per table.
 
     :raises ValueError: a stored secret decrypts with none of the configured keys (nothing of that

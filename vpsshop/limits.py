@@ -66,7 +66,9 @@ def limiter(ctx: AppContext) -> RateLimiter:
         backend = ctx.settings.ratelimit.backend
         if backend == "auto":
             backend = "database" if ctx.db.dialect == "postgresql" else "memory"
-        clock = lambda: ctx.clock.now().timestamp()
+        def clock() -> float:
+            return ctx.clock.now().timestamp()
+
         cached = DatabaseRateLimiter(ctx.db, clock=clock) if backend == "database" else MemoryRateLimiter(clock)
         ctx.extras["limits.limiter"] = cached
     return cached

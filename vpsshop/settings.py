@@ -3,7 +3,8 @@
 Where settings come from, first match wins:
 
 1. environment variables: ``VPSSHOP_DATABASE_URL``, ``VPSSHOP_SECRET_KEY``,
-   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_OLD_ENCRYPTION_KEYS`` (comma-separated), ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
+   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_OLD_ENCRYPTION_KEYS`` (comma-separated),
+   ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
    ``VPSSHOP__SECTION__KEY`` (``VPSSHOP__COINS__BTC__XPUB=zpub...``);
 2. the TOML file given by ``--config``, ``VPSSHOP_CONFIG``, or ``./vpsshop.toml`` if it exists;
 3. in the sandbox only, sandbox values.
