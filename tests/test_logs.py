@@ -63,7 +63,7 @@ def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_pat
             time.sleep(0.3)
         time.sleep(0.5)  # the access log writes in batches
     output = api.output() + w.output() + credit.stdout + credit.stderr
-    for secret in secrets + ["vpsl_wrong-token-0000", "vpsk_guessed-key"]:
+    for secret in [*secrets, "vpsl_wrong-token-0000", "vpsk_guessed-key"]:
         assert secret and secret not in output, f"a secret ({secret[:6]}...) is in the logs"
     # Every access line is JSON with a request id, the route and (when authenticated) the account.
     access = [json.loads(line) for line in api.output().splitlines() if '"log":"access"' in line]
