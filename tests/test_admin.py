@@ -30,8 +30,11 @@ def _until(read, want: str, timeout: float = 60) -> None:
 
 
 def test_admin_tools_act_through_ledger_and_queue_with_audit(vpsshop_database_url, tmp_path: Path):
-    env = shop_env(vpsshop_database_url, VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
-                   VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5")
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
+    )
     with serve(tmp_path, env, "--no-worker") as api:
         created = httpx.post(f"{api.base}/account").json()
         uid = str(created["user_id"])
@@ -72,6 +75,13 @@ def test_admin_tools_act_through_ledger_and_queue_with_audit(vpsshop_database_ur
             assert _status(api, sid, headers) == "terminated"
         entries = json.loads(admin(env, tmp_path, "audit").stdout)
         assert [e["action"] for e in entries][::-1] == [
-            "admin_credit", "cancel_job", "retry_job", "admin_debit", "suspend", "unsuspend", "terminate"]
+            "admin_credit",
+            "cancel_job",
+            "retry_job",
+            "admin_debit",
+            "suspend",
+            "unsuspend",
+            "terminate",
+        ]
         assert all(e["actor"] and e["reason"] for e in entries)
         assert "--reason" in admin(env, tmp_path, "suspend", str(sid)).stderr  # a reason is required

@@ -34,9 +34,15 @@ def _ledger(url: str) -> list[tuple]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(sa.text(
-                "SELECT id, account_id, amount_micros, balance_after_micros, reason, memo FROM ledger_entries "
-                "ORDER BY id"))]
+            return [
+                tuple(row)
+                for row in conn.execute(
+                    sa.text(
+                        "SELECT id, account_id, amount_micros, balance_after_micros, reason, memo FROM ledger_entries "
+                        "ORDER BY id"
+                    )
+                )
+            ]
     finally:
         engine.dispose()
 
@@ -46,13 +52,20 @@ def _vpsshop(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Completed
 
 
 def test_restore_into_a_fresh_database_keeps_everything(vpsshop_database_url, tmp_path: Path):
-    env = shop_env(vpsshop_database_url, VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
-                   VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5")
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
+    )
     with serve(tmp_path, env, "--no-worker") as api, worker(tmp_path, env):
         created = httpx.post(f"{api.base}/account").json()
         headers = {"Authorization": f"Bearer {created['api_key']}"}
-        assert _vpsshop(env, tmp_path, "admin", "credit", str(created["user_id"]), "40", "--reason",
-                        "backup test").returncode == 0
+        assert (
+            _vpsshop(
+                env, tmp_path, "admin", "credit", str(created["user_id"]), "40", "--reason", "backup test"
+            ).returncode
+            == 0
+        )
         sid = httpx.post(f"{api.base}/servers", headers=headers, json=ORDER).json()["server"]["id"]
         deadline = time.monotonic() + 60
         while httpx.get(f"{api.base}/servers/{sid}", headers=headers).json()["status"] != "active":

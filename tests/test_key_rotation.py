@@ -21,21 +21,37 @@ def _stored(url: str) -> list[str]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return [row[0] for row in conn.execute(sa.text(
-                "SELECT root_password_enc FROM servers WHERE root_password_enc IS NOT NULL UNION ALL "
-                "SELECT secret_enc FROM webhook_endpoints"))]
+            return [
+                row[0]
+                for row in conn.execute(
+                    sa.text(
+                        "SELECT root_password_enc FROM servers WHERE root_password_enc IS NOT NULL UNION ALL "
+                        "SELECT secret_enc FROM webhook_endpoints"
+                    )
+                )
+            ]
     finally:
         engine.dispose()
 
 
 def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path):
-    env = shop_env(vpsshop_database_url, VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
-                   VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5")
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
+    )
     with serve(tmp_path, env, "--no-worker") as api, worker(tmp_path, env):
         created = httpx.post(f"{api.base}/account").json()
         headers = {"Authorization": f"Bearer {created['api_key']}"}
-        assert subprocess.run([VPSSHOP, "admin", "credit", str(created["user_id"]), "40", "--reason", "rotation"],
-                              cwd=tmp_path, env=env, timeout=60).returncode == 0
+        assert (
+            subprocess.run(
+                [VPSSHOP, "admin", "credit", str(created["user_id"]), "40", "--reason", "rotation"],
+                cwd=tmp_path,
+                env=env,
+                timeout=60,
+            ).returncode
+            == 0
+        )
         sids = [httpx.post(f"{api.base}/servers", headers=headers, json=ORDER).json()["server"]["id"] for _ in range(2)]
         hook = httpx.post(f"{api.base}/webhooks", headers=headers, json={"url": "https://example.com/hook"})
         assert hook.status_code == 201, hook.text
@@ -43,8 +59,9 @@ def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path
         while any(httpx.get(f"{api.base}/servers/{sid}", headers=headers).json()["status"] != "active" for sid in sids):
             assert time.monotonic() < deadline
             time.sleep(0.3)
-        passwords = {sid: httpx.get(f"{api.base}/servers/{sid}/credentials", headers=headers).json()["password"]
-                     for sid in sids}
+        passwords = {
+            sid: httpx.get(f"{api.base}/servers/{sid}/credentials", headers=headers).json()["password"] for sid in sids
+        }
 
     # Step 1: the new key first, the old one still listed; restart the processes with both.
     rotated_env = {**env, "VPSSHOP_ENCRYPTION_KEY": NEW_KEY, "VPSSHOP_OLD_ENCRYPTION_KEYS": TEST_ENCRYPTION_KEY}
@@ -52,8 +69,14 @@ def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path
         for sid, password in passwords.items():  # old secrets decrypt with the old key
             assert httpx.get(f"{api.base}/servers/{sid}/credentials", headers=headers).json()["password"] == password
         # Step 2: re-encrypt while this shop answers requests.
-        rotation = subprocess.Popen([VPSSHOP, "admin", "rotate-keys"], cwd=tmp_path, env=rotated_env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rotation = subprocess.Popen(
+            [VPSSHOP, "admin", "rotate-keys"],
+            cwd=tmp_path,
+            env=rotated_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         while rotation.poll() is None:
             for sid, password in passwords.items():
                 got = httpx.get(f"{api.base}/servers/{sid}/credentials", headers=headers)
@@ -77,6 +100,7 @@ def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path
             assert httpx.get(f"{api.base}/servers/{sid}/credentials", headers=headers).json()["password"] == password
     # A secret that no configured key decrypts stops the rotation with a remedy and changes nothing.
     wrong = {**env, "VPSSHOP_ENCRYPTION_KEY": Fernet.generate_key().decode()}
-    failed = subprocess.run([VPSSHOP, "admin", "rotate-keys"], cwd=tmp_path, env=wrong, capture_output=True,
-                            text=True, timeout=60)
+    failed = subprocess.run(
+        [VPSSHOP, "admin", "rotate-keys"], cwd=tmp_path, env=wrong, capture_output=True, text=True, timeout=60
+    )
     assert failed.returncode == 1 and "none of the configured keys" in failed.stderr

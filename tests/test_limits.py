@@ -19,10 +19,15 @@ def _limited(response: httpx.Response) -> None:
 
 
 def test_limits_hold_across_two_serve_processes(vpsshop_database_url, tmp_path: Path):
-    env = shop_env(vpsshop_database_url, VPSSHOP__RATELIMIT__BACKEND="database",  # auto would be memory on SQLite
-                   VPSSHOP__RATELIMIT__SIGNUPS_PER_CLIENT="3", VPSSHOP__RATELIMIT__WRITES_PER_ACCOUNT="4",
-                   VPSSHOP__RATELIMIT__AUTH_FAILURES_PER_CLIENT="3", VPSSHOP__RATELIMIT__MAX_SERVERS_PER_ACCOUNT="1",
-                   VPSSHOP__RATELIMIT__MAX_OPEN_TOPUPS_PER_ACCOUNT="1")
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__RATELIMIT__BACKEND="database",  # auto would be memory on SQLite
+        VPSSHOP__RATELIMIT__SIGNUPS_PER_CLIENT="3",
+        VPSSHOP__RATELIMIT__WRITES_PER_ACCOUNT="4",
+        VPSSHOP__RATELIMIT__AUTH_FAILURES_PER_CLIENT="3",
+        VPSSHOP__RATELIMIT__MAX_SERVERS_PER_ACCOUNT="1",
+        VPSSHOP__RATELIMIT__MAX_OPEN_TOPUPS_PER_ACCOUNT="1",
+    )
     with serve(tmp_path, env, "--no-worker", name="a") as a, serve(tmp_path, env, "--no-worker", name="b") as b:
         # Sign-ups per client address, counted across both processes.
         accounts = [httpx.post(f"{(a, b)[i % 2].base}/account") for i in range(3)]
@@ -36,8 +41,14 @@ def test_limits_hold_across_two_serve_processes(vpsshop_database_url, tmp_path: 
         _limited(httpx.post(f"{b.base}/topups", headers=keys[0], json={"amount": 25, "coin": "ETH"}))
 
         # Servers per account.
-        credit = subprocess.run([VPSSHOP, "admin", "credit", str(accounts[1].json()["user_id"]), "40", "--reason",
-                                 "limits"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        credit = subprocess.run(
+            [VPSSHOP, "admin", "credit", str(accounts[1].json()["user_id"]), "40", "--reason", "limits"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert credit.returncode == 0, credit.stderr
         assert httpx.post(f"{a.base}/servers", headers=keys[1], json=ORDER).status_code in (201, 202)
         _limited(httpx.post(f"{b.base}/servers", headers=keys[1], json={**ORDER, "hostname": "second"}))
@@ -58,8 +69,14 @@ def test_limits_hold_across_two_serve_processes(vpsshop_database_url, tmp_path: 
 
 def test_429_is_in_openapi(vpsshop_client):
     paths = vpsshop_client.get("/v1/openapi.json").json()["paths"]
-    for path, method in (("/account", "post"), ("/login", "post"), ("/servers", "post"), ("/topups", "post"),
-                         ("/keys", "post"), ("/account", "get")):
+    for path, method in (
+        ("/account", "post"),
+        ("/login", "post"),
+        ("/servers", "post"),
+        ("/topups", "post"),
+        ("/keys", "post"),
+        ("/account", "get"),
+    ):
         entry = paths[path][method]["responses"]["429"]
         assert "rate_limited" in entry["description"] and "Retry-After" in entry["headers"]
     assert "429" not in paths["/health"]["get"]["responses"]

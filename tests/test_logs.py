@@ -21,20 +21,29 @@ METRICS_TOKEN = "metrics-bearer-token-77aa01"
 
 def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_path: Path):
     dead_node = free_port()
-    env = shop_env(vpsshop_database_url, VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
-                   VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
-                   # A node URL with credentials that fails on every pass: its error is logged, scrubbed.
-                   VPSSHOP__COINS__BTC__RPC_URL=f"http://vpsshop:{NODE_PASSWORD}@127.0.0.1:{dead_node}/",
-                   VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
-                   VPSSHOP__METRICS__TOKEN=METRICS_TOKEN,
-                   VPSSHOP__METRICS__MULTIPROCESS_DIR=str(tmp_path / "metrics"))
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
+        # A node URL with credentials that fails on every pass: its error is logged, scrubbed.
+        VPSSHOP__COINS__BTC__RPC_URL=f"http://vpsshop:{NODE_PASSWORD}@127.0.0.1:{dead_node}/",
+        VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
+        VPSSHOP__METRICS__TOKEN=METRICS_TOKEN,
+        VPSSHOP__METRICS__MULTIPROCESS_DIR=str(tmp_path / "metrics"),
+    )
     secrets = [TEST_SECRET_KEY, TEST_ENCRYPTION_KEY, NODE_PASSWORD, METRICS_TOKEN]
     with serve(tmp_path, env, "--no-worker") as api, worker(tmp_path, env) as w:
         created = httpx.post(f"{api.base}/account").json()
         secrets += [created["api_key"], created["login_token"]]
         headers = {"Authorization": f"Bearer {created['api_key']}", "X-Request-ID": "flow-1"}
-        credit = subprocess.run([VPSSHOP, "admin", "credit", str(created["user_id"]), "40", "--reason", "logs"],
-                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        credit = subprocess.run(
+            [VPSSHOP, "admin", "credit", str(created["user_id"]), "40", "--reason", "logs"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert credit.returncode == 0, credit.stderr
         login = httpx.post(f"{api.base}/login", json={"login_token": created["login_token"]})
         assert login.status_code == 201
@@ -53,8 +62,10 @@ def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_pat
         revealed = httpx.get(f"{api.base}/servers/{sid}/credentials", headers=headers)
         assert revealed.status_code == 200
         secrets.append(revealed.json()["password"])
-        metrics = httpx.get(api.base.removesuffix("/v1") + "/metrics",
-                            headers={"Authorization": f"Bearer {METRICS_TOKEN}", "X-Forwarded-For": "198.51.100.7"})
+        metrics = httpx.get(
+            api.base.removesuffix("/v1") + "/metrics",
+            headers={"Authorization": f"Bearer {METRICS_TOKEN}", "X-Forwarded-For": "198.51.100.7"},
+        )
         assert metrics.status_code == 200
         # The node's failures were logged (so the scrubbing below was exercised).
         deadline = time.monotonic() + 30

@@ -47,20 +47,29 @@ def wait(read: Callable[[], Any], done: Callable[[Any], bool], timeout: float, *
 
 def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_path: Path):
     dead_node = free_port()  # nothing listens here: every watcher pass of BTC fails (a node error)
-    env = shop_env(vpsshop_database_url, VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
-                   VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
-                   VPSSHOP__COINS__BTC__RPC_URL=f"http://127.0.0.1:{dead_node}/",
-                   VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
-                   VPSSHOP__METRICS__TOKEN=METRICS_TOKEN,
-                   VPSSHOP__METRICS__MULTIPROCESS_DIR=str(tmp_path / "metrics"))
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
+        VPSSHOP__COINS__BTC__RPC_URL=f"http://127.0.0.1:{dead_node}/",
+        VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
+        VPSSHOP__METRICS__TOKEN=METRICS_TOKEN,
+        VPSSHOP__METRICS__MULTIPROCESS_DIR=str(tmp_path / "metrics"),
+    )
     with serve(tmp_path, env, "--no-worker") as api:
         before = scrape(api.base)
         created = httpx.post(f"{api.base}/account")
         assert created.status_code == 201
         account = created.json()
         headers = {"Authorization": f"Bearer {account['api_key']}"}
-        credit = subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "40", "--reason", "metrics"],
-                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        credit = subprocess.run(
+            [VPSSHOP, "admin", "credit", str(account["user_id"]), "40", "--reason", "metrics"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert credit.returncode == 0, credit.stderr
         assert httpx.post(f"{api.base}/topups", headers=headers, json={"amount": 25, "coin": "BTC"}).status_code == 201
         order = httpx.post(f"{api.base}/servers", headers=headers, json=ORDER)
@@ -72,19 +81,27 @@ def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_p
         assert value(waiting, "vpsshop_job_oldest_age_seconds") >= 1
         assert value(waiting, "vpsshop_jobs", status="queued") == 1
         with worker(tmp_path, env) as w:
-            wait(lambda: httpx.get(f"{api.base}/servers/{sid}", headers=headers).json()["status"],
-                 lambda s: s == "active", 60, api, w)
+            wait(
+                lambda: httpx.get(f"{api.base}/servers/{sid}", headers=headers).json()["status"],
+                lambda s: s == "active",
+                60,
+                api,
+                w,
+            )
             renewed = httpx.post(f"{api.base}/servers/{sid}/renew", headers=headers)
             assert renewed.status_code in (200, 201, 202), renewed.text
-            after = wait(lambda: scrape(api.base),
-                         lambda s: any(k[0] == "vpsshop_node_errors_total" and v > 0 for k, v in s.items()), 60, w)
+            after = wait(
+                lambda: scrape(api.base),
+                lambda s: any(k[0] == "vpsshop_node_errors_total" and v > 0 for k, v in s.items()),
+                60,
+                w,
+            )
         _record_x402_settlement(vpsshop_database_url, account["user_id"])
         final = scrape(api.base)
 
         # Requests by route template (not by id) and status, with latency histograms.
         assert value(final, "vpsshop_http_requests_total", route="/v1/account", method="POST", status="201") == 1
-        assert value(final, "vpsshop_http_requests_total", route="/v1/servers/{id}", method="GET",
-                     status="200") >= 1
+        assert value(final, "vpsshop_http_requests_total", route="/v1/servers/{id}", method="GET", status="200") >= 1
         assert value(final, "vpsshop_http_request_duration_seconds_count", route="/v1/topups", method="POST") == 1
         assert not any(f"/servers/{sid}" in str(k) for k in final)
         # Top-ups by coin and state; USD credited; orders and renewals (from the database).
@@ -111,10 +128,14 @@ def _record_x402_settlement(database_url: str, account_id: int) -> None:
     try:
         with engine.begin() as conn:
             topup_id = conn.execute(sa.text("SELECT id FROM topups WHERE account_id = :a"), {"a": account_id}).scalar()
-            conn.execute(sa.text(
-                "INSERT INTO x402_payments (coin, payer, nonce, topup_id, status, amount_atomic, header, requirements, "
-                "created_at) VALUES ('USDCBASE', '0xpayer', '0x01', :t, 'settled', '1', '{}', '{}', "
-                ":now)"), {"t": topup_id, "now": "2026-11-23 00:00:00"})
+            conn.execute(
+                sa.text(
+                    "INSERT INTO x402_payments (coin, payer, nonce, topup_id, status, amount_atomic, header, "
+                    "requirements, created_at) VALUES ('USDCBASE', '0xpayer', '0x01', :t, 'settled', '1', '{}', '{}', "
+                    ":now)"
+                ),
+                {"t": topup_id, "now": "2026-11-23 00:00:00"},
+            )
     finally:
         engine.dispose()
 
@@ -126,8 +147,12 @@ def _access_rules(base: str) -> None:
     assert httpx.get(url, headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404
     wrong = {"X-Forwarded-For": "203.0.113.9", "Authorization": "Bearer wrong"}
     assert httpx.get(url, headers=wrong).status_code == 404
-    assert httpx.get(url, headers={"X-Forwarded-For": "203.0.113.9",
-                                   "Authorization": f"Bearer {METRICS_TOKEN}"}).status_code == 200
+    assert (
+        httpx.get(
+            url, headers={"X-Forwarded-For": "203.0.113.9", "Authorization": f"Bearer {METRICS_TOKEN}"}
+        ).status_code
+        == 200
+    )
     # Not part of the API: not in the OpenAPI document.
     assert "/metrics" not in httpx.get(f"{base}/openapi.json").json()["paths"]
 
@@ -142,13 +167,23 @@ def _prometheus_scrapes(base: str, tmp_path: Path) -> None:
         "scrape_configs:\n"
         "  - job_name: vpsshop\n"
         f"    authorization: {{type: Bearer, credentials: {METRICS_TOKEN}}}\n"
-        f"    static_configs: [{{targets: ['{target}']}}]\n")
+        f"    static_configs: [{{targets: ['{target}']}}]\n"
+    )
     port = free_port()
     log = tmp_path / "prometheus.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def query() -> list[Any]:
             try:
                 answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": "vpsshop_orders_total"})

@@ -35,10 +35,24 @@ def actor() -> str:
         return "unknown"
 
 
-def audit(session: Session, action: str, target: str, reason: str, detail: dict[str, Any] | None = None,
-          now: datetime | None = None) -> None:
-    session.add(AdminAudit(created_at=now or utcnow(), actor=actor(), action=action, target=target[:100],
-                           reason=reason[:500], detail=json.dumps(detail, default=str) if detail else None))
+def audit(
+    session: Session,
+    action: str,
+    target: str,
+    reason: str,
+    detail: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> None:
+    session.add(
+        AdminAudit(
+            created_at=now or utcnow(),
+            actor=actor(),
+            action=action,
+            target=target[:100],
+            reason=reason[:500],
+            detail=json.dumps(detail, default=str) if detail else None,
+        )
+    )
 
 
 def _need_reason(reason: str) -> str:
@@ -65,24 +79,59 @@ def lookup(ctx: AppContext, query: str) -> dict[str, Any]:
             if account_id is None:
                 account_id, how = conn.execute(sa.text(sql), {"q": q}).scalar(), name
         if account_id is None:
-            raise AdminError(f"nothing matches {q!r} (tried account id, key prefix, top-up ref, deposit address, "
-                             "tx hash)")
-        account = conn.execute(sa.text(
-            "SELECT id, balance_micros, created_at, totp_enabled FROM accounts WHERE id = :a"), {"a": account_id}).one()
-        servers = [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT id, status, plan, hostname, ip, expires_at FROM servers WHERE account_id = :a ORDER BY id"),
-            {"a": account_id})]
-        topups = [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT ref, coin, status, amount_micros, deposit_address, created_at FROM topups WHERE account_id = :a "
-            "ORDER BY id DESC LIMIT 20"), {"a": account_id})]
-        entries = [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT id, amount_micros, balance_after_micros, reason, ref, memo, created_at FROM ledger_entries "
-            "WHERE account_id = :a ORDER BY id DESC LIMIT 20"), {"a": account_id})]
-        keys = [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT id, name, prefix, created_at, revoked_at FROM api_keys WHERE account_id = :a ORDER BY id"),
-            {"a": account_id})]
-    return {"matched_by": how, "account": dict(account._mapping), "servers": servers, "recent_topups": topups,
-            "recent_ledger": entries, "api_keys": keys}
+            raise AdminError(
+                f"nothing matches {q!r} (tried account id, key prefix, top-up ref, deposit address, tx hash)"
+            )
+        account = conn.execute(
+            sa.text("SELECT id, balance_micros, created_at, totp_enabled FROM accounts WHERE id = :a"),
+            {"a": account_id},
+        ).one()
+        servers = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, status, plan, hostname, ip, expires_at FROM servers WHERE account_id = :a ORDER BY id"
+                ),
+                {"a": account_id},
+            )
+        ]
+        topups = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT ref, coin, status, amount_micros, deposit_address, created_at FROM topups "
+                    "WHERE account_id = :a ORDER BY id DESC LIMIT 20"
+                ),
+                {"a": account_id},
+            )
+        ]
+        entries = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, amount_micros, balance_after_micros, reason, ref, memo, created_at FROM ledger_entries "
+                    "WHERE account_id = :a ORDER BY id DESC LIMIT 20"
+                ),
+                {"a": account_id},
+            )
+        ]
+        keys = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, name, prefix, created_at, revoked_at FROM api_keys WHERE account_id = :a ORDER BY id"
+                ),
+                {"a": account_id},
+            )
+        ]
+    return {
+        "matched_by": how,
+        "account": dict(account._mapping),
+        "servers": servers,
+        "recent_topups": topups,
+        "recent_ledger": entries,
+        "api_keys": keys,
+    }
 
 
 def adjust_balance(ctx: AppContext, account_id: int, micros: int, reason: str) -> ledger.Posting:
@@ -113,20 +162,36 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str) 
     reason = _need_reason(reason)
     now = ctx.clock.now()
     moves = {
-        "suspend": (("active",), dict(status="suspended", suspended_at=now, status_reason=f"Suspended: {reason}"),
-                    "suspend", "server.suspended", "suspended"),
-        "unsuspend": (("suspended",), dict(status="active", suspended_at=None, status_reason=None),
-                      "resume", "server.unsuspended", "unsuspended"),
-        "terminate": (("active", "suspended", "provisioning"), dict(status="terminated", terminated_at=now,
-                      status_reason=f"Terminated by the shop: {reason}"), "destroy", "server.terminated", "terminated"),
+        "suspend": (
+            ("active",),
+            dict(status="suspended", suspended_at=now, status_reason=f"Suspended: {reason}"),
+            "suspend",
+            "server.suspended",
+            "suspended",
+        ),
+        "unsuspend": (
+            ("suspended",),
+            dict(status="active", suspended_at=None, status_reason=None),
+            "resume",
+            "server.unsuspended",
+            "unsuspended",
+        ),
+        "terminate": (
+            ("active", "suspended", "provisioning"),
+            dict(status="terminated", terminated_at=now, status_reason=f"Terminated by the shop: {reason}"),
+            "destroy",
+            "server.terminated",
+            "terminated",
+        ),
     }
     allowed, values, job_kind, event, history = moves[action]
     with ctx.db.session() as session:
         server = _server(session, server_id)
         if server.status not in allowed:
             raise AdminError(f"server {server_id} is {server.status}: cannot {action}")
-        moved = session.execute(sa.update(Server).where(Server.id == server_id, Server.status == server.status)
-                                .values(**values)).rowcount
+        moved = session.execute(
+            sa.update(Server).where(Server.id == server_id, Server.status == server.status).values(**values)
+        ).rowcount
         if moved != 1:
             raise AdminError(f"server {server_id} changed meanwhile: try again")
         record(session, server_id, history, now, f"admin: {reason}"[:500])
@@ -149,15 +214,21 @@ def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
         if action == "retry":
             if job.status == "done":
                 raise AdminError(f"job {job_id} is done: nothing to retry")
-            values: dict[str, Any] = dict(status="queued", run_after=now, locked_until=None, locked_by=None,
-                                          finished_at=None)
+            values: dict[str, Any] = dict(
+                status="queued", run_after=now, locked_until=None, locked_by=None, finished_at=None
+            )
         else:
             if job.status not in ("queued", "failed"):
                 raise AdminError(f"job {job_id} is {job.status}: only a queued or failed job can be cancelled")
-            values = {"status": "cancelled", "finished_at": now, "locked_until": None,
-                      "last_error": f"cancelled: {reason}"[:500]}
-        moved = session.execute(sa.update(ServerJob).where(ServerJob.id == job_id, ServerJob.status == job.status)
-                                .values(**values)).rowcount
+            values = {
+                "status": "cancelled",
+                "finished_at": now,
+                "locked_until": None,
+                "last_error": f"cancelled: {reason}"[:500],
+            }
+        moved = session.execute(
+            sa.update(ServerJob).where(ServerJob.id == job_id, ServerJob.status == job.status).values(**values)
+        ).rowcount
         if moved != 1:
             raise AdminError(f"job {job_id} changed meanwhile: try again")
         audit(session, f"{action}_job", f"job:{job_id}", reason, {"was": job.status, "kind": job.kind}, now=now)
@@ -169,13 +240,27 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
     that long ago and not credited."""
     cutoff = ctx.clock.now() - timedelta(minutes=minutes)
     with ctx.db.engine.connect() as conn:
-        jobs = [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT id, server_id, kind, status, attempts, created_at, last_error FROM server_jobs "
-            "WHERE status IN ('queued', 'running', 'failed') AND created_at < :c ORDER BY id"), {"c": cutoff})]
-        topups = [dict(r._mapping) for r in conn.execute(sa.text(
-            "SELECT t.ref, t.account_id, t.coin, t.status, p.txid, p.status AS payment_status, p.confirmations, "
-            "p.first_seen_at FROM topup_payments p JOIN topups t ON t.id = p.topup_id "
-            "WHERE p.status = 'seen' AND p.first_seen_at < :c ORDER BY p.id"), {"c": cutoff})]
+        jobs = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, server_id, kind, status, attempts, created_at, last_error FROM server_jobs "
+                    "WHERE status IN ('queued', 'running', 'failed') AND created_at < :c ORDER BY id"
+                ),
+                {"c": cutoff},
+            )
+        ]
+        topups = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT t.ref, t.account_id, t.coin, t.status, p.txid, p.status AS payment_status, "
+                    "p.confirmations, p.first_seen_at FROM topup_payments p JOIN topups t ON t.id = p.topup_id "
+                    "WHERE p.status = 'seen' AND p.first_seen_at < :c ORDER BY p.id"
+                ),
+                {"c": cutoff},
+            )
+        ]
     return {"jobs": jobs, "topups": topups}
 
 
@@ -183,4 +268,3 @@ def audit_log(ctx: AppContext, limit: int = 50) -> list[dict[str, Any]]:
     with ctx.db.session() as session:
         rows = session.exec(select(AdminAudit).order_by(AdminAudit.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
         return [row.model_dump() for row in rows]
-

@@ -68,8 +68,19 @@ def backup(database_url: str, output: Path) -> str:
     output.parent.mkdir(parents=True, exist_ok=True)
     if dialect == "postgresql":
         uri, env = _pg_target(database_url)
-        done = subprocess.run([_tool("pg_dump"), "--format=custom", "--no-owner", "--no-privileges",
-                               f"--file={output}", f"--dbname={uri}"], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                _tool("pg_dump"),
+                "--format=custom",
+                "--no-owner",
+                "--no-privileges",
+                f"--file={output}",
+                f"--dbname={uri}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise BackupError(f"pg_dump failed: {done.stderr.strip()}")
     elif dialect == "sqlite":
@@ -109,8 +120,10 @@ def restore(database_url: str, source: Path, *, replace: bool = False) -> str:
     if kind is None:
         raise BackupError(f"{source} is not a vpsshop backup (neither a pg_dump custom archive nor SQLite)")
     if kind != dialect:
-        raise BackupError(f"{source} is a {kind} backup; the configured database is {dialect}. "
-                          "Restore into the same kind of database.")
+        raise BackupError(
+            f"{source} is a {kind} backup; the configured database is {dialect}. "
+            "Restore into the same kind of database."
+        )
     from vpsshop.db import Database
 
     if dialect == "sqlite":
@@ -118,8 +131,10 @@ def restore(database_url: str, source: Path, *, replace: bool = False) -> str:
     db = Database(database_url)
     try:
         if _holds_a_shop(db.engine) and not replace:
-            raise BackupError("the configured database already holds a shop: restore into an empty database, "
-                              "or pass --yes to replace its tables")
+            raise BackupError(
+                "the configured database already holds a shop: restore into an empty database, "
+                "or pass --yes to replace its tables"
+            )
         if dialect == "postgresql":
             uri, env = _pg_target(database_url)
             args = [_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error", f"--dbname={uri}"]

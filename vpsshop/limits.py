@@ -44,16 +44,21 @@ class RateLimitSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="false: no rate limits or quotas (benchmarks; a proxy limits instead).")
-    backend: Literal["auto", "database", "memory"] = Field("auto", description="auto: the database on "
-                                                            "PostgreSQL (shared by all processes), memory on SQLite.")
-    signups_per_client: int = Field(30, ge=1, le=1_000_000, description="POST /v1/account per client address "
-                                    "per window.")
+    backend: Literal["auto", "database", "memory"] = Field(
+        "auto", description="auto: the database on PostgreSQL (shared by all processes), memory on SQLite."
+    )
+    signups_per_client: int = Field(
+        30, ge=1, le=1_000_000, description="POST /v1/account per client address per window."
+    )
     signup_window_seconds: int = Field(3600, ge=1, le=86_400)
-    auth_failures_per_client: int = Field(100, ge=1, le=1_000_000, description="Requests with an unknown or "
-                                          "revoked API key per client address per window.")
+    auth_failures_per_client: int = Field(
+        100,
+        ge=1,
+        le=1_000_000,
+        description="Requests with an unknown or revoked API key per client address per window.",
+    )
     auth_failure_window_seconds: int = Field(600, ge=1, le=86_400)
-    writes_per_account: int = Field(300, ge=1, le=1_000_000, description="Authenticated writes per account "
-                                    "per window.")
+    writes_per_account: int = Field(300, ge=1, le=1_000_000, description="Authenticated writes per account per window.")
     write_window_seconds: int = Field(60, ge=1, le=86_400)
     max_servers_per_account: int = Field(100, ge=1, le=100_000, description="Servers not terminated per account.")
     max_open_topups_per_account: int = Field(20, ge=1, le=100_000, description="Pending top-ups per account.")
@@ -66,6 +71,7 @@ def limiter(ctx: AppContext) -> RateLimiter:
         backend = ctx.settings.ratelimit.backend
         if backend == "auto":
             backend = "database" if ctx.db.dialect == "postgresql" else "memory"
+
         def clock() -> float:
             return ctx.clock.now().timestamp()
 
@@ -90,8 +96,12 @@ def client_address(request: object) -> str:
 def signup(ctx: AppContext, client: str) -> None:
     """Count one ``POST /v1/account`` from ``client``. :raises RateLimited: over the limit."""
     s = ctx.settings.ratelimit
-    _hit(ctx, Rule("signup", s.signups_per_client, s.signup_window_seconds), client,
-         "Too many accounts created from your address.")
+    _hit(
+        ctx,
+        Rule("signup", s.signups_per_client, s.signup_window_seconds),
+        client,
+        "Too many accounts created from your address.",
+    )
 
 
 def _auth_rule(ctx: AppContext) -> Rule:
@@ -129,27 +139,37 @@ def auth_failed(ctx: AppContext, client: str) -> None:
 def account_write(ctx: AppContext, account_id: int) -> None:
     """Count one authenticated write of ``account_id``. :raises RateLimited: over the limit."""
     s = ctx.settings.ratelimit
-    _hit(ctx, Rule("writes", s.writes_per_account, s.write_window_seconds), str(account_id),
-         "Too many changes from this account.")
+    _hit(
+        ctx,
+        Rule("writes", s.writes_per_account, s.write_window_seconds),
+        str(account_id),
+        "Too many changes from this account.",
+    )
 
 
 def server_quota(ctx: AppContext, servers: int) -> None:
     """Refuse an order when the account already holds ``max_servers_per_account`` live servers."""
     cap = ctx.settings.ratelimit.max_servers_per_account
     if servers >= cap:
-        raise RateLimited(f"This account has {servers} servers, the most one account may hold ({cap}); "
-                          "delete one first.", QUOTA_RETRY_AFTER)
+        raise RateLimited(
+            f"This account has {servers} servers, the most one account may hold ({cap}); delete one first.",
+            QUOTA_RETRY_AFTER,
+        )
 
 
 def topup_quota(ctx: AppContext, account_id: int) -> None:
     """Refuse a top-up when the account has ``max_open_topups_per_account`` pending ones."""
     cap = ctx.settings.ratelimit.max_open_topups_per_account
     with ctx.db.engine.connect() as conn:
-        open_topups = conn.execute(sa.text(
-            "SELECT count(*) FROM topups WHERE account_id = :a AND status = 'pending'"), {"a": account_id}).scalar()
+        open_topups = conn.execute(
+            sa.text("SELECT count(*) FROM topups WHERE account_id = :a AND status = 'pending'"), {"a": account_id}
+        ).scalar()
     if int(open_topups or 0) >= cap:
-        raise RateLimited(f"This account has {open_topups} open top-ups, the most one account may have ({cap}); "
-                          "pay or cancel one first.", QUOTA_RETRY_AFTER)
+        raise RateLimited(
+            f"This account has {open_topups} open top-ups, the most one account may have ({cap}); "
+            "pay or cancel one first.",
+            QUOTA_RETRY_AFTER,
+        )
 
 
 def enforce(ctx: AppContext, route: ApiRoute, account_id: int, servers: int) -> None:
@@ -167,8 +187,10 @@ def describe(route: ApiRoute) -> str | None:
     """When ``route`` answers 429, for the OpenAPI description (None: never)."""
     method = route.method.upper()
     if method == "POST" and route.path == "/account":
-        return ("rate_limited: too many accounts created from this client address ([ratelimit] "
-                "signups_per_client); Retry-After says when to try again.")
+        return (
+            "rate_limited: too many accounts created from this client address ([ratelimit] "
+            "signups_per_client); Retry-After says when to try again."
+        )
     if method == "POST" and route.path == "/login":
         return "rate_limited: too many failed sign-ins from this client address ([signin]); see Retry-After."
     if not route.auth:

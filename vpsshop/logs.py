@@ -89,7 +89,9 @@ def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"vpsshop": {"()": fmt}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "vpsshop", "stream": "ext://sys.stderr"}},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "vpsshop", "stream": "ext://sys.stderr"}
+        },
         "loggers": {
             "uvicorn": {"handlers": ["stderr"], "level": settings.logging.level.upper(), "propagate": False},
             "uvicorn.error": {"level": settings.logging.level.upper(), "propagate": True},

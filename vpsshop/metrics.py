@@ -56,14 +56,21 @@ class MetricsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="Serve GET /metrics (outside /v1) on every `vpsshop serve` port.")
-    token: SecretStr = Field(SecretStr(""), description="When set, `Authorization: Bearer <token>` opens "
-                             "/metrics from any address.")
-    allow_ips: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1"], description="TCP peers (addresses "
-                                 "or networks) that may read /metrics without the token, unless the request "
-                                 "passed a proxy (X-Forwarded-For / Forwarded).")
-    multiprocess_dir: str = Field("", description="Directory where every serve and worker process of this host "
-                                  "writes its figures. Default: $PROMETHEUS_MULTIPROC_DIR, else "
-                                  "<tempdir>/vpsshop-metrics-<hash of database_url>.")
+    token: SecretStr = Field(
+        SecretStr(""), description="When set, `Authorization: Bearer <token>` opens /metrics from any address."
+    )
+    allow_ips: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="TCP peers (addresses "
+        "or networks) that may read /metrics without the token, unless the request "
+        "passed a proxy (X-Forwarded-For / Forwarded).",
+    )
+    multiprocess_dir: str = Field(
+        "",
+        description="Directory where every serve and worker process of this host "
+        "writes its figures. Default: $PROMETHEUS_MULTIPROC_DIR, else "
+        "<tempdir>/vpsshop-metrics-<hash of database_url>.",
+    )
 
 
 def multiprocess_dir(settings: Settings) -> Path:
@@ -119,18 +126,35 @@ class _Metrics:
     def __init__(self) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self.requests = Counter("vpsshop_http_requests", "HTTP requests answered, by route template, method "
-                                "and status.", ["route", "method", "status"])
-        self.latency = Histogram("vpsshop_http_request_duration_seconds", "Time from request to the end of the "
-                                 "response, by route template and method.", ["route", "method"],
-                                 buckets=LATENCY_BUCKETS)
-        self.node_errors = Counter("vpsshop_node_errors", "Failed watcher passes of a scan group (the chain node "
-                                   "or its plugin failed).", ["group"])
-        self.watcher_lag = Gauge("vpsshop_watcher_lag_blocks", "Blocks between the node's tip and the block the "
-                                 "watcher has scanned, per scan group (when the coin plugin reports heights).",
-                                 ["group"], multiprocess_mode="mostrecent")
-        self.watcher_pass = Gauge("vpsshop_watcher_last_pass_timestamp_seconds", "Unix time of the last "
-                                  "successful watcher pass of a scan group.", ["group"], multiprocess_mode="max")
+        self.requests = Counter(
+            "vpsshop_http_requests",
+            "HTTP requests answered, by route template, method and status.",
+            ["route", "method", "status"],
+        )
+        self.latency = Histogram(
+            "vpsshop_http_request_duration_seconds",
+            "Time from request to the end of the response, by route template and method.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.node_errors = Counter(
+            "vpsshop_node_errors",
+            "Failed watcher passes of a scan group (the chain node or its plugin failed).",
+            ["group"],
+        )
+        self.watcher_lag = Gauge(
+            "vpsshop_watcher_lag_blocks",
+            "Blocks between the node's tip and the block the "
+            "watcher has scanned, per scan group (when the coin plugin reports heights).",
+            ["group"],
+            multiprocess_mode="mostrecent",
+        )
+        self.watcher_pass = Gauge(
+            "vpsshop_watcher_last_pass_timestamp_seconds",
+            "Unix time of the last successful watcher pass of a scan group.",
+            ["group"],
+            multiprocess_mode="max",
+        )
 
 
 def _metrics() -> _Metrics | None:
@@ -181,37 +205,56 @@ class DatabaseCollector:
         now = datetime.now(UTC)
         with engine.connect() as conn:
             topups = GaugeMetricFamily("vpsshop_topups", "Top-ups by coin and status.", labels=["coin", "status"])
-            for coin, status, count in conn.execute(sa.text(
-                    "SELECT coin, status, count(*) FROM topups GROUP BY coin, status")):
+            for coin, status, count in conn.execute(
+                sa.text("SELECT coin, status, count(*) FROM topups GROUP BY coin, status")
+            ):
                 topups.add_metric([coin, status], count)
             yield topups
-            ledger = {reason: (int(total or 0), int(count)) for reason, total, count in conn.execute(sa.text(
-                "SELECT reason, sum(amount_micros), count(*) FROM ledger_entries GROUP BY reason"))}
-            credited = CounterMetricFamily("vpsshop_credited_usd", "USD credited to balances, by reason (topup: "
-                                           "crypto payments; admin_credit; refund).", labels=["reason"])
+            ledger = {
+                reason: (int(total or 0), int(count))
+                for reason, total, count in conn.execute(
+                    sa.text("SELECT reason, sum(amount_micros), count(*) FROM ledger_entries GROUP BY reason")
+                )
+            }
+            credited = CounterMetricFamily(
+                "vpsshop_credited_usd",
+                "USD credited to balances, by reason (topup: crypto payments; admin_credit; refund).",
+                labels=["reason"],
+            )
             for reason in ("topup", "admin_credit", "refund"):
                 credited.add_metric([reason], ledger.get(reason, (0, 0))[0] / 1_000_000)
             yield credited
-            yield CounterMetricFamily("vpsshop_orders", "Servers bought (ledger order entries).",
-                                      value=ledger.get("order", (0, 0))[1])
-            yield CounterMetricFamily("vpsshop_renewals", "Server periods renewed (ledger renewal entries).",
-                                      value=ledger.get("renewal", (0, 0))[1])
+            yield CounterMetricFamily(
+                "vpsshop_orders", "Servers bought (ledger order entries).", value=ledger.get("order", (0, 0))[1]
+            )
+            yield CounterMetricFamily(
+                "vpsshop_renewals",
+                "Server periods renewed (ledger renewal entries).",
+                value=ledger.get("renewal", (0, 0))[1],
+            )
             jobs = GaugeMetricFamily("vpsshop_jobs", "Provisioning jobs by status.", labels=["status"])
             for status, count in conn.execute(sa.text("SELECT status, count(*) FROM server_jobs GROUP BY status")):
                 jobs.add_metric([status], count)
             yield jobs
-            depth, oldest = conn.execute(sa.text(
-                "SELECT count(*), min(created_at) FROM server_jobs WHERE status IN ('queued', 'running')")).one()
+            depth, oldest = conn.execute(
+                sa.text("SELECT count(*), min(created_at) FROM server_jobs WHERE status IN ('queued', 'running')")
+            ).one()
             yield GaugeMetricFamily("vpsshop_job_queue_depth", "Provisioning jobs queued or running.", value=depth)
             age = 0.0
             if oldest is not None:
                 from vpsshop.routing import as_utc
 
                 age = max(0.0, (now - as_utc(oldest)).total_seconds())
-            yield GaugeMetricFamily("vpsshop_job_oldest_age_seconds", "Age of the oldest queued or running "
-                                    "provisioning job (0 when none).", value=age)
-            x402 = CounterMetricFamily("vpsshop_x402_settlements", "x402 settlements by outcome (settling, "
-                                       "settled, rejected).", labels=["outcome"])
+            yield GaugeMetricFamily(
+                "vpsshop_job_oldest_age_seconds",
+                "Age of the oldest queued or running provisioning job (0 when none).",
+                value=age,
+            )
+            x402 = CounterMetricFamily(
+                "vpsshop_x402_settlements",
+                "x402 settlements by outcome (settling, settled, rejected).",
+                labels=["outcome"],
+            )
             try:
                 with conn.begin_nested():
                     rows = list(conn.execute(sa.text("SELECT status, count(*) FROM x402_payments GROUP BY status")))
