@@ -242,8 +242,6 @@ class DatabaseCollector:
             yield GaugeMetricFamily("vpsshop_job_queue_depth", "Provisioning jobs queued or running.", value=depth)
             age = 0.0
             if oldest is not None:
-                from vpsshop.routing import as_utc
-
                 age = max(0.0, (now - as_utc(oldest)).total_seconds())
             yield GaugeMetricFamily(
                 "vpsshop_job_oldest_age_seconds",
@@ -263,6 +261,13 @@ class DatabaseCollector:
             for status, count in rows:
                 x402.add_metric([status], count)
             yield x402
+
+
+def as_utc(value: Any) -> datetime:
+    """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _peer_allowed(peer: str | None, allow: list[str]) -> bool:
