@@ -104,3 +104,19 @@ def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path
         [VPSSHOP, "admin", "rotate-keys"], cwd=tmp_path, env=wrong, capture_output=True, text=True, timeout=60
     )
     assert failed.returncode == 1 and "none of the configured keys" in failed.stderr
+
+
+def test_encrypted_settings_open_with_an_old_key_during_rotation():
+    """Settings a plugin keeps encrypted (coins.SOL.seed_encrypted) still open while the old key is listed."""
+    from vpsshop.component import ShopSecrets
+    from vpsshop.errors import ConfigError
+
+    token = ShopSecrets(TEST_ENCRYPTION_KEY).encrypt("deposit mnemonic")
+    assert ShopSecrets(NEW_KEY, (TEST_ENCRYPTION_KEY,)).decrypt(token, setting="coins.SOL.seed_encrypted") == (
+        "deposit mnemonic"
+    )
+    try:
+        ShopSecrets(NEW_KEY).decrypt(token, setting="coins.SOL.seed_encrypted")
+        raise AssertionError("an old token opened without the old key")
+    except ConfigError as exc:
+        assert "coins.SOL.seed_encrypted" in str(exc)
