@@ -71,8 +71,14 @@ def test_admin_tools_act_through_ledger_and_queue_with_audit(vpsshop_database_ur
             assert admin(env, tmp_path, "suspend", str(sid), "--reason", "again").returncode == 1
             assert admin(env, tmp_path, "unsuspend", str(sid), "--reason", "resolved").returncode == 0
             assert _status(api, sid, headers) == "active"
-            assert admin(env, tmp_path, "terminate", str(sid), "--reason", "customer asked").returncode == 0
+            # Terminate with a refund of the unused time: nearly the whole price of a period just bought.
+            assert admin(env, tmp_path, "refund", str(sid), "--reason", "customer asked").returncode == 0
             assert _status(api, sid, headers) == "terminated"
+            ledger = json.loads(admin(env, tmp_path, "lookup", uid).stdout)["recent_ledger"]
+            order = next(e for e in ledger if e["reason"] == "order")
+            refund = next(e for e in ledger if e["reason"] == "refund")
+            assert 0.99 * -order["amount_micros"] < refund["amount_micros"] <= -order["amount_micros"]
+            assert admin(env, tmp_path, "terminate", str(sid), "--reason", "again").returncode == 1
         entries = json.loads(admin(env, tmp_path, "audit").stdout)
         assert [e["action"] for e in entries][::-1] == [
             "admin_credit",

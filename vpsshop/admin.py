@@ -154,8 +154,29 @@ def _server(session: Session, server_id: int) -> Server:
     return server
 
 
-def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str) -> str:
-    """``suspend``, ``unsuspend`` or ``terminate`` a server through the job queue."""
+def unused_micros(server: Server, now: datetime) -> int:
+    """The part of the server's current period not yet used, in micro-USD (0 when it has expired).
+
+    The period is the cycle that ends at ``expires_at`` (a month or a year back from it).
+    """
+    from vpsshop.servers.lifecycle import CYCLE_MONTHS, add_months
+
+    expires = server.expires_at
+    if expires.tzinfo is None:
+        expires = expires.replace(tzinfo=now.tzinfo)
+    left = (expires - now).total_seconds()
+    period = (expires - add_months(expires, -CYCLE_MONTHS.get(server.cycle, 1))).total_seconds()
+    if left <= 0 or period <= 0:
+        return 0
+    return int(server.price_micros * min(1.0, left / period))
+
+
+def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, *, refund_unused: bool = False) -> str:
+    """``suspend``, ``unsuspend`` or ``terminate`` a server through the job queue.
+
+    :param refund_unused: with ``terminate``, credit the unused part of the paid period to the balance
+        (ledger ``refund``, once per server) in the same transaction.
+    """
     from vpsshop.events.resources import server_data
     from vpsshop.servers.lifecycle import enqueue, record
 
@@ -187,18 +208,36 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str) 
     allowed, values, job_kind, event, history = moves[action]
     with ctx.db.session() as session:
         server = _server(session, server_id)
-        if server.status not in allowed:
-            raise AdminError(f"server {server_id} is {server.status}: cannot {action}")
+        was = server.status
+        if was not in allowed:
+            raise AdminError(f"server {server_id} is {was}: cannot {action}")
         moved = session.execute(
-            sa.update(Server).where(Server.id == server_id, Server.status == server.status).values(**values)
+            sa.update(Server).where(Server.id == server_id, Server.status == was).values(**values)
         ).rowcount
         if moved != 1:
             raise AdminError(f"server {server_id} changed meanwhile: try again")
         record(session, server_id, history, now, f"admin: {reason}"[:500])
         job = enqueue(session, server_id, job_kind, now)
         events.emit(session, event, server.account_id, server_data(session, server_id), now=now)
-        audit(session, action, f"server:{server_id}", reason, {"job_id": job.id}, now=now)
-    return f"server {server_id}: {action} done, job {job.id} ({job_kind}) queued"
+        refunded = 0
+        if refund_unused and action == "terminate" and was in ("active", "suspended"):
+            refunded = unused_micros(server, now)
+            if refunded > 0:
+                ledger.post(
+                    session,
+                    server.account_id,
+                    refunded,
+                    "refund",
+                    ref=f"server:{server_id}",
+                    dedupe_key=f"admin-refund:{server_id}",
+                    memo=f"unused time: {reason}"[:500],
+                    now=now,
+                )
+        audit(session, action, f"server:{server_id}", reason, {"job_id": job.id, "refunded_micros": refunded}, now=now)
+    done = f"server {server_id}: {action} done, job {job.id} ({job_kind}) queued"
+    if refund_unused:
+        done += f"; refunded {refunded / 1_000_000:.6f} USD of unused time"
+    return done
 
 
 def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:

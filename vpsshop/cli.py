@@ -292,6 +292,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(f"debited account {args.user_id}: balance {micros_to_usd(posting.entry.balance_after_micros)} USD")
         elif command in ("suspend", "unsuspend", "terminate"):
             print(admin.set_server_state(ctx, args.server_id, command, args.reason))
+        elif command == "refund":
+            print(admin.set_server_state(ctx, args.server_id, "terminate", args.reason, refund_unused=True))
         elif command in ("retry-job", "cancel-job"):
             print(admin.job_action(ctx, args.job_id, command.split("-")[0], args.reason))
         elif command == "stuck":
@@ -476,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     debit.add_argument("amount", help="USD, e.g. 25 or 12.50")
     for name, what in (("suspend", "suspend an active server (job: suspend)"),
                        ("unsuspend", "resume a suspended server (job: resume)"),
-                       ("terminate", "terminate a server (job: destroy); no refund")):
+                       ("terminate", "terminate a server (job: destroy); no refund"),
+                       ("refund", "terminate a server and refund its unused paid time to the balance")):
         p = with_config(admin_sub.add_parser(name, help=what))
         p.add_argument("server_id", type=int)
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")
