@@ -50,6 +50,8 @@ class ServerSettings(_Section):
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    body_timeout_seconds: float = Field(10.0, gt=0, le=300, description="A request body must arrive completely "
+                                        "within this many seconds of the request's start; else 408 body_timeout.")
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
     access_log: bool = Field(True, description="One JSON line per request on stderr (vpsshop/accesslog.py).")
     forwarded_allow_ips: list[str] = Field(

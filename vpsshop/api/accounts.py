@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from vpsshop import accounts
 from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyOut, ApiKeyRevoked
 from vpsshop.money import micros_to_usd
-from vpsshop.routing import ApiModel, ApiRoute, Call
+from vpsshop.routing import LABEL_PATTERN, ApiModel, ApiRoute, Call
 
 __all__ = ["AccountCreated", "AccountOut", "ApiKeyCreated", "ApiKeyList", "ApiKeyOut", "ApiKeyRevoked", "LoginBody",
            "NewKeyBody", "routes"]
@@ -18,7 +18,8 @@ NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
 
 
 class NewKeyBody(ApiModel):
-    name: str | None = Field(None, min_length=1, max_length=64, description="A label for the key.")
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=LABEL_PATTERN,
+                             description="A label for the key: no control, format or bidirectional-override characters.")
 
 
 class LoginBody(ApiModel):
