@@ -280,3 +280,34 @@ def test_the_sqlite_database_is_private(shop):
         if extra.exists():
             assert stat.S_IMODE(extra.stat().st_mode) & 0o077 == 0, extra
     assert "Traceback" not in shop.output()
+
+
+# ---- 3: account creation's memory is bounded ---------------------------------------------------------
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_account_creation_memory_is_bounded(shop):
+    """200 unauthenticated account creations, 40 at a time: with argon2id (64 MiB a call) the peak
+    grew by gigabytes; the keyed digest keeps it within a few MiB (docs/architecture.md)."""
+    import asyncio
+
+    before = _peak_rss_kib(shop.proc.pid)
+
+    async def burst() -> None:
+        limit = asyncio.Semaphore(40)
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def one() -> None:
+                async with limit:
+                    assert (await client.post(f"{shop.base}/account")).status_code == 201
+
+            await asyncio.gather(*(one() for _ in range(200)))
+
+    asyncio.run(burst())
+    grown = _peak_rss_kib(shop.proc.pid) - before
+    assert grown < 48 * 1024, f"peak RSS grew by {grown} KiB"
