@@ -63,7 +63,10 @@ class ServersPolicy(BaseModel):
     grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
     provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
     retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
-    job_lease_seconds: float = Field(600, ge=10, le=86400, description="A running job's lease.")
+    job_lease_seconds: float = Field(
+        15, ge=3, le=86400,
+        description="A running job's lease. The worker renews it every third of this while the job runs, so it "
+        "runs out only when the worker is gone; then another worker takes the job over.")
     boot_timeout_seconds: float = Field(
         900, ge=1, le=86400,
         description="A new server whose domain still reports starting this long after the order: a failed attempt.")
