@@ -413,7 +413,7 @@ def _deliveries(ctx: AppContext, account_id: int, endpoint_id: int, before: int 
 
 async def list_deliveries(call: Call) -> DeliveryList:
     raw = call.request.query_params.get("before")
-    if raw is not None and not (raw.isdigit() and len(raw) <= 18):
+    if raw is not None and not (raw.isdigit() and len(raw) <= 18 and int(raw) >= 1):
         raise BadRequest("invalid_cursor", "before must be a delivery id from an earlier page.")
     before = int(raw) if raw is not None else None
     return await run_in_threadpool(_deliveries, call.ctx, call.account_id, call.path["id"], before, _limit(call))
