@@ -311,3 +311,11 @@ def test_account_creation_memory_is_bounded(shop):
     asyncio.run(burst())
     grown = _peak_rss_kib(shop.proc.pid) - before
     assert grown < 48 * 1024, f"peak RSS grew by {grown} KiB"
+
+
+def test_rate_unavailable_names_the_coin_only(vpsshop_client, caplog):
+    from vpsshop.payments.rates import RateUnavailable
+
+    error = RateUnavailable("BTC", "GET https://user:pw@rates.internal/ticker failed: 500")
+    assert error.body() == {"error": "rate_unavailable", "message": "No current BTC/USD exchange rate; try again shortly."}
+    assert "rates.internal" in caplog.text

@@ -34,9 +34,9 @@ class RateUnavailable(ApiError):
     """No fresh enough price: new top-ups in the coin are refused (503)."""
 
     def __init__(self, symbol: str, detail: str) -> None:
-        super().__init__(
-            503, "rate_unavailable", f"No current {symbol}/USD exchange rate ({detail}); try again shortly."
-        )
+        # The detail (the rate source's error, an age) goes to the operator's log, not to the client.
+        log.warning("no current %s/USD rate: %s", symbol, detail)
+        super().__init__(503, "rate_unavailable", f"No current {symbol}/USD exchange rate; try again shortly.")
 
 
 @dataclass(frozen=True)
