@@ -253,6 +253,7 @@ host = "127.0.0.1"          # put a TLS-terminating proxy in front
 port = 8000
 workers = 2
 max_body_bytes = 65536
+body_timeout_seconds = 10   # a request body must arrive within this (slow clients get 408)
 background = true           # run watchers and provisioning inside `serve`; false if you run `vpsshop worker`
 
 [plugins]
