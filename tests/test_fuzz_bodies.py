@@ -47,7 +47,7 @@ def _ledger(ctx) -> tuple[Any, ...]:
     with ctx.db.engine.connect() as conn:
         entries = conn.execute(sa.text("SELECT count(*), coalesce(sum(amount_micros), 0) FROM ledger_entries")).one()
         balances = conn.execute(sa.text("SELECT coalesce(sum(balance_micros), 0) FROM accounts")).scalar()
-    return tuple(entries) + (balances,)
+    return (*tuple(entries), balances)
 
 
 def test_no_body_gets_a_5xx_or_moves_the_ledger_on_a_4xx(vpsshop_client, vpsshop_account):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from served import serve, shop_env
+
 from vpsshop import hookimpl
 from vpsshop.errors import PluginError
 
@@ -164,9 +164,9 @@ def test_503_is_generic_and_the_detail_goes_to_the_log(vpsshop_settings, caplog)
 
 
 def test_production_health_shows_status_and_readiness_only(tmp_path):
+    from served import TEST_ENCRYPTION_KEY
     from starlette.testclient import TestClient
 
-    from served import TEST_ENCRYPTION_KEY
     from vpsshop.app import create_app
     from vpsshop.settings import load_settings
 
@@ -194,7 +194,8 @@ def test_sandbox_health_keeps_its_details(vpsshop_client):
 
 def test_every_response_says_nosniff(vpsshop_client, vpsshop_account):
     for response in (vpsshop_client.get("/v1/catalog"), vpsshop_client.get("/v1/nope"),
-                     vpsshop_client.get("/v1/account"), vpsshop_client.get("/v1/account", headers=vpsshop_account.headers),
+                     vpsshop_client.get("/v1/account"),
+                     vpsshop_client.get("/v1/account", headers=vpsshop_account.headers),
                      vpsshop_client.post("/v1/keys", headers=vpsshop_account.headers, content=b"{", ),
                      vpsshop_client.get("/dashboard/"), vpsshop_client.get("/v1/openapi.json")):
         assert response.headers["x-content-type-options"] == "nosniff", (response.url, response.headers)
@@ -256,7 +257,7 @@ def test_a_slow_body_is_cut_off_with_408(shop):
     started = time.monotonic()
     raw = _raw(shop, b"POST /v1/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"login_token\"")
-    status, headers, body = _status_and_body(raw)
+    status, _headers, body = _status_and_body(raw)
     assert status == 408 and b'"body_timeout"' in body, raw
     assert time.monotonic() - started < 5
 
@@ -317,5 +318,6 @@ def test_rate_unavailable_names_the_coin_only(vpsshop_client, caplog):
     from vpsshop.payments.rates import RateUnavailable
 
     error = RateUnavailable("BTC", "GET https://user:pw@rates.internal/ticker failed: 500")
-    assert error.body() == {"error": "rate_unavailable", "message": "No current BTC/USD exchange rate; try again shortly."}
+    assert error.body() == {"error": "rate_unavailable",
+                            "message": "No current BTC/USD exchange rate; try again shortly."}
     assert "rates.internal" in caplog.text

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import httpx
-
 from served import VPSSHOP, serve, shop_env
 
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import sqlalchemy as sa
-
 from served import VPSSHOP, serve, shop_env, stop
 
 ORDER = {"plan": "pup", "location": "nl", "os": "ubuntu-24.04"}
@@ -54,8 +53,8 @@ def test_sigkilled_worker_job_is_taken_over_within_seconds(tmp_path, vpsshop_dat
     engine = sa.create_engine(vpsshop_database_url)
     with serve(tmp_path, env, "--no-worker") as shop:
         account = httpx.post(f"{shop.base}/account").json()
-        subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "10", "--reason", "test"], cwd=tmp_path, env=env,
-                       check=True, capture_output=True)
+        subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "10", "--reason", "test"],
+                       cwd=tmp_path, env=env, check=True, capture_output=True)
         headers = {"Authorization": f"Bearer {account['api_key']}"}
         first = _start_worker(tmp_path, env, "worker-1")
         try:

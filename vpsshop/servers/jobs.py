@@ -126,7 +126,7 @@ def claim(ctx: AppContext, worker: str = WORKER_ID) -> ClaimedJob | None:
 def _provably_dead(worker: str) -> bool:
     """Whether ``worker`` (a :data:`WORKER_ID`) is a process of this host and PID namespace that
     no longer exists. Anything else (another host, an older id format, a live process) is not proof."""
-    host, namespace, pid, _tag = (worker.split(":") + ["", "", "", ""])[:4]
+    host, namespace, pid, _tag = [*worker.split(":"), "", "", "", ""][:4]
     mine_host, mine_namespace, mine_pid, _ = WORKER_ID.split(":")
     if host != mine_host or namespace != mine_namespace or namespace == "-" or not pid.isdigit() or pid == mine_pid:
         return False
