@@ -82,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vpsshop import metrics
     from vpsshop.app import PREFLIGHT_DONE_ENV, create_app
     from vpsshop.context import AppContext
+    from vpsshop.httpserver import http_protocol
     from vpsshop.logs import configure_logging, uvicorn_log_config
 
     overrides: dict[str, object] = {}
@@ -106,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings, check=False)
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False,
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=http_protocol(),
                     log_config=uvicorn_log_config(settings), **proxy)
         return 0
     # Several processes: each worker builds its own app from the same settings.
@@ -116,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
-                access_log=False, log_config=uvicorn_log_config(settings), **proxy)
+                access_log=False, http=http_protocol(), log_config=uvicorn_log_config(settings), **proxy)
     return 0
 
 
@@ -380,6 +381,7 @@ host = "127.0.0.1"          # put a TLS-terminating proxy in front
 port = 8000
 workers = 2
 max_body_bytes = 65536
+body_timeout_seconds = 10   # a request body must arrive within this (slow clients get 408)
 background = true           # run watchers and provisioning inside `serve`; false if you run `vpsshop worker`
 
 [plugins]
