@@ -20,7 +20,7 @@ from vpsshop.errors import BadRequest
 from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, make_view, qr_data_uri
-from vpsshop.payments import x402
+from vpsshop.payments import discovery, x402
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
 
 TAG = ("topups",)
@@ -155,22 +155,18 @@ async def create_deposit_topup(
 
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
     engine = engine_for(call.ctx)
-    v1, v2 = _header(call, "x-payment"), _header(call, "payment-signature")
-    for name, value in (("X-PAYMENT", v1), ("PAYMENT-SIGNATURE", v2)):
-        if value is not None and not value.strip():
-            raise BadRequest("invalid_payment", f"The {name} header is empty; send the base64 payment payload.")
-    if v1 is not None and v2 is not None:
-        raise BadRequest("invalid_payment", "Send either X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2), not both.")
-    if v1 is None and v2 is None:
+    sent = x402.payment_header(call.request)
+    if sent is None:
         body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
         response = json_response(body, 402)
-        required = x402.payment_required_header(engine, coin, amount_micros)
+        required = x402.payment_required_header(engine, coin, amount_micros,
+                                                extensions=discovery.extensions(call.ctx, "/topups"))
         if required is not None:
             response.headers["PAYMENT-REQUIRED"] = required
             response.headers["Access-Control-Expose-Headers"] = "PAYMENT-REQUIRED"
         return response
-    version = 1 if v1 else 2
-    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, v1 or v2 or "", version)
+    header, version = sent
+    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, header, version)
     from vpsshop.payments.engine import x402_view
 
     out = render(call.ctx, x402_view(topup, "settled" if topup.status == "completed" else None))

@@ -87,6 +87,10 @@ class X402Record(SQLModel, table=True):
 
     ``status``: ``settling`` (outcome unknown: a retry or the watcher asks the coin),
     ``settled`` (credited once), ``rejected`` (nothing moved).
+
+    ``purpose`` is null for a top-up, ``order:<idempotency key>`` or ``renew:<server id>`` for an
+    authorization sent to pay an order or a renewal in the same request; ``outcome`` is ``done`` once
+    that order or renewal was made (so a re-sent payment never buys twice).
     """
 
     __tablename__ = "x402_payments"
@@ -104,6 +108,8 @@ class X402Record(SQLModel, table=True):
     transaction: Optional[str] = Field(default=None, max_length=128)
     network: Optional[str] = Field(default=None, max_length=40)
     error: Optional[str] = Field(default=None, max_length=200)
+    purpose: Optional[str] = Field(default=None, max_length=220)
+    outcome: Optional[str] = Field(default=None, max_length=16)
     created_at: datetime = _ts()
     settled_at: Optional[datetime] = _ts(nullable=True)
 

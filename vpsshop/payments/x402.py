@@ -26,16 +26,18 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
+from starlette.requests import Request
 
 from vpsshop import events, ledger
 from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
-from vpsshop.errors import ApiError, PluginError
+from vpsshop.errors import ApiError, BadRequest, PluginError
 from vpsshop.events.resources import topup_data, x402_payment_data
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import Topup, X402Record
@@ -67,11 +69,53 @@ def amount_atomic(coin: X402Coin, amount_micros: int) -> int:
     return amount_micros * 10**coin.decimals // MICROS_PER_USD
 
 
-def requirements(engine: "PaymentEngine", coin: X402Coin, amount_micros: int) -> dict[str, Any]:
+def requirements(
+    engine: "PaymentEngine", coin: X402Coin, amount_micros: int, path: str = "/topups", description: str | None = None,
+) -> dict[str, Any]:
+    """One v1 ``accepts`` entry for ``amount_micros`` USD, for the resource ``path`` (under ``public_url``)."""
     public = engine.ctx.settings.public_url.rstrip("/")
-    return coin.payment_requirements(
-        amount_atomic(coin, amount_micros), f"{public}/topups", f"Top-up of {amount_micros / MICROS_PER_USD:.2f} USD"
-    )
+    if description is None:
+        description = f"Top-up of {amount_micros / MICROS_PER_USD:.2f} USD"
+    return coin.payment_requirements(amount_atomic(coin, amount_micros), f"{public}{path}", description)
+
+
+PAYMENT_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")
+
+
+def payment_header(request: Request) -> tuple[str, int] | None:
+    """The request's x402 payment: (``X-PAYMENT`` value, 1) or (``PAYMENT-SIGNATURE`` value, 2), or None.
+
+    :raises BadRequest: invalid_payment when a header is empty or both are sent.
+    """
+    v1, v2 = request.headers.get("x-payment"), request.headers.get("payment-signature")
+    for name, value in (("X-PAYMENT", v1), ("PAYMENT-SIGNATURE", v2)):
+        if value is not None and not value.strip():
+            raise BadRequest("invalid_payment", f"The {name} header is empty; send the base64 payment payload.")
+    if v1 is not None and v2 is not None:
+        raise BadRequest("invalid_payment", "Send either X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2), not both.")
+    if v1 is not None:
+        return v1, 1
+    if v2 is not None:
+        return v2, 2
+    return None
+
+
+def payment_identifier(payment: X402Payment) -> str | None:
+    """The id of the x402 v2 ``payment-identifier`` extension in the payload, if the client sent one.
+
+    :raises BadRequest: invalid_payment when the extension is there but its id is not 16 to 128
+        letters, digits, ``_`` or ``-``.
+    """
+    extensions = payment.raw.get("extensions")
+    ext = extensions.get("payment-identifier") if isinstance(extensions, dict) else None
+    info = ext.get("info") if isinstance(ext, dict) else None
+    value = info.get("id") if isinstance(info, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not PAYMENT_ID.fullmatch(value):
+        raise BadRequest("invalid_payment", "extensions.payment-identifier.info.id must be 16 to 128 letters, "
+                         "digits, '_' or '-'.")
+    return value
 
 
 def may_still_settle(payment: X402Payment, created_at: datetime, now: datetime) -> bool:
@@ -100,21 +144,27 @@ def _b64_json(body: dict[str, Any]) -> str:
     return base64.b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
 
 
-def payment_required_header(engine: "PaymentEngine", coin: X402Coin, amount_micros: int) -> str | None:
+def payment_required_header(
+    engine: "PaymentEngine", coin: X402Coin, amount_micros: int, path: str = "/topups", description: str | None = None,
+    extensions: dict[str, Any] | None = None,
+) -> str | None:
     """``PAYMENT-REQUIRED`` (x402 v2) sent with the 402 next to the v1 body; None when the coin does
     not offer v2 (:meth:`X402Coin.payment_requirements_v2` raises ``NotImplementedError``)."""
-    reqs = requirements(engine, coin, amount_micros)
+    reqs = requirements(engine, coin, amount_micros, path, description)
     try:
         accepted = coin.payment_requirements_v2(reqs)
     except NotImplementedError:
         return None
-    return _b64_json({
+    required: dict[str, Any] = {
         "x402Version": 2,
         "error": "PAYMENT-SIGNATURE header is required",
         "resource": {"url": reqs["resource"], "description": reqs.get("description", ""),
                      "mimeType": reqs.get("mimeType", "application/json")},
         "accepts": [accepted],
-    })
+    }
+    if extensions:
+        required["extensions"] = extensions
+    return _b64_json(required)
 
 
 def response_header(coin: X402Coin, settlement: X402Settlement, version: int = X402_VERSION) -> str:
@@ -122,25 +172,38 @@ def response_header(coin: X402Coin, settlement: X402Settlement, version: int = X
     return _b64_json(coin.settlement_response(settlement, version))
 
 
-async def pay(
-    engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, header: str,
-    version: int = X402_VERSION,
-) -> tuple[Topup, X402Settlement]:
-    """Settle the payment header (``X-PAYMENT`` v1, ``PAYMENT-SIGNATURE`` v2) for a top-up of
-    ``amount_micros``. See the module docs."""
+def decode(coin: X402Coin, header: str, version: int) -> X402Payment:
+    """The coin's reading of a payment header. :raises ApiError: the coin's refusal (400 invalid_payment)."""
     try:
-        payment = coin.decode_payment(header, version)
+        return coin.decode_payment(header, version)
     except X402Rejected as exc:
         raise ApiError(exc.status, exc.code, exc.message) from None
-    reqs = requirements(engine, coin, amount_micros)
+
+
+async def pay(
+    engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, header: str,
+    version: int = X402_VERSION, *, path: str = "/topups", description: str | None = None,
+    purpose: str | None = None,
+) -> tuple[Topup, X402Settlement]:
+    """Settle the payment header (``X-PAYMENT`` v1, ``PAYMENT-SIGNATURE`` v2) for a top-up of
+    ``amount_micros``. See the module docs.
+
+    ``path`` and ``description`` name the resource of the requirements the payment is checked
+    against; ``purpose`` is what the payment is for besides the top-up (``order:<key>``,
+    ``renew:<id>``, see :class:`X402Record`): an authorization recorded for another purpose is a 409
+    ``nonce_used``.
+    """
+    payment = decode(coin, header, version)
+    reqs = requirements(engine, coin, amount_micros, path, description)
     record, topup, fresh = await to_thread.run_sync(
-        _record_before_settling, engine, coin, account_id, amount_micros, payment, header, reqs
+        _record_before_settling, engine, coin, account_id, amount_micros, payment, header, reqs, purpose
     )
     if not fresh:
-        if topup.account_id != account_id:
-            raise ApiError(409, "nonce_used", "This authorization was already used for another top-up.")
+        if topup.account_id != account_id or record.purpose != purpose:
+            raise ApiError(409, "nonce_used", "This authorization was already used for another request.")
         if record.status == "settled":
-            settlement = X402Settlement(record.payer, record.nonce, record.transaction or "", record.network or "",
+            # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
+            settlement = X402Settlement(payment.payer, record.nonce, record.transaction or "", record.network or "",
                                         int(record.amount_atomic))
             return topup, settlement
         if record.status == "rejected":
@@ -171,7 +234,7 @@ async def pay(
 
 def _record_before_settling(
     engine: "PaymentEngine", coin: X402Coin, account_id: int, amount_micros: int, payment: X402Payment,
-    header: str, reqs: dict[str, Any],
+    header: str, reqs: dict[str, Any], purpose: str | None = None,
 ) -> tuple[X402Record, Topup, bool]:
     """Insert the top-up and the (payer, nonce) record, or return the existing record."""
     from vpsshop.payments.engine import new_ref
@@ -192,6 +255,7 @@ def _record_before_settling(
             record = X402Record(
                 coin=coin.code, payer=payer, nonce=nonce, topup_id=topup.id, status="settling",  # type: ignore[arg-type]
                 amount_atomic=str(payment.value_atomic), header=header, requirements=json.dumps(reqs), created_at=now,
+                purpose=purpose,
             )
             session.add(record)
             session.flush()

@@ -22,14 +22,17 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
-from vpsshop.models import Server
+from vpsshop.ledger import InsufficientBalance
+from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.openapi import InsufficientBalanceBody
+from vpsshop.payments import x402, x402_orders
 from vpsshop.routing import ApiModel, ApiRoute, Call, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
@@ -283,10 +286,43 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
     return Ordered(OrderOut(server=out, root_password=None if body.root_password else password))
 
 
-async def order_server(call: Call) -> Reply:
+def replay_order(ctx: AppContext, account_id: int, key: str, body: OrderBody) -> Ordered | None:
+    """The earlier order of ``key`` (None if there is none). :raises Conflict: idempotency_key_reused."""
+    with ctx.db.session() as session:
+        return _replay(ctx, session, account_id, key, body)
+
+
+async def order_server(call: Call) -> Reply | Response:
     key = idempotency_key(call.request)
-    done = await run_in_threadpool(place_order, call.ctx, call.account_id, call.body, key)
+    sent = x402.payment_header(call.request)
+    if sent is not None:
+        return await _paid_order(call, key, *sent)
+    try:
+        done = await run_in_threadpool(place_order, call.ctx, call.account_id, call.body, key)
+    except InsufficientBalance as exc:
+        return x402_orders.short_balance(call.ctx, exc, "/servers", x402_orders.ORDER_DESCRIPTION)
     return Reply(done.order, 201, {"Idempotent-Replayed": "true"} if done.replayed else {})
+
+
+async def _paid_order(call: Call, key: str | None, header: str, version: int) -> Reply | Response:
+    """An order re-sent with an x402 payment: settle and credit it, then order (vpsshop.payments.x402_orders)."""
+    ctx, body, account_id = call.ctx, call.body, call.account_id
+    price = _resolve(ctx, body)  # a bad plan, location or os is refused before anything is paid
+    coin, payment = x402_orders.decode(ctx, header, version)
+    key = x402_orders.order_key(key, payment)
+    replay = await run_in_threadpool(replay_order, ctx, account_id, key, body)
+    if replay is not None:  # this payment (or this key) bought its server already
+        return Reply(replay.order, 201, {"Idempotent-Replayed": "true"})
+    assert call.principal is not None
+    paid = await x402_orders.settle_for(
+        ctx, coin, payment, header, version, account_id=account_id, price_micros=price,
+        balance_micros=call.principal.balance_micros, path="/servers", description=x402_orders.ORDER_DESCRIPTION,
+        purpose=f"order:{key}")
+    try:
+        done = await run_in_threadpool(place_order, ctx, account_id, body, key)
+    except ApiError as exc:
+        return x402_orders.kept_on_balance(exc, paid, "the order")
+    return Reply(done.order, 201, {**paid.headers, **({"Idempotent-Replayed": "true"} if done.replayed else {})})
 
 
 # ---- reading -------------------------------------------------------------------------------------
@@ -354,7 +390,9 @@ async def patch_server(call: Call) -> ServerOut:
 # ---- renewal and power ---------------------------------------------------------------------------
 
 
-def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
+def renew_now(ctx: AppContext, account_id: int, server_id: int, *, paid_by: int | None = None) -> RenewOut:
+    """Renew one cycle from the balance. ``paid_by``: the x402 record that paid for it, marked done
+    in the same transaction."""
     for _ in range(3):
         try:
             with ctx.db.session() as session:
@@ -363,6 +401,8 @@ def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
                     raise Conflict("server_not_renewable",
                                    f"A {server.status} server cannot be renewed (only active or suspended ones).")
                 result = renew(session, server, ctx.clock.now(), by="customer")
+                if paid_by is not None:
+                    x402_orders.mark_done(session, paid_by)
                 return RenewOut(server=server_out(result.server),
                                 charged_usd=micros_to_usd(server.price_micros if result.charged else 0))
         except RenewalRaced:
@@ -370,8 +410,49 @@ def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
     raise Conflict("server_busy", "The server changed while renewing; retry.")
 
 
-async def renew_server(call: Call) -> RenewOut:
-    return await run_in_threadpool(renew_now, call.ctx, call.account_id, call.path["id"])
+async def renew_server(call: Call) -> RenewOut | Response:
+    server_id = call.path["id"]
+    sent = x402.payment_header(call.request)
+    if sent is not None:
+        return await _paid_renewal(call, server_id, *sent)
+    try:
+        return await run_in_threadpool(renew_now, call.ctx, call.account_id, server_id)
+    except InsufficientBalance as exc:
+        return x402_orders.short_balance(call.ctx, exc, f"/servers/{server_id}/renew", x402_orders.RENEWAL_DESCRIPTION,
+                                         "/servers/{id}/renew")
+
+
+def _renewal_terms(ctx: AppContext, account_id: int, server_id: int) -> tuple[int, int]:
+    """(price of one cycle, balance) of a renewable server. :raises ApiError: 404, 409 as renew_now."""
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id)
+        if server.status not in ("active", "suspended"):
+            raise Conflict("server_not_renewable",
+                           f"A {server.status} server cannot be renewed (only active or suspended ones).")
+        account = session.get(Account, account_id)
+        assert account is not None
+        return server.price_micros, account.balance_micros
+
+
+async def _paid_renewal(call: Call, server_id: int, header: str, version: int) -> Reply | Response:
+    """A renewal re-sent with an x402 payment: settle and credit it, then renew, once per authorization."""
+    ctx, account_id = call.ctx, call.account_id
+    coin, payment = x402_orders.decode(ctx, header, version)
+    purpose = f"renew:{server_id}"
+    earlier = await run_in_threadpool(x402_orders.recorded, ctx, coin, payment)
+    if earlier is not None and earlier.purpose == purpose and earlier.outcome == "done" and \
+            earlier.status == "settled":
+        server = await run_in_threadpool(server_of, ctx, account_id, server_id)
+        return Reply(RenewOut(server=server, charged_usd=server.price_usd), 200, {"Idempotent-Replayed": "true"})
+    price, balance = await run_in_threadpool(_renewal_terms, ctx, account_id, server_id)
+    paid = await x402_orders.settle_for(
+        ctx, coin, payment, header, version, account_id=account_id, price_micros=price, balance_micros=balance,
+        path=f"/servers/{server_id}/renew", description=x402_orders.RENEWAL_DESCRIPTION, purpose=purpose)
+    try:
+        out = await run_in_threadpool(lambda: renew_now(ctx, account_id, server_id, paid_by=paid.record_id))
+    except ApiError as exc:
+        return x402_orders.kept_on_balance(exc, paid, "the renewal")
+    return Reply(out, 200, paid.headers)
 
 
 def power_action(ctx: AppContext, account_id: int, server_id: int, action: str) -> PowerActionOut:
