@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
+from pydantic import Field
 from sqlmodel import select
 from starlette.responses import Response
 
 from vpsshop.coins import X402Coin, X402Payment, X402Settlement
 from vpsshop.errors import ApiError
 from vpsshop.money import MICROS_PER_USD, micros_to_usd
+from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.payments import engine_for
 from vpsshop.payments import x402
 from vpsshop.payments.models import Topup, X402Record
@@ -44,6 +46,29 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ORDER_DESCRIPTION = "Pays what the balance lacks for this server order; the order is placed with the paid re-send."
 RENEWAL_DESCRIPTION = "Pays what the balance lacks for renewing this server; it is renewed with the paid re-send."
+
+
+class X402InsufficientBalanceBody(InsufficientBalanceBody):
+    """The 402 ``insufficient_balance`` of an order or renewal; with an x402 coin also x402 v1."""
+
+    x402Version: int | None = Field(None, description="1 when the shop takes x402: pay the deficit and re-send.")
+    accepts: list[dict[str, Any]] | None = Field(
+        None, description="x402 v1 payment requirements for the deficit (one entry per x402 coin).")
+
+
+X402_HEADERS_DOC = (
+    "When the balance is short and the shop takes x402 (USDCBASE), the 402 keeps the seed's body (error "
+    "insufficient_balance, message, price, balance, deficit) and adds the x402 payment requirements for the "
+    "deficit: `x402Version` and `accepts` in the body (v1) and the `PAYMENT-REQUIRED` header (v2, with the "
+    "`bazaar` and `payment-identifier` extensions). Re-send the same request with `X-PAYMENT` (v1) or "
+    "`PAYMENT-SIGNATURE` (v2): the payment is settled, credited to the balance as a completed top-up, and the "
+    "request is made in the same call; the answer carries `X-PAYMENT-RESPONSE` or `PAYMENT-RESPONSE`. The "
+    "authorization must pay at least the deficit and at most the price (else 402 wrong_amount, nothing moves). "
+    "A payment is used once: re-sending it returns the first result (header Idempotent-Replayed: true). If the "
+    "request fails after the payment settled, the answer is that failure with a `payment` object "
+    "{topup, credited_usd, transaction}: the money stays on the balance. 503 settlement_pending: re-send the same "
+    "payment. See docs/x402.md."
+)
 
 
 def offered_coin(ctx: "AppContext") -> X402Coin | None:

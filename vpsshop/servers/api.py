@@ -31,9 +31,8 @@ from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
-from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.payments import x402, x402_orders
-from vpsshop.routing import ApiModel, ApiRoute, Call, Reply, idempotency_header, idempotency_key
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
 from vpsshop.servers.models import ServerEvent, ServerJob
@@ -475,6 +474,13 @@ def _power_endpoint(action: str):  # type: ignore[no-untyped-def]
     return power
 
 
+_X402_HEADERS = (
+    Header("X-PAYMENT", "x402 v1 payment payload (base64 JSON) paying the deficit named by the 402; the answer "
+           "then carries X-PAYMENT-RESPONSE.", schema={"type": "string", "minLength": 1}),
+    Header("PAYMENT-SIGNATURE", "x402 v2 payment payload (base64 JSON), instead of X-PAYMENT; the answer then "
+           "carries PAYMENT-RESPONSE.", schema={"type": "string", "minLength": 1}),
+)
+
 _NOT_YOURS = "No server with this id on this account (another account's server is a 404 too)."
 
 
@@ -504,15 +510,23 @@ def routes() -> list[ApiRoute]:
             "refunded to the balance.\n\n"
             "Idempotency-Key: scoped to the account. A retry with the same key and the same body returns the first "
             "order's response (201, header Idempotent-Replayed: true) and charges nothing; the same key with a "
-            "different body is a 409 idempotency_key_reused. Keys do not expire.",
-            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),),
+            "different body is a 409 idempotency_key_reused. Keys do not expire.\n\n"
+            "Paying by x402: " + x402_orders.X402_HEADERS_DOC + " An order paid this way is idempotent even "
+            "without Idempotency-Key: its key is then the x402 `payment-identifier` id if the client sent one, "
+            "else the authorization itself.",
+            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),
+                     *_X402_HEADERS),
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
-                "invalid_root_password, invalid_idempotency_key, unknown_field",
-                409: "idempotency_key_reused: this key was used for a different order.",
+                "invalid_root_password, invalid_idempotency_key, unknown_field, invalid_payment, invalid_coin "
+                "(a payment header sent to a shop without x402)",
+                409: "idempotency_key_reused: this key was used for a different order; nonce_used: the x402 "
+                "authorization was used for another request.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
-            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged.",
-                             InsufficientBalanceBody)},
+            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged (with the "
+                             "x402 requirements for the deficit when the shop takes x402); wrong_amount or another "
+                             "x402 refusal of a payment.", x402_orders.X402InsufficientBalanceBody)},
             tags=TAG, operation_id="orderServer",
         ),
         ApiRoute(
@@ -547,11 +561,18 @@ def routes() -> list[ApiRoute]:
             description="Charges one billing cycle from the balance now and moves expires_at one cycle on. A "
             "suspended server (expired unpaid) becomes active again and its VM is started; its new period starts "
             "now. Servers renew themselves from the balance up to 72 hours before expiry (capped at half the "
-            "cycle), so this is for bringing a suspended server back or paying ahead.",
-            responses={402: ("insufficient_balance: the balance does not cover one cycle.", InsufficientBalanceBody)},
+            "cycle), so this is for bringing a suspended server back or paying ahead.\n\n"
+            "Paying by x402: " + x402_orders.X402_HEADERS_DOC,
+            responses={402: ("insufficient_balance: the balance does not cover one cycle (with the x402 "
+                             "requirements for the deficit when the shop takes x402); wrong_amount or another x402 "
+                             "refusal.", x402_orders.X402InsufficientBalanceBody)},
+            headers=_X402_HEADERS,
             errors={
+                400: "invalid_payment (a malformed X-PAYMENT or PAYMENT-SIGNATURE), invalid_coin",
                 404: _NOT_YOURS,
-                409: "server_not_renewable: the server is provisioning or terminated.",
+                409: "server_not_renewable: the server is provisioning or terminated; nonce_used: the x402 "
+                "authorization was used for another request.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
             tags=TAG, operation_id="renewServer",
         ),
