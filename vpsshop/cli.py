@@ -294,6 +294,23 @@ backend = "libvirt"
 """
 
 
+DEFAULT_MCP_API_URL = "http://127.0.0.1:8000/v1"
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve the MCP tools; the customer's API key comes from $VPSSHOP_API_KEY (never an argument:
+    command lines are visible to every user of the machine)."""
+    from vpsshop import mcpserver
+
+    api_url = args.api_url or os.environ.get("VPSSHOP_API_URL") or DEFAULT_MCP_API_URL
+    api_key = os.environ.get("VPSSHOP_API_KEY") or None
+    if api_key is None:
+        logging.getLogger("vpsshop.mcp").warning(
+            "VPSSHOP_API_KEY is not set: only the catalog and quotes work (create an account with POST /v1/account)")
+    mcpserver.run(api_url, api_key, args.transport, args.host, args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vpsshop", description="Run a prepaid crypto VPS shop.")
     parser.add_argument("--version", action="version", version=f"vpsshop {__version__}")
@@ -324,6 +341,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = with_config(sub.add_parser("migrate", help="bring the database schema up to date"))
     migrate.set_defaults(func=cmd_migrate)
+
+    mcp = sub.add_parser("mcp", help="an MCP server for AI agents, using a deployment's API with a customer key",
+                         description="Serve Model Context Protocol tools (catalog, quote, account, top-ups, "
+                         "ordering, server status and power, renewals, credentials) that call a vpsshop "
+                         "deployment's HTTP API with the customer's API key. See docs/mcp.md.")
+    mcp.add_argument("--api-url", default=None,
+                     help=f"the deployment's API base URL ending in /v1 (default: $VPSSHOP_API_URL, else "
+                     f"{DEFAULT_MCP_API_URL})")
+    mcp.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio",
+                     help="stdio (default: the agent starts this command) or streamable-http")
+    mcp.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on (default loopback)")
+    mcp.add_argument("--port", type=int, default=8765, help="streamable-http: port (default 8765); path /mcp")
+    mcp.set_defaults(func=cmd_mcp)
 
     admin = sub.add_parser("admin", help="support tasks")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
