@@ -291,6 +291,18 @@ backend = "libvirt"
 # xpub = "zpub..."          # watch-only: the server never holds a spending key
 # rpc_url = "http://user:pass@127.0.0.1:8332"
 # confirmations = 2
+#
+# USDC on Base paid by x402 (docs/x402.md): no deposit address; the customer's client signs an
+# authorization and the shop settles it during the request. A shop that takes only USDCBASE still
+# needs [rates] above (e.g. source = "fixed" with prices = {{ USDC = "1" }}) and [hypervisor].
+# [coins.USDCBASE]
+# mode = "direct"           # the shop settles from its relayer wallet (or "facilitator")
+# network = "base"          # or "base-sepolia" for testing
+# pay_to = "0xYourShopAddress"                # receives the USDC; keep its key off this machine
+# rpc_url = "https://mainnet.base.org"        # a Base JSON-RPC endpoint
+# relayer_key_env = "VPSSHOP_X402_RELAYER_KEY"  # env var holding the relayer key (pays gas only), or
+# relayer_key_encrypted = "gAAAA..."          # from: python -m vpsshop_x402 encrypt-relayer-key
+# # mode = "facilitator" instead: facilitator_url = "https://your-facilitator.example" (rpc_url optional)
 """
 
 
