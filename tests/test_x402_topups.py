@@ -230,11 +230,12 @@ def test_wrong_amount_is_refused_and_moves_nothing(
 
 
 def run_watcher(app: Any) -> int:
-    """One watcher step over the open x402 records (what the background watcher runs)."""
-    from vpsshop.payments import engine_for
-    from vpsshop.payments.x402 import resolve_open_settlements
+    """One pass over the open x402 records (what the ``x402-settlements`` background task runs)."""
+    from vpsshop.x402.hooks import settlement_task
 
-    return asyncio.run(resolve_open_settlements(engine_for(app.state.ctx)))
+    task = settlement_task(app.state.ctx)
+    assert task is not None
+    return asyncio.run(task.run())["credited"]
 
 
 def send_unknown_outcome(
@@ -302,7 +303,7 @@ def test_open_record_is_closed_only_after_valid_before(
     topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
     vpsshop_app: Any, vpsshop_clock: Any,
 ) -> None:
-    from vpsshop.payments.x402 import SETTLE_GRACE
+    from vpsshop.x402.settlement import SETTLE_GRACE
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
     header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])  # validBefore = now + 120 s
@@ -334,7 +335,7 @@ def test_retry_after_valid_before_closes_the_record(
     topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
     vpsshop_app: Any, vpsshop_clock: Any,
 ) -> None:
-    from vpsshop.payments.x402 import SETTLE_GRACE
+    from vpsshop.x402.settlement import SETTLE_GRACE
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
     header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])

@@ -20,7 +20,7 @@ from vpsshop.errors import BadRequest
 from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, make_view, qr_data_uri
-from vpsshop.payments import discovery, x402
+from vpsshop.x402 import discovery, headers, settlement
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
 
 TAG = ("topups",)
@@ -126,7 +126,7 @@ async def create_topup(call: Call) -> Reply | Response:
     mode = (_header(call, "x-payment-mode") or "").strip().lower()
     if mode and mode not in ("x402", "deposit"):
         raise BadRequest("invalid_payment_mode", "X-Payment-Mode must be x402 (or deposit, the default).")
-    if _header(call, "x-payment") is not None or _header(call, "payment-signature") is not None:
+    if headers.sends_payment(call.request):
         # a client that sends a payment means to pay by x402
         if mode == "deposit":
             raise BadRequest("invalid_payment_mode",
@@ -154,24 +154,23 @@ async def create_deposit_topup(
 
 
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
-    engine = engine_for(call.ctx)
-    sent = x402.payment_header(call.request)
+    sent = headers.payment_header(call.request)
     if sent is None:
-        body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
+        body = headers.payment_required_body(call.ctx, coin, amount_micros, "X-PAYMENT header is required")
         response = json_response(body, 402)
-        required = x402.payment_required_header(engine, coin, amount_micros,
-                                                extensions=discovery.extensions(call.ctx, "/topups"))
+        required = headers.payment_required_header(call.ctx, coin, amount_micros,
+                                                   extensions=discovery.extensions(call.ctx, "/topups"))
         if required is not None:
             response.headers["PAYMENT-REQUIRED"] = required
             response.headers["Access-Control-Expose-Headers"] = "PAYMENT-REQUIRED"
         return response
     header, version = sent
-    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, header, version)
+    topup, settled = await settlement.pay(call.ctx, coin, call.account_id, amount_micros, header, version)
     from vpsshop.payments.engine import x402_view
 
     out = render(call.ctx, x402_view(topup, "settled" if topup.status == "completed" else None))
     name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
-    return Reply(out, 201, {name: x402.response_header(coin, settlement, version),
+    return Reply(out, 201, {name: headers.response_header(coin, settled, version),
                             "Access-Control-Expose-Headers": name})
 
 

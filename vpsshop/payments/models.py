@@ -3,6 +3,7 @@ address index counters. Schema owned by migration ``0002_topups``."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Optional
 
@@ -132,3 +133,8 @@ class AddressCounter(SQLModel, table=True):
     coin: str = Field(max_length=16, primary_key=True)
     key_id: str = Field(max_length=80, primary_key=True)
     last_index: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+
+
+def new_ref() -> str:
+    """An unguessable top-up reference (128 random bits)."""
+    return "tp_" + secrets.token_urlsafe(16)

@@ -31,7 +31,8 @@ from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
-from vpsshop.payments import x402, x402_orders
+from vpsshop.x402 import headers as x402_headers
+from vpsshop.x402 import orders as x402_orders
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
@@ -293,7 +294,7 @@ def replay_order(ctx: AppContext, account_id: int, key: str, body: OrderBody) ->
 
 async def order_server(call: Call) -> Reply | Response:
     key = idempotency_key(call.request)
-    sent = x402.payment_header(call.request)
+    sent = x402_headers.payment_header(call.request)
     if sent is not None:
         return await _paid_order(call, key, *sent)
     try:
@@ -304,7 +305,7 @@ async def order_server(call: Call) -> Reply | Response:
 
 
 async def _paid_order(call: Call, key: str | None, header: str, version: int) -> Reply | Response:
-    """An order re-sent with an x402 payment: settle and credit it, then order (vpsshop.payments.x402_orders)."""
+    """An order re-sent with an x402 payment: settle and credit it, then order (vpsshop.x402.orders)."""
     ctx, body, account_id = call.ctx, call.body, call.account_id
     price = _resolve(ctx, body)  # a bad plan, location or os is refused before anything is paid
     coin, payment = x402_orders.decode(ctx, header, version)
@@ -411,7 +412,7 @@ def renew_now(ctx: AppContext, account_id: int, server_id: int, *, paid_by: int 
 
 async def renew_server(call: Call) -> RenewOut | Response:
     server_id = call.path["id"]
-    sent = x402.payment_header(call.request)
+    sent = x402_headers.payment_header(call.request)
     if sent is not None:
         return await _paid_renewal(call, server_id, *sent)
     try:

@@ -9,7 +9,7 @@ description (component references become ``#/$defs/...`` of the same schema, not
 
 ``payment-identifier``: the shop accepts an optional client id of the payment (16 to 128 letters,
 digits, ``_``, ``-``) and uses it as the idempotency key of an order paid in the same request
-(see :mod:`vpsshop.payments.x402_orders`).
+(see :mod:`vpsshop.x402.orders`).
 """
 
 from __future__ import annotations

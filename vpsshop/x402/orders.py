@@ -11,7 +11,7 @@ makes the order or the renewal, in that order:
 * the authorization must pay at least the deficit of the moment and at most the price (anything else
   is a 402 ``wrong_amount`` and nothing moves);
 * the payment is recorded under (payer, nonce) with its purpose before it is settled (see
-  :func:`vpsshop.payments.x402.pay`), so it is credited once whatever is re-sent;
+  :func:`vpsshop.x402.settlement.pay`), so it is credited once whatever is re-sent;
 * the same payment never buys twice: an order's idempotency key is the ``Idempotency-Key`` header,
   else the id of the v2 ``payment-identifier`` extension, else the authorization itself
   (``x402:<payer>:<nonce>``); a renewal paid by an authorization is marked done in the renewal's own
@@ -32,13 +32,12 @@ from sqlmodel import select
 from starlette.responses import Response
 
 from vpsshop.coins import X402Coin, X402Payment, X402Settlement
-from vpsshop.errors import ApiError
+from vpsshop.errors import ApiError, BadRequest
 from vpsshop.money import MICROS_PER_USD, micros_to_usd
 from vpsshop.openapi import InsufficientBalanceBody
-from vpsshop.payments import engine_for
-from vpsshop.payments import x402
 from vpsshop.payments.models import Topup, X402Record
 from vpsshop.routing import json_response
+from vpsshop.x402 import discovery, headers, settlement
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -80,9 +79,7 @@ def offered_coin(ctx: "AppContext") -> X402Coin | None:
 
 
 def extensions_for(ctx: "AppContext", path: str, method: str = "POST") -> dict[str, Any]:
-    """The x402 v2 extensions declared on a 402 of ``path`` (see :mod:`vpsshop.payments.discovery`)."""
-    from vpsshop.payments import discovery
-
+    """The x402 v2 extensions declared on a 402 of ``path`` (see :mod:`vpsshop.x402.discovery`)."""
     return discovery.extensions(ctx, path, method)
 
 
@@ -97,16 +94,15 @@ def short_balance(
     coin = offered_coin(ctx)
     if coin is None:
         raise exc
-    engine = engine_for(ctx)
     deficit = exc.price_micros - exc.balance_micros
-    body = {**exc.body(), "x402Version": x402.X402_VERSION,
-            "accepts": [x402.requirements(engine, coin, deficit, path, description)]}
-    headers: dict[str, str] = {}
-    required = x402.payment_required_header(engine, coin, deficit, path, description,
-                                         extensions_for(ctx, openapi_path or path))
+    body = {**exc.body(), "x402Version": headers.X402_VERSION,
+            "accepts": [headers.requirements(ctx, coin, deficit, path, description)]}
+    sent: dict[str, str] = {}
+    required = headers.payment_required_header(ctx, coin, deficit, path, description,
+                                               extensions_for(ctx, openapi_path or path))
     if required is not None:
-        headers = {"PAYMENT-REQUIRED": required, "Access-Control-Expose-Headers": "PAYMENT-REQUIRED"}
-    return json_response(body, 402, headers)
+        sent = {"PAYMENT-REQUIRED": required, "Access-Control-Expose-Headers": "PAYMENT-REQUIRED"}
+    return json_response(body, 402, sent)
 
 
 @dataclass(frozen=True)
@@ -122,7 +118,7 @@ class Paid:
     @property
     def headers(self) -> dict[str, str]:
         name = "X-PAYMENT-RESPONSE" if self.version == 1 else "PAYMENT-RESPONSE"
-        return {name: x402.response_header(self.coin, self.settlement, self.version),
+        return {name: headers.response_header(self.coin, self.settlement, self.version),
                 "Access-Control-Expose-Headers": name}
 
     def summary(self) -> dict[str, Any]:
@@ -135,15 +131,17 @@ def decode(ctx: "AppContext", header: str, version: int) -> tuple[X402Coin, X402
 
     :raises ApiError: 400 invalid_coin (no x402 coin), 400 invalid_payment (malformed header).
     """
-    coin = engine_for(ctx).x402_coin()
-    return coin, x402.decode(coin, header, version)
+    coin = offered_coin(ctx)
+    if coin is None:
+        raise BadRequest("invalid_coin", "x402 payments are not offered by this shop.")
+    return coin, headers.decode(coin, header, version)
 
 
 def order_key(idempotency_key: str | None, payment: X402Payment) -> str:
     """The idempotency key of an order paid by ``payment`` (see the module docs)."""
     if idempotency_key is not None:
         return idempotency_key
-    identifier = x402.payment_identifier(payment)
+    identifier = headers.payment_identifier(payment)
     if identifier is not None:
         return f"x402-id:{identifier}"
     return f"x402:{payment.payer.lower()}:{payment.nonce.lower()}"
@@ -164,7 +162,7 @@ async def settle_for(
     """Settle ``payment`` for what an order or renewal of ``price_micros`` lacks, and credit it.
 
     :raises ApiError: 402 wrong_amount (less than the deficit or more than the price, nothing moved),
-        the refusals and 503 of :func:`vpsshop.payments.x402.pay`.
+        the refusals and 503 of :func:`vpsshop.x402.settlement.pay`.
     """
     micros = payment.value_atomic * MICROS_PER_USD // 10**coin.decimals
     deficit = max(0, price_micros - balance_micros)
@@ -179,11 +177,11 @@ async def settle_for(
         )
     if earlier is not None:
         micros = int(earlier.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
-    topup, settlement = await x402.pay(engine_for(ctx), coin, account_id, micros, header, version,
-                                       path=path, description=description, purpose=purpose)
+    topup, settled = await settlement.pay(ctx, coin, account_id, micros, header, version,
+                                          path=path, description=description, purpose=purpose)
     record = await to_thread.run_sync(recorded, ctx, coin, payment)
     assert record is not None and record.id is not None
-    return Paid(coin, topup, settlement, record.id, version)
+    return Paid(coin, topup, settled, record.id, version)
 
 
 def kept_on_balance(exc: ApiError, paid: Paid, what: str) -> Response:
