@@ -38,7 +38,8 @@ def test_the_local_chain_walk_orders_a_server_paid_by_x402(tmp_path: Path, vpssh
             assert chain.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         text = config.read_text()
-        assert '[coins.USDCBASE]' in text and 'relayer_key_encrypted = "' in text and oct(config.stat().st_mode)[-3:] == "600"
+        assert '[coins.USDCBASE]' in text and 'relayer_key_encrypted = "' in text
+        assert oct(config.stat().st_mode)[-3:] == "600"
         shop_env = {**env, "VPSSHOP_DATABASE_URL": vpsshop_database_url}
         with serve(tmp_path, shop_env, "--config", str(config), port=port) as served:
             done = subprocess.run([sys.executable, SCRIPT, "order", served.base, str(workdir)], env=env,

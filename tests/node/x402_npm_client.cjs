@@ -1,4 +1,4 @@
-// The npm x402 clients, driven by tests/test_x402.py to prove the shop accepts what they send.
+// The npm x402 clients, driven by tests/test_x402_clients.py and tests/test_x402_orders.py to prove the shop accepts what they send.
 // Reads JSON on stdin: {"privateKey", "rpcUrl"} and either
 //   "requirements": one x402 v1 accepts entry -> prints the X-PAYMENT header (x402/client createPaymentHeader)
 //   "url": a paid resource -> POSTs to it with x402-fetch's wrapFetchWithPayment and prints
