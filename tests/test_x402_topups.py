@@ -498,3 +498,16 @@ def test_v2_payment_without_max_timeout_seconds_is_a_400_that_leaves_nothing(
     with vpsshop_app.state.ctx.db.session() as session:
         assert session.exec(select(X402Record)).all() == [] and session.exec(select(Topup)).all() == []
     assert balance(http, auth) == 0 and topup_chain.usdc(payer.address) == 100 * USDC_UNIT
+
+
+def test_x402_topup_402_has_a_message_and_a_bad_idempotency_key_is_a_400(
+    http: httpx.Client, auth: dict[str, str], shop: Any
+) -> None:
+    first = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth)
+    assert first.status_code == 402 and "X-PAYMENT" in first.json()["message"], first.text
+    bad = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
+                    headers={**auth, "Idempotency-Key": "has spaces"})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key", bad.text
+    bad = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
+                    headers={**auth, "Idempotency-Key": "has spaces", "X-PAYMENT": "e30="})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key", bad.text

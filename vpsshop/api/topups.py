@@ -121,6 +121,7 @@ def _header(call: Call, name: str) -> str | None:
 
 async def create_topup(call: Call) -> Reply | Response:
     body: TopupBody = call.body
+    key = idempotency_key(call.request)  # a malformed key is a 400 whichever way the top-up is paid
     engine = engine_for(call.ctx)
     amount_micros = usd_to_micros(body.amount)
     mode = (_header(call, "x-payment-mode") or "").strip().lower()
@@ -138,7 +139,6 @@ async def create_topup(call: Call) -> Reply | Response:
         return await _x402_topup(call, coin, amount_micros)
     if not isinstance(coin, DepositCoin):
         raise BadRequest("invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
-    key = idempotency_key(call.request)
     return Reply(await create_deposit_topup(call.ctx, call.account_id, coin, amount_micros, key), 201)
 
 
@@ -208,6 +208,7 @@ class X402RequirementsOut(BaseModel):
 
     x402Version: int
     error: str
+    message: str = Field(description="What to do: sign the requirements in accepts and re-send the request.")
     accepts: list[dict[str, Any]]
 
 

@@ -96,7 +96,12 @@ def decode_recorded(coin: X402Coin, header: str) -> X402Payment:
 
 
 def payment_required_body(ctx: "AppContext", coin: X402Coin, amount_micros: int, error: str) -> dict[str, Any]:
-    return {"x402Version": X402_VERSION, "error": error, "accepts": [requirements(ctx, coin, amount_micros)]}
+    """The x402 v1 body of a top-up's 402. ``error`` is x402's text; ``message`` says what to do, as
+    every error body of the API does."""
+    return {"x402Version": X402_VERSION, "error": error,
+            "message": f"Pay {amount_micros / MICROS_PER_USD:.2f} USD in {coin.code}: sign the payment requirements "
+            "in accepts (x402) and re-send this request with X-PAYMENT (v1) or PAYMENT-SIGNATURE (v2).",
+            "accepts": [requirements(ctx, coin, amount_micros)]}
 
 
 def _b64_json(body: dict[str, Any]) -> str:
