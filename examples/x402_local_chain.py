@@ -46,7 +46,7 @@ def write_config(workdir: Path, shop_port: int, chain_url: str, asset: str, pay_
     config = f'''# A sandbox shop (simulated servers) that takes USDCBASE on a local anvil chain.
 # Written by examples/x402_local_chain.py; see docs/x402.md.
 mode = "sandbox"
-database_url = "sqlite:///{workdir / 'shop.db'}"
+database_url = "sqlite:///{workdir / "shop.db"}"
 public_url = "http://127.0.0.1:{shop_port}/v1"
 secret_key = "{secrets.token_urlsafe(32)}"
 encryption_key = "{encryption_key}"
@@ -78,10 +78,12 @@ def chain_command(args: argparse.Namespace) -> int:
         customer = chain.new_account(usdc=100 * USDC_UNIT)
         (workdir / "customer.key").write_text("0x" + bytes(customer.key).hex())
         (workdir / "customer.key").chmod(0o600)
-        (workdir / "chain.json").write_text(json.dumps({"rpc_url": chain.url, "asset": chain.asset,
-                                                        "shop": shop.address, "customer": customer.address}))
-        path = write_config(workdir, args.shop_port, chain.url, chain.asset, shop.address,
-                            "0x" + bytes(relayer.key).hex())
+        (workdir / "chain.json").write_text(
+            json.dumps({"rpc_url": chain.url, "asset": chain.asset, "shop": shop.address, "customer": customer.address})
+        )
+        path = write_config(
+            workdir, args.shop_port, chain.url, chain.asset, shop.address, "0x" + bytes(relayer.key).hex()
+        )
         print(f"anvil at {chain.url}, test USDC at {chain.asset}")
         print(f"shop pay_to {shop.address}, relayer {relayer.address} (1 ETH for gas)")
         print(f"customer {customer.address} with 100 USDC; its key is in {workdir / 'customer.key'}")
@@ -116,15 +118,23 @@ def order_command(args: argparse.Namespace) -> int:
         account = http.post("/account").json()
         auth = {"Authorization": f"Bearer {account['api_key']}"}
         catalog = http.get("/catalog").json()
-        order = {"plan": args.plan or catalog["plans"][0]["id"], "location": args.location or catalog["locations"][0]["id"],
-                 "os": args.os or catalog["operating_systems"][0]["id"]}
+        order = {
+            "plan": args.plan or catalog["plans"][0]["id"],
+            "location": args.location or catalog["locations"][0]["id"],
+            "os": args.os or catalog["operating_systems"][0]["id"],
+        }
         print("account", account["user_id"], "balance", http.get("/account", headers=auth).json()["balance_usd"], "USD")
 
         client = x402Client()
         # The clients' spending limits (docs/x402.md): the PyPI client pays only the assets it knows
         # (Circle's USDC) up to $1 a payment unless told otherwise. This token is a local one.
-        client.set_spend_controls({"allowed_assets": [
-            {"network": "eip155:8453", "asset": chain["asset"], "max_amount_per_payment": str(50 * USDC_UNIT)}]})
+        client.set_spend_controls(
+            {
+                "allowed_assets": [
+                    {"network": "eip155:8453", "asset": chain["asset"], "max_amount_per_payment": str(50 * USDC_UNIT)}
+                ]
+            }
+        )
         client.register("eip155:8453", ExactEvmClientScheme(customer))
 
         async def pay() -> httpx.Response:

@@ -28,12 +28,27 @@ async def agent_session(client: Any, env: dict[str, str], cwd: Path, user_id: in
         return result.structured_content
 
     names = {t.name for t in (await client.list_tools()).tools}
-    assert {"get_catalog", "quote", "get_account", "start_topup", "get_topup", "order_server", "list_servers",
-            "get_server", "wait_for_server", "power_server", "renew_server", "get_credentials"} <= names
+    assert {
+        "get_catalog",
+        "quote",
+        "get_account",
+        "start_topup",
+        "get_topup",
+        "order_server",
+        "list_servers",
+        "get_server",
+        "wait_for_server",
+        "power_server",
+        "renew_server",
+        "get_credentials",
+    } <= names
     catalog = await tool("get_catalog")
     assert catalog["http_status"] == 200
-    plan, location, system = catalog["plans"][0]["id"], catalog["locations"][0]["id"], \
-        catalog["operating_systems"][0]["id"]
+    plan, location, system = (
+        catalog["plans"][0]["id"],
+        catalog["locations"][0]["id"],
+        catalog["operating_systems"][0]["id"],
+    )
     quoted = await tool("quote", plan=plan, location=location)
     assert quoted["price_usd"] > 0 and quoted["balance_usd"] == 0 and quoted["deficit_usd"] == quoted["price_usd"]
 
@@ -44,8 +59,13 @@ async def agent_session(client: Any, env: dict[str, str], cwd: Path, user_id: in
     assert topup["http_status"] == 201 and topup["deposit_address"]
     assert (await tool("get_topup", ref=topup["ref"]))["status"] == "pending"
 
-    subprocess.run([VPSSHOP, "admin", "credit", str(user_id), "10", "--reason", "agent test"], cwd=cwd, env=env,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [VPSSHOP, "admin", "credit", str(user_id), "10", "--reason", "agent test"],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     ordered = await tool("order_server", plan=plan, location=location, os=system, idempotency_key="agent-1")
     assert ordered["http_status"] == 201, ordered
     server_id = ordered["server"]["id"]
@@ -76,8 +96,12 @@ def test_agent_orders_a_server_over_stdio(tmp_path: Path, shop: Any) -> None:
     from mcp import Client, StdioServerParameters
 
     served, env, created = shop
-    params = StdioServerParameters(command=VPSSHOP, args=["mcp", "--api-url", served.base],
-                                   env={"VPSSHOP_API_KEY": created["api_key"]}, cwd=str(tmp_path))
+    params = StdioServerParameters(
+        command=VPSSHOP,
+        args=["mcp", "--api-url", served.base],
+        env={"VPSSHOP_API_KEY": created["api_key"]},
+        cwd=str(tmp_path),
+    )
 
     async def run() -> dict[str, Any]:
         async with Client(params, read_timeout_seconds=180) as client:
@@ -95,7 +119,11 @@ def test_agent_orders_a_server_over_streamable_http(tmp_path: Path, shop: Any) -
     with log.open("w") as out:
         proc = subprocess.Popen(
             [VPSSHOP, "mcp", "--transport", "streamable-http", "--port", str(port), "--api-url", served.base],
-            cwd=tmp_path, env={**env, "VPSSHOP_API_KEY": created["api_key"]}, stdout=out, stderr=subprocess.STDOUT)
+            cwd=tmp_path,
+            env={**env, "VPSSHOP_API_KEY": created["api_key"]},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from vpsshop_x402 import USDCBASE
 from x402_coin import (  # noqa: F401 - chain, coin, relayer and shop are fixtures
     ETH,
     RESOURCE,
@@ -36,6 +35,7 @@ from x402_coin import (  # noqa: F401 - chain, coin, relayer and shop are fixtur
 from x402_peers import USDC_UNIT, Chain, StallingRpcFront, sign_v1_header, wait_until
 
 from vpsshop import PluginError, X402Rejected
+from vpsshop_x402 import USDCBASE
 
 pytestmark = pytest.mark.slow
 
@@ -129,8 +129,17 @@ def test_requirements_match_the_seed_and_work_offline(coin: USDCBASE, chain: Cha
             }
         ),
     ],
-    ids=["empty", "not-base64", "not-utf8", "not-json", "not-object", "wrong-version", "no-payload",
-         "no-authorization", "bad-address"],
+    ids=[
+        "empty",
+        "not-base64",
+        "not-utf8",
+        "not-json",
+        "not-object",
+        "wrong-version",
+        "no-payload",
+        "no-authorization",
+        "bad-address",
+    ],
 )
 def test_malformed_header_is_400_invalid_payment(coin: USDCBASE, header: str) -> None:
     with pytest.raises(X402Rejected) as err:
@@ -290,7 +299,7 @@ def test_two_processes_sharing_a_relayer_do_not_clash(
     first = make_coin(chain, shop, relayer, monkeypatch)
     second = make_coin(chain, shop, relayer, monkeypatch)
     requirements = first.payment_requirements(1 * USDC_UNIT, RESOURCE, "t")
-    for coin in (first, second, first, second):
+    for coin in (first, second, first, second):  # noqa: F402 - each of the two coins, not the fixture
         payer = chain.new_account(usdc=1 * USDC_UNIT)
         settle(coin, sign_v1_header(payer, requirements), requirements)
     assert chain.usdc(shop.address) == 4 * USDC_UNIT

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from vpsshop_x402 import USDCBASE
 from x402_coin import (  # noqa: F401 - chain, coin, relayer and shop are fixtures
     ETH,
     RESOURCE,
@@ -38,6 +37,7 @@ from x402_peers import (
 )
 
 from vpsshop import PluginError, X402Rejected
+from vpsshop_x402 import USDCBASE
 
 pytestmark = pytest.mark.slow
 
@@ -120,9 +120,7 @@ def _python_http_client(payer: Any, requirements_network: str, asset: str, v2: b
     return client
 
 
-def test_python_http_client_pays_the_402_over_http(
-    chain: Chain, paid_resource: X402ResourceDouble, shop: Any
-) -> None:
+def test_python_http_client_pays_the_402_over_http(chain: Chain, paid_resource: X402ResourceDouble, shop: Any) -> None:
     from x402.http.clients import x402HttpxClient
     from x402.http.utils import decode_payment_response_header
 
@@ -239,7 +237,10 @@ def test_facilitator_settles_python_client_payment(
     assert facilitator.requests == ["POST /verify", "POST /settle"]
     assert chain.w3.eth.get_transaction_receipt(settlement.transaction)["status"] == 1
     assert chain.usdc(payer.address) == 0 and chain.usdc(shop.address) == 40 * USDC_UNIT
-    assert asyncio.run(facilitated.settlement_status(facilitated.decode_payment(sign_v1_header(payer, requirements)))) is None
+    assert (
+        asyncio.run(facilitated.settlement_status(facilitated.decode_payment(sign_v1_header(payer, requirements))))
+        is None
+    )
     assert asyncio.run(facilitated.check_ready()).ok
 
 
@@ -297,8 +298,13 @@ def test_facilitator_that_does_not_answer_is_unknown_outcome(chain: Chain, shop:
     from x402_peers import free_port
 
     coin = USDCBASE.from_settings(
-        {"mode": "facilitator", "facilitator_url": f"http://127.0.0.1:{free_port()}", "pay_to": shop.address,
-         "asset": chain.asset, "network": "base"},
+        {
+            "mode": "facilitator",
+            "facilitator_url": f"http://127.0.0.1:{free_port()}",
+            "pay_to": shop.address,
+            "asset": chain.asset,
+            "network": "base",
+        },
         sandbox=False,
         where="coins.USDCBASE",
     )

@@ -19,8 +19,9 @@ def production_block() -> str:
     return match.group(1)
 
 
-def test_documented_production_config_builds_a_usdcbase_only_shop(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_documented_production_config_builds_a_usdcbase_only_shop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from vpsshop.context import AppContext
     from vpsshop.settings import load_settings
 
@@ -54,7 +55,7 @@ def test_init_template_has_a_usdcbase_block_that_validates(tmp_path: Path) -> No
     path = tmp_path / "vpsshop.toml"
     assert main(["init", str(path)]) == 0
     text = path.read_text()
-    block = text[text.index("# [coins.USDCBASE]"):]
+    block = text[text.index("# [coins.USDCBASE]") :]
     lines = [line[2:] for line in block.splitlines() if line.startswith("# ") and not line.startswith("# #")]
     lines = [line for line in lines if not line.startswith("relayer_key_encrypted")]  # one of the two ways
     section = tomllib.loads("\n".join(lines))["coins"]["USDCBASE"]

@@ -32,9 +32,14 @@ def test_payments_never_import_x402() -> None:
 
 
 def test_x402_uses_only_the_tables_of_payments() -> None:
-    allowed = {"vpsshop.payments", "vpsshop.payments.models", "vpsshop.payments.engine_for",
-               "vpsshop.payments.models.Topup", "vpsshop.payments.models.X402Record",
-               "vpsshop.payments.models.new_ref"}
+    allowed = {
+        "vpsshop.payments",
+        "vpsshop.payments.models",
+        "vpsshop.payments.engine_for",
+        "vpsshop.payments.models.Topup",
+        "vpsshop.payments.models.X402Record",
+        "vpsshop.payments.models.new_ref",
+    }
     modules = sorted((PACKAGE / "x402").glob("*.py"))
     assert {p.stem for p in modules} >= {"headers", "settlement", "orders", "discovery", "hooks"}
     for path in modules:

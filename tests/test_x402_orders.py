@@ -17,7 +17,16 @@ from typing import Any
 import httpx
 import pytest
 from test_x402_topups import (  # noqa: F401 - fixtures
-    Served, auth, balance, decode_header, http, relayer, served, shop, topup_chain, vpsshop_overrides,
+    Served,
+    auth,
+    balance,
+    decode_header,
+    http,
+    relayer,
+    served,
+    shop,
+    topup_chain,
+    vpsshop_overrides,
 )
 from x402_peers import USDC_UNIT, Chain, sign_v1_header, sign_v2_header
 
@@ -26,8 +35,11 @@ pytestmark = pytest.mark.slow
 
 def order_body(http: httpx.Client) -> dict[str, str]:
     catalog = http.get("/catalog").json()
-    return {"plan": catalog["plans"][0]["id"], "location": catalog["locations"][0]["id"],
-            "os": catalog["operating_systems"][0]["id"]}
+    return {
+        "plan": catalog["plans"][0]["id"],
+        "location": catalog["locations"][0]["id"],
+        "os": catalog["operating_systems"][0]["id"],
+    }
 
 
 def price_of(http: httpx.Client, body: dict[str, str]) -> Decimal:
@@ -52,7 +64,11 @@ def credit(app: Any, auth: dict[str, str], http: httpx.Client, usd: str) -> None
 
 
 def test_short_balance_402_is_the_seed_body_plus_x402_requirements(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, vpsshop_app: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    vpsshop_app: Any,
 ) -> None:
     body = order_body(http)
     price = price_of(http, body)
@@ -85,7 +101,10 @@ def test_short_balance_402_is_the_seed_body_plus_x402_requirements(
 
 
 def test_v1_client_orders_in_one_retry_and_the_payment_never_buys_twice(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
 ) -> None:
     body = order_body(http)
     price = price_of(http, body)
@@ -117,7 +136,12 @@ def test_v1_client_orders_in_one_retry_and_the_payment_never_buys_twice(
 
 
 def test_x402_httpx_client_orders_in_v2(
-    topup_chain: Chain, served: Served, http: httpx.Client, auth: dict[str, str], shop: Any, vpsshop_app: Any,
+    topup_chain: Chain,
+    served: Served,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    vpsshop_app: Any,
 ) -> None:
     """The PyPI ``x402HttpxClient`` pays the deficit from PAYMENT-REQUIRED and the order is placed."""
     from x402 import x402Client
@@ -147,7 +171,11 @@ def test_x402_httpx_client_orders_in_v2(
 
 
 def test_npm_x402_fetch_orders_in_v1(
-    topup_chain: Chain, served: Served, http: httpx.Client, auth: dict[str, str], shop: Any,
+    topup_chain: Chain,
+    served: Served,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
 ) -> None:
     from x402_peers import fetch_with_npm_client
 
@@ -163,7 +191,10 @@ def test_npm_x402_fetch_orders_in_v1(
 
 
 def test_payment_identifier_and_idempotency_key_map_onto_one_order(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
 ) -> None:
     body = order_body(http)
     price_atomic = int(price_of(http, body) * USDC_UNIT)
@@ -178,17 +209,32 @@ def test_payment_identifier_and_idempotency_key_map_onto_one_order(
 
     payer, again_payer = (topup_chain.new_account(usdc=100 * USDC_UNIT) for _ in range(2))
     identifier = "pay_0123456789abcdef0123"
-    paid = http.post("/servers", json=body, headers={
-        **auth, "PAYMENT-SIGNATURE": with_identifier(sign_v2_header(payer, accepted, resource), identifier)})
+    paid = http.post(
+        "/servers",
+        json=body,
+        headers={**auth, "PAYMENT-SIGNATURE": with_identifier(sign_v2_header(payer, accepted, resource), identifier)},
+    )
     assert paid.status_code == 201, paid.text
     # the client signs a new authorization for its retry, with the same payment id: the same order
-    retry = http.post("/servers", json=body, headers={
-        **auth, "PAYMENT-SIGNATURE": with_identifier(sign_v2_header(again_payer, accepted, resource), identifier)})
+    retry = http.post(
+        "/servers",
+        json=body,
+        headers={
+            **auth,
+            "PAYMENT-SIGNATURE": with_identifier(sign_v2_header(again_payer, accepted, resource), identifier),
+        },
+    )
     assert retry.status_code == 201 and retry.headers["Idempotent-Replayed"] == "true", retry.text
     assert retry.json()["server"]["id"] == paid.json()["server"]["id"]
     assert topup_chain.usdc(again_payer.address) == 100 * USDC_UNIT  # the second authorization was not settled
-    bad = http.post("/servers", json=body, headers={
-        **auth, "PAYMENT-SIGNATURE": with_identifier(sign_v2_header(again_payer, accepted, resource), "short")})
+    bad = http.post(
+        "/servers",
+        json=body,
+        headers={
+            **auth,
+            "PAYMENT-SIGNATURE": with_identifier(sign_v2_header(again_payer, accepted, resource), "short"),
+        },
+    )
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_payment"
 
     # Idempotency-Key: a paid order, then a retry with a fresh authorization and the same key
@@ -204,7 +250,10 @@ def test_payment_identifier_and_idempotency_key_map_onto_one_order(
 
 
 def test_payment_outside_deficit_and_price_moves_nothing(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
 ) -> None:
     body = order_body(http)
     req = http.post("/servers", json=body, headers=auth).json()["accepts"][0]
@@ -220,7 +269,11 @@ def test_payment_outside_deficit_and_price_moves_nothing(
 
 
 def test_order_that_fails_after_settlement_leaves_the_money_on_the_balance(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, vpsshop_app: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    vpsshop_app: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Between the settlement and the order another request spends part of the balance (done here
@@ -259,7 +312,11 @@ def test_order_that_fails_after_settlement_leaves_the_money_on_the_balance(
 
 
 def test_v1_client_pays_a_renewal_once(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, vpsshop_app: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    vpsshop_app: Any,
 ) -> None:
     from vpsshop.models import Server
 

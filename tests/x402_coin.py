@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from vpsshop_x402 import USDCBASE
 from x402_peers import Chain, rpc, start_chain, wait_until
 
 from vpsshop import X402Rejected
+from vpsshop_x402 import USDCBASE
 
 ENCRYPTION_KEY = "3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 ETH = 10**18
@@ -94,7 +94,9 @@ def _refused(chain: Chain, coin: USDCBASE, shop: Any, header: str, requirements:
 def _sign_cancel(chain: Chain, payer: Any, nonce: str) -> tuple[int, bytes, bytes]:
     signed = payer.sign_typed_data(
         domain_data={"name": "USD Coin", "version": "2", "chainId": 8453, "verifyingContract": chain.asset},
-        message_types={"CancelAuthorization": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}]},
+        message_types={
+            "CancelAuthorization": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}]
+        },
         message_data={"authorizer": payer.address, "nonce": bytes.fromhex(nonce[2:])},
     )
     return signed.v, signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
@@ -114,8 +116,15 @@ def _settle_while_payer_cancels(
             auth = payment.raw["payload"]["authorization"]
             sig = bytes.fromhex(payment.raw["payload"]["signature"][2:])
             chain.token.functions.transferWithAuthorization(
-                auth["from"], auth["to"], int(auth["value"]), int(auth["validAfter"]), int(auth["validBefore"]),
-                bytes.fromhex(auth["nonce"][2:]), sig[64], sig[:32], sig[32:64],
+                auth["from"],
+                auth["to"],
+                int(auth["value"]),
+                int(auth["validAfter"]),
+                int(auth["validBefore"]),
+                bytes.fromhex(auth["nonce"][2:]),
+                sig[64],
+                sig[:32],
+                sig[32:64],
             ).transact({"from": chain.deployer, "gasPrice": gas_price})
         else:
             v, r, s = _sign_cancel(chain, payer, payment.nonce)

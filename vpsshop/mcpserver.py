@@ -31,22 +31,31 @@ INSTRUCTIONS = (
 class ShopApi:
     """The deployment's HTTP API, as the customer ``api_key`` sees it."""
 
-    def __init__(self, api_url: str, api_key: str | None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        api_key: str | None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.api_url = api_url.rstrip("/")
         headers = {"User-Agent": "vpsshop-mcp"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.client = httpx.AsyncClient(base_url=self.api_url, headers=headers, timeout=timeout, transport=transport)
 
-    async def call(self, method: str, path: str, body: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None) -> dict[str, Any]:
+    async def call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """The JSON answer with ``http_status``; a transport failure is an answer too (status 0)."""
         try:
             response = await self.client.request(method, path, json=body, headers=headers)
         except httpx.HTTPError as exc:
-            return {"http_status": 0, "error": "unreachable",
-                    "message": f"The shop at {self.api_url} did not answer: {type(exc).__name__}."}
+            return {
+                "http_status": 0,
+                "error": "unreachable",
+                "message": f"The shop at {self.api_url} did not answer: {type(exc).__name__}.",
+            }
         try:
             data = response.json()
         except ValueError:
@@ -65,8 +74,10 @@ def quote_from_catalog(catalog: dict[str, Any], plan: str, location: str, cycle:
         if row.get("plan") == plan and row.get("location") == location:
             key = "annual_usd" if cycle == "annual" else "monthly_usd"
             return {"plan": plan, "location": location, "cycle": cycle, "price_usd": row[key]}
-    return {"error": "invalid_plan_or_location",
-            "message": f"No price for plan {plan!r} at location {location!r}; see get_catalog."}
+    return {
+        "error": "invalid_plan_or_location",
+        "message": f"No price for plan {plan!r} at location {location!r}; see get_catalog.",
+    }
 
 
 def build_server(api: ShopApi, name: str = "vpsshop") -> Any:
@@ -113,16 +124,23 @@ def build_server(api: ShopApi, name: str = "vpsshop") -> Any:
         return await api.call("GET", f"/topups/{ref}")
 
     @server.tool()
-    async def order_server(plan: str, location: str, os: str, cycle: Literal["monthly", "annual"] = "monthly",
-                           hostname: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+    async def order_server(
+        plan: str,
+        location: str,
+        os: str,
+        cycle: Literal["monthly", "annual"] = "monthly",
+        hostname: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
         """Order a server, paid from the balance. http_status 201: the server (provisioning) and its generated
         root password (shown once). 402 insufficient_balance: nothing was charged; deficit says how much is
         missing and accepts holds x402 payment requirements. Send the same idempotency_key to retry safely."""
         body: dict[str, Any] = {"plan": plan, "location": location, "os": os, "cycle": cycle}
         if hostname:
             body["hostname"] = hostname
-        return await api.call("POST", "/servers", body,
-                              {"Idempotency-Key": idempotency_key} if idempotency_key else None)
+        return await api.call(
+            "POST", "/servers", body, {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        )
 
     @server.tool()
     async def list_servers() -> dict[str, Any]:
@@ -162,8 +180,7 @@ def build_server(api: ShopApi, name: str = "vpsshop") -> Any:
     return server
 
 
-def run(api_url: str, api_key: str | None, transport: str = "stdio", host: str = "127.0.0.1",
-        port: int = 8765) -> None:
+def run(api_url: str, api_key: str | None, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765) -> None:
     """Serve the tools until stopped (stdio: until the client closes the pipe)."""
     api = ShopApi(api_url, api_key)
     server = build_server(api)

@@ -20,9 +20,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PATH = "/llms.txt"
 _AGENT_PATHS = (
-    ("get", "/catalog"), ("post", "/account"), ("get", "/account"), ("post", "/topups"), ("get", "/topups/{ref}"),
-    ("post", "/servers"), ("get", "/servers"), ("get", "/servers/{id}"), ("get", "/servers/{id}/credentials"),
-    ("post", "/servers/{id}/renew"), ("post", "/servers/{id}/start"), ("post", "/servers/{id}/stop"),
+    ("get", "/catalog"),
+    ("post", "/account"),
+    ("get", "/account"),
+    ("post", "/topups"),
+    ("get", "/topups/{ref}"),
+    ("post", "/servers"),
+    ("get", "/servers"),
+    ("get", "/servers/{id}"),
+    ("get", "/servers/{id}/credentials"),
+    ("post", "/servers/{id}/renew"),
+    ("post", "/servers/{id}/start"),
+    ("post", "/servers/{id}/stop"),
     ("post", "/servers/{id}/reboot"),
 )
 
@@ -36,7 +45,7 @@ def _endpoint(method: str, path: str, operation: dict[str, Any]) -> str:
     return f"- `{method.upper()} /v1{path}`: {operation.get('summary', '')}{auth}"
 
 
-def render(ctx: "AppContext") -> str:
+def render(ctx: AppContext) -> str:
     """The text of ``/llms.txt`` for this shop."""
     settings = ctx.settings
     api = settings.public_url.rstrip("/")
@@ -48,7 +57,8 @@ def render(ctx: "AppContext") -> str:
         f"# {settings.dashboard.shop_name}",
         "",
         "> Prepaid virtual private servers (VPS) sold over an HTTP API: no KYC, an account is an API key, the "
-        "balance is topped up with cryptocurrency" + (" or paid per request with x402" if x402_coins else "")
+        "balance is topped up with cryptocurrency"
+        + (" or paid per request with x402" if x402_coins else "")
         + ", and a server is ordered from the balance in one call.",
         "",
         f"API base URL: {api} (JSON; authenticate with `Authorization: Bearer <api key>`). "
@@ -57,25 +67,36 @@ def render(ctx: "AppContext") -> str:
     if settings.sandbox:
         lines += ["", "This deployment is a sandbox: servers are simulated and payments use test networks."]
 
-    lines += ["", "## What is sold", "", f"Prices in USD per month (annual = {ANNUAL_MONTHS_CHARGED} months). "
-              "Price = plan base price x location modifier. Live data: `GET /v1/catalog`.", "",
-              "Plans:", ""]
+    lines += [
+        "",
+        "## What is sold",
+        "",
+        f"Prices in USD per month (annual = {ANNUAL_MONTHS_CHARGED} months). "
+        "Price = plan base price x location modifier. Live data: `GET /v1/catalog`.",
+        "",
+        "Plans:",
+        "",
+    ]
     for plan in data.plans:
-        lines.append(f"- `{plan.id}` {plan.name}: {plan.vcpu} vCPU, {plan.memory_mib} MiB RAM, {plan.disk_gib} GiB "
-                     f"disk, {plan.bandwidth_tb} TB traffic; base price {_usd(plan.base_price_cents)} USD/month")
+        lines.append(
+            f"- `{plan.id}` {plan.name}: {plan.vcpu} vCPU, {plan.memory_mib} MiB RAM, {plan.disk_gib} GiB "
+            f"disk, {plan.bandwidth_tb} TB traffic; base price {_usd(plan.base_price_cents)} USD/month"
+        )
     lines += ["", "Locations:", ""]
     for loc in data.locations:
         lines.append(f"- `{loc.id}` {loc.name} ({loc.country}), price x {loc.price_modifier}")
     lines += ["", "Operating systems: " + ", ".join(f"`{o.id}`" for o in data.operating_systems) + "."]
-    cheapest = min(((price_cents(p, loc, "monthly"), p.id, loc.id) for p in data.plans for loc in data.locations))
+    cheapest = min((price_cents(p, loc, "monthly"), p.id, loc.id) for p in data.plans for loc in data.locations)
     lines += ["", f"Cheapest: `{cheapest[1]}` in `{cheapest[2]}` at {_usd(cheapest[0])} USD/month."]
 
     lines += ["", "## How to pay", ""]
     lines.append("1. `POST /v1/account` (no body, no key) creates an account and returns its `api_key` once.")
     if deposit_coins:
         codes = ", ".join(c.code for c in deposit_coins)
-        lines.append(f"2. Top up the balance: `POST /v1/topups {{\"amount\": 25, \"coin\": \"BTC\"}}` returns a "
-                     f"deposit address and amount (coins: {codes}); poll `GET /v1/topups/{{ref}}` until completed.")
+        lines.append(
+            f'2. Top up the balance: `POST /v1/topups {{"amount": 25, "coin": "BTC"}}` returns a '
+            f"deposit address and amount (coins: {codes}); poll `GET /v1/topups/{{ref}}` until completed."
+        )
     if x402_coins:
         coin = x402_coins[0]
         lines.append(
@@ -85,7 +106,8 @@ def render(ctx: "AppContext") -> str:
             "header `PAYMENT-REQUIRED`, v2). Re-send the same request with `X-PAYMENT` or `PAYMENT-SIGNATURE`: "
             "the payment settles, is credited, and the server is ordered in the same call. A payment never buys "
             "twice; send `Idempotency-Key` (or the x402 `payment-identifier` extension) to retry safely. "
-            "`POST /v1/topups` with `coin: " + coin.code + "` pays a top-up the same way.")
+            "`POST /v1/topups` with `coin: " + coin.code + "` pays a top-up the same way."
+        )
     lines += ["", "Balances are in USD; an order or renewal is charged only when it succeeds."]
 
     lines += ["", "## Endpoints an agent needs", ""]
@@ -94,15 +116,23 @@ def render(ctx: "AppContext") -> str:
         operation = paths.get(path, {}).get(method)
         if operation is not None:
             lines.append(_endpoint(method, path, operation))
-    others = [(m, p, op) for p, ops in paths.items() for m, op in ops.items()
-              if isinstance(op, dict) and (m, p) not in _AGENT_PATHS and m in ("get", "post", "put", "patch", "delete")]
+    others = [
+        (m, p, op)
+        for p, ops in paths.items()
+        for m, op in ops.items()
+        if isinstance(op, dict) and (m, p) not in _AGENT_PATHS and m in ("get", "post", "put", "patch", "delete")
+    ]
     if others:
         lines += ["", "## Other endpoints", ""]
         lines += [_endpoint(m, p, op) for m, p, op in others]
 
-    lines += ["", "## Optional", "",
-              f"- [OpenAPI description]({api}/openapi.json): every endpoint, field and error code",
-              f"- [Catalog]({api}/catalog): plans, locations, operating systems, prices, payment options"]
+    lines += [
+        "",
+        "## Optional",
+        "",
+        f"- [OpenAPI description]({api}/openapi.json): every endpoint, field and error code",
+        f"- [Catalog]({api}/catalog): plans, locations, operating systems, prices, payment options",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -111,5 +141,4 @@ async def llms_txt(request: Request) -> Response:
     text = ctx.extras.get("llms_txt")
     if text is None:
         text = ctx.extras["llms_txt"] = render(ctx).encode()
-    return Response(text, media_type="text/markdown; charset=utf-8",
-                    headers={"Cache-Control": "public, max-age=300"})
+    return Response(text, media_type="text/markdown; charset=utf-8", headers={"Cache-Control": "public, max-age=300"})

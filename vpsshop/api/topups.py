@@ -20,8 +20,8 @@ from vpsshop.errors import BadRequest
 from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, make_view, qr_data_uri
-from vpsshop.x402 import discovery, headers, settlement
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
+from vpsshop.x402 import discovery, headers, settlement
 
 TAG = ("topups",)
 MIN_USD = Decimal(MIN_TOPUP_CENTS) / 100  # the limits the catalog's topup_limits also shows

@@ -23,11 +23,11 @@ from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest
 from vpsshop.money import usd_to_micros
 from vpsshop.payments import engine_for
-from vpsshop.x402 import headers as x402_headers
 from vpsshop.payments.models import Topup
 from vpsshop.routing import validation_error
 from vpsshop.servers import api as server_api
 from vpsshop.servers.api import CredentialsOut, OrderBody, Ordered, PowerActionOut, RenewOut, ServerList, ServerOut
+from vpsshop.x402 import headers as x402_headers
 
 
 class Shop:

@@ -31,12 +31,12 @@ from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
-from vpsshop.x402 import headers as x402_headers
-from vpsshop.x402 import orders as x402_orders
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
 from vpsshop.servers.models import ServerEvent, ServerJob
+from vpsshop.x402 import headers as x402_headers
+from vpsshop.x402 import orders as x402_orders
 
 TAG = ("servers",)
 _HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"

@@ -31,7 +31,7 @@ def _refs(node: Any, found: set[str]) -> Any:
             if key == "title":
                 continue  # pydantic's field titles repeat the names; the header stays small
             if key == "$ref" and isinstance(value, str) and value.startswith(_COMPONENTS):
-                name = value[len(_COMPONENTS):]
+                name = value[len(_COMPONENTS) :]
                 found.add(name)
                 out[key] = "#/$defs/" + name
             else:
@@ -62,11 +62,11 @@ def _inline(schema: dict[str, Any] | None, components: dict[str, Any]) -> dict[s
         return {"type": "object"}
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith(_COMPONENTS) and len(schema) == 1:
-        return components.get(ref[len(_COMPONENTS):], {"type": "object"})
+        return components.get(ref[len(_COMPONENTS) :], {"type": "object"})
     return schema
 
 
-def _example(schema: dict[str, Any], ctx: "AppContext") -> dict[str, Any]:
+def _example(schema: dict[str, Any], ctx: AppContext) -> dict[str, Any]:
     """A valid example body: the first catalog id for catalog fields, schema defaults otherwise."""
     example: dict[str, Any] = {}
     for name in schema.get("required", []):
@@ -83,7 +83,7 @@ def _example(schema: dict[str, Any], ctx: "AppContext") -> dict[str, Any]:
     return example
 
 
-def bazaar(ctx: "AppContext", path: str, method: str = "POST") -> dict[str, Any] | None:
+def bazaar(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any] | None:
     """The ``bazaar`` extension of ``method path`` (an OpenAPI path under /v1), or None if not described."""
     openapi = ctx.extras.get("openapi") or {}
     operation = openapi.get("paths", {}).get(path, {}).get(method.lower())
@@ -91,12 +91,11 @@ def bazaar(ctx: "AppContext", path: str, method: str = "POST") -> dict[str, Any]
         return None
     components = openapi.get("components", {}).get("schemas", {})
     names: set[str] = set()
-    body_schema = (operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema"))
+    body_schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
     body_schema = _refs(_inline(body_schema, components), names)
     responses = operation.get("responses", {})
     ok = next((responses[code] for code in ("201", "200") if code in responses), {})
-    output_schema = _refs(_inline(ok.get("content", {}).get("application/json", {}).get("schema"), components),
-                          names)
+    output_schema = _refs(_inline(ok.get("content", {}).get("application/json", {}).get("schema"), components), names)
     info = {
         "input": {"type": "http", "method": method.upper(), "bodyType": "json", "body": _example(body_schema, ctx)},
         "output": {"type": "json"},
@@ -146,7 +145,7 @@ def payment_identifier() -> dict[str, Any]:
     }
 
 
-def extensions(ctx: "AppContext", path: str, method: str = "POST") -> dict[str, Any]:
+def extensions(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any]:
     """The extensions of a 402 of ``method path`` (the OpenAPI path, e.g. ``/servers/{id}/renew``)."""
     found: dict[str, Any] = {"payment-identifier": payment_identifier()}
     described = bazaar(ctx, path, method)

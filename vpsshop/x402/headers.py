@@ -33,7 +33,11 @@ def amount_atomic(coin: X402Coin, amount_micros: int) -> int:
 
 
 def requirements(
-    ctx: "AppContext", coin: X402Coin, amount_micros: int, path: str = "/topups", description: str | None = None,
+    ctx: AppContext,
+    coin: X402Coin,
+    amount_micros: int,
+    path: str = "/topups",
+    description: str | None = None,
 ) -> dict[str, Any]:
     """One v1 ``accepts`` entry for ``amount_micros`` USD, for the resource ``path`` (under ``public_url``)."""
     public = ctx.settings.public_url.rstrip("/")
@@ -81,8 +85,9 @@ def payment_identifier(payment: X402Payment) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not PAYMENT_ID.fullmatch(value):
-        raise BadRequest("invalid_payment", "extensions.payment-identifier.info.id must be 16 to 128 letters, "
-                         "digits, '_' or '-'.")
+        raise BadRequest(
+            "invalid_payment", "extensions.payment-identifier.info.id must be 16 to 128 letters, digits, '_' or '-'."
+        )
     return value
 
 
@@ -95,13 +100,16 @@ def decode_recorded(coin: X402Coin, header: str) -> X402Payment:
     return coin.decode_payment(header, version)
 
 
-def payment_required_body(ctx: "AppContext", coin: X402Coin, amount_micros: int, error: str) -> dict[str, Any]:
+def payment_required_body(ctx: AppContext, coin: X402Coin, amount_micros: int, error: str) -> dict[str, Any]:
     """The x402 v1 body of a top-up's 402. ``error`` is x402's text; ``message`` says what to do, as
     every error body of the API does."""
-    return {"x402Version": X402_VERSION, "error": error,
-            "message": f"Pay {amount_micros / MICROS_PER_USD:.2f} USD in {coin.code}: sign the payment requirements "
-            "in accepts (x402) and re-send this request with X-PAYMENT (v1) or PAYMENT-SIGNATURE (v2).",
-            "accepts": [requirements(ctx, coin, amount_micros)]}
+    return {
+        "x402Version": X402_VERSION,
+        "error": error,
+        "message": f"Pay {amount_micros / MICROS_PER_USD:.2f} USD in {coin.code}: sign the payment requirements "
+        "in accepts (x402) and re-send this request with X-PAYMENT (v1) or PAYMENT-SIGNATURE (v2).",
+        "accepts": [requirements(ctx, coin, amount_micros)],
+    }
 
 
 def _b64_json(body: dict[str, Any]) -> str:
@@ -109,7 +117,11 @@ def _b64_json(body: dict[str, Any]) -> str:
 
 
 def payment_required_header(
-    ctx: "AppContext", coin: X402Coin, amount_micros: int, path: str = "/topups", description: str | None = None,
+    ctx: AppContext,
+    coin: X402Coin,
+    amount_micros: int,
+    path: str = "/topups",
+    description: str | None = None,
     extensions: dict[str, Any] | None = None,
 ) -> str | None:
     """``PAYMENT-REQUIRED`` (x402 v2) sent with the 402 next to the v1 body; None when the coin does
@@ -122,8 +134,11 @@ def payment_required_header(
     required: dict[str, Any] = {
         "x402Version": 2,
         "error": "PAYMENT-SIGNATURE header is required",
-        "resource": {"url": reqs["resource"], "description": reqs.get("description", ""),
-                     "mimeType": reqs.get("mimeType", "application/json")},
+        "resource": {
+            "url": reqs["resource"],
+            "description": reqs.get("description", ""),
+            "mimeType": reqs.get("mimeType", "application/json"),
+        },
         "accepts": [accepted],
     }
     if extensions:

@@ -10,7 +10,8 @@ the resolution to re-sent headers and to another process that runs it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vpsshop.coins import X402Coin
 from vpsshop.hookspecs import hookimpl
@@ -25,7 +26,7 @@ TASK_NAME = "x402-settlements"
 class SettlementTask:
     """One pass over the open settlements of ``ctx``; returns ``{"credited": n}``."""
 
-    def __init__(self, ctx: "AppContext") -> None:
+    def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
 
     async def __call__(self) -> dict[str, int]:
@@ -34,7 +35,7 @@ class SettlementTask:
         return {"credited": await resolve_open_settlements(self.ctx)}
 
 
-def settlement_task(ctx: "AppContext") -> BackgroundTask | None:
+def settlement_task(ctx: AppContext) -> BackgroundTask | None:
     """The background task for ``ctx``, or None when no x402 coin is loaded."""
     if not any(isinstance(coin, X402Coin) for coin in ctx.coins.values()):
         return None
@@ -44,6 +45,6 @@ def settlement_task(ctx: "AppContext") -> BackgroundTask | None:
 
 
 @hookimpl
-def vpsshop_background_tasks(ctx: "AppContext") -> Iterable[BackgroundTask]:
+def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
     task = settlement_task(ctx)
     return [task] if task is not None else []

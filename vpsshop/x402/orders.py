@@ -52,7 +52,8 @@ class X402InsufficientBalanceBody(InsufficientBalanceBody):
 
     x402Version: int | None = Field(None, description="1 when the shop takes x402: pay the deficit and re-send.")
     accepts: list[dict[str, Any]] | None = Field(
-        None, description="x402 v1 payment requirements for the deficit (one entry per x402 coin).")
+        None, description="x402 v1 payment requirements for the deficit (one entry per x402 coin)."
+    )
 
 
 X402_HEADERS_DOC = (
@@ -70,7 +71,7 @@ X402_HEADERS_DOC = (
 )
 
 
-def offered_coin(ctx: "AppContext") -> X402Coin | None:
+def offered_coin(ctx: AppContext) -> X402Coin | None:
     """The shop's x402 coin, or None when it takes no x402 payments."""
     for coin in ctx.coins.values():
         if isinstance(coin, X402Coin):
@@ -78,13 +79,17 @@ def offered_coin(ctx: "AppContext") -> X402Coin | None:
     return None
 
 
-def extensions_for(ctx: "AppContext", path: str, method: str = "POST") -> dict[str, Any]:
+def extensions_for(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any]:
     """The x402 v2 extensions declared on a 402 of ``path`` (see :mod:`vpsshop.x402.discovery`)."""
     return discovery.extensions(ctx, path, method)
 
 
 def short_balance(
-    ctx: "AppContext", exc: "InsufficientBalance", path: str, description: str, openapi_path: str | None = None,
+    ctx: AppContext,
+    exc: InsufficientBalance,
+    path: str,
+    description: str,
+    openapi_path: str | None = None,
 ) -> Response:
     """The 402 ``insufficient_balance`` of an order or renewal, with the x402 requirements for the
     deficit when the shop offers an x402 coin. :raises InsufficientBalance: ``exc`` when it does not.
@@ -95,11 +100,15 @@ def short_balance(
     if coin is None:
         raise exc
     deficit = exc.price_micros - exc.balance_micros
-    body = {**exc.body(), "x402Version": headers.X402_VERSION,
-            "accepts": [headers.requirements(ctx, coin, deficit, path, description)]}
+    body = {
+        **exc.body(),
+        "x402Version": headers.X402_VERSION,
+        "accepts": [headers.requirements(ctx, coin, deficit, path, description)],
+    }
     sent: dict[str, str] = {}
-    required = headers.payment_required_header(ctx, coin, deficit, path, description,
-                                               extensions_for(ctx, openapi_path or path))
+    required = headers.payment_required_header(
+        ctx, coin, deficit, path, description, extensions_for(ctx, openapi_path or path)
+    )
     if required is not None:
         sent = {"PAYMENT-REQUIRED": required, "Access-Control-Expose-Headers": "PAYMENT-REQUIRED"}
     return json_response(body, 402, sent)
@@ -118,15 +127,20 @@ class Paid:
     @property
     def headers(self) -> dict[str, str]:
         name = "X-PAYMENT-RESPONSE" if self.version == 1 else "PAYMENT-RESPONSE"
-        return {name: headers.response_header(self.coin, self.settlement, self.version),
-                "Access-Control-Expose-Headers": name}
+        return {
+            name: headers.response_header(self.coin, self.settlement, self.version),
+            "Access-Control-Expose-Headers": name,
+        }
 
     def summary(self) -> dict[str, Any]:
-        return {"topup": self.topup.ref, "credited_usd": micros_to_usd(self.topup.amount_micros),
-                "transaction": self.settlement.transaction}
+        return {
+            "topup": self.topup.ref,
+            "credited_usd": micros_to_usd(self.topup.amount_micros),
+            "transaction": self.settlement.transaction,
+        }
 
 
-def decode(ctx: "AppContext", header: str, version: int) -> tuple[X402Coin, X402Payment]:
+def decode(ctx: AppContext, header: str, version: int) -> tuple[X402Coin, X402Payment]:
     """The shop's x402 coin and its reading of the header.
 
     :raises ApiError: 400 invalid_coin (no x402 coin), 400 invalid_payment (malformed header).
@@ -147,17 +161,31 @@ def order_key(idempotency_key: str | None, payment: X402Payment) -> str:
     return f"x402:{payment.payer.lower()}:{payment.nonce.lower()}"
 
 
-def recorded(ctx: "AppContext", coin: X402Coin, payment: X402Payment) -> X402Record | None:
+def recorded(ctx: AppContext, coin: X402Coin, payment: X402Payment) -> X402Record | None:
     """The record of this authorization, if it was sent before."""
     with ctx.db.session() as session:
-        return session.exec(select(X402Record).where(
-            X402Record.coin == coin.code, X402Record.payer == payment.payer.lower(),
-            X402Record.nonce == payment.nonce.lower())).first()
+        return session.exec(
+            select(X402Record).where(
+                X402Record.coin == coin.code,
+                X402Record.payer == payment.payer.lower(),
+                X402Record.nonce == payment.nonce.lower(),
+            )
+        ).first()
 
 
 async def settle_for(
-    ctx: "AppContext", coin: X402Coin, payment: X402Payment, header: str, version: int, *, account_id: int,
-    price_micros: int, balance_micros: int, path: str, description: str, purpose: str,
+    ctx: AppContext,
+    coin: X402Coin,
+    payment: X402Payment,
+    header: str,
+    version: int,
+    *,
+    account_id: int,
+    price_micros: int,
+    balance_micros: int,
+    path: str,
+    description: str,
+    purpose: str,
 ) -> Paid:
     """Settle ``payment`` for what an order or renewal of ``price_micros`` lacks, and credit it.
 
@@ -169,16 +197,20 @@ async def settle_for(
     earlier = await to_thread.run_sync(recorded, ctx, coin, payment)
     if earlier is None and not (0 < micros <= price_micros and micros >= deficit):
         raise ApiError(
-            402, "wrong_amount",
+            402,
+            "wrong_amount",
             f"The authorization pays {micros_to_usd(micros)} USD; this request needs at least "
             f"{micros_to_usd(deficit)} USD (the deficit) and at most {micros_to_usd(price_micros)} USD (the price). "
             "Nothing moved; ask again without a payment for the current requirements.",
-            price=micros_to_usd(price_micros), balance=micros_to_usd(balance_micros), deficit=micros_to_usd(deficit),
+            price=micros_to_usd(price_micros),
+            balance=micros_to_usd(balance_micros),
+            deficit=micros_to_usd(deficit),
         )
     if earlier is not None:
         micros = int(earlier.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
-    topup, settled = await settlement.pay(ctx, coin, account_id, micros, header, version,
-                                          path=path, description=description, purpose=purpose)
+    topup, settled = await settlement.pay(
+        ctx, coin, account_id, micros, header, version, path=path, description=description, purpose=purpose
+    )
     record = await to_thread.run_sync(recorded, ctx, coin, payment)
     assert record is not None and record.id is not None
     return Paid(coin, topup, settled, record.id, version)
@@ -188,8 +220,10 @@ def kept_on_balance(exc: ApiError, paid: Paid, what: str) -> Response:
     """The error of an order or renewal that failed after its payment was credited: same status and
     code, plus ``payment`` (top-up ref, USD credited, transaction) and the payment response header."""
     body = exc.body()
-    body["message"] = (f"{exc.message} The x402 payment of {micros_to_usd(paid.topup.amount_micros)} USD settled and "
-                       f"was credited to your balance (top-up {paid.topup.ref}), where it stays; {what} was not made.")
+    body["message"] = (
+        f"{exc.message} The x402 payment of {micros_to_usd(paid.topup.amount_micros)} USD settled and "
+        f"was credited to your balance (top-up {paid.topup.ref}), where it stays; {what} was not made."
+    )
     body["payment"] = paid.summary()
     return json_response(body, exc.status, {**exc.headers, **paid.headers})
 

@@ -11,9 +11,9 @@ see :mod:`vpsshop.x402.orders`):
 3. :class:`X402Rejected`: the record is closed as rejected, nothing is credited, the answer is the
    rejection's status with ``{"error", "message"}``.
 4. :class:`PluginError` (outcome unknown): the record stays ``settling``, the answer is 503; a
-   retry of the same header, or the ``x402-settlements`` background task, asks :meth:`X402Coin.settlement_status` and credits
-   once if the authorization was used. A record the chain does not show is closed as rejected
-   only once the authorization can no longer be used: ``valid_before`` (plus
+   retry of the same header, or the ``x402-settlements`` background task, asks
+   :meth:`X402Coin.settlement_status` and credits once if the authorization was used. A record the
+   chain does not show is closed as rejected only once the authorization can no longer be used: ``valid_before`` (plus
    :data:`SETTLE_GRACE` for blocks still arriving) has passed. Until then anyone holding the
    signed authorization (the shop's stuck transaction, a front-runner) may still get it mined,
    and the USDC would reach ``payTo``: closing the record earlier would lose that payment.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
@@ -57,15 +57,22 @@ the shop's clock, an RPC node a few blocks behind."""
 def may_still_settle(payment: X402Payment, created_at: datetime, now: datetime) -> bool:
     """True while an authorization the chain does not show may still be mined (keep its record open)."""
     if payment.valid_before > 0:
-        return now <= datetime.fromtimestamp(payment.valid_before, timezone.utc) + SETTLE_GRACE
+        return now <= datetime.fromtimestamp(payment.valid_before, UTC) + SETTLE_GRACE
     if created_at.tzinfo is None:
-        created_at = created_at.replace(tzinfo=timezone.utc)
+        created_at = created_at.replace(tzinfo=UTC)
     return now - created_at <= ABANDON_AFTER
 
 
 async def pay(
-    ctx: "AppContext", coin: X402Coin, account_id: int, amount_micros: int, header: str,
-    version: int = 1, *, path: str = "/topups", description: str | None = None,
+    ctx: AppContext,
+    coin: X402Coin,
+    account_id: int,
+    amount_micros: int,
+    header: str,
+    version: int = 1,
+    *,
+    path: str = "/topups",
+    description: str | None = None,
     purpose: str | None = None,
 ) -> tuple[Topup, X402Settlement]:
     """Settle the payment header (``X-PAYMENT`` v1, ``PAYMENT-SIGNATURE`` v2) for a top-up of
@@ -86,19 +93,28 @@ async def pay(
             raise ApiError(409, "nonce_used", "This authorization was already used for another request.")
         if record.status == "settled":
             # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
-            settlement = X402Settlement(payment.payer, record.nonce, record.transaction or "", record.network or "",
-                                        int(record.amount_atomic))
+            settlement = X402Settlement(
+                payment.payer, record.nonce, record.transaction or "", record.network or "", int(record.amount_atomic)
+            )
             return topup, settlement
         if record.status == "rejected":
-            raise ApiError(402, "nonce_used", f"This authorization was refused before ({record.error}); sign a new one.")
+            raise ApiError(
+                402, "nonce_used", f"This authorization was refused before ({record.error}); sign a new one."
+            )
         settled = await coin.settlement_status(payment)
         if settled is None and not may_still_settle(payment, record.created_at, ctx.clock.now()):
             await to_thread.run_sync(_reject, ctx, record.id, "not_settled")
-            raise ApiError(402, "authorization_expired",
-                           "This authorization expired before it was settled; nothing moved. Sign a new one.")
+            raise ApiError(
+                402,
+                "authorization_expired",
+                "This authorization expired before it was settled; nothing moved. Sign a new one.",
+            )
         if settled is None:
-            raise ApiError(503, "settlement_pending",
-                           "The settlement of this authorization is not confirmed yet; retry the same request shortly.")
+            raise ApiError(
+                503,
+                "settlement_pending",
+                "The settlement of this authorization is not confirmed yet; retry the same request shortly.",
+            )
         topup = await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
         return topup, settled
     try:
@@ -108,16 +124,25 @@ async def pay(
         raise ApiError(exc.status, exc.code, exc.message) from None
     except PluginError as exc:
         log.warning("x402 settlement of %s/%s has an unknown outcome: %s", payment.payer, payment.nonce, exc)
-        raise ApiError(503, "settlement_pending",
-                       "The settlement outcome is not known yet; retry the same request shortly. "
-                       "The authorization is recorded and will be credited once if it settles.") from None
+        raise ApiError(
+            503,
+            "settlement_pending",
+            "The settlement outcome is not known yet; retry the same request shortly. "
+            "The authorization is recorded and will be credited once if it settles.",
+        ) from None
     topup = await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
     return topup, settled
 
 
 def _record_before_settling(
-    ctx: "AppContext", coin: X402Coin, account_id: int, amount_micros: int, payment: X402Payment,
-    header: str, reqs: dict[str, Any], purpose: str | None = None,
+    ctx: AppContext,
+    coin: X402Coin,
+    account_id: int,
+    amount_micros: int,
+    payment: X402Payment,
+    header: str,
+    reqs: dict[str, Any],
+    purpose: str | None = None,
 ) -> tuple[X402Record, Topup, bool]:
     """Insert the top-up and the (payer, nonce) record, or return the existing record."""
     now = ctx.clock.now()
@@ -125,17 +150,32 @@ def _record_before_settling(
     try:
         with ctx.db.session() as session:
             topup = Topup(
-                ref=new_ref(), account_id=account_id, coin=coin.code, status="pending", amount_micros=amount_micros,
-                rate="1", deposit_address=str(reqs.get("payTo", "")), deposit_amount_atomic=str(payment.value_atomic),
-                deposit_network=coin.network, registered=True, created_at=now,
+                ref=new_ref(),
+                account_id=account_id,
+                coin=coin.code,
+                status="pending",
+                amount_micros=amount_micros,
+                rate="1",
+                deposit_address=str(reqs.get("payTo", "")),
+                deposit_amount_atomic=str(payment.value_atomic),
+                deposit_network=coin.network,
+                registered=True,
+                created_at=now,
                 expires_at=now + timedelta(seconds=int(reqs.get("maxTimeoutSeconds", 60))),
             )
             session.add(topup)
             session.flush()
             events.emit(session, "topup.created", account_id, topup_data(ctx, topup), now=now)
             record = X402Record(
-                coin=coin.code, payer=payer, nonce=nonce, topup_id=topup.id, status="settling",  # type: ignore[arg-type]
-                amount_atomic=str(payment.value_atomic), header=header, requirements=json.dumps(reqs), created_at=now,
+                coin=coin.code,
+                payer=payer,
+                nonce=nonce,
+                topup_id=topup.id,
+                status="settling",  # type: ignore[arg-type]
+                amount_atomic=str(payment.value_atomic),
+                header=header,
+                requirements=json.dumps(reqs),
+                created_at=now,
                 purpose=purpose,
             )
             session.add(record)
@@ -143,14 +183,17 @@ def _record_before_settling(
             return record, topup, True
     except IntegrityError:
         with ctx.db.session() as session:
-            record = session.exec(select(X402Record).where(
-                X402Record.coin == coin.code, X402Record.payer == payer, X402Record.nonce == nonce)).one()
+            record = session.exec(
+                select(X402Record).where(
+                    X402Record.coin == coin.code, X402Record.payer == payer, X402Record.nonce == nonce
+                )
+            ).one()
             topup = session.get(Topup, record.topup_id)
             assert topup is not None
             return record, topup, False
 
 
-def _reject(ctx: "AppContext", record_id: int | None, code: str) -> None:
+def _reject(ctx: AppContext, record_id: int | None, code: str) -> None:
     now = ctx.clock.now()
     with ctx.db.session() as session:
         record = session.get(X402Record, record_id)
@@ -165,7 +208,7 @@ def _reject(ctx: "AppContext", record_id: int | None, code: str) -> None:
         session.add(record)
 
 
-def _credit(ctx: "AppContext", coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup:
+def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup:
     """Credit a settled authorization once (ledger key ``x402:<coin>:<payer>:<nonce>``)."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
@@ -179,21 +222,37 @@ def _credit(ctx: "AppContext", coin: X402Coin, record_id: int | None, settled: X
             return topup
         micros = int(settled.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
         if micros > 0:
-            ledger.post(session, topup.account_id, micros, "topup", ref=topup.ref,
-                        dedupe_key=f"x402:{coin.code}:{record.payer}:{record.nonce}",
-                        memo=f"x402 {coin.code} tx {settled.transaction}"[:500], now=now)
+            ledger.post(
+                session,
+                topup.account_id,
+                micros,
+                "topup",
+                ref=topup.ref,
+                dedupe_key=f"x402:{coin.code}:{record.payer}:{record.nonce}",
+                memo=f"x402 {coin.code} tx {settled.transaction}"[:500],
+                now=now,
+            )
         record.status, record.transaction, record.network, record.settled_at = (
-            "settled", settled.transaction, settled.network, now)
+            "settled",
+            settled.transaction,
+            settled.network,
+            now,
+        )
         topup.status, topup.completed_at = "completed", now
         session.add(record)
         session.add(topup)
-        events.emit(session, "topup.payment_confirmed", topup.account_id,
-                    x402_payment_data(ctx, topup, settled.transaction, settled.amount_atomic, micros), now=now)
+        events.emit(
+            session,
+            "topup.payment_confirmed",
+            topup.account_id,
+            x402_payment_data(ctx, topup, settled.transaction, settled.amount_atomic, micros),
+            now=now,
+        )
         events.emit(session, "topup.completed", topup.account_id, topup_data(ctx, topup), now=now)
         return topup
 
 
-async def resolve_open_settlements(ctx: "AppContext") -> int:
+async def resolve_open_settlements(ctx: AppContext) -> int:
     """Ask the coin about records left ``settling``; credit or close them. Returns how many were credited.
 
     Run by the ``x402-settlements`` background task (:mod:`vpsshop.x402.hooks`) and by a re-sent header."""
@@ -218,7 +277,10 @@ async def resolve_open_settlements(ctx: "AppContext") -> int:
     return credited
 
 
-def _open_records(ctx: "AppContext", coins: list[str]) -> list[X402Record]:
+def _open_records(ctx: AppContext, coins: list[str]) -> list[X402Record]:
     with ctx.db.session() as session:
-        return list(session.exec(select(X402Record).where(
-            X402Record.status == "settling", X402Record.coin.in_(coins)).limit(100)).all())  # type: ignore[attr-defined]
+        return list(
+            session.exec(
+                select(X402Record).where(X402Record.status == "settling", X402Record.coin.in_(coins)).limit(100)
+            ).all()
+        )  # type: ignore[attr-defined]
