@@ -21,13 +21,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vpsshop import metrics
 from vpsshop.accesslog import AccessLog, AccessLogWriter
-from vpsshop.logs import configure_logging
-from vpsshop.api import core_routes
+from vpsshop.api import core_routes, llms
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.events.api import openapi_webhooks
+from vpsshop.logs import configure_logging
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
 from vpsshop.settings import Settings, load_settings
@@ -96,6 +96,7 @@ def create_app(
                              timeout=settings.server.body_timeout_seconds)]
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
+    served.append(Route(llms.PATH, llms.llms_txt, methods=["GET", "HEAD"]))  # for agents: what, how to pay
     if settings.metrics.enabled:
         served.append(Route("/metrics", metrics.metrics_endpoint, methods=["GET"], include_in_schema=False))
     dashboard = mount_dashboard(ctx)
