@@ -111,7 +111,8 @@ def run(db: str, seconds: int, connections: int) -> float:
         url = postgres_test_url()
         reset_postgres(url)
     env.update(VPSSHOP_DATABASE_URL=url, VPSSHOP_SECRET_KEY="bench-secret",
-               VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", VPSSHOP_MODE="sandbox")
+               VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", VPSSHOP_MODE="sandbox",
+               VPSSHOP__RATELIMIT__ENABLED="false")  # throughput, not the per-account write limit
     server, base = _serve_no_worker(work, env)
     try:
         _wait_health(base)

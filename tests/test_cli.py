@@ -139,5 +139,5 @@ def test_the_banner_and_health_say_what_is_really_loaded(tmp_path):
     lines = [json.loads(line) for line in output.splitlines() if '"log":"access"' in line]
     assert [(line["method"], line["path"], line["status"]) for line in lines][-2:] == [
         ("GET", "/v1/health", 200), ("GET", "/v1/account", 401)]
-    assert set(lines[-1]) == {"t", "log", "method", "path", "status", "us", "bytes"}
+    assert set(lines[-1]) == {"t", "log", "rid", "method", "path", "route", "status", "us", "bytes"}
     assert "vpsk_nope" not in output and "127.0.0.1:" not in "".join(str(line) for line in lines)

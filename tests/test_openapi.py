@@ -32,6 +32,11 @@ def _build_app():
             # generated cases send many wrong login tokens; the re-sign-in below must not meet the
             # sign-in limit (tests/test_dashboard.py tests the limit)
             "signin": {"failures_per_client": 10_000},
+            # thousands of generated requests from one address, many with made-up keys, many writes:
+            # the limits stay on but far away (tests/test_limits.py tests them)
+            "ratelimit": {"signups_per_client": 1_000_000, "auth_failures_per_client": 1_000_000,
+                          "writes_per_account": 1_000_000, "max_servers_per_account": 100_000,
+                          "max_open_topups_per_account": 100_000},
         },
     )
     return create_app(settings, background=False)

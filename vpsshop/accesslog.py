@@ -2,12 +2,16 @@
 
 Each line on standard error looks like::
 
-    {"t":"2026-11-22T21:04:05.123Z","log":"access","method":"GET","path":"/v1/account","status":200,"us":420,"bytes":139}
+    {"t":"2026-11-22T21:04:05.123Z","log":"access","rid":"5f0c9a2e4b1d7c33","method":"GET","path":"/v1/servers/7",
+     "route":"/v1/servers/{server_id}","status":200,"us":420,"bytes":139,"account":12}
 
 What a line holds, and what it never holds:
 
-* the method, the path (ids in it are not secrets), the status, the time spent in the app in
-  microseconds (``us``) and the size of the response body;
+* the request id (``rid``: the client's ``X-Request-ID`` when it is 1 to 64 characters of
+  ``A-Z a-z 0-9 . _ -``, else one made here; echoed in the ``X-Request-ID`` response header), the
+  method, the path (ids in it are not secrets), the route template that matched, the status, the
+  time spent in the app in microseconds (``us``), the size of the response body and, when the
+  request authenticated with an API key, the account id;
 * never a header (the API key travels in ``Authorization``), never the query string, never a
   body, and not the client's address: a shop that asks no identity should not keep one by
   default. A reverse proxy in front is where addresses are logged, if the reseller wants them.
@@ -23,11 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import sys
 import time
 from typing import Any, TextIO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vpsshop import metrics
+
+ACCOUNT_SCOPE_KEY = "vpsshop.account_id"
+"""Where authentication leaves the account id in the ASGI scope, for this log."""
+_CONVERTOR = re.compile(r"\{(\w+):[^}]*\}")
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 
 BATCH_LINES = 256
 FLUSH_AFTER_SECONDS = 0.25
@@ -43,7 +56,8 @@ class AccessLogWriter:
         self._prefix = ""
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, method: str, path: str, status: int, size: int, elapsed: float) -> None:
+    def add(self, method: str, path: str, status: int, size: int, elapsed: float, rid: str = "",
+            route: str = "", account: int | None = None) -> None:
         now = time.time()
         second = int(now)
         if second != self._second:
@@ -51,9 +65,11 @@ class AccessLogWriter:
             self._prefix = time.strftime('{"t":"%Y-%m-%dT%H:%M:%S', time.gmtime(second))
         if '"' in path or "\\" in path or not path.isprintable():
             path = json.dumps(path)[1:-1]
+        tail = f',"account":{account}}}\n' if account is not None else "}\n"
         self.lines.append(
-            f'{self._prefix}.{int((now - second) * 1000):03d}Z","log":"access","method":"{method}",'
-            f'"path":"{path}","status":{status},"us":{int(elapsed * 1_000_000)},"bytes":{size}}}\n'
+            f'{self._prefix}.{int((now - second) * 1000):03d}Z","log":"access","rid":"{rid}","method":"{method}",'
+            f'"path":"{path}","route":"{route}","status":{status},"us":{int(elapsed * 1_000_000)},"bytes":{size}'
+            + tail
         )
         if len(self.lines) >= BATCH_LINES:
             self.flush()
@@ -79,12 +95,37 @@ class AccessLogWriter:
             pass
 
 
-class AccessLog:
-    """ASGI middleware feeding an :class:`AccessLogWriter` (see the module docstring)."""
+def route_template(scope: Scope) -> str:
+    """The template of the route that answered (``/v1/servers/{server_id}``), or ``unmatched``.
 
-    def __init__(self, app: ASGIApp, writer: AccessLogWriter) -> None:
+    Metrics label requests with it, so that ids in paths do not make a series per id.
+    """
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if not isinstance(path, str):
+        return "unmatched"
+    if ":" in path:  # "{id:sid}" (a convertor) is "{id}" in the template
+        path = _CONVERTOR.sub(r"{\1}", path)
+    return scope.get("root_path", "") + path if scope.get("root_path") else path
+
+
+def request_id(scope: Scope) -> str:
+    """The client's ``X-Request-ID`` when it is well-formed, else a new random one."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            if _REQUEST_ID.fullmatch(value):
+                return value.decode()
+            break
+    return os.urandom(8).hex()
+
+
+class AccessLog:
+    """ASGI middleware: request id, the access line (when a writer is given) and request metrics."""
+
+    def __init__(self, app: ASGIApp, writer: AccessLogWriter | None = None, observe: bool = True) -> None:
         self.app = app
         self.writer = writer
+        self.observe = observe
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -93,11 +134,14 @@ class AccessLog:
         started = time.perf_counter()
         status = 500
         size = 0
+        rid = request_id(scope)
+        header = (b"x-request-id", rid.encode())
 
         async def send_and_note(message: Message) -> None:
             nonlocal status, size
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
             elif message["type"] == "http.response.body":
                 size += len(message.get("body", b""))
             await send(message)
@@ -105,4 +149,10 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            self.writer.add(scope["method"], scope["path"], status, size, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            route = route_template(scope)
+            if self.writer is not None:
+                self.writer.add(scope["method"], scope["path"], status, size, elapsed, rid, route,
+                                scope.get(ACCOUNT_SCOPE_KEY))
+            if self.observe and route != "/metrics":
+                metrics.observe_request(route, scope["method"], status, elapsed)

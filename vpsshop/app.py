@@ -19,6 +19,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vpsshop import metrics
 from vpsshop.accesslog import AccessLog, AccessLogWriter
 from vpsshop.api import core_routes, llms
 from vpsshop.clock import Clock
@@ -26,6 +27,7 @@ from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.events.api import openapi_webhooks
+from vpsshop.logs import configure_logging
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
 from vpsshop.settings import Settings, load_settings
@@ -56,6 +58,9 @@ def create_app(
     :raises StartupError: a plugin clash, a misspelt hook, a missing setting, a route claimed twice.
     """
     settings = settings or load_settings()
+    configure_logging(settings)
+    if settings.metrics.enabled:
+        metrics.configure(settings)
     ctx = AppContext.build(settings, pm=pm, clock=clock)
     routes = list(core_routes())
     for plugin_routes in ctx.pm.hook.vpsshop_routes(ctx=ctx):
@@ -86,13 +91,14 @@ def create_app(
                 access_log.flush()
 
     middleware = [Middleware(SecurityHeaders),
+                  Middleware(AccessLog, writer=access_log, observe=settings.metrics.enabled),
                   Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
                              timeout=settings.server.body_timeout_seconds)]
-    if access_log is not None:
-        middleware.insert(1, Middleware(AccessLog, writer=access_log))
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
     served.append(Route(llms.PATH, llms.llms_txt, methods=["GET", "HEAD"]))  # for agents: what, how to pay
+    if settings.metrics.enabled:
+        served.append(Route("/metrics", metrics.metrics_endpoint, methods=["GET"], include_in_schema=False))
     dashboard = mount_dashboard(ctx)
     if dashboard is not None:
         served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]

@@ -79,9 +79,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from vpsshop import metrics
     from vpsshop.app import PREFLIGHT_DONE_ENV, create_app
     from vpsshop.context import AppContext
     from vpsshop.httpserver import http_protocol
+    from vpsshop.logs import configure_logging, uvicorn_log_config
 
     overrides: dict[str, object] = {}
     if args.no_worker:
@@ -90,6 +92,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
+    configure_logging(settings)
+    if settings.metrics.enabled:  # before the workers fork or spawn: they inherit the directory
+        metrics.configure(settings)
     # Check once, here, before any worker starts: a component that cannot work stops start-up with
     # its remedy (production), the schema is migrated once, and the sandbox banner shows what loaded.
     problems, rows = asyncio.run(_start_checks(AppContext.build(settings)))
@@ -102,7 +107,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings, check=False)
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=http_protocol(), **proxy)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=http_protocol(),
+                    log_config=uvicorn_log_config(settings), **proxy)
         return 0
     # Several processes: each worker builds its own app from the same settings.
     if args.config:
@@ -111,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
-                access_log=False, http=http_protocol(), **proxy)
+                access_log=False, http=http_protocol(), log_config=uvicorn_log_config(settings), **proxy)
     return 0
 
 
@@ -120,7 +126,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from vpsshop.app import start_services, stop_services
     from vpsshop.context import AppContext
 
+    from vpsshop import metrics
+    from vpsshop.logs import configure_logging
+
     settings = _settings(args)
+    configure_logging(settings)
+    if settings.metrics.enabled:
+        metrics.configure(settings)
     ctx = AppContext.build(settings)
 
     async def run() -> None:
@@ -175,6 +187,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_admin_credit(args: argparse.Namespace) -> int:
     from vpsshop import ledger
+    from vpsshop.admin import audit
     from vpsshop.db import Database
     from vpsshop.money import micros_to_usd, usd_to_micros
 
@@ -196,6 +209,7 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
     try:
         with db.session() as session:
             posting = ledger.post(session, args.user_id, micros, "admin_credit", memo=args.reason.strip()[:500])
+            audit(session, "admin_credit", f"account:{args.user_id}", args.reason.strip(), {"amount_micros": micros})
     except LookupError:
         print(f"error: no account {args.user_id}", file=sys.stderr)
         return 1
@@ -206,6 +220,120 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
         f"credited {micros_to_usd(micros)} USD to account {args.user_id} "
         f"(ledger entry {entry.id}); balance now {micros_to_usd(entry.balance_after_micros)} USD"
     )
+    return 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Write a backup of the configured database (see vpsshop/backup.py)."""
+    import time
+
+    from vpsshop.backup import BackupError, backup
+
+    settings = _settings(args)
+    output = Path(args.output or time.strftime("vpsshop-backup-%Y%m%dT%H%M%SZ.dump", time.gmtime()))
+    try:
+        print(backup(settings.database_url, output))
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("The backup holds no keys: keep secret_key and encryption_key (the settings file) backed up "
+          "separately, or the restored shop cannot reveal root passwords.", file=sys.stderr)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Restore a backup into the configured database, then migrate it."""
+    from vpsshop.backup import BackupError, restore
+
+    settings = _settings(args)
+    try:
+        print(restore(settings.database_url, Path(args.backup), replace=args.yes))
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _admin_ctx(args: argparse.Namespace) -> "AppContext":
+    from vpsshop.context import AppContext
+
+    ctx = AppContext.build(_settings(args))
+    ctx.db.migrate()
+    return ctx
+
+
+def _usd_micros(text: str) -> int | None:
+    from vpsshop.money import usd_to_micros
+
+    try:
+        micros = usd_to_micros(Decimal(text))
+    except (InvalidOperation, ValueError):
+        return None
+    return micros if micros > 0 else None
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    """``vpsshop admin lookup|debit|suspend|unsuspend|terminate|retry-job|cancel-job|stuck|audit``."""
+    from vpsshop import admin
+
+    command = args.admin_command
+    if command == "debit":
+        micros = _usd_micros(args.amount)
+        if micros is None:
+            print(f"error: AMOUNT must be a positive USD amount like 25 or 12.50, not {args.amount!r}", file=sys.stderr)
+            return 2
+    ctx = _admin_ctx(args)
+    try:
+        if command == "lookup":
+            print(json.dumps(admin.lookup(ctx, args.query), indent=2, default=str))
+        elif command == "debit":
+            from vpsshop.money import micros_to_usd
+
+            posting = admin.adjust_balance(ctx, args.user_id, -micros, args.reason)
+            print(f"debited account {args.user_id}: balance {micros_to_usd(posting.entry.balance_after_micros)} USD")
+        elif command in ("suspend", "unsuspend", "terminate"):
+            print(admin.set_server_state(ctx, args.server_id, command, args.reason))
+        elif command == "refund":
+            print(admin.set_server_state(ctx, args.server_id, "terminate", args.reason, refund_unused=True))
+        elif command in ("retry-job", "cancel-job"):
+            print(admin.job_action(ctx, args.job_id, command.split("-")[0], args.reason))
+        elif command == "stuck":
+            print(json.dumps(admin.stuck(ctx, args.minutes), indent=2, default=str))
+        elif command == "audit":
+            print(json.dumps(admin.audit_log(ctx, args.limit), indent=2, default=str))
+    except admin.AdminError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - e.g. InsufficientBalance: say it, do not trace
+        from vpsshop.errors import ApiError
+
+        if isinstance(exc, ApiError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise
+    finally:
+        ctx.db.dispose()
+    return 0
+
+
+def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
+    """Re-encrypt every stored secret with ``encryption_key`` (see vpsshop/encryption.py)."""
+    from vpsshop.context import AppContext
+    from vpsshop.encryption import rotate_stored_secrets
+
+    ctx = AppContext.build(_settings(args))
+    try:
+        ctx.db.migrate()
+        counts = rotate_stored_secrets(ctx)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.db.dispose()
+    for table, count in counts.items():
+        print(f"{table}: {count} secrets re-encrypted with encryption_key")
+    print("Every stored secret now decrypts with encryption_key alone: old_encryption_keys can be removed "
+          "(restart every serve and worker process after removing them).")
     return 0
 
 
@@ -356,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = with_config(sub.add_parser("migrate", help="bring the database schema up to date"))
     migrate.set_defaults(func=cmd_migrate)
 
+    backup = with_config(sub.add_parser("backup", help="back up the database (pg_dump / SQLite backup API)"))
+    backup.add_argument("-o", "--output", help="file to write (default vpsshop-backup-<UTC time>.dump)")
+    backup.set_defaults(func=cmd_backup)
+    restore = with_config(sub.add_parser("restore", help="restore a backup into the configured database"))
+    restore.add_argument("backup", help="a file written by `vpsshop backup`")
+    restore.add_argument("--yes", action="store_true", help="replace a database that already holds a shop")
+    restore.set_defaults(func=cmd_restore)
+
     mcp = sub.add_parser("mcp", help="an MCP server for AI agents, using a deployment's API with a customer key",
                          description="Serve Model Context Protocol tools (catalog, quote, account, top-ups, "
                          "ordering, server status and power, renewals, credentials) that call a vpsshop "
@@ -376,6 +512,36 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("amount", help="USD, e.g. 25 or 12.50")
     credit.add_argument("--reason", required=True, help="why (kept in the ledger entry)")
     credit.set_defaults(func=cmd_admin_credit)
+    rotate = with_config(admin_sub.add_parser("rotate-keys", help="re-encrypt every stored secret with "
+                                              "encryption_key (old keys in old_encryption_keys)"))
+    rotate.set_defaults(func=cmd_admin_rotate_keys)
+    lookup = with_config(admin_sub.add_parser("lookup", help="find an account by id, API key prefix, top-up ref, "
+                                              "deposit address or tx hash"))
+    lookup.add_argument("query")
+    debit = with_config(admin_sub.add_parser("debit", help="debit an account through the ledger"))
+    debit.add_argument("user_id", type=int)
+    debit.add_argument("amount", help="USD, e.g. 25 or 12.50")
+    for name, what in (("suspend", "suspend an active server (job: suspend)"),
+                       ("unsuspend", "resume a suspended server (job: resume)"),
+                       ("terminate", "terminate a server (job: destroy); no refund"),
+                       ("refund", "terminate a server and refund its unused paid time to the balance")):
+        p = with_config(admin_sub.add_parser(name, help=what))
+        p.add_argument("server_id", type=int)
+        p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        p.set_defaults(func=cmd_admin)
+    for name, what in (("retry-job", "queue a failed or stuck provisioning job again, now"),
+                       ("cancel-job", "cancel a queued or failed provisioning job")):
+        p = with_config(admin_sub.add_parser(name, help=what))
+        p.add_argument("job_id", type=int)
+        p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        p.set_defaults(func=cmd_admin)
+    debit.add_argument("--reason", required=True, help="why (kept in the ledger entry and the audit log)")
+    stuck = with_config(admin_sub.add_parser("stuck", help="list jobs and seen payments waiting too long"))
+    stuck.add_argument("--minutes", type=float, default=30)
+    audit = with_config(admin_sub.add_parser("audit", help="show the latest admin audit entries"))
+    audit.add_argument("--limit", type=int, default=50)
+    for p in (lookup, debit, stuck, audit):
+        p.set_defaults(func=cmd_admin)
     return parser
 
 

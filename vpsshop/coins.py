@@ -227,6 +227,10 @@ class ScanResult:
     cursor: str | None
     payments: list[tuple[str, DetectedPayment]] = field(default_factory=list)
     """(coin code, payment) pairs."""
+    tip_height: int | None = None
+    """The node's tip when the scan read it, if the chain has block heights (for the watcher-lag metric)."""
+    scanned_height: int | None = None
+    """The last block this scan covered, if the chain has block heights (for the watcher-lag metric)."""
 
 
 class WatchSet(Protocol):

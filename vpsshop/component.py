@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vpsshop.errors import ConfigError, StartupError
@@ -44,8 +44,10 @@ class ShopSecrets:
     as the ``secrets`` keyword of its constructor when it sets ``uses_secrets = True``.
     """
 
-    def __init__(self, encryption_key: str) -> None:
+    def __init__(self, encryption_key: str, old_keys: tuple[str, ...] = ()) -> None:
         self._key = encryption_key
+        self._old_keys = tuple(old_keys)
+        """``old_encryption_keys``: still open settings encrypted before a key rotation."""
 
     def __repr__(self) -> str:
         return "ShopSecrets(...)"
@@ -54,7 +56,8 @@ class ShopSecrets:
         """The plain text of ``token``. :raises ConfigError: not made with this shop's key
         (the message names ``setting``)."""
         try:
-            return Fernet(self._key.encode()).decrypt(token.encode()).decode()
+            keys = [Fernet(k.encode()) for k in (self._key, *self._old_keys)]
+            return MultiFernet(keys).decrypt(token.encode()).decode()
         except (InvalidToken, ValueError):
             raise ConfigError(f"setting '{setting}' was not made with this shop's encryption_key") from None
 

@@ -84,7 +84,8 @@ class AppContext:
         sandbox = settings.sandbox
         loaded: list[LoadedComponent] = []
 
-        secrets = ShopSecrets(settings.encryption_key.get_secret_value())
+        secrets = ShopSecrets(settings.encryption_key.get_secret_value(),
+                              tuple(k.get_secret_value() for k in settings.old_encryption_keys))
         coins = _build_coins(settings, registered["coins"], loaded, secrets)
         link_scan_groups(coins.values())
 

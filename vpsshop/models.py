@@ -161,3 +161,20 @@ class RateLimitCounter(SQLModel, table=True):
     window_start: int = Field(sa_type=sa.BigInteger, primary_key=True, index=True)
     """Start of the window, whole seconds since the epoch."""
     count: int = Field(default=0, nullable=False)
+
+
+class AdminAudit(SQLModel, table=True):
+    """One action of an operator through ``vpsshop admin`` (vpsshop/admin.py): who, what, on what, why.
+
+    Rows are only ever inserted. ``actor`` is the operating-system user who ran the command.
+    """
+
+    __tablename__ = "admin_audit"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    created_at: datetime = _ts(index=True)
+    actor: str = Field(max_length=64, nullable=False)
+    action: str = Field(max_length=32, nullable=False)
+    target: str = Field(max_length=100, nullable=False)
+    reason: str = Field(max_length=500, nullable=False)
+    detail: Optional[str] = Field(default=None, sa_type=sa.Text)

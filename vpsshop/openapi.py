@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from vpsshop import limits
 from vpsshop.money import UsdAmount
 from vpsshop.routing import ApiRoute
 
@@ -177,6 +178,12 @@ def build_openapi(
                                                         "sent with WWW-Authenticate: Bearer."))
         for status, description in route.errors.items():
             responses.setdefault(str(status), _error_response(description))
+        limited = limits.describe(route)
+        if limited is not None:
+            entry = responses.setdefault("429", _error_response(limited))
+            entry.setdefault("headers", {})["Retry-After"] = {
+                "description": "Seconds until the limit allows this request again.",
+                "schema": {"type": "integer", "minimum": 1}}
         responses["default"] = _error_response("Any other failure, with the error body.")
         paths.setdefault(route.path, {})[route.method.lower()] = operation
 

@@ -15,12 +15,15 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, Router
 from starlette.types import Receive, Scope, Send
 
+from vpsshop import limits
+from vpsshop.accesslog import ACCOUNT_SCOPE_KEY
 from vpsshop.auth import api_key_digester, parse_bearer
 from vpsshop.errors import ApiError, BadRequest, Unauthorized
 
@@ -240,8 +243,21 @@ def _handler(route: ApiRoute, ctx: "AppContext") -> Callable[[Request], Awaitabl
     status = route.status
     static_headers = dict(route.response_headers)
 
+    writes = route.method.upper() in limits.WRITE_METHODS
+
     async def handle(request: Request) -> Response:
-        principal = await authenticate(request, db, digest) if route.auth else None
+        principal = None
+        if route.auth:
+            client = limits.client_address(request)
+            limits.auth_blocked(ctx, client)
+            try:
+                principal = await authenticate(request, db, digest)
+            except Unauthorized:
+                await run_in_threadpool(limits.auth_failed, ctx, client)
+                raise
+            request.scope[ACCOUNT_SCOPE_KEY] = principal.account_id  # for the access log
+            if writes:
+                await run_in_threadpool(limits.enforce, ctx, route, principal.account_id, principal.servers)
         body = await _read_body(request, body_model, route.body_required) if body_model is not None else None
         result = await route.endpoint(Call(request, ctx, principal, body, request.path_params))
         if isinstance(result, Response):

@@ -3,7 +3,8 @@
 Where settings come from, first match wins:
 
 1. environment variables: ``VPSSHOP_DATABASE_URL``, ``VPSSHOP_SECRET_KEY``,
-   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
+   ``VPSSHOP_ENCRYPTION_KEY``, ``VPSSHOP_OLD_ENCRYPTION_KEYS`` (comma-separated),
+   ``VPSSHOP_PUBLIC_URL``, ``VPSSHOP_MODE``, and any nested setting as
    ``VPSSHOP__SECTION__KEY`` (``VPSSHOP__COINS__BTC__XPUB=zpub...``);
 2. the TOML file given by ``--config``, ``VPSSHOP_CONFIG``, or ``./vpsshop.toml`` if it exists;
 3. in the sandbox only, sandbox values.
@@ -28,6 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from vpsshop.component import describe_validation_error
 from vpsshop.errors import ConfigError
+from vpsshop.limits import RateLimitSettings
+from vpsshop.metrics import MetricsSettings
 
 CONFIG_ENV = "VPSSHOP_CONFIG"
 DEFAULT_CONFIG_FILE = "vpsshop.toml"
@@ -38,6 +41,7 @@ _TOP_LEVEL_ENV = {
     "VPSSHOP_ENCRYPTION_KEY": "encryption_key",
     "VPSSHOP_PUBLIC_URL": "public_url",
     "VPSSHOP_MODE": "mode",
+    "VPSSHOP_OLD_ENCRYPTION_KEYS": "old_encryption_keys",
 }
 
 
@@ -80,6 +84,13 @@ class SigninSettings(_Section):
     totp_failures_per_account: int = Field(5, ge=1, le=1_000, description="Wrong two-factor codes per account "
                                            "per window; then that account's codes are refused until it ends.")
     totp_window_seconds: int = Field(900, ge=1, le=86_400)
+
+
+class LoggingSettings(_Section):
+    """``[logging]``: how ``vpsshop serve`` and ``vpsshop worker`` write their log lines (standard error)."""
+
+    format: Literal["json", "text"] = Field("json", description="json: one JSON object per line; text: for people.")
+    level: Literal["debug", "info", "warning", "error"] = Field("info")
 
 
 class TopupSettings(_Section):
@@ -126,11 +137,17 @@ class Settings(BaseModel):
     database_url: str
     secret_key: SecretStr = Field(description="Keys the digest (keyed BLAKE2b) under which API keys are stored.")
     encryption_key: SecretStr = Field(description="Fernet key encrypting root passwords at rest.")
+    old_encryption_keys: list[SecretStr] = Field(
+        default_factory=list, description="Earlier encryption keys, newest first: still decrypt what they "
+        "encrypted until `vpsshop admin rotate-keys` has re-encrypted it with encryption_key.")
     public_url: str = Field(description="Public base URL of the API, ending in /v1.")
     server: ServerSettings = Field(default_factory=ServerSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     signin: SigninSettings = Field(default_factory=SigninSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
     catalog: dict[str, Any] = Field(default_factory=dict)
     rates: dict[str, Any] = Field(default_factory=dict)
     coins: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -158,6 +175,8 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     for env_name, key in _TOP_LEVEL_ENV.items():
         if environ.get(env_name):
             data[key] = environ[env_name]
+            if key == "old_encryption_keys":  # comma-separated, newest first
+                data[key] = [k.strip() for k in environ[env_name].split(",") if k.strip()]
     for env_name, value in environ.items():
         if not env_name.startswith("VPSSHOP__"):
             continue

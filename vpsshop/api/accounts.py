@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
-from vpsshop import accounts
+from vpsshop import accounts, limits
 from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyOut, ApiKeyRevoked
 from vpsshop.money import micros_to_usd
 from vpsshop.routing import LABEL_PATTERN, ApiModel, ApiRoute, Call
@@ -32,6 +32,7 @@ class LoginBody(ApiModel):
 
 
 async def create_account(call: Call) -> AccountCreated:
+    await run_in_threadpool(limits.signup, call.ctx, limits.client_address(call.request))
     return await run_in_threadpool(accounts.create_account, call.ctx)
 
 

@@ -17,9 +17,8 @@ import hmac
 import secrets
 from typing import TYPE_CHECKING
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import InvalidToken, MultiFernet
 
-from vpsshop.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -49,15 +48,11 @@ def headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, 
     }
 
 
-def _fernet(ctx: "AppContext") -> Fernet:
-    cached = ctx.extras.get("events.fernet")
-    if cached is None:
-        try:
-            cached = Fernet(ctx.settings.encryption_key.get_secret_value().encode())
-        except (ValueError, TypeError):
-            raise ConfigError("encryption_key must be a Fernet key: 32 bytes in url-safe base64") from None
-        ctx.extras["events.fernet"] = cached
-    return cached
+def _fernet(ctx: "AppContext") -> MultiFernet:
+    """The shop's keys, newest first (vpsshop.encryption: rotation re-encrypts these secrets too)."""
+    from vpsshop.encryption import fernet
+
+    return fernet(ctx)
 
 
 def encrypt_secret(ctx: "AppContext", secret: str) -> str:

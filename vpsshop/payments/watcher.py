@@ -29,6 +29,7 @@ from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
+from vpsshop import metrics
 from vpsshop.chains import check_distinct_keys
 from vpsshop.coins import DepositCoin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
@@ -120,9 +121,11 @@ class Watcher:
             try:
                 found, credited = await self.pass_group(group)
             except PluginError as exc:
+                metrics.node_error(group)
                 log.warning("watching %s failed this pass: %s", group, exc)
                 continue
             except Exception:  # noqa: BLE001 - one chain's failure must not stop the others
+                metrics.node_error(group)
                 log.exception("watching %s failed this pass", group)
                 continue
             totals["payments"] += found
@@ -184,6 +187,7 @@ class Watcher:
                     break
                 await to_thread.run_sync(self._store_cursor, group, cursor, result.cursor)
                 cursor = result.cursor
+            metrics.watcher_pass(group, tip=result.tip_height, scanned=result.scanned_height)
             credited = 0
             for coin in coins:
                 seen = await to_thread.run_sync(engine.seen_payments, [coin.code])

@@ -1,0 +1,99 @@
+"""Log lines of ``vpsshop serve`` and ``vpsshop worker``: JSON objects, one per line, on standard error.
+
+``[logging] format = "json"`` (the default) writes each record of the ``vpsshop`` and ``uvicorn``
+loggers as::
+
+    {"t":"2026-11-23T00:41:02.120Z","log":"app","level":"warning","logger":"vpsshop.payments.watcher","msg":"..."}
+
+(with ``"exc"`` holding the traceback when there is one); ``format = "text"`` writes plain lines
+for people. The access log (``vpsshop.accesslog``) is separate and always JSON.
+
+No secret goes into a log line: the code never logs keys, tokens, passwords or mnemonics, and as a
+second line of defence every line is passed through :func:`scrub`, which hides the user
+information of URLs (``http://user:pass@node:8332`` becomes ``http://***@node:8332``), so a node
+URL with credentials in an error message does not reach the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.settings import Settings
+
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']+@")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+_HANDLER_NAME = "vpsshop.logs"
+
+
+def scrub(text: str) -> str:
+    """``text`` without URL credentials and bearer tokens."""
+    return _BEARER.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record (see the module docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "t": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "log": "app",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": scrub(record.getMessage()),
+        }
+        if record.exc_info:
+            line["exc"] = scrub(self.formatException(record.exc_info))
+        return json.dumps(line, separators=(",", ":"), default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
+def formatter(settings: Settings) -> logging.Formatter:
+    return JsonFormatter() if settings.logging.format == "json" else TextFormatter()
+
+
+def configure_logging(settings: Settings) -> None:
+    """Send the ``vpsshop`` logger to standard error in the configured format (uvicorn's own lines:
+    :func:`uvicorn_log_config`).
+
+    Idempotent: a second call (another app in the same process) replaces the handler.
+    """
+    level = settings.logging.level.upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(formatter(settings))
+    logger = logging.getLogger("vpsshop")
+    for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.run(log_config=...)``: uvicorn's own lines in the configured format."""
+    fmt = "vpsshop.logs.JsonFormatter" if settings.logging.format == "json" else "vpsshop.logs.TextFormatter"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"vpsshop": {"()": fmt}},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "vpsshop", "stream": "ext://sys.stderr"}
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": settings.logging.level.upper(), "propagate": False},
+            "uvicorn.error": {"level": settings.logging.level.upper(), "propagate": True},
+        },
+    }

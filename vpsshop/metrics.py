@@ -1,0 +1,321 @@
+"""Prometheus metrics of a shop: ``GET /metrics`` on every ``vpsshop serve`` port.
+
+Two kinds of figures, so that every process of a host shows the same numbers:
+
+* **Counted in the processes** (``prometheus-client`` multiprocess mode): HTTP requests by route,
+  method and status with a latency histogram, chain node errors, the chain watcher's lag and the
+  time of its last pass. Every ``vpsshop serve`` worker and ``vpsshop worker`` of one host write
+  their values to files in one directory (``[metrics] multiprocess_dir``); ``/metrics`` adds them up.
+* **Read from the database when scraped**: top-ups by coin and status, USD credited, orders and
+  renewals, provisioning jobs by status, queue depth and the age of the oldest waiting job, x402
+  settlements by outcome. These are exact whichever process answers and survive restarts.
+
+Who may read it (``[metrics]``): with ``token`` set, any client sending
+``Authorization: Bearer <token>``; without the token, only TCP peers in ``allow_ips`` (default
+loopback) and only when the request came straight to the service (a request carrying
+``X-Forwarded-For`` or ``Forwarded`` passed a proxy and needs the token). Anyone else gets 404.
+
+``prometheus_client`` chooses multiprocess mode when its first metric is built, from
+``PROMETHEUS_MULTIPROC_DIR``; :func:`configure` sets that variable (from the settings) before
+any metric exists, so it runs first in ``create_app`` and in ``vpsshop worker``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+if TYPE_CHECKING:  # pragma: no cover
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from vpsshop.context import AppContext
+    from vpsshop.settings import Settings
+
+log = logging.getLogger("vpsshop.metrics")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class MetricsSettings(BaseModel):
+    """``[metrics]``: who may read ``GET /metrics`` and where the processes share their figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Serve GET /metrics (outside /v1) on every `vpsshop serve` port.")
+    token: SecretStr = Field(
+        SecretStr(""), description="When set, `Authorization: Bearer <token>` opens /metrics from any address."
+    )
+    allow_ips: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="TCP peers (addresses "
+        "or networks) that may read /metrics without the token, unless the request "
+        "passed a proxy (X-Forwarded-For / Forwarded).",
+    )
+    multiprocess_dir: str = Field(
+        "",
+        description="Directory where every serve and worker process of this host "
+        "writes its figures. Default: $PROMETHEUS_MULTIPROC_DIR, else "
+        "<tempdir>/vpsshop-metrics-<hash of database_url>.",
+    )
+
+
+def multiprocess_dir(settings: Settings) -> Path:
+    """The shared directory of this shop's processes on this host."""
+    configured = settings.metrics.multiprocess_dir or os.environ.get(MULTIPROC_ENV, "")
+    if configured:
+        return Path(configured)
+    digest = hashlib.sha256(settings.database_url.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"vpsshop-metrics-{digest}"
+
+
+_state: dict[str, Any] = {}
+
+
+def configure(settings: Settings) -> None:
+    """Point ``prometheus_client`` at the shared directory (first call in a process wins).
+
+    Files that dead processes left for "live" gauges are removed; their counters stay, so totals
+    do not fall when a process restarts.
+    """
+    if "dir" in _state:
+        return
+    path = multiprocess_dir(settings)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ[MULTIPROC_ENV] = str(path)
+    from prometheus_client import multiprocess, values
+
+    values.ValueClass = values.get_value_class()  # in case prometheus_client was imported before
+    for pid in _dead_pids(path):
+        multiprocess.mark_process_dead(pid, str(path))
+    _state["dir"] = path
+
+
+def _dead_pids(path: Path) -> set[int]:
+    pids = set()
+    for file in path.glob("*.db"):
+        try:
+            pid = int(file.stem.rsplit("_", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            pids.add(pid)
+        except PermissionError:
+            pass
+    return pids
+
+
+class _Metrics:
+    """The process-counted metrics, built once per process after :func:`configure`."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.requests = Counter(
+            "vpsshop_http_requests",
+            "HTTP requests answered, by route template, method and status.",
+            ["route", "method", "status"],
+        )
+        self.latency = Histogram(
+            "vpsshop_http_request_duration_seconds",
+            "Time from request to the end of the response, by route template and method.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.node_errors = Counter(
+            "vpsshop_node_errors",
+            "Failed watcher passes of a scan group (the chain node or its plugin failed).",
+            ["group"],
+        )
+        self.watcher_lag = Gauge(
+            "vpsshop_watcher_lag_blocks",
+            "Blocks between the node's tip and the block the "
+            "watcher has scanned, per scan group (when the coin plugin reports heights).",
+            ["group"],
+            multiprocess_mode="mostrecent",
+        )
+        self.watcher_pass = Gauge(
+            "vpsshop_watcher_last_pass_timestamp_seconds",
+            "Unix time of the last successful watcher pass of a scan group.",
+            ["group"],
+            multiprocess_mode="max",
+        )
+
+
+def _metrics() -> _Metrics | None:
+    if "dir" not in _state:
+        return None
+    metrics = _state.get("metrics")
+    if metrics is None:
+        metrics = _state["metrics"] = _Metrics()
+    return metrics
+
+
+def observe_request(route: str, method: str, status: int, seconds: float) -> None:
+    metrics = _metrics()
+    if metrics is not None:
+        metrics.requests.labels(route, method, str(status)).inc()
+        metrics.latency.labels(route, method).observe(seconds)
+
+
+def node_error(group: str) -> None:
+    """A watcher pass of ``group`` failed (called by the core watcher)."""
+    metrics = _metrics()
+    if metrics is not None:
+        metrics.node_errors.labels(group).inc()
+
+
+def watcher_pass(group: str, *, tip: int | None = None, scanned: int | None = None) -> None:
+    """A watcher pass of ``group`` ended well; ``tip`` and ``scanned`` heights give the lag when known."""
+    metrics = _metrics()
+    if metrics is not None:
+        metrics.watcher_pass.labels(group).set(time.time())
+        if tip is not None and scanned is not None:
+            metrics.watcher_lag.labels(group).set(max(0, tip - scanned))
+
+
+# -- figures read from the database at scrape time --------------------------------------------------------
+
+
+class DatabaseCollector:
+    """Reads the business figures from the database on each scrape (a few grouped counts)."""
+
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        engine = self.ctx.db.engine
+        now = datetime.now(UTC)
+        with engine.connect() as conn:
+            topups = GaugeMetricFamily("vpsshop_topups", "Top-ups by coin and status.", labels=["coin", "status"])
+            for coin, status, count in conn.execute(
+                sa.text("SELECT coin, status, count(*) FROM topups GROUP BY coin, status")
+            ):
+                topups.add_metric([coin, status], count)
+            yield topups
+            ledger = {
+                reason: (int(total or 0), int(count))
+                for reason, total, count in conn.execute(
+                    sa.text("SELECT reason, sum(amount_micros), count(*) FROM ledger_entries GROUP BY reason")
+                )
+            }
+            credited = CounterMetricFamily(
+                "vpsshop_credited_usd",
+                "USD credited to balances, by reason (topup: crypto payments; admin_credit; refund).",
+                labels=["reason"],
+            )
+            for reason in ("topup", "admin_credit", "refund"):
+                credited.add_metric([reason], ledger.get(reason, (0, 0))[0] / 1_000_000)
+            yield credited
+            yield CounterMetricFamily(
+                "vpsshop_orders", "Servers bought (ledger order entries).", value=ledger.get("order", (0, 0))[1]
+            )
+            yield CounterMetricFamily(
+                "vpsshop_renewals",
+                "Server periods renewed (ledger renewal entries).",
+                value=ledger.get("renewal", (0, 0))[1],
+            )
+            jobs = GaugeMetricFamily("vpsshop_jobs", "Provisioning jobs by status.", labels=["status"])
+            for status, count in conn.execute(sa.text("SELECT status, count(*) FROM server_jobs GROUP BY status")):
+                jobs.add_metric([status], count)
+            yield jobs
+            depth, oldest = conn.execute(
+                sa.text("SELECT count(*), min(created_at) FROM server_jobs WHERE status IN ('queued', 'running')")
+            ).one()
+            yield GaugeMetricFamily("vpsshop_job_queue_depth", "Provisioning jobs queued or running.", value=depth)
+            age = 0.0
+            if oldest is not None:
+                age = max(0.0, (now - as_utc(oldest)).total_seconds())
+            yield GaugeMetricFamily(
+                "vpsshop_job_oldest_age_seconds",
+                "Age of the oldest queued or running provisioning job (0 when none).",
+                value=age,
+            )
+            x402 = CounterMetricFamily(
+                "vpsshop_x402_settlements",
+                "x402 settlements by outcome (settling, settled, rejected).",
+                labels=["outcome"],
+            )
+            try:
+                with conn.begin_nested():
+                    rows = list(conn.execute(sa.text("SELECT status, count(*) FROM x402_payments GROUP BY status")))
+            except sa.exc.DBAPIError:  # the x402 table is absent: no settlements to show
+                rows = []
+            for status, count in rows:
+                x402.add_metric([status], count)
+            yield x402
+
+
+def as_utc(value: Any) -> datetime:
+    """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _peer_allowed(peer: str | None, allow: list[str]) -> bool:
+    if not peer:
+        return False
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    for entry in allow:
+        try:
+            if address in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def allowed(request: Request, settings: MetricsSettings) -> bool:
+    """Whether ``request`` may read /metrics (see the module docstring)."""
+    token = settings.token.get_secret_value()
+    header = request.headers.get("authorization", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip().encode(), token.encode()):
+        return True
+    if request.headers.get("x-forwarded-for") or request.headers.get("forwarded"):
+        return False
+    raw_peer = request.scope.get("vpsshop.peer") or (request.client.host if request.client else None)
+    return _peer_allowed(raw_peer, settings.allow_ips)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    from anyio import to_thread
+    from starlette.responses import PlainTextResponse, Response
+
+    ctx: AppContext = request.app.state.ctx
+    settings = ctx.settings.metrics
+    if not settings.enabled or not allowed(request, settings):
+        return PlainTextResponse("Not Found", status_code=404)
+
+    def render() -> bytes:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+        registry = CollectorRegistry()
+        if "dir" in _state:
+            multiprocess.MultiProcessCollector(registry, path=str(_state["dir"]))
+        registry.register(DatabaseCollector(ctx))
+        ctx.extras["metrics.content_type"] = CONTENT_TYPE_LATEST
+        return generate_latest(registry)
+
+    body = await to_thread.run_sync(render)
+    return Response(body, media_type=ctx.extras["metrics.content_type"], headers={"Cache-Control": "no-store"})
