@@ -36,11 +36,14 @@ def test_schemathesis_all_checks_all_phases(tmp_path):
         base = [SCHEMATHESIS, "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{shop.base}/openapi.json",
                 "--checks", "all", "--phases", "examples,coverage,fuzzing", "--max-examples", "10",
                 "--generation-deterministic", "--workers", "1", "-H", f"Authorization: Bearer {key}"]
-        # POST /topups without positive_data_acceptance: a payment header is base64 of a signed JSON
-        # payload, which no schema can describe, so a random "valid string" is rightly refused with 400
-        # invalid_payment (tests/test_x402*.py cover it). Every other check runs on it too.
-        for args in (["--exclude-operation-id", "createTopup"],
-                     ["--include-operation-id", "createTopup", "--exclude-checks", "positive_data_acceptance"]):
+        # The operations that take an x402 payment header (a top-up, an order, a renewal) run without
+        # positive_data_acceptance: the header is base64 of a signed JSON payload, which no schema can
+        # describe, so a random "valid string" is rightly refused with 400 invalid_payment
+        # (tests/test_x402*.py cover it). Every other check runs on them too.
+        paid = ["createTopup", "orderServer", "renewServer"]
+        only_paid = [arg for op in paid for arg in ("--include-operation-id", op)]
+        for args in ([arg for op in paid for arg in ("--exclude-operation-id", op)],
+                     [*only_paid, "--exclude-checks", "positive_data_acceptance"]):
             result = subprocess.run(base + args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
             output = result.stdout + result.stderr
             assert result.returncode == 0, output[-8000:]

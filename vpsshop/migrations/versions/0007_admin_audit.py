@@ -11,7 +11,7 @@ import vpsshop.models
 
 
 revision = "0007"
-down_revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
