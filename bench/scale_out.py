@@ -73,7 +73,7 @@ class Litecoind:
                 time.sleep(0.3)
         self.rpc("createwallet", "miner")
         self.address = self.rpc("getnewaddress", "", "bech32")
-        self.rpc("generatetoaddress", 101, self.address)
+        self.rpc("generatetoaddress", 200, self.address)  # 100 mature coinbases: 5000 LTC
 
     def rpc(self, method: str, *params: Any) -> Any:
         request = urllib.request.Request(
