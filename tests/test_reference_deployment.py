@@ -71,6 +71,8 @@ def test_up_walk_down() -> None:
         assert "balance 67.02 USD" in walk.stdout  # two cycles of pup (3.99) charged
         if deployment["metrics_toml"]:  # /metrics exists in this vpsshop (issue 12)
             assert results["metrics"] > 0, walk.stdout
+            assert results["metrics_credited_usd_total"] == 75, walk.stdout  # three top-ups of 25
+            assert results["metrics_orders_total"] == 1 and results["metrics_renewals_total"] == 1, walk.stdout
             assert results["prometheus_up"] == ["1", "1"], walk.stdout
     finally:
         down = subprocess.run([str(DEPLOY / "down")], env=env, capture_output=True, text=True, timeout=300)

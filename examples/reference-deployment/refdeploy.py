@@ -327,6 +327,7 @@ public_url = "https://127.0.0.1:{p['https']}/v1"
 
 [server]
 forwarded_allow_ips = ["127.0.0.1"]
+
 {state['metrics_toml']}
 [topups]
 watch_interval_seconds = 2
@@ -378,12 +379,19 @@ gateway = "198.51.100.1"
 """
 
 
-def metrics_settings() -> tuple[str, str]:
-    """The ``[server]`` lines that turn /metrics on, and its path on an API process.
+def metrics_settings(root: str) -> tuple[str, str]:
+    """The ``[metrics]`` table that turns /metrics on, and its path on an API process.
 
-    Issue 12 adds /metrics; until this checkout has it, the scrape finds nothing and `walk` says so.
+    /metrics (issue 12) answers on each `vpsshop serve` port, from loopback without a token; the API
+    processes and the worker of one host share a prometheus-client multiprocess directory, so each
+    port shows the whole host. A vpsshop without /metrics gets no table (it would refuse an unknown
+    one) and `walk` says so.
     """
-    return "", "/metrics"
+    from vpsshop.settings import Settings
+
+    if "metrics" not in Settings.model_fields:
+        return "", "/metrics"
+    return f'[metrics]\nenabled = true\nmultiprocess_dir = "{root}/metrics"\n', "/metrics"
 
 
 def random_tpub() -> str:
@@ -517,7 +525,8 @@ def up_in_venv() -> None:
     state = load_state()
     root = Path(state["root"])
     ensure_postgres(state)
-    state["metrics_toml"], state["metrics_path"] = metrics_settings()
+    state["metrics_toml"], state["metrics_path"] = metrics_settings(state["root"])
+    (root / "metrics").mkdir(exist_ok=True)
     state.update(secret_key=secrets.token_urlsafe(32), encryption_key=Fernet.generate_key().decode())
     own_libvirtd = not libvirt_answers(state["libvirt_uri"])
     if own_libvirtd and state["libvirt_uri"] != "qemu:///system":
@@ -601,23 +610,23 @@ class Walk:
         return str(self.http.get("/account", headers=self.auth).json()["balance_usd"])
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of both API processes' /metrics, summed by series (None when absent)."""
+        """The ``vpsshop_`` samples of one API process's /metrics (each port shows the whole host); {}
+        when this vpsshop has no /metrics."""
         import httpx
 
-        total: dict[str, float] = {}
-        for name in ("api1", "api2"):
-            url = f"http://127.0.0.1:{self.state['ports'][name]}{self.state['metrics_path']}"
-            response = httpx.get(url, timeout=10)
-            if response.status_code != 200:
-                return {}
-            for line in response.text.splitlines():
-                if line and not line.startswith("#"):
-                    series, _, value = line.rpartition(" ")
-                    try:
-                        total[series] = total.get(series, 0.0) + float(value)
-                    except ValueError:
-                        pass
-        return total
+        url = f"http://127.0.0.1:{self.state['ports']['api1']}{self.state['metrics_path']}"
+        response = httpx.get(url, timeout=10)
+        if response.status_code != 200:
+            return {}
+        samples: dict[str, float] = {}
+        for line in response.text.splitlines():
+            if line.startswith("vpsshop_") and "_bucket{" not in line:
+                series, _, value = line.rpartition(" ")
+                try:
+                    samples[series] = float(value)
+                except ValueError:
+                    pass
+        return samples
 
     def wait_topup(self, ref: str, mine: Any, seconds: float = 300) -> dict[str, Any]:
         deadline = time.monotonic() + seconds
@@ -708,10 +717,17 @@ class Walk:
             self.ok("metrics", 0, f"{s['metrics_path']} is not served by this vpsshop")
         else:
             moved = {k: (before.get(k, 0.0), v) for k, v in after.items() if v != before.get(k, 0.0)}
-            for series, (old, new) in sorted(moved.items())[:12]:
+            first = ("vpsshop_credited_usd_total", "vpsshop_orders_total", "vpsshop_renewals_total", "vpsshop_topups",
+                     "vpsshop_x402_settlements_total")
+            shown = sorted(moved.items(), key=lambda item: (not item[0].startswith(first), item[0]))[:16]
+            for series, (old, new) in shown:
                 say(f"   {series}: {old:g} -> {new:g}")
+            for name in ("credited_usd_total", "orders_total", "renewals_total"):
+                delta = sum(new - old for series, (old, new) in moved.items()
+                            if series.split("{")[0] == f"vpsshop_{name}")
+                self.results[f"metrics_{name}"] = delta
             self.ok("metrics", len(moved), f"{len(moved)} series moved")
-            up_series = prometheus_query(s, "up")
+            up_series = prometheus_query(s, 'up{job="vpsshop"}')
             self.ok("prometheus_up", up_series, f"Prometheus: up{{job=\"vpsshop\"}} = {up_series}")
         say("\nThe walk is done.")
         return self.results
