@@ -137,6 +137,8 @@ def install_system_packages() -> None:
         say("- Debian packages: skipped (REFDEPLOY_SKIP_APT=1)")
         return
     packages = [line.split("#")[0].strip() for line in APT_FILE.read_text().splitlines() if line.split("#")[0].strip()]
+    if shutil.which("npm") is None:  # Debian's npm; NodeSource's nodejs brings its own and conflicts with it
+        packages.append("npm")
     say("- Debian packages")
     run("apt-get", "update", "-q")
     run("apt-get", "install", "-y", "-q", "--no-install-recommends", *packages,
