@@ -190,7 +190,7 @@ def up() -> None:
     state: dict[str, Any] = {
         "root": str(root), "name": tag, "venv": str(venv), "npm_bin": str(bin_dir), "ports": ports,
         "listen": env("LISTEN", "127.0.0.1"),
-        "pg_admin_url": env("PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        "pg_admin_url": env("PG_ADMIN_URL", ""),
         "db_name": env("DB_NAME", "vpsshop_" + tag.replace("-", "_")),
         "ltc_password": secrets.token_hex(16), "supervisord_conf": str(root / "supervisor" / "supervisord.conf"),
         "pool": f"vpsshop-{tag}", "pool_dir": f"{env('IMAGES', '/var/lib/libvirt/images')}/vpsshop-{tag}",
@@ -413,25 +413,39 @@ def _pg(url: str):  # type: ignore[no-untyped-def]
     return psycopg.connect(url, autocommit=True)
 
 
+def local_psql(sql: str) -> None:
+    """Run ``sql`` as the ``postgres`` superuser over the local socket (peer authentication)."""
+    run("runuser", "-u", "postgres", "--", "psql", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql, quiet=True, cwd="/")
+
+
 def ensure_postgres(state: dict[str, Any]) -> None:
-    try:
-        _pg(state["pg_admin_url"]).close()
-    except Exception:  # noqa: BLE001
-        if os.environ.get("REFDEPLOY_PG_ADMIN_URL"):
-            raise
-        say("- PostgreSQL does not answer on 127.0.0.1:5432: starting Debian's cluster")
+    """The deployment's database. With ``REFDEPLOY_PG_ADMIN_URL``: created there, used with the same
+    credentials. Without: the local Debian cluster (started if it is not running), a role of this
+    deployment with a random password and a database it owns; vpsshop connects over TCP with it."""
+    name = state["db_name"]
+    if state["pg_admin_url"]:
+        with _pg(state["pg_admin_url"]) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                sys.exit(f"database {name} exists already: choose another REFDEPLOY_DB_NAME")
+            conn.execute(f'CREATE DATABASE "{name}"')
+        base = state["pg_admin_url"].rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+        state["database_url"] = f"{base}/{name}"
+        say(f"- PostgreSQL database {name} (at REFDEPLOY_PG_ADMIN_URL)")
+        return
+    if subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-c", "SELECT 1"], capture_output=True,
+                      cwd="/").returncode != 0:
+        say("- PostgreSQL: starting Debian's cluster")
         clusters = sorted(Path("/etc/postgresql").glob("*/main"))
         if not clusters:
             sys.exit("no PostgreSQL cluster in /etc/postgresql (apt-get install postgresql)")
         run("pg_ctlcluster", clusters[-1].parent.name, "main", "start", check=False)
-        wait("PostgreSQL", lambda: _pg(state["pg_admin_url"]).close() or True, 60)
-    with _pg(state["pg_admin_url"]) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (state["db_name"],)).fetchone():
-            sys.exit(f"database {state['db_name']} exists already: choose another REFDEPLOY_DB_NAME")
-        conn.execute(f'CREATE DATABASE "{state["db_name"]}"')
-    base = state["pg_admin_url"].rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    state["database_url"] = f"{base}/{state['db_name']}"
-    say(f"- PostgreSQL database {state['db_name']}")
+    password = secrets.token_hex(16)
+    local_psql(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'")
+    state["pg_role"] = name
+    local_psql(f'CREATE DATABASE "{name}" OWNER "{name}"')
+    state["database_url"] = f"postgresql+psycopg://{name}:{password}@127.0.0.1:{env('PG_PORT', '5432')}/{name}"
+    wait("PostgreSQL over TCP", lambda: _pg(state["database_url"].replace("+psycopg", "")).close() or True, 60)
+    say(f"- PostgreSQL database {name}, owned by a role of its own")
 
 
 def libvirt_answers(uri: str) -> bool:
@@ -609,7 +623,17 @@ class Walk:
         say(f"   {line}")
 
     def balance(self) -> str:
-        return str(self.http.get("/account", headers=self.auth).json()["balance_usd"])
+        """The balance once two reads in a row agree. nginx alternates between the API processes, and
+        a process learns of another's write by PostgreSQL's NOTIFY a moment after the commit (its
+        authentication cache, vpsshop/authcache.py), so right after a write one read may be older."""
+        last = None
+        deadline = time.monotonic() + 10
+        while True:
+            now = str(self.http.get("/account", headers=self.auth).json()["balance_usd"])
+            if now == last or time.monotonic() > deadline:
+                return now
+            last = now
+            time.sleep(0.1)
 
     def metrics(self) -> dict[str, float]:
         """The ``vpsshop_`` samples of one API process's /metrics (each port shows the whole host); {}
@@ -826,14 +850,16 @@ def down() -> None:
             os.kill(pid, signal.SIGKILL)
         say("- supervisord and every program it ran: stopped")
     if "database_url" in state:
-        try:
+        drop = f'DROP DATABASE IF EXISTS "{state["db_name"]}" WITH (FORCE)'
+        if state["pg_admin_url"]:
             import psycopg
 
             with psycopg.connect(state["pg_admin_url"], autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{state["db_name"]}" WITH (FORCE)')
-            say(f"- dropped database {state['db_name']}")
-        except ImportError:
-            run("psql", state["pg_admin_url"], "-c", f'DROP DATABASE IF EXISTS "{state["db_name"]}" WITH (FORCE)')
+                conn.execute(drop)
+        else:
+            local_psql(drop)
+            local_psql(f'DROP ROLE IF EXISTS "{state["pg_role"]}"')
+        say(f"- dropped database {state['db_name']}")
     left = ours(state)
     for _ in range(20):
         if not left:
