@@ -1,6 +1,6 @@
 """Failure drills: the shipped processes under SIGKILL, a PostgreSQL outage and a chain node that
 comes back behind a reorganised tip. After recovery nothing is lost or done twice, and ``/health``
-said what was wrong while it was wrong.
+said what was wrong while it was wrong (and ``/metrics``, where this vpsshop serves it: issue 12).
 
 Every drill runs on peers of its own: a PostgreSQL cluster made with ``initdb`` in a temp dir and
 started with ``pg_ctl`` on a free port (never the machine's shared server, which these drills stop),
@@ -177,6 +177,26 @@ def ledger_matches_balances(cluster: PrivateCluster) -> None:
     assert off == []
 
 
+def metrics(shop: Shop) -> dict[str, float] | None:
+    """The ``vpsshop_`` samples of the API process's /metrics (issue 12), None where this vpsshop has none."""
+    response = httpx.get(shop.base.removesuffix("/v1") + "/metrics", timeout=10)
+    if response.status_code == 404:
+        return None
+    assert response.status_code == 200, response.text
+    samples = {}
+    for line in response.text.splitlines():
+        if line.startswith("vpsshop_"):
+            series, _, value = line.rpartition(" ")
+            samples[series] = float(value)
+    return samples
+
+
+def total(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of the samples of metric ``name`` whose labels include ``labels``."""
+    return sum(value for series, value in samples.items() if series.split("{")[0] == name
+               and all(f'{k}="{v}"' in series for k, v in labels.items()))
+
+
 def until(what: str, probe: Any, seconds: float = 120) -> Any:
     deadline = time.monotonic() + seconds
     while True:
@@ -300,6 +320,10 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
     assert failed_during and all(code in (500, 503) for code in failed_during), set(failed_during)
     assert all(code in (200, 201) for code in outcomes[after + 5:]), set(outcomes[after + 5:])
     assert shop.api.poll() is None and shop.worker.poll() is None  # both rode it out
+    samples = metrics(shop)
+    if samples is not None:  # /metrics counted the failed requests of the outage
+        assert total(samples, "vpsshop_http_requests_total", status="503") + total(
+            samples, "vpsshop_http_requests_total", status="500") > 0
     for server_id in accepted:
         until(f"server {server_id} active", lambda server_id=server_id: httpx.get(
             f"{shop.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active", 120)
@@ -321,6 +345,10 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
         c["id"] == "LTC" and not c["ready"] for c in b["components"]) else None)(
         httpx.get(f"{shop.base}/health", timeout=10).json()), 30)
     assert health["status"] == "degraded"
+    samples = metrics(shop)
+    if samples is not None:  # /metrics counts the node's errors while it is away
+        until("node errors counted",
+              lambda: total(metrics(shop) or {}, "vpsshop_node_errors_total", coin="LTC") > 0, 30)
     litecoind.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     until("litecoind back", lambda: _answers(litecoind), 60)
     litecoind.rpc("loadwallet", "miner")
