@@ -71,10 +71,18 @@ class PrivateCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+SIMULATOR = """[hypervisor]
+backend = "simulator"
+
+[hypervisor.simulator]
+boot_seconds = 2
+"""
+
+
 class Shop:
     """One sandbox shop on the private cluster: an API process and workers started and killed at will."""
 
-    def __init__(self, workdir: Path, database_url: str, ltc: Litecoind) -> None:
+    def __init__(self, workdir: Path, database_url: str, ltc: Litecoind, hypervisor: str = "") -> None:
         self.workdir = workdir
         config = workdir / "vpsshop.toml"
         config.write_text(f"""mode = "sandbox"
@@ -93,6 +101,8 @@ poll_min_seconds = 60
 [servers]
 jobs_interval_seconds = 0.5
 job_lease_seconds = 10
+retry_seconds = 1
+provision_attempts = 10
 
 [coins.LTC]
 xpub = "{random_tpub()}"
@@ -102,12 +112,7 @@ rpc_user = "{ltc.user}"
 rpc_password = "{ltc.password}"
 confirmations = 2
 
-[hypervisor]
-backend = "simulator"
-
-[hypervisor.simulator]
-boot_seconds = 2
-""")
+{hypervisor or SIMULATOR}""")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
         self.env["VPSSHOP_CONFIG"] = str(config)
         subprocess.run([VPSSHOP, "migrate"], cwd=workdir, env=self.env, check=True, capture_output=True)
@@ -378,3 +383,171 @@ def _answers(node: Litecoind) -> bool:
         return False
 
 
+
+
+# ---- libvirtd goes away during provisioning ---------------------------------------------------------
+
+LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
+
+
+class LibvirtdRelay:
+    """A Unix-socket relay in front of the system libvirtd that a drill can cut and restore.
+
+    The machine's libvirtd serves other sessions' tests, so this drill does not restart it: to vpsshop,
+    cutting the relay looks like libvirtd restarting (every open connection drops, new connections are
+    refused, the socket is gone) and restoring it like libvirtd answering again. vpsshop reaches it as
+    ``qemu+unix:///system?socket=<relay>``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.uri = f"qemu+unix:///system?socket={path}"
+        self.pairs: list[Any] = []
+        self.lock = threading.Lock()
+        self.listener: Any = None
+        self.restore()
+
+    def restore(self) -> None:
+        import socket
+
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.path))
+        listener.listen(64)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: Any) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(LIBVIRT_SOCKET)
+            with self.lock:
+                self.pairs += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: Any, sink: Any) -> None:
+        import socket
+
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.listener.close()
+        self.path.unlink()
+        with self.lock:
+            pairs, self.pairs = self.pairs, []
+        for s in pairs:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def pool_domains(directory: Path) -> list[str]:
+    """The domains on the system libvirtd whose disks are in ``directory``."""
+    names = subprocess.run(["virsh", "-c", "qemu:///system", "list", "--all", "--name"], capture_output=True,
+                           text=True).stdout.split()
+    return [name for name in names if f"{directory}/" in subprocess.run(
+        ["virsh", "-c", "qemu:///system", "dumpxml", name], capture_output=True, text=True).stdout]
+
+
+@pytest.fixture
+def libvirt_pool() -> Iterator[tuple[str, Path]]:
+    """A transient dir pool on the system libvirtd with a blank base image (as tests/test_libvirt.py)."""
+    if subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True).returncode != 0:
+        for daemon in ("virtlogd", "libvirtd"):
+            if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode != 0:
+                subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
+        until("libvirtd", lambda: subprocess.run(["virsh", "-c", "qemu:///system", "version"],
+                                                 capture_output=True).returncode == 0, 30)
+    images = Path("/var/lib/libvirt/images")
+    images.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="vpsshop-drill-", dir=images))
+    directory.chmod(0o755)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(directory / "debian-12-genericcloud-amd64.qcow2"),
+                    "1G"], check=True)
+    name = directory.name
+    xml = directory.parent / f"{name}.xml"
+    xml.write_text(f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>")
+    subprocess.run(["virsh", "-c", "qemu:///system", "pool-create", str(xml)], check=True, capture_output=True)
+    xml.unlink()
+    yield name, directory
+    for domain in pool_domains(directory):
+        subprocess.run(["virsh", "-c", "qemu:///system", "destroy", domain], capture_output=True)
+        subprocess.run(["virsh", "-c", "qemu:///system", "undefine", domain], capture_output=True)
+    subprocess.run(["virsh", "-c", "qemu:///system", "pool-destroy", name], capture_output=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_libvirtd_goes_away_during_provisioning(tmp_path: Path, cluster: PrivateCluster, litecoind: Litecoind,
+                                                libvirt_pool: tuple[str, Path]) -> None:
+    """libvirtd disappears (relay cut) while servers are being created and comes back 5 s later:
+    /health says the hypervisor is not ready meanwhile; then every server is active with exactly one
+    domain, charged once."""
+    pool, directory = libvirt_pool
+    relay = LibvirtdRelay(tmp_path / "libvirt.sock")
+    running = Shop(tmp_path, cluster.url, litecoind, hypervisor=f"""[hypervisor]
+backend = "libvirt"
+
+[hypervisor.libvirt]
+domain_type = "qemu"
+shutdown_grace_seconds = 2
+
+[hypervisor.libvirt.locations.nl]
+hosts = [{{ uri = "{relay.uri}", name = "local", max_memory_mib = 8192 }}]
+pool = "{pool}"
+network = "user"
+addresses = "198.51.100.10-198.51.100.40"
+gateway = "198.51.100.1"
+""")
+    try:
+        orders = []
+        for _ in range(3):
+            _user, auth = running.account(fund_usd=10)
+            response = httpx.post(f"{running.base}/servers", headers=auth, timeout=30,
+                                  json={"plan": "pup", "location": "nl", "os": "debian-12"})
+            assert response.status_code == 201, response.text
+            orders.append((auth, response.json()["server"]["id"]))
+        until("a domain named, the server still provisioning", lambda: sql(
+            cluster, "SELECT id FROM servers WHERE domain IS NOT NULL AND status = 'provisioning'"), 120)
+        relay.cut()
+        health = until("/health to report the hypervisor", lambda: (lambda b: b if any(
+            c["kind"] == "hypervisor" and not c["ready"] for c in b["components"]) else None)(
+            httpx.get(f"{running.base}/health", timeout=30).json()), 30)
+        assert health["status"] == "degraded"
+        time.sleep(5)
+        relay.restore()
+        for auth, server_id in orders:
+            until(f"server {server_id} active", lambda auth=auth, server_id=server_id: httpx.get(
+                f"{running.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active", 240)
+        jobs = sql(cluster, "SELECT server_id, kind, status, attempts FROM server_jobs ORDER BY id")
+        print("jobs after the cut:", jobs)
+        assert max(attempts for *_rest, attempts in jobs) > 1, jobs  # the cut did interrupt a provisioning
+        domains = sql(cluster, "SELECT domain FROM servers ORDER BY id")
+        ours = sorted(pool_domains(directory))  # other sessions' guests share this libvirtd
+        assert ours == sorted(domain for (domain,) in domains)  # one domain per server, the one it records
+        assert len(list(directory.glob("vps-*.qcow2"))) == 3
+        assert sql(cluster, "SELECT COUNT(*) FROM ledger_entries WHERE amount_micros < 0")[0][0] == 3
+        assert sql(cluster, "SELECT server_id, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
+                            "GROUP BY server_id HAVING COUNT(*) <> 1") == []
+        ledger_matches_balances(cluster)
+    finally:
+        running.close()
