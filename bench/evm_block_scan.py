@@ -29,7 +29,6 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -99,7 +98,7 @@ def word(value: int | str) -> str:
 
 
 async def main() -> None:
-    from vpsshop_evm import Ether, TetherErc20, vpsshop_startup
+    from vpsshop_evm import Ether, TetherErc20
 
     anvil = Anvil(("--gas-limit", "100000000"))
     try:
@@ -157,8 +156,7 @@ async def main() -> None:
             eth = Ether.from_settings({**common, "rpc_url": url}, sandbox=False, where="coins.ETH")
             usdt = TetherErc20.from_settings({**common, "rpc_url": url, "contract": token}, sandbox=False,
                                              where="coins.USDT")
-
-            vpsshop_startup(SimpleNamespace(coins={"ETH": eth, "USDT": usdt}))
+            eth.scan_members = usdt.scan_members = (eth, usdt)  # what core sets when it builds a shop
             groups[label] = (eth, usdt)
         assert len(watched) == WATCHED
         few = {random_address() for _ in range(WATCHED - 10)} | set(native_to[:5]) | set(token_to[:5])

@@ -153,7 +153,7 @@ class Shop:
 
         self.ctx = build_app(url)
         self.node = BlockServingNode()
-        self.ctx.coins["LTC"].rpc = self.node
+        self.ctx.coins["LTC"]._client = self.node  # the kit's node client, replaced by the block server
         self.topups = add_pending_topups(self.ctx, pending)
         self.others = others
         self.watcher = engine_for(self.ctx).watcher

@@ -30,7 +30,7 @@ from vpsshop.coins import (
     X402Rejected,
     X402Settlement,
 )
-from vpsshop.component import Component, NoConfig, Readiness, require_reachable
+from vpsshop.component import Component, NoConfig, Readiness, ShopSecrets, require_reachable
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
 from vpsshop.hypervisor import (
@@ -105,6 +105,7 @@ __all__ = [
     "ScanResult",
     "ServerHandle",
     "ServerSpec",
+    "ShopSecrets",
     "Settings",
     "StartupError",
     "WatchSet",

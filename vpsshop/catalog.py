@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vpsshop.component import Component
+from vpsshop.component import Component, ConfigT
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, apply_modifier, micros_to_usd
 
 CYCLES: tuple[str, ...] = ("monthly", "annual")
@@ -71,7 +71,7 @@ class CatalogData(BaseModel):
         return self
 
 
-class CatalogSource(Component):
+class CatalogSource(Component[ConfigT]):
     """Provides plans, locations and operating systems.
 
     ``name`` identifies the source in the ``catalog.source`` setting. :meth:`load` must be

@@ -7,14 +7,19 @@ A coin plugin subclasses :class:`PaymentCoin` and returns the class from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from vpsshop.component import Component
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 SettlementMethod = Literal["deposit", "x402"]
 
 
-class PaymentCoin(Component):
+class PaymentCoin(Component[ConfigT]):
     """A way for a customer to fund a balance.
 
     Class attributes every subclass must set:
@@ -37,6 +42,11 @@ class PaymentCoin(Component):
     decimals: ClassVar[int]
     rate_symbol: ClassVar[str]
     settlement: ClassVar[SettlementMethod] = "deposit"
+
+    default_priority: ClassVar[int | None] = None
+    """When ``[topups] default_coin`` is not set, a top-up that names no coin uses the enabled
+    coin with the highest ``default_priority`` (ties: the first registered). None: picked only
+    when no enabled coin has a priority."""
 
     @property
     def network(self) -> str:
@@ -233,7 +243,7 @@ class WatchSet(Protocol):
     def __len__(self) -> int: ...
 
 
-class DepositCoin(PaymentCoin):
+class DepositCoin(PaymentCoin[ConfigT]):
     """A coin paid to a deposit address per top-up, found by scanning the chain.
 
     Core calls, in this order over a top-up's life:
@@ -249,14 +259,21 @@ class DepositCoin(PaymentCoin):
 
     **Scan groups.** Coins that share one chain scan (ETH and USDT on one EVM node, TRX and
     USDTTRC) return the same :attr:`scan_group`; core then calls :meth:`scan` on *one* coin
-    of the group with the union of their watch keys and a single cursor, and the scan reports
-    payments tagged with the coin they belong to. A coin alone returns its own code.
+    of the group with the union of their watch keys, a single cursor and the group's coins as
+    ``members``, and the scan reports payments tagged with the coin they belong to. A coin alone
+    returns its own code. At start-up core refuses a group two of whose coins have the same
+    :meth:`key_id` (they would hand out the same addresses).
 
     Settings every deposit coin reads from its config (``[coins.<CODE>]``): ``confirmations``
     (int) when present; see :attr:`confirmations`.
     """
 
     settlement: ClassVar[SettlementMethod] = "deposit"
+
+    scan_members: tuple["DepositCoin[Any]", ...] = ()
+    """The live coins of this coin's scan group (this one included), in registration order: set
+    by core when it builds the shop, empty before (a coin built by hand is alone). What
+    :meth:`scan` receives as ``members``."""
 
     @property
     def scan_group(self) -> str:
@@ -301,9 +318,15 @@ class DepositCoin(PaymentCoin):
         ``monero:<addr>?tx_amount=..``, EIP-681 ...). Default: the bare address."""
         return address
 
-    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
+    async def scan(
+        self, cursor: str | None, watched: WatchSet, members: Sequence["DepositCoin[Any]"] = ()
+    ) -> ScanResult:
         """Find payments to ``watched`` keys since ``cursor`` (None: start at the chain's tip,
         nothing older is looked at).
+
+        ``members`` are the live coins of this coin's scan group, this one included, in the
+        order they were registered (core passes :attr:`scan_members`; empty when called by hand:
+        use :attr:`scan_members`, or this coin alone); a scan matches payments of each.
 
         Read the chain's tip *first* and scan no further than it: core refreshed ``watched``
         just before this call, and a payment to an address handed out after that can only be in a
@@ -327,6 +350,19 @@ class DepositCoin(PaymentCoin):
     def format_amount(self, amount_atomic: int) -> str:
         """Atomic units as a decimal string in the coin's units (``"0.00041667"``)."""
         return format_atomic(amount_atomic, self.decimals)
+
+
+def link_scan_groups(coins: Iterable[PaymentCoin[Any]]) -> dict[str, list[DepositCoin[Any]]]:
+    """Group the deposit coins that can scan by :attr:`DepositCoin.scan_group` and give each its
+    :attr:`DepositCoin.scan_members`. Called by core once the coins are built."""
+    groups: dict[str, list[DepositCoin[Any]]] = {}
+    for coin in coins:
+        if isinstance(coin, DepositCoin) and coin.can_scan:
+            groups.setdefault(coin.scan_group, []).append(coin)
+    for members in groups.values():
+        for coin in members:
+            coin.scan_members = tuple(members)
+    return groups
 
 
 def format_atomic(amount_atomic: int, decimals: int) -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
+from cryptography.fernet import Fernet, InvalidToken
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vpsshop.errors import ConfigError, StartupError
@@ -34,16 +35,57 @@ class Readiness:
     addresses, payment requirements, simulated servers). None: the same as ``ok``."""
 
 
-class Component:
+class ShopSecrets:
+    """What a component may use of the shop's secrets, handed to its construction by core.
+
+    A component that keeps a secret in its settings stores it encrypted with the shop's
+    ``encryption_key`` (a Fernet token); :meth:`decrypt` opens it. The key itself is never
+    exposed. Core passes one to :meth:`Component.from_settings`, and the component receives it
+    as the ``secrets`` keyword of its constructor when it sets ``uses_secrets = True``.
+    """
+
+    def __init__(self, encryption_key: str) -> None:
+        self._key = encryption_key
+
+    def __repr__(self) -> str:
+        return "ShopSecrets(...)"
+
+    def decrypt(self, token: str, *, setting: str) -> str:
+        """The plain text of ``token``. :raises ConfigError: not made with this shop's key
+        (the message names ``setting``)."""
+        try:
+            return Fernet(self._key.encode()).decrypt(token.encode()).decode()
+        except (InvalidToken, ValueError):
+            raise ConfigError(f"setting '{setting}' was not made with this shop's encryption_key") from None
+
+    def encrypt(self, text: str) -> str:
+        """A token of ``text`` that :meth:`decrypt` opens (for the plugins' encrypt commands)."""
+        return Fernet(self._key.encode()).encrypt(text.encode()).decode()
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+"""The settings model of a component: ``class MySource(RateSource[MyConfig])``."""
+
+
+class Component(Generic[ConfigT]):
     """Base of coins, hypervisor backends, catalog sources and rate sources.
 
-    Subclasses set :attr:`Config` to a pydantic model of their settings. Core validates the
-    component's settings section against it: in production exactly as written (a missing field
-    stops start-up naming ``section.field``), in the sandbox on top of :meth:`sandbox_config`.
+    Subclasses set :attr:`Config` to a pydantic model of their settings and name the same model
+    as the type parameter, so ``self.config`` is typed (``class Btc(DepositCoin[BtcConfig])``).
+    Core validates the component's settings section against it: in production exactly as
+    written (a missing field stops start-up naming ``section.field``), in the sandbox on top of
+    :meth:`sandbox_config`.
     """
 
     Config: ClassVar[type[BaseModel]] = NoConfig
     """Pydantic model of this component's settings. Override when the component has settings."""
+
+    config: ConfigT
+    """The validated settings, an instance of :attr:`Config`."""
+
+    uses_secrets: ClassVar[bool] = False
+    """True: core passes a :class:`ShopSecrets` to the constructor as ``secrets=`` (None when
+    the caller has none, as in a test building the component by hand)."""
 
     sandbox_priority: ClassVar[int | None] = None
     """In the sandbox, when the settings name no component of this kind (``[hypervisor] backend``
@@ -51,7 +93,7 @@ class Component:
     default): never picked unless named. A component that needs nothing outside Python (the
     hypervisor simulator) sets one; one that needs a daemon or a native library does not."""
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: ConfigT, *, sandbox: bool = False) -> None:
         """Core calls this with the validated config. Override to open clients; call ``super()``."""
         self.config = config
         self.sandbox = sandbox
@@ -65,8 +107,13 @@ class Component:
         return {}
 
     @classmethod
-    def from_settings(cls, section: dict[str, Any] | None, *, sandbox: bool, where: str) -> "Component":
-        """Validate ``section`` (the TOML table at ``where``) and build the component."""
+    def from_settings(
+        cls, section: dict[str, Any] | None, *, sandbox: bool, where: str, secrets: ShopSecrets | None = None
+    ) -> "Component[Any]":
+        """Validate ``section`` (the TOML table at ``where``) and build the component.
+
+        ``secrets`` reaches the constructor only when the class sets :attr:`uses_secrets`.
+        """
         data = dict(cls.sandbox_config()) if sandbox else {}
         data.update(section or {})
         data.pop("enabled", None)
@@ -74,6 +121,8 @@ class Component:
             config = cls.Config.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, where)) from None
+        if cls.uses_secrets:
+            return cls(config, sandbox=sandbox, secrets=secrets)  # type: ignore[call-arg]
         return cls(config, sandbox=sandbox)
 
     def bind(self, ctx: "AppContext") -> None:

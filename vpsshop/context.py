@@ -21,8 +21,8 @@ import pluggy
 
 from vpsshop.catalog import Catalog, CatalogData, CatalogSource, PaymentOption, build_catalog
 from vpsshop.clock import Clock
-from vpsshop.coins import PaymentCoin
-from vpsshop.component import Component
+from vpsshop.coins import PaymentCoin, link_scan_groups
+from vpsshop.component import Component, ShopSecrets
 from vpsshop.db import Database
 from vpsshop.errors import ConfigError, StartupError
 from vpsshop.hypervisor import HypervisorBackend
@@ -84,11 +84,13 @@ class AppContext:
         sandbox = settings.sandbox
         loaded: list[LoadedComponent] = []
 
-        coins = _build_coins(settings, registered["coins"], loaded)
+        secrets = ShopSecrets(settings.encryption_key.get_secret_value())
+        coins = _build_coins(settings, registered["coins"], loaded, secrets)
+        link_scan_groups(coins.values())
 
         catalog_source = _build_named(
             settings.catalog, "source", "catalog", registered["catalog_sources"], sandbox, "catalog source", loaded,
-            default="file",
+            default="file", secrets=secrets,
         )
         assert isinstance(catalog_source, CatalogSource)
         try:
@@ -98,11 +100,12 @@ class AppContext:
 
         rate_source = _build_named(
             settings.rates, "source", "rates", registered["rate_sources"], sandbox, "rate source", loaded,
-            optional_in_sandbox=True,
+            optional_in_sandbox=True, secrets=secrets,
         )
         hypervisor = _build_named(
             settings.hypervisor, "backend", "hypervisor", registered["hypervisors"], sandbox, "hypervisor backend",
             loaded, optional_in_sandbox=True, default=sandbox_choice(registered["hypervisors"]) if sandbox else None,
+            secrets=secrets,
         )
         options = [PaymentOption(**coin.payment_option()) for coin in coins.values()]
         catalog = build_catalog(catalog_data, options, MIN_TOPUP_CENTS, MAX_TOPUP_CENTS)
@@ -139,7 +142,7 @@ class AppContext:
 
 
 def _build_coins(
-    settings: Settings, registered: dict[str, Registered], loaded: list[LoadedComponent]
+    settings: Settings, registered: dict[str, Registered], loaded: list[LoadedComponent], secrets: ShopSecrets
 ) -> dict[str, PaymentCoin]:
     unknown = sorted(set(settings.coins) - set(registered))
     if unknown:
@@ -148,7 +151,13 @@ def _build_coins(
             f"settings configure coins.{unknown[0]} but no loaded plugin offers coin {unknown[0]!r} (offered: {offered})"
         )
     coins: dict[str, PaymentCoin] = {}
-    for code, reg in registered.items():
+    # Highest default_priority first (the catalog lists coins in this order), then registration order.
+    def rank(item: tuple[str, Registered]) -> tuple[bool, int]:
+        priority = getattr(item[1].cls, "default_priority", None)
+        return (priority is None, -(priority or 0))
+
+    ranked = sorted(registered.items(), key=rank)
+    for code, reg in ranked:
         section = settings.coins.get(code)
         if settings.sandbox:
             enabled = section is None or section.get("enabled", True)
@@ -156,7 +165,8 @@ def _build_coins(
             enabled = section is not None and section.get("enabled", True)
         if not enabled:
             continue
-        coin = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}")
+        coin = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}",
+                                     secrets=secrets)
         coins[code] = coin  # type: ignore[assignment]
         loaded.append(LoadedComponent("coin", code, reg.plugin, coin))
     return coins
@@ -180,6 +190,7 @@ def _build_named(
     *,
     default: str | None = None,
     optional_in_sandbox: bool = False,
+    secrets: ShopSecrets | None = None,
 ) -> Component | None:
     name = section.get(selector, default)
     if name is None and sandbox and optional_in_sandbox:
@@ -199,6 +210,6 @@ def _build_named(
     options = section.get(name, {})
     if not isinstance(options, dict):
         raise ConfigError(f"setting '{where}.{name}' must be a table")
-    component = reg.cls.from_settings(options, sandbox=sandbox, where=f"{where}.{name}")
+    component = reg.cls.from_settings(options, sandbox=sandbox, where=f"{where}.{name}", secrets=secrets)
     loaded.append(LoadedComponent(where, name, reg.plugin, component))
     return component

@@ -1,4 +1,10 @@
-"""Loading plugins: the default ones by name, third-party ones from the ``vpsshop`` entry-point group.
+"""Loading plugins: core's own hooks by module, every plugin from the ``vpsshop`` entry-point group.
+
+The default plugins (``plugins/`` in the source tree) are entry points of the ``vpsshop``
+distribution itself, declared in its ``pyproject.toml`` exactly as a third-party plugin declares
+its own: core names none of them. They are loaded even when third-party entry points are not
+(``entry_points=False``), so tests and embedding code get a complete shop without the other
+installed plugins.
 
 Every call of :func:`build_plugin_manager` makes a new manager, so two apps in one process (tests,
 a reseller running two shops) never share plugins. Nothing is loaded at import time.
@@ -7,6 +13,7 @@ a reseller running two shops) never share plugins. Nothing is loaded at import t
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -19,28 +26,29 @@ from vpsshop.errors import StartupError
 ENTRY_POINT_GROUP = "vpsshop"
 BLOCK_ENV = "VPSSHOP_BLOCK_PLUGINS"
 
-DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
+CORE_PLUGINS: tuple[tuple[str, str], ...] = (
     # core's own background work, offered through the hooks like any plugin's
     ("payments", "vpsshop.payments.hooks"),
     ("servers", "vpsshop.servers.hooks"),
     ("events", "vpsshop.events.hooks"),
-    # the default plugins in plugins/
-    ("catalog", "vpsshop_catalog"),
-    ("rates", "vpsshop_rates"),
-    ("bitcoin", "vpsshop_bitcoin"),
-    ("monero", "vpsshop_monero"),
-    ("x402", "vpsshop_x402"),
-    ("simulator", "vpsshop_simulator"),
-    ("libvirt", "vpsshop_libvirt"),
-    ("evm", "vpsshop_evm"),
-    ("tron", "vpsshop_tron"),
-    ("solana", "vpsshop_solana"),
 )
-"""(entry-point name, module) of the plugins shipped in ``plugins/``.
+"""(name, module) of core's own hook implementations, registered by module."""
 
-They are registered by name first, under the same names their entry points use, so they load even
-when the package metadata is missing and are never registered twice.
-"""
+
+def default_plugins() -> tuple[tuple[str, str], ...]:
+    """(entry-point name, module) of the plugins the ``vpsshop`` distribution itself declares in
+    the ``vpsshop`` entry-point group (the default plugins). Empty when vpsshop is not installed
+    (imported from a source tree without ``pip install``)."""
+    try:
+        dist = importlib.metadata.distribution("vpsshop")
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    return tuple((ep.name, ep.value) for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP)
+
+
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = CORE_PLUGINS + default_plugins()
+"""Core's own hooks and the default plugins, by (name, module). They are registered by name
+first, under the names their entry points use, so they are never registered twice."""
 
 
 def blocked_from_env(environ: os._Environ[str] | dict[str, str] | None = None) -> list[str]:
@@ -71,8 +79,8 @@ def build_plugin_manager(
         pm.set_blocked(name)
     try:
         for name, module in DEFAULT_PLUGINS:
-            if not pm.is_blocked(name):
-                pm.register(importlib.import_module(module), name=name)
+            if not pm.is_blocked(name) and pm.get_plugin(name) is None:
+                pm.register(_load_entry(module), name=name)
         for module in modules:
             if not pm.is_blocked(module):
                 pm.register(_import_plugin_module(module), name=module)
@@ -87,6 +95,15 @@ def build_plugin_manager(
             f"hook in vpsshop.hookspecs (see docs/hooks.md) and take only that hook's arguments."
         ) from None
     return pm
+
+
+def _load_entry(value: str) -> Any:
+    """The object an entry-point value names (``module`` or ``module:attribute``)."""
+    module, _, attribute = value.partition(":")
+    loaded = importlib.import_module(module)
+    for part in attribute.split(".") if attribute else ():
+        loaded = getattr(loaded, part)
+    return loaded
 
 
 def _import_plugin_module(module: str) -> Any:

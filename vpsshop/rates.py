@@ -5,10 +5,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import ClassVar, Iterable
 
-from vpsshop.component import Component
+from vpsshop.component import Component, ConfigT
 
 
-class RateSource(Component):
+class RateSource(Component[ConfigT]):
     """Tells what one unit of a coin is worth in USD.
 
     ``name`` identifies the source in the ``rates.source`` setting. Core asks through

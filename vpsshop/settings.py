@@ -80,6 +80,33 @@ class SigninSettings(_Section):
     totp_window_seconds: int = Field(900, ge=1, le=86_400)
 
 
+class TopupSettings(_Section):
+    """``[topups]``: the payment engine (docs/payments.md)."""
+
+    default_coin: str | None = Field(None, description="Coin used when POST /topups names none (default: the "
+                                     "enabled coin with the highest default_priority, BTC among the default plugins).")
+    expiry_minutes: int = Field(60, ge=5, le=7 * 24 * 60, description="How long a top-up's rate is locked.")
+    watch_interval_seconds: float = Field(15, ge=0.5, le=3600, description="Watcher pass interval.")
+    poll_min_seconds: float = Field(10, ge=0, le=3600, description="A GET checks the chain at most this often.")
+    poll_timeout_seconds: float = Field(5, ge=0.1, le=60, description="How long a GET waits for that check.")
+
+
+class ServersSettings(_Section):
+    """``[servers]``: the server lifecycle (docs/servers.md)."""
+
+    renew_lead_hours: float = Field(72, ge=0, le=24 * 31, description="Renew this long before expiry.")
+    grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
+    provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
+    retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
+    job_lease_seconds: float = Field(600, ge=10, le=86400, description="A running job's lease.")
+    boot_timeout_seconds: float = Field(
+        900, ge=1, le=86400,
+        description="A new server whose domain still reports starting this long after the order: a failed attempt.")
+    jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
+    job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
+    lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
+
+
 class PluginSettings(_Section):
     disabled: list[str] = Field(default_factory=list, description="Plugin names never to load.")
     modules: list[str] = Field(default_factory=list, description="Extra plugin modules to import by name.")
@@ -103,8 +130,8 @@ class Settings(BaseModel):
     rates: dict[str, Any] = Field(default_factory=dict)
     coins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     hypervisor: dict[str, Any] = Field(default_factory=dict)
-    topups: dict[str, Any] = Field(default_factory=dict)
-    servers: dict[str, Any] = Field(default_factory=dict)
+    topups: TopupSettings = Field(default_factory=TopupSettings)
+    servers: ServersSettings = Field(default_factory=ServersSettings)
     events: dict[str, Any] = Field(default_factory=dict)
     config_path: Path | None = None
 

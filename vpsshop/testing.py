@@ -21,6 +21,10 @@ Fixtures:
     A new account: ``.user_id``, ``.api_key``, ``.login_token``, ``.headers``, and
     ``.credit(usd)`` to fund it through the ledger.
 
+The deposit coin contract kit (``vpsshop/payments/contract.py``): subclass
+:class:`DepositCoinContract` as ``TestMyCoin`` and give it ``coin_settings``, ``pay`` and ``mine``
+fixtures (docs/chain-kit.md).
+
 The hypervisor contract kit (``vpsshop/servers/contract.py``): subclass
 :class:`HypervisorContract` as ``TestMyBackend`` and override its ``hypervisor_backend`` fixture,
 or call :func:`check_hypervisor` on a backend and a :func:`contract_spec`.
@@ -36,10 +40,19 @@ from typing import Any, Iterator
 
 import pytest
 
+from vpsshop.payments.contract import DepositCoinContract, scan_until_idle
 from vpsshop.servers.contract import HypervisorContract, check_hypervisor, contract_spec
 
-__all__ = ["HypervisorContract", "check_hypervisor", "contract_spec", "create_test_account", "postgres_test_url",
-           "reset_postgres"]
+__all__ = [
+    "DepositCoinContract",
+    "HypervisorContract",
+    "check_hypervisor",
+    "contract_spec",
+    "create_test_account",
+    "postgres_test_url",
+    "reset_postgres",
+    "scan_until_idle",
+]
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PG_URL_ENV = "VPSSHOP_TEST_PG_URL"

@@ -23,17 +23,25 @@ addresses and QR codes and watches nothing.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, ClassVar, Iterable, Literal
+from typing import Any, ClassVar, Literal
 
-import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr
 
-from vpsshop import PluginError, Readiness, hookimpl, require_reachable
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
-from vpsshop.hdkeys import ExtendedPublicKey, KeyError_, p2wpkh_address
+from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, WatchSet, hookimpl
+from vpsshop.chains import (
+    BlockCoin,
+    BlockCursor,
+    BlockScanConfig,
+    JsonRpcClient,
+    RpcError,
+    Xpub,
+    XpubCoin,
+    XpubConfig,
+    p2wpkh_address,
+)
 
 # The account key of the BIP-84 test vector ("abandon ... about"), in its testnet (vpub) encoding:
 # public, well known, and useless for real money: the sandbox's deposit key.
@@ -63,88 +71,48 @@ NETWORKS: dict[str, dict[str, ChainParams]] = {
     },
 }
 URI_SCHEMES = {"BTC": "bitcoin", "LTC": "litecoin"}
-MAX_BLOCKS_PER_SCAN = 25
-REORG_STEP_BACK = 12
-"""Blocks rescanned when the stored cursor's block left the best chain (rescans are idempotent)."""
 
 
-class UtxoCoinConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    xpub: str = Field(description="Account extended public key (zpub/vpub/xpub/tpub). Never a private key.")
+class UtxoCoinConfig(XpubConfig, BlockScanConfig):
+    xpub: Xpub = Field(description="Account extended public key (zpub/vpub/xpub/tpub). Never a private key.")
+    branch: Literal[0] = Field(0, description="Receive addresses only: <xpub>/0/<n>.")
     network: Literal["mainnet", "testnet", "regtest"] = "mainnet"
-    rpc_url: str | None = Field(None, description="JSON-RPC endpoint of the node; none: addresses only.")
     rpc_user: str | None = None
     rpc_password: SecretStr | None = None
     confirmations: int = Field(2, ge=0, le=100)
-    start_height: int | None = Field(None, ge=0, description="First block scanned on the first run.")
+    start_block: int | None = Field(
+        None, ge=0, validation_alias=AliasChoices("start_height"), description="First block scanned on the first run."
+    )
+    reorg_depth: int = Field(
+        12, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain."
+    )
+    max_blocks_per_scan: int = Field(25, ge=1, le=1000)
     watch_mempool: bool = Field(True, description="Show unconfirmed payments (reads new mempool transactions).")
     timeout_seconds: float = Field(10, gt=0, le=120)
-
-    @field_validator("xpub")
-    @classmethod
-    def _parse_xpub(cls, value: str) -> str:
-        try:
-            ExtendedPublicKey.parse(value)
-        except KeyError_ as exc:
-            raise ValueError(str(exc)) from None
-        return value.strip()
 
 
 class LitecoinConfig(UtxoCoinConfig):
     confirmations: int = Field(6, ge=0, le=100)
 
 
-class NodeRpc:
-    """A small JSON-RPC 1.0 client of bitcoind/litecoind; amounts come back as Decimal."""
-
-    def __init__(self, url: str, user: str | None, password: str | None, timeout: float) -> None:
-        auth = (user, password or "") if user else None
-        self.client = httpx.AsyncClient(base_url=url, auth=auth, timeout=timeout)
-        parsed = httpx.URL(url)
-        self.url = f"{parsed.host}:{parsed.port or ''}"  # for messages: never the credentials of the URL
-        self._id = 0
-
-    async def call(self, method: str, *params: Any) -> Any:
-        self._id += 1
-        try:
-            response = await self.client.post("", json={"jsonrpc": "1.0", "id": self._id, "method": method,
-                                                        "params": list(params)})
-        except httpx.HTTPError as exc:
-            raise PluginError(f"node at {self.url} did not answer {method}: {type(exc).__name__}") from None
-        try:
-            body = json.loads(response.content, parse_float=Decimal)
-        except ValueError:
-            raise PluginError(f"node answered {method} with HTTP {response.status_code}, not JSON") from None
-        if body.get("error"):
-            raise RpcError(method, body["error"])
-        return body["result"]
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-
-class RpcError(PluginError):
-    def __init__(self, method: str, error: dict[str, Any]) -> None:
-        super().__init__(f"{method}: {error.get('message')} (code {error.get('code')})")
-        self.code = error.get("code")
-
-
-class UtxoCoin(DepositCoin):
+class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient]):
     """A Bitcoin-family coin on a Bitcoin Core-compatible node. Subclasses set the class attributes."""
 
-    Config: ClassVar[type[BaseModel]] = UtxoCoinConfig
+    Config: ClassVar[type[UtxoCoinConfig]] = UtxoCoinConfig
     decimals = 8
+    trust_heights_above_tip = False  # one node: a block above its tip left the chain in a reorg
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: UtxoCoinConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        cfg: UtxoCoinConfig = config  # type: ignore[assignment]
-        self.params = NETWORKS[self.code][cfg.network]
-        self.account = ExtendedPublicKey.parse(cfg.xpub)
-        self.receive = self.account.child(0)
-        self.rpc = NodeRpc(cfg.rpc_url, cfg.rpc_user, cfg.rpc_password.get_secret_value()
-                           if cfg.rpc_password else None, cfg.timeout_seconds) if cfg.rpc_url else None
+        self.params = NETWORKS[self.code][config.network]
         self._mempool_done: set[str] = set()
+
+    def connect(self, url: str) -> JsonRpcClient:
+        cfg = self.config
+        auth = (cfg.rpc_user, cfg.rpc_password.get_secret_value() if cfg.rpc_password else "") if cfg.rpc_user else None
+        return JsonRpcClient(
+            url, version="1.0", name=f"{self.code} node", timeout=cfg.timeout_seconds, auth=auth, decimal_floats=True
+        )
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -153,10 +121,6 @@ class UtxoCoin(DepositCoin):
     @property
     def network(self) -> str:
         return self.params.network_name
-
-    @property
-    def can_scan(self) -> bool:
-        return self.rpc is not None
 
     def key_id(self) -> str:
         return f"{self.account.fingerprint().hex()}:{self.account.chain_code[:4].hex()}"
@@ -169,42 +133,31 @@ class UtxoCoin(DepositCoin):
         amount = self.format_amount(amount_atomic).rstrip("0").rstrip(".")
         return f"{URI_SCHEMES[self.code]}:{address}?amount={amount}&label={label}"
 
-    # ---- watching ---------------------------------------------------------------------------------
+    # ---- the chain ---------------------------------------------------------------------------------
 
-    def _node(self) -> NodeRpc:
-        if self.rpc is None:
-            raise PluginError(f"{self.code}: no rpc_url is configured")
-        return self.rpc
+    async def tip(self) -> int:
+        return int(await self.node.call("getblockcount"))
 
-    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
-        node = self._node()
-        tip = int(await node.call("getblockcount"))
-        if cursor is None:
-            start = self.config.start_height if self.config.start_height is not None else tip  # type: ignore[attr-defined]
-            height = max(start - 1, -1)
-            block_hash = await node.call("getblockhash", height) if height >= 0 else ""
-        else:
-            height_text, block_hash = cursor.split(":", 1)
-            height = int(height_text)
-            if height > tip or (height >= 0 and await node.call("getblockhash", height) != block_hash):
-                height = max(min(height, tip) - REORG_STEP_BACK, -1)
-                block_hash = await node.call("getblockhash", height) if height >= 0 else ""
+    async def block_hash(self, height: int) -> str:
+        return str(await self.node.call("getblockhash", height))
+
+    async def scan_blocks(
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+    ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
+        """``getblock <hash> 2`` per block, every output tested against the watched addresses."""
         found: list[tuple[str, DetectedPayment]] = []
-        last = min(tip, height + MAX_BLOCKS_PER_SCAN)
-        for h in range(height + 1, last + 1):
-            block_hash = await node.call("getblockhash", h)
-            block = await node.call("getblock", block_hash, 2)
+        position = after
+        for h in range(after.height + 1, last + 1):
+            block_hash = await self.block_hash(h)
+            block = await self.node.call("getblock", block_hash, 2)
             for tx in block["tx"]:
-                for payment in self._match(tx, watched, tip - h + 1, h, block_hash):
-                    found.append((self.code, payment))
-            height = h
-        if height == tip and self.config.watch_mempool:  # type: ignore[attr-defined]
-            found.extend((self.code, p) for p in await self._scan_mempool(watched))
-        new_cursor = f"{height}:{block_hash}"
-        return ScanResult(new_cursor, found)
+                found.extend((self.code, p) for p in self._match(tx, watched, tip - h + 1, h, block_hash))
+            position = BlockCursor(h, block_hash)
+        return position, found
 
-    def _match(self, tx: dict[str, Any], watched: WatchSet, confirmations: int, height: int | None,
-               block_hash: str | None) -> Iterable[DetectedPayment]:
+    def _match(
+        self, tx: dict[str, Any], watched: WatchSet, confirmations: int, height: int | None, block_hash: str | None
+    ) -> Iterable[DetectedPayment]:
         for out in tx.get("vout", ()):
             script = out.get("scriptPubKey", {})
             address = script.get("address")
@@ -214,12 +167,17 @@ class UtxoCoin(DepositCoin):
             if address is None or address not in watched:
                 continue
             amount = int((Decimal(out["value"]) * 10**self.decimals).to_integral_exact())
-            yield DetectedPayment(f"{tx['txid']}:{out['n']}", address, amount, tx["txid"], confirmations, height,
-                                  block_hash)
+            yield DetectedPayment(
+                f"{tx['txid']}:{out['n']}", address, amount, tx["txid"], confirmations, height, block_hash
+            )
 
-    async def _scan_mempool(self, watched: WatchSet) -> list[DetectedPayment]:
-        node = self._node()
-        txids = await node.call("getrawmempool")
+    async def scan_unconfirmed(
+        self, watched: WatchSet, members: Sequence[DepositCoin]
+    ) -> list[tuple[str, DetectedPayment]]:
+        """New mempool transactions (``getrawmempool`` + ``getrawtransaction``), each read once."""
+        if not self.config.watch_mempool:
+            return []
+        txids = await self.node.call("getrawmempool")
         if len(self._mempool_done) > 200_000:
             self._mempool_done = set(self._mempool_done & set(txids))
         found = []
@@ -227,64 +185,40 @@ class UtxoCoin(DepositCoin):
             if txid in self._mempool_done:
                 continue
             try:
-                tx = await node.call("getrawtransaction", txid, True)
+                tx = await self.node.call("getrawtransaction", txid, True)
             except RpcError:
                 continue  # left the mempool meanwhile
             self._mempool_done.add(txid)
-            found.extend(self._match(tx, watched, 0, None, None))
+            found.extend((self.code, p) for p in self._match(tx, watched, 0, None, None))
         return found
 
-    async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
-        node = self._node()
-        tip = int(await node.call("getblockcount"))
-        checks = []
-        for payment in payments:
-            if payment.block_hash:
-                header = await node.call("getblockheader", payment.block_hash)
-                if int(header["confirmations"]) > 0:
-                    checks.append(PaymentCheck(payment.identity, True, tip - int(header["height"]) + 1,
-                                               int(header["height"]), payment.block_hash))
-                    continue
-            try:
-                await node.call("getmempoolentry", payment.txid)
-            except RpcError:
-                checks.append(PaymentCheck(payment.identity, False))
-                continue
-            checks.append(PaymentCheck(payment.identity, True, 0, None, None))
-        return checks
-
-    async def preflight(self) -> None:
-        """Production refuses to start when the configured node does not answer at all."""
-        url = self.config.rpc_url  # type: ignore[attr-defined]
-        if url:
-            await require_reachable(url, setting=f"coins.{self.code}.rpc_url", what=f"{self.code} node")
-
-    async def check_ready(self) -> Readiness:
-        if self.rpc is None:
-            return Readiness(True, f"{self.network}: addresses only, no node configured (not watched)")
+    async def recheck_moved(self, payment: DetectedPayment, tip: int) -> PaymentCheck:
+        """Not (or no longer) in a block of the best chain: counted unconfirmed while in the mempool."""
         try:
-            info = await self.rpc.call("getblockchaininfo")
-        except PluginError as exc:
-            return Readiness(False, str(exc))
-        if info.get("chain") != self.params.node_chain:
-            return Readiness(False, f"node is on chain {info.get('chain')!r}, settings say {self.params.node_chain!r}")
-        return Readiness(True, f"{self.network} at height {info.get('blocks')}")
+            await self.node.call("getmempoolentry", payment.txid)
+        except RpcError:
+            return PaymentCheck(payment.identity, False)
+        return PaymentCheck(payment.identity, True, 0, None, None)
 
-    async def close(self) -> None:
-        if self.rpc is not None:
-            await self.rpc.close()
+    async def node_ready(self) -> str:
+        info = await self.node.call("getblockchaininfo")
+        if info.get("chain") != self.params.node_chain:
+            raise ValueError(f"node is on chain {info.get('chain')!r}, settings say {self.params.node_chain!r}")
+        return f"{self.network} at height {info.get('blocks')}"
 
 
 class Bitcoin(UtxoCoin):
     code = "BTC"
     name = "Bitcoin"
     rate_symbol = "BTC"
+    default_priority = 90
 
 
 class Litecoin(UtxoCoin):
     code = "LTC"
     name = "Litecoin"
     rate_symbol = "LTC"
+    default_priority = 50
     Config = LitecoinConfig
 
 

@@ -28,14 +28,14 @@ class FileCatalogConfig(BaseModel):
     """A catalog TOML file; the shipped one when not set."""
 
 
-class FileCatalog(CatalogSource):
+class FileCatalog(CatalogSource[FileCatalogConfig]):
     """Reads ``[[plans]]``, ``[[locations]]`` and ``[[operating_systems]]`` tables from TOML."""
 
     name = "file"
     Config = FileCatalogConfig
 
     def source_text(self) -> str:
-        path = self.config.path  # type: ignore[attr-defined]
+        path = self.config.path
         if path is None:
             return (files(__package__) / "catalog.toml").read_text()
         return Path(path).read_text()
@@ -44,7 +44,7 @@ class FileCatalog(CatalogSource):
         return CatalogData.model_validate(tomllib.loads(self.source_text()))
 
     async def check_ready(self) -> Readiness:
-        return Readiness(True, str(self.config.path or "shipped catalog"))  # type: ignore[attr-defined]
+        return Readiness(True, str(self.config.path or "shipped catalog"))
 
 
 @hookimpl(trylast=True)

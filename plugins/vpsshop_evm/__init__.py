@@ -37,30 +37,24 @@ mnemonic "abandon ... about" on Sepolia and no node: addresses and QR codes only
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-import httpx
-from Crypto.Hash import keccak
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from vpsshop import (
-    ConfigError,
-    DepositAddress,
-    DepositCoin,
-    DetectedPayment,
-    PaymentCheck,
-    PluginError,
-    Readiness,
-    require_reachable,
-    ScanResult,
-    WatchSet,
-    hookimpl,
+from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, PluginError, WatchSet, hookimpl
+from vpsshop.chains import (
+    BlockCoin,
+    BlockCursor,
+    BlockScanConfig,
+    JsonRpcClient,
+    RpcError,
+    XpubCoin,
+    XpubConfig,
+    endpoint_id,
+    keccak_address,
+    to_checksum_address,
 )
-from vpsshop.hdkeys import ExtendedPublicKey, KeyError_
 
 # Account key m/44'/60'/0' of the BIP-39 test mnemonic "abandon x11 about": public, well known, and
 # useless for real money (anyone can spend from it). Address 0 is 0x9858EfFD232B4033E47d90003D41EC34EcaEda94.
@@ -77,24 +71,9 @@ DECIMALS_SELECTOR = "0x313ce567"
 """keccak256("decimals()")[:4]"""
 
 
-def keccak256(data: bytes) -> bytes:
-    return keccak.new(digest_bits=256, data=data).digest()
-
-
-def to_checksum_address(address_hex: str) -> str:
-    """EIP-55 mixed-case checksum of a 20-byte hex address (with or without ``0x``)."""
-    lower = address_hex.lower().removeprefix("0x")
-    if len(lower) != 40 or any(c not in "0123456789abcdef" for c in lower):
-        raise ValueError(f"not a 20-byte hex address: {address_hex!r}")
-    digest = keccak256(lower.encode()).hex()
-    return "0x" + "".join(c.upper() if c.isalpha() and int(digest[i], 16) >= 8 else c for i, c in enumerate(lower))
-
-
 def public_key_to_address(uncompressed: bytes) -> str:
     """The EIP-55 address of a 65-byte uncompressed secp256k1 public key."""
-    if len(uncompressed) != 65 or uncompressed[0] != 4:
-        raise ValueError("expected a 65-byte uncompressed public key")
-    return to_checksum_address(keccak256(uncompressed[1:])[-20:].hex())
+    return to_checksum_address(keccak_address(uncompressed).hex())
 
 
 def parse_address(text: str) -> str:
@@ -109,42 +88,17 @@ def parse_address(text: str) -> str:
     return checksummed
 
 
-def endpoint_label(url: str) -> str:
-    """``scheme://host:port`` of a node URL, for messages and logs (never its path or query)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
-
-
-def endpoint_id(url: str) -> str:
-    """A short, stable, non-secret identifier of a node URL (scan group names are stored and logged)."""
-    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
-
-
 # ---- settings ---------------------------------------------------------------------------------------
 
 
-class EvmCoinConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    xpub: str = Field(description="Account extended public key of m/44'/60'/<account>'. Never a private key.")
-    branch: int = Field(0, ge=0, lt=2**31, description="Derivation branch under the account key: <xpub>/<branch>/<n>.")
+class EvmCoinConfig(XpubConfig, BlockScanConfig):
     network: str = Field("ethereum", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="Shown as deposit_network.")
     chain_id: int | None = Field(None, ge=1, description="EIP-155 chain id; optional for the known networks.")
-    rpc_url: str | None = Field(None, description="JSON-RPC endpoint of the node; none: addresses only.")
     confirmations: int = Field(12, ge=0, le=1000)
-    start_block: int | None = Field(None, ge=0, description="First block scanned on the first run.")
-    reorg_depth: int = Field(64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain.")
+    reorg_depth: int = Field(
+        64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain."
+    )
     max_blocks_per_scan: int = Field(20, ge=1, le=2000, description="Blocks read per scan call (one batch).")
-    timeout_seconds: float = Field(15, gt=0, le=300)
-
-    @field_validator("xpub")
-    @classmethod
-    def _parse_xpub(cls, value: str) -> str:
-        try:
-            ExtendedPublicKey.parse(value)
-        except KeyError_ as exc:
-            raise ValueError(str(exc)) from None
-        return value.strip()
 
     @model_validator(mode="after")
     def _chain_id(self) -> EvmCoinConfig:
@@ -166,90 +120,20 @@ class EvmTokenConfig(EvmCoinConfig):
         return parse_address(value)
 
 
-# ---- JSON-RPC -----------------------------------------------------------------------------------------
-
-
-class EthRpc:
-    """A small Ethereum JSON-RPC 2.0 client with batches (one HTTP request for many calls)."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url = url
-        self.where = endpoint_label(url)
-        """Scheme, host and port only: the path or query of a provider URL may hold an API key."""
-        self.client = httpx.AsyncClient(timeout=timeout)
-        self._id = 0
-
-    async def _post(self, payload: Any, what: str) -> Any:
-        try:
-            response = await self.client.post(self.url, json=payload)
-        except httpx.HTTPError as exc:
-            raise PluginError(f"EVM node at {self.where} did not answer {what}: {type(exc).__name__}") from None
-        try:
-            return json.loads(response.content)
-        except ValueError:
-            raise PluginError(f"EVM node answered {what} with HTTP {response.status_code}, not JSON") from None
-
-    async def call(self, method: str, *params: Any) -> Any:
-        self._id += 1
-        body = await self._post({"jsonrpc": "2.0", "id": self._id, "method": method, "params": list(params)}, method)
-        if not isinstance(body, dict):
-            raise PluginError(f"EVM node answered {method} with a malformed body")
-        if body.get("error"):
-            raise EthRpcError(method, body["error"])
-        return body.get("result")
-
-    async def batch(self, calls: list[tuple[str, list[Any]]], chunk: int = 100) -> list[Any]:
-        """Results of ``calls`` in order; a failed call raises :class:`PluginError`."""
-        results: list[Any] = []
-        for start in range(0, len(calls), chunk):
-            part = calls[start : start + chunk]
-            first = self._id + 1
-            self._id += len(part)
-            payload = [{"jsonrpc": "2.0", "id": first + i, "method": m, "params": p} for i, (m, p) in enumerate(part)]
-            body = await self._post(payload, part[0][0])
-            if not isinstance(body, list):
-                raise PluginError(f"EVM node answered a batch of {part[0][0]} with {str(body)[:200]}")
-            by_id = {item.get("id"): item for item in body if isinstance(item, dict)}
-            for i, (method, _) in enumerate(part):
-                item = by_id.get(first + i)
-                if item is None or item.get("error"):
-                    raise EthRpcError(method, (item or {}).get("error") or {"message": "missing from the batch answer"})
-                results.append(item.get("result"))
-        return results
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-
-class EthRpcError(PluginError):
-    """The node answered with a JSON-RPC error (it is reachable)."""
-
-    def __init__(self, method: str, error: dict[str, Any]) -> None:
-        super().__init__(f"{method}: {error.get('message')} (code {error.get('code')})")
-        self.code = error.get("code")
-
-
 # ---- the coins ------------------------------------------------------------------------------------------
 
 
-
-class EvmCoin(DepositCoin):
+class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
     """ETH or an ERC-20 token on one EVM node. Subclasses set the class attributes."""
 
-    Config: ClassVar[type[BaseModel]] = EvmCoinConfig
+    Config: ClassVar[type[EvmCoinConfig]] = EvmCoinConfig
     decimals = 18
     is_token: ClassVar[bool] = False
+    node_name = "EVM node"
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: EvmCoinConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        cfg: EvmCoinConfig = config  # type: ignore[assignment]
-        self.cfg = cfg
-        self.account = ExtendedPublicKey.parse(cfg.xpub)
-        self.receive = self.account.child(cfg.branch)
-        self.chain_id: int = cfg.chain_id  # type: ignore[assignment]
-        self.rpc = EthRpc(cfg.rpc_url, cfg.timeout_seconds) if cfg.rpc_url else None
-        self.group: list[EvmCoin] = [self]
-        """The coins sharing this coin's scan, linked by :func:`vpsshop_startup` (this one alone until then)."""
+        self.chain_id: int = config.chain_id or 0
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -257,19 +141,17 @@ class EvmCoin(DepositCoin):
 
     @property
     def network(self) -> str:
-        return self.cfg.network
+        return self.config.network
 
     @property
     def scan_group(self) -> str:
         """``evm:<hash of the RPC URL>``: one scan per node, without the URL's secrets (fits 40 characters)."""
-        return f"evm:{endpoint_id(self.cfg.rpc_url)}" if self.cfg.rpc_url else self.code
+        return f"evm:{endpoint_id(self.config.rpc_url)}" if self.config.rpc_url else self.code
 
     @property
-    def can_scan(self) -> bool:
-        return self.rpc is not None
-
-    def key_id(self) -> str:
-        return f"{self.account.fingerprint().hex()}:{self.account.chain_code[:4].hex()}/{self.cfg.branch}"
+    def group(self) -> str:
+        """The scan group (coins on one node share it)."""
+        return self.scan_group
 
     def derive_address(self, index: int) -> DepositAddress:
         address = public_key_to_address(self.receive.child(index).uncompressed())
@@ -279,70 +161,44 @@ class EvmCoin(DepositCoin):
         """EIP-681: ``ethereum:<address>@<chain id>?value=<wei>``."""
         return f"ethereum:{address}@{self.chain_id}?value={amount_atomic}"
 
-    # ---- watching -----------------------------------------------------------------------------------
+    # ---- the chain ----------------------------------------------------------------------------------
 
-    def _node(self) -> EthRpc:
-        if self.rpc is None:
-            raise PluginError(f"{self.code}: no rpc_url is configured")
-        return self.rpc
+    async def tip(self) -> int:
+        return int(await self.node.call("eth_blockNumber"), 16)
 
-    def group_members(self) -> list[EvmCoin]:
-        """The live coins of this scan group (this one included), native coin first."""
-        ordered = sorted(self.group, key=lambda c: (c.is_token, c.code))
-        seen: dict[str, str] = {}
-        for coin in ordered:
-            key = coin.key_id()
-            if key in seen:
-                raise PluginError(f"{coin.code} and {seen[key]} derive deposit addresses from the same key and "
-                                  f"branch: give one of them another 'branch' or another xpub")
-            seen[key] = coin.code
-        return ordered
-
-    async def _hash_at(self, height: int) -> str:
-        if height < 0:
-            return ""
-        block = await self._node().call("eth_getBlockByNumber", hex(height), False)
+    async def block_hash(self, height: int) -> str:
+        block = await self.node.call("eth_getBlockByNumber", hex(height), False)
         return str(block["hash"]) if block else ""
 
-    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
-        node = self._node()
-        cfg = self.cfg
-        members = self.group_members()
-        native = next((c for c in members if not c.is_token), None)
+    async def block_hashes(self, heights: Sequence[int]) -> dict[int, str]:
+        blocks = await self.node.batch([("eth_getBlockByNumber", [hex(h), False]) for h in heights])
+        return {h: b["hash"] for h, b in zip(heights, blocks, strict=True) if b}
+
+    async def scan_blocks(
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+    ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
+        """One batch of blocks (full transactions when a native coin is watched) and one ``eth_getLogs``
+        of the tokens' ``Transfer`` logs; nothing is kept when the chain moved while it was read."""
+        native = next((c for c in members if isinstance(c, EvmCoin) and not c.is_token), None)
         tokens = {c.contract_key: c for c in members if isinstance(c, EvmToken)}
-        tip = int(await node.call("eth_blockNumber"), 16)
-        if cursor is None:
-            start = cfg.start_block if cfg.start_block is not None else tip
-            height = max(start - 1, -1)
-            block_hash = await self._hash_at(height)
-        else:
-            height_text, block_hash = cursor.split(":", 1)
-            height = int(height_text)
-            if height > tip or (height >= 0 and await self._hash_at(height) != block_hash):
-                height = max(min(height, tip) - cfg.reorg_depth, -1)
-                block_hash = await self._hash_at(height)
-                return ScanResult(f"{height}:{block_hash}", [])
-        last = min(tip, height + cfg.max_blocks_per_scan)
-        if last <= height:
-            return ScanResult(f"{height}:{block_hash}", [])
-        unchanged = ScanResult(f"{height}:{block_hash}", [])
-        blocks = await node.batch(
-            [("eth_getBlockByNumber", [hex(h), native is not None]) for h in range(height + 1, last + 1)], chunk=10
+        heights = range(after.height + 1, last + 1)
+        blocks = await self.node.batch(
+            [("eth_getBlockByNumber", [hex(h), native is not None]) for h in heights], chunk=10
         )
         hashes: dict[int, str] = {}
-        previous = block_hash
-        for h, block in zip(range(height + 1, last + 1), blocks):
+        previous = after.hash
+        for h, block in zip(heights, blocks, strict=True):
             if not block or (previous and block["parentHash"] != previous):
-                return unchanged  # the chain moved while we read it: try again next pass
+                return after, []  # the chain moved while we read it: try again next pass
             hashes[h] = previous = block["hash"]
         found: list[tuple[str, DetectedPayment]] = []
         if native is not None:
             native_found = await native.match_block_transactions(blocks, watched, tip)
             if native_found is None:
-                return unchanged
+                return after, []
             found.extend((native.code, p) for p in native_found)
         if tokens:
-            logs = await self.transfer_logs(height + 1, last, [c.cfg.contract for c in tokens.values()])  # type: ignore[attr-defined]
+            logs = await self.transfer_logs(after.height + 1, last, [c.config.contract for c in tokens.values()])
             for log in logs:
                 matched = match_transfer_log(log, watched, tokens)
                 if matched is None:
@@ -350,146 +206,113 @@ class EvmCoin(DepositCoin):
                 coin, to, amount = matched
                 h = int(log["blockNumber"], 16)
                 if hashes.get(h) != log.get("blockHash"):
-                    return unchanged
+                    return after, []
                 identity = f"{log['transactionHash'].lower()}:{int(log['logIndex'], 16)}"
-                found.append((coin.code, DetectedPayment(identity, to, amount, log["transactionHash"].lower(),
-                                                         tip - h + 1, h, log["blockHash"])))
-        return ScanResult(f"{last}:{hashes[last]}", found)
+                found.append(
+                    (
+                        coin.code,
+                        DetectedPayment(
+                            identity, to, amount, log["transactionHash"].lower(), tip - h + 1, h, log["blockHash"]
+                        ),
+                    )
+                )
+        return BlockCursor(last, hashes[last]), found
 
     async def transfer_logs(self, first: int, last: int, contracts: list[str]) -> list[dict[str, Any]]:
         """The contracts' ``Transfer`` logs of blocks ``first..last``. A node or provider that refuses the
         range (too many results, range too wide) is asked again for each half."""
         try:
-            logs = await self._node().call("eth_getLogs", {"fromBlock": hex(first), "toBlock": hex(last),
-                                                           "address": contracts, "topics": [TRANSFER_TOPIC]})
-        except EthRpcError:
+            logs = await self.node.call(
+                "eth_getLogs",
+                {"fromBlock": hex(first), "toBlock": hex(last), "address": contracts, "topics": [TRANSFER_TOPIC]},
+            )
+        except RpcError:
             if first >= last:
                 raise
             middle = (first + last) // 2
-            return [*await self.transfer_logs(first, middle, contracts),
-                    *await self.transfer_logs(middle + 1, last, contracts)]
+            return [
+                *await self.transfer_logs(first, middle, contracts),
+                *await self.transfer_logs(middle + 1, last, contracts),
+            ]
         return list(logs or ())
 
-    async def match_block_transactions(self, blocks: list[dict[str, Any]], watched: WatchSet,
-                                       tip: int) -> list[DetectedPayment] | None:
+    async def match_block_transactions(
+        self, blocks: list[dict[str, Any]], watched: WatchSet, tip: int
+    ) -> list[DetectedPayment] | None:
         """Native transfers to watched addresses in ``blocks`` (full transactions) whose receipt succeeded.
 
         None when a receipt is missing or names another block: the chain moved while it was read."""
         candidates = []
         for block in blocks:
             for tx in block["transactions"]:
-                to = tx.get("to")
-                if to is None:
-                    continue
-                to = to.lower()
-                if to in watched:
-                    value = int(tx["value"], 16)
-                    if value > 0:
-                        candidates.append((tx["hash"].lower(), to, value, int(block["number"], 16), block["hash"]))
+                to = (tx.get("to") or "").lower()
+                if to and to in watched and int(tx["value"], 16) > 0:
+                    candidates.append(
+                        (tx["hash"].lower(), to, int(tx["value"], 16), int(block["number"], 16), block["hash"])
+                    )
         if not candidates:
             return []
-        receipts = await self._node().batch([("eth_getTransactionReceipt", [c[0]]) for c in candidates])
+        receipts = await self.node.batch([("eth_getTransactionReceipt", [c[0]]) for c in candidates])
         found = []
-        for (txid, to, value, h, block_hash), receipt in zip(candidates, receipts):
+        for (txid, to, value, h, block_hash), receipt in zip(candidates, receipts, strict=True):
             if not receipt or receipt.get("blockHash") != block_hash:
                 return None
             if receipt.get("status") == "0x1":
                 found.append(DetectedPayment(txid, to, value, txid, tip - h + 1, h, block_hash))
         return found
 
-    async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
-        node = self._node()
-        tip = int(await node.call("eth_blockNumber"), 16)
-        heights = sorted({p.block_height for p in payments if p.block_height is not None and p.block_height <= tip})
-        blocks = await node.batch([("eth_getBlockByNumber", [hex(h), False]) for h in heights]) if heights else []
-        canonical = {h: b["hash"] for h, b in zip(heights, blocks) if b}
-        checks = []
-        for payment in payments:
-            h = payment.block_height
-            if h is not None and payment.block_hash and h not in canonical:
-                # The node is behind the block that held it (a lagging backend of a load-balanced
-                # provider): nothing is known yet, so it is kept, with no confirmations counted.
-                checks.append(PaymentCheck(payment.identity, True, 0, h, payment.block_hash))
-            elif h is not None and payment.block_hash and canonical[h] == payment.block_hash:
-                checks.append(PaymentCheck(payment.identity, True, tip - h + 1, h, payment.block_hash))
-            elif self.is_token:
-                checks.append(PaymentCheck(payment.identity, False))
-            else:
-                checks.append(await self._recheck_native(payment.txid, payment.identity, tip))
-        return checks
-
-    async def _recheck_native(self, txid: str, identity: str, tip: int) -> PaymentCheck:
-        """A native transfer whose block left the chain: counted where it was mined again, if anywhere."""
-        node = self._node()
-        receipt = await node.call("eth_getTransactionReceipt", txid)
+    async def recheck_moved(self, payment: DetectedPayment, tip: int) -> PaymentCheck:
+        """A native transfer whose block left the chain is counted where it was mined again, if anywhere;
+        a token log is dropped (the rescan finds it again under its new identity if it was mined again)."""
+        if self.is_token:
+            return PaymentCheck(payment.identity, False)
+        receipt = await self.node.call("eth_getTransactionReceipt", payment.txid)
         if receipt and receipt.get("blockHash") and receipt.get("status") == "0x1":
             h = int(receipt["blockNumber"], 16)
-            return PaymentCheck(identity, True, tip - h + 1, h, receipt["blockHash"])
-        tx = await node.call("eth_getTransactionByHash", txid)
+            return PaymentCheck(payment.identity, True, tip - h + 1, h, receipt["blockHash"])
+        tx = await self.node.call("eth_getTransactionByHash", payment.txid)
         if tx and tx.get("blockHash") is None:
-            return PaymentCheck(identity, True, 0, None, None)  # back in the mempool
-        return PaymentCheck(identity, False)
+            return PaymentCheck(payment.identity, True, 0, None, None)  # back in the mempool
+        return PaymentCheck(payment.identity, False)
 
-    async def preflight(self) -> None:
-        """Production refuses to start when the configured node does not answer at all."""
-        url = self.config.rpc_url  # type: ignore[attr-defined]
-        if url:
-            await require_reachable(url, setting=f"coins.{self.code}.rpc_url", what=f"{self.code} node")
-
-    async def check_ready(self) -> Readiness:
-        if self.rpc is None:
-            return Readiness(True, f"{self.network}: addresses only, no node configured (not watched)")
-        try:
-            chain_id = int(await self.rpc.call("eth_chainId"), 16)
-            if chain_id != self.chain_id:
-                return Readiness(False, f"node is on chain id {chain_id}, settings say {self.chain_id}")
-            tip = int(await self.rpc.call("eth_blockNumber"), 16)
-            self.group_members()
-        except (PluginError, ValueError, TypeError) as exc:
-            return Readiness(False, str(exc))
-        return Readiness(True, f"{self.network} at block {tip}")
-
-    async def close(self) -> None:
-        if self.rpc is not None:
-            await self.rpc.close()
+    async def node_ready(self) -> str:
+        chain_id = int(await self.node.call("eth_chainId"), 16)
+        if chain_id != self.chain_id:
+            raise PluginError(f"node is on chain id {chain_id}, settings say {self.chain_id}")
+        return f"{self.network} at block {await self.tip()}"
 
 
 class EvmToken(EvmCoin):
     """An ERC-20 token on an EVM node: contract and decimals are settings."""
 
-    Config: ClassVar[type[BaseModel]] = EvmTokenConfig
+    Config: ClassVar[type[EvmCoinConfig]] = EvmTokenConfig
+    config: EvmTokenConfig
     is_token: ClassVar[bool] = True
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: EvmTokenConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
         super().__init__(config, sandbox=sandbox)
-        self.decimals = config.decimals  # type: ignore[attr-defined,misc]
-        self.contract_key = self.cfg.contract.lower()  # type: ignore[attr-defined]
+        self.decimals = config.decimals  # type: ignore[misc]
+        self.contract_key = config.contract.lower()
 
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         """EIP-681 token transfer: ``ethereum:<contract>@<chain id>/transfer?address=<to>&uint256=<units>``."""
-        contract = self.cfg.contract  # type: ignore[attr-defined]
-        return f"ethereum:{contract}@{self.chain_id}/transfer?address={address}&uint256={amount_atomic}"
+        return f"ethereum:{self.config.contract}@{self.chain_id}/transfer?address={address}&uint256={amount_atomic}"
 
-    async def check_ready(self) -> Readiness:
-        ready = await super().check_ready()
-        if not ready.ok or self.rpc is None:
-            return ready
-        contract = self.cfg.contract  # type: ignore[attr-defined]
-        try:
-            code = await self.rpc.call("eth_getCode", contract, "latest")
-            if not code or code == "0x":
-                return Readiness(False, f"no contract at {contract} on {self.network}")
-            answer = await self.rpc.call("eth_call", {"to": contract, "data": DECIMALS_SELECTOR}, "latest")
-            decimals = int(answer, 16)
-        except (PluginError, ValueError, TypeError) as exc:
-            return Readiness(False, str(exc))
+    async def node_ready(self) -> str:
+        detail = await super().node_ready()
+        contract = self.config.contract
+        code = await self.node.call("eth_getCode", contract, "latest")
+        if not code or code == "0x":
+            raise PluginError(f"no contract at {contract} on {self.network}")
+        decimals = int(await self.node.call("eth_call", {"to": contract, "data": DECIMALS_SELECTOR}, "latest"), 16)
         if decimals != self.decimals:
-            return Readiness(False, f"contract {contract} has {decimals} decimals, settings say {self.decimals}")
-        return ready
+            raise PluginError(f"contract {contract} has {decimals} decimals, settings say {self.decimals}")
+        return detail
 
 
-def match_transfer_log(log: dict[str, Any], watched: WatchSet,
-                       tokens: dict[str, EvmToken]) -> tuple[EvmToken, str, int] | None:
+def match_transfer_log(
+    log: dict[str, Any], watched: WatchSet, tokens: dict[str, EvmToken]
+) -> tuple[EvmToken, str, int] | None:
     """(token, recipient, amount) of an ERC-20 ``Transfer`` log to a watched address, else None."""
     topics = log.get("topics") or ()
     if log.get("removed") or len(topics) != 3 or topics[0] != TRANSFER_TOPIC:
@@ -511,6 +334,7 @@ class Ether(EvmCoin):
     code = "ETH"
     name = "Ether"
     rate_symbol = "ETH"
+    default_priority = 70
 
 
 class TetherErc20(EvmToken):
@@ -518,26 +342,11 @@ class TetherErc20(EvmToken):
     name = "Tether USD (ERC-20)"
     rate_symbol = "USDT"
     decimals = 6
+    default_priority = 20
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
         return {**super().sandbox_config(), "contract": SANDBOX_USDT_CONTRACT, "decimals": 6}
-
-
-@hookimpl
-def vpsshop_startup(ctx: Any) -> None:
-    """Link the coins of each scan group, so the one core asks to scan reads every coin's deposits."""
-    groups: dict[str, list[EvmCoin]] = {}
-    for coin in ctx.coins.values():
-        if isinstance(coin, EvmCoin) and coin.can_scan:
-            groups.setdefault(coin.scan_group, []).append(coin)
-    for members in groups.values():
-        for coin in members:
-            coin.group = list(members)
-        try:
-            members[0].group_members()
-        except PluginError as exc:
-            raise ConfigError(str(exc)) from None
 
 
 @hookimpl(trylast=True)

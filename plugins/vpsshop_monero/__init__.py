@@ -23,36 +23,49 @@ The sandbox uses a public stagenet test wallet (keys below) and no wallet RPC.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
-from typing import Any, ClassVar, Iterable, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 
-from vpsshop import PluginError, Readiness, hookimpl, require_reachable
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
+from vpsshop import (
+    DepositAddress,
+    DepositCoin,
+    DetectedPayment,
+    PaymentCheck,
+    PluginError,
+    ScanResult,
+    WatchSet,
+    hookimpl,
+)
+from vpsshop.chains import JsonRpcClient, NodeCoin, NodeConfig, RpcError
 from vpsshop_monero.addresses import MoneroKeyError, ViewWallet
 
 # A stagenet wallet made for the sandbox from the published seed text
 # "vpsshop sandbox: public test wallet, never send real funds" (spend key = Hs(text)): public keys.
-SANDBOX_ADDRESS = (
-    "59x87tTBFSVGC1igPsoBAci1Zr39cAfZNGQKHDT2wi7pT2j5HFi48HhSoCQ5EakoWC5tC2st6tQbsRzrdhkGQ7xoJZq1VVM"
-)
+SANDBOX_ADDRESS = "59x87tTBFSVGC1igPsoBAci1Zr39cAfZNGQKHDT2wi7pT2j5HFi48HhSoCQ5EakoWC5tC2st6tQbsRzrdhkGQ7xoJZq1VVM"
 SANDBOX_VIEW_KEY = "14e73c28e8a94403146b0d6dfdeae0b6c8fa517c3a640c188d95d00f5f73bc0a"
-NETWORK_NAMES = {"mainnet": "monero", "stagenet": "monero-stagenet", "testnet": "monero-testnet",
-                 "regtest": "monero-regtest"}
+NETWORK_NAMES = {
+    "mainnet": "monero",
+    "stagenet": "monero-stagenet",
+    "testnet": "monero-testnet",
+    "regtest": "monero-regtest",
+}
 REORG_MARGIN = 10
 """Blocks below the cursor re-read each scan, so a transfer moved by a short reorg is seen again."""
 
 
-class MoneroConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MoneroConfig(NodeConfig):
     address: str = Field(description="Primary address of the view-only wallet.")
     view_key: SecretStr = Field(description="Secret view key, 64 hex digits. Cannot spend.")
     network: Literal["mainnet", "stagenet", "testnet", "regtest"] = "mainnet"
-    wallet_rpc_url: str | None = Field(None, description="monero-wallet-rpc JSON-RPC URL (…/json_rpc).")
+    rpc_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("wallet_rpc_url"),
+        description="monero-wallet-rpc JSON-RPC URL (…/json_rpc).",
+    )
     rpc_user: str | None = None
     rpc_password: SecretStr | None = None
     account_index: int = Field(0, ge=0, description="Wallet account whose subaddresses are handed out.")
@@ -60,7 +73,7 @@ class MoneroConfig(BaseModel):
     timeout_seconds: float = Field(20, gt=0, le=300)
 
     @model_validator(mode="after")
-    def _check_keys(self) -> "MoneroConfig":
+    def _check_keys(self) -> MoneroConfig:
         try:
             wallet = ViewWallet(self.address, self.view_key.get_secret_value())
         except MoneroKeyError as exc:
@@ -71,55 +84,32 @@ class MoneroConfig(BaseModel):
         return self
 
 
-class WalletRpc:
-    """JSON-RPC 2.0 client of monero-wallet-rpc (digest auth when configured)."""
-
-    def __init__(self, url: str, user: str | None, password: str | None, timeout: float) -> None:
-        auth = httpx.DigestAuth(user, password or "") if user else None
-        self.client = httpx.AsyncClient(auth=auth, timeout=timeout)
-        self.url = url
-
-    async def call(self, method: str, **params: Any) -> Any:
-        try:
-            response = await self.client.post(self.url, json={"jsonrpc": "2.0", "id": "0", "method": method,
-                                                              "params": params})
-        except httpx.HTTPError as exc:
-            raise PluginError(f"monero-wallet-rpc did not answer {method}: {type(exc).__name__}") from None
-        try:
-            body = json.loads(response.content)
-        except ValueError:
-            raise PluginError(f"monero-wallet-rpc answered {method} with HTTP {response.status_code}") from None
-        if "error" in body:
-            raise WalletRpcError(method, body["error"])
-        return body.get("result", {})
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-
-class WalletRpcError(PluginError):
-    def __init__(self, method: str, error: dict[str, Any]) -> None:
-        super().__init__(f"{method}: {error.get('message')} (code {error.get('code')})")
-        self.code = error.get("code")
-
-
-class Monero(DepositCoin):
+class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
     """XMR on a view-only monero-wallet-rpc."""
 
     code = "XMR"
     name = "Monero"
     decimals = 12
     rate_symbol = "XMR"
-    Config: ClassVar[type[BaseModel]] = MoneroConfig
+    default_priority = 80
+    Config: ClassVar[type[MoneroConfig]] = MoneroConfig
+    node_name = "monero-wallet-rpc"
+    node_what = "monero-wallet-rpc"
+    node_setting = "wallet_rpc_url"
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: MoneroConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        cfg: MoneroConfig = config  # type: ignore[assignment]
-        self.cfg = cfg
-        self.wallet = ViewWallet(cfg.address, cfg.view_key.get_secret_value())
-        self.rpc = WalletRpc(cfg.wallet_rpc_url, cfg.rpc_user,
-                             cfg.rpc_password.get_secret_value() if cfg.rpc_password else None,
-                             cfg.timeout_seconds) if cfg.wallet_rpc_url else None
+        self.cfg = config
+        self.wallet = ViewWallet(config.address, config.view_key.get_secret_value())
+
+    def connect(self, url: str) -> JsonRpcClient:
+        cfg = self.config
+        auth = (
+            httpx.DigestAuth(cfg.rpc_user, cfg.rpc_password.get_secret_value() if cfg.rpc_password else "")
+            if cfg.rpc_user
+            else None
+        )
+        return JsonRpcClient(url, named=True, name=self.node_name, timeout=cfg.timeout_seconds, auth=auth)
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -128,10 +118,6 @@ class Monero(DepositCoin):
     @property
     def network(self) -> str:
         return NETWORK_NAMES[self.cfg.network]
-
-    @property
-    def can_scan(self) -> bool:
-        return self.rpc is not None
 
     def key_id(self) -> str:
         return f"{self.cfg.address[:12]}:{self.cfg.account_index}"
@@ -145,14 +131,9 @@ class Monero(DepositCoin):
         amount = self.format_amount(amount_atomic).rstrip("0").rstrip(".")
         return f"monero:{address}?tx_amount={amount}&tx_description={label}"
 
-    def _node(self) -> WalletRpc:
-        if self.rpc is None:
-            raise PluginError("XMR: no wallet_rpc_url is configured")
-        return self.rpc
-
     async def register_address(self, address: DepositAddress) -> None:
         """Make the wallet's subaddress table reach ``address.index`` and check it agrees."""
-        rpc = self._node()
+        rpc = self.node
         account = self.cfg.account_index
         while True:
             current = await rpc.call("get_address", account_index=account)
@@ -168,17 +149,22 @@ class Monero(DepositCoin):
                 "address/view_key do not match the wallet behind wallet_rpc_url"
             )
 
-    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
-        rpc = self._node()
+    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin] = ()) -> ScanResult:
+        rpc = self.node
         try:
             await rpc.call("refresh")
-        except WalletRpcError:
+        except RpcError:
             pass  # a refresh already running: get_transfers still answers from what is scanned
         height = int((await rpc.call("get_height"))["height"])
         start = int(cursor) if cursor is not None else height
-        answer = await rpc.call("get_transfers", **{"in": True, "pool": True}, account_index=self.cfg.account_index,
-                                filter_by_height=True, min_height=max(start - REORG_MARGIN, 0),
-                                max_height=height + 1_000_000)
+        answer = await rpc.call(
+            "get_transfers",
+            **{"in": True, "pool": True},
+            account_index=self.cfg.account_index,
+            filter_by_height=True,
+            min_height=max(start - REORG_MARGIN, 0),
+            max_height=height + 1_000_000,
+        )
         found = []
         for kind in ("in", "pool"):
             for transfer in answer.get(kind, ()):
@@ -197,54 +183,46 @@ class Monero(DepositCoin):
         txid = transfer["txid"]
         height = int(transfer.get("height") or 0) or None
         return DetectedPayment(
-            identity=f"{txid}:{index['major']}:{index['minor']}", watch_key=key, amount_atomic=int(transfer["amount"]),
-            txid=txid, confirmations=int(transfer.get("confirmations") or 0) if height else 0, block_height=height,
+            identity=f"{txid}:{index['major']}:{index['minor']}",
+            watch_key=key,
+            amount_atomic=int(transfer["amount"]),
+            txid=txid,
+            confirmations=int(transfer.get("confirmations") or 0) if height else 0,
+            block_height=height,
         )
 
     async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
-        rpc = self._node()
+        rpc = self.node
         checks = []
         for payment in payments:
             _, major, minor = payment.identity.split(":")
             try:
                 answer = await rpc.call("get_transfer_by_txid", txid=payment.txid, account_index=int(major))
-            except WalletRpcError:
+            except RpcError:
                 checks.append(PaymentCheck(payment.identity, False))
                 continue
             transfers = answer.get("transfers") or [answer.get("transfer", {})]
-            mine = [t for t in transfers if str((t.get("subaddr_index") or {}).get("minor")) == minor
-                    and t.get("type") in ("in", "pool")]
+            mine = [
+                t
+                for t in transfers
+                if str((t.get("subaddr_index") or {}).get("minor")) == minor and t.get("type") in ("in", "pool")
+            ]
             if not mine:
                 checks.append(PaymentCheck(payment.identity, False))
                 continue
             t = mine[0]
             height = int(t.get("height") or 0) or None
-            checks.append(PaymentCheck(payment.identity, True,
-                                       int(t.get("confirmations") or 0) if height else 0, height, None))
+            checks.append(
+                PaymentCheck(payment.identity, True, int(t.get("confirmations") or 0) if height else 0, height, None)
+            )
         return checks
 
-    async def preflight(self) -> None:
-        """Production refuses to start when the configured monero-wallet-rpc does not answer at all."""
-        url = self.config.wallet_rpc_url  # type: ignore[attr-defined]
-        if url:
-            await require_reachable(url, setting=f"coins.{self.code}.wallet_rpc_url",
-                                    what=f"{self.code} monero-wallet-rpc")
-
-    async def check_ready(self) -> Readiness:
-        if self.rpc is None:
-            return Readiness(True, f"{self.network}: addresses only, no wallet RPC configured (not watched)")
-        try:
-            height = await self.rpc.call("get_height")
-            primary = await self.rpc.call("get_address", account_index=0, address_index=[0])
-        except PluginError as exc:
-            return Readiness(False, str(exc))
+    async def node_ready(self) -> str:
+        height = await self.node.call("get_height")
+        primary = await self.node.call("get_address", account_index=0, address_index=[0])
         if primary["addresses"][0]["address"] != self.cfg.address:
-            return Readiness(False, "the wallet behind wallet_rpc_url is not the configured address")
-        return Readiness(True, f"{self.network} wallet at height {height.get('height')}")
-
-    async def close(self) -> None:
-        if self.rpc is not None:
-            await self.rpc.close()
+            raise PluginError("the wallet behind wallet_rpc_url is not the configured address")
+        return f"{self.network} wallet at height {height.get('height')}"
 
 
 def xmr_to_atomic(amount: str | Decimal) -> int:

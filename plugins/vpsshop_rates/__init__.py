@@ -35,7 +35,7 @@ class FixedRatesConfig(BaseModel):
     prices: dict[str, Decimal] = Field(description="USD per unit, by symbol.")
 
 
-class FixedRates(RateSource):
+class FixedRates(RateSource[FixedRatesConfig]):
     """Rates that never change: the sandbox, tests, and shops that price by hand."""
 
     name = "fixed"
@@ -46,11 +46,11 @@ class FixedRates(RateSource):
         return {"prices": dict(SANDBOX_PRICES)}
 
     async def fetch(self, symbols: Iterable[str]) -> dict[str, Decimal]:
-        prices: dict[str, Decimal] = self.config.prices  # type: ignore[attr-defined]
+        prices: dict[str, Decimal] = self.config.prices
         return {s: prices[s] for s in symbols if s in prices}
 
     async def check_ready(self) -> Readiness:
-        return Readiness(True, f"{len(self.config.prices)} fixed prices")  # type: ignore[attr-defined]
+        return Readiness(True, f"{len(self.config.prices)} fixed prices")
 
 
 @hookimpl(trylast=True)

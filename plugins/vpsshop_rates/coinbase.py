@@ -39,9 +39,10 @@ class CoinbaseSpot(PublicPriceApi):
     exchange = "Coinbase"
     probe = "BTC-USD spot"
     Config = CoinbaseConfig
+    config: CoinbaseConfig
 
     async def price(self, symbol: str) -> Decimal | None:
-        asset = self.config.symbols.get(symbol, symbol)  # type: ignore[attr-defined]
+        asset = self.config.symbols.get(symbol, symbol)
         response = await self.get(f"/v2/prices/{asset}-USD/spot")
         if response.status_code == 404:
             return None  # Coinbase does not price it

@@ -23,15 +23,15 @@ class PublicApiConfig(BaseModel):
     timeout_seconds: float = Field(10, gt=0, le=60)
 
 
-class PublicPriceApi(RateSource):
+class PublicPriceApi(RateSource[PublicApiConfig]):
     """A rate source that asks a public exchange API for each symbol's USD price, concurrently."""
 
     exchange: ClassVar[str]
     probe: ClassVar[str] = "BTC-USD price"
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: PublicApiConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        cfg: PublicApiConfig = config  # type: ignore[assignment]
+        cfg = config
         self.client = httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), timeout=cfg.timeout_seconds,
                                         headers={"Accept": "application/json", "User-Agent": "vpsshop"})
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from vpsshop import PluginError
 from vpsshop_rates.http_api import PublicApiConfig, PublicPriceApi
@@ -44,9 +44,11 @@ class KrakenTicker(PublicPriceApi):
     probe = "BTC/USD ticker"
     Config = KrakenConfig
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    config: KrakenConfig
+
+    def __init__(self, config: KrakenConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
         super().__init__(config, sandbox=sandbox)
-        self.pairs = {**DEFAULT_PAIRS, **config.pairs}  # type: ignore[attr-defined]
+        self.pairs = {**DEFAULT_PAIRS, **config.pairs}
 
     async def price(self, symbol: str) -> Decimal | None:
         pair = self.pairs.get(symbol, f"{symbol}USD")

@@ -11,7 +11,7 @@ reseller can recover every deposit key from the mnemonic with any Solana wallet.
 
 The mnemonic is stored only encrypted: ``seed_encrypted`` is a Fernet token made with the shop's
 ``encryption_key`` (``python -m vpsshop_solana encrypt-mnemonic``). It is decrypted in memory when the
-service starts (:func:`vpsshop_startup`) and never logged. :meth:`Solana.sweep` moves what deposit
+coin is built (core hands the coin the shop's secrets) and never logged. :meth:`Solana.sweep` moves what deposit
 addresses hold to ``sweep_to``; it is idempotent (it sends each address's *current* balance less the fee,
 so running it twice, or while a sweep is in flight, never moves more than is there).
 
@@ -39,20 +39,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import struct
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-import httpx
-from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 
 from vpsshop import (
     ConfigError,
@@ -62,12 +58,12 @@ from vpsshop import (
     PaymentCheck,
     PluginError,
     Readiness,
-    require_reachable,
     ScanResult,
+    ShopSecrets,
     WatchSet,
     hookimpl,
 )
-from vpsshop.hdkeys import KeyError_, b58decode, b58encode
+from vpsshop.chains import BlockScanConfig, JsonRpcClient, KeyFormatError, NodeCoin, RpcError, b58decode, b58encode
 
 SANDBOX_MNEMONIC = "abandon " * 11 + "about"
 """The BIP-39 test mnemonic: public, so its keys are only for the sandbox (devnet)."""
@@ -75,12 +71,6 @@ HARDENED = 0x8000_0000
 FINALIZED = 32
 LAMPORTS_PER_SIGNATURE = 5000
 SYSTEM_PROGRAM = bytes(32)
-
-
-def endpoint_label(url: str) -> str:
-    """``scheme://host:port`` of a node URL, for messages and logs (never its path or query)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
 
 # ---- keys ---------------------------------------------------------------------------------------------
@@ -127,7 +117,7 @@ def deposit_key(seed: bytes, index: int) -> DepositKey:
 def parse_pubkey(text: str) -> bytes:
     try:
         raw = b58decode(text.strip())
-    except KeyError_ as exc:
+    except KeyFormatError as exc:
         raise ValueError(f"not a Solana address: {exc}") from None
     if len(raw) != 32:
         raise ValueError("not a Solana address (32 bytes)")
@@ -136,7 +126,7 @@ def parse_pubkey(text: str) -> bytes:
 
 def encrypt_mnemonic(encryption_key: str, mnemonic: str) -> str:
     """The ``seed_encrypted`` setting for ``mnemonic`` under the shop's ``encryption_key``."""
-    return Fernet(encryption_key.encode()).encrypt(" ".join(mnemonic.split()).encode()).decode()
+    return ShopSecrets(encryption_key).encrypt(" ".join(mnemonic.split()))
 
 
 # ---- transactions (legacy wire format) --------------------------------------------------------------
@@ -167,19 +157,20 @@ def transfer_transaction(key: DepositKey, to: bytes, lamports: int, recent_block
 # ---- settings and RPC ---------------------------------------------------------------------------------
 
 
-class SolanaConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SolanaConfig(BlockScanConfig):
     seed_encrypted: SecretStr | None = Field(
-        None, description="Fernet(encryption_key) token of the deposit mnemonic (python -m vpsshop_solana "
-                          "encrypt-mnemonic). Required outside the sandbox.")
+        None,
+        description="Fernet(encryption_key) token of the deposit mnemonic (python -m vpsshop_solana "
+        "encrypt-mnemonic). Required outside the sandbox.",
+    )
     network: str = Field("solana", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
-    rpc_url: str | None = Field(None, description="Solana JSON-RPC endpoint; none: addresses only.")
     confirmations: int = Field(FINALIZED, ge=1, le=FINALIZED, description="Confirmed blocks on top; 32 = finalized.")
     sweep_to: str | None = Field(None, description="Address Solana.sweep moves deposits to.")
-    start_slot: int | None = Field(None, ge=0)
-    reorg_depth: int = Field(150, ge=1, le=10_000, description="Slots rescanned when the cursor's block left the chain.")
-    max_slots_per_scan: int = Field(100, ge=1, le=5000)
+    start_block: int | None = Field(None, ge=0, validation_alias=AliasChoices("start_slot"))
+    reorg_depth: int = Field(
+        150, ge=1, le=10_000, description="Slots rescanned when the cursor's block left the chain."
+    )
+    max_blocks_per_scan: int = Field(100, ge=1, le=5000, validation_alias=AliasChoices("max_slots_per_scan"))
     timeout_seconds: float = Field(20, gt=0, le=300)
 
     @field_validator("sweep_to")
@@ -188,42 +179,6 @@ class SolanaConfig(BaseModel):
         if value is not None:
             parse_pubkey(value)
         return value
-
-
-class SolanaRpc:
-    """A small Solana JSON-RPC 2.0 client."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url = url
-        self.where = endpoint_label(url)
-        """Scheme, host and port only: the path or query of a provider URL may hold an API key."""
-        self.client = httpx.AsyncClient(timeout=timeout)
-        self._id = 0
-
-    async def call(self, method: str, *params: Any) -> Any:
-        self._id += 1
-        try:
-            response = await self.client.post(self.url, json={"jsonrpc": "2.0", "id": self._id, "method": method,
-                                                              "params": list(params)})
-            body = json.loads(response.content)
-        except httpx.HTTPError as exc:
-            raise PluginError(f"Solana node at {self.where} did not answer {method}: {type(exc).__name__}") from None
-        except ValueError:
-            raise PluginError(f"Solana node answered {method} with something that is not JSON") from None
-        if not isinstance(body, dict):
-            raise PluginError(f"Solana node answered {method} with a malformed body")
-        if body.get("error"):
-            raise RpcError(method, body["error"])
-        return body.get("result")
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-
-class RpcError(PluginError):
-    def __init__(self, method: str, error: dict[str, Any]) -> None:
-        super().__init__(f"{method}: {error.get('message')} (code {error.get('code')})")
-        self.code = error.get("code")
 
 
 SKIPPED_SLOT_CODES = {-32007, -32009}
@@ -241,49 +196,48 @@ class SweepResult:
     """None when the address held too little to pay the fee (nothing sent)."""
 
 
-class Solana(DepositCoin):
+class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
     code = "SOL"
     name = "Solana"
     rate_symbol = "SOL"
     decimals = 9
-    Config: ClassVar[type[BaseModel]] = SolanaConfig
+    default_priority = 30
+    node_name = "Solana node"
+    Config: ClassVar[type[SolanaConfig]] = SolanaConfig
+    uses_secrets = True
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: SolanaConfig, *, sandbox: bool = False, secrets: ShopSecrets | None = None) -> None:
         super().__init__(config, sandbox=sandbox)
-        cfg: SolanaConfig = config  # type: ignore[assignment]
-        self.cfg = cfg
-        if cfg.seed_encrypted is None and not sandbox:
+        self.cfg = config
+        if config.seed_encrypted is None and not sandbox:
             raise ConfigError("missing setting 'coins.SOL.seed_encrypted' (python -m vpsshop_solana encrypt-mnemonic)")
-        self._seed: bytes | None = mnemonic_to_seed(SANDBOX_MNEMONIC) if cfg.seed_encrypted is None else None
-        self.rpc = SolanaRpc(cfg.rpc_url, cfg.timeout_seconds) if cfg.rpc_url else None
+        self._seed: bytes | None = mnemonic_to_seed(SANDBOX_MNEMONIC) if config.seed_encrypted is None else None
+        if secrets is not None:
+            self.unlock(secrets)
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
         return {"network": "solana-devnet", "confirmations": 1}
 
-    def unlock(self, encryption_key: str) -> None:
-        """Decrypt the deposit mnemonic (called at start-up with the shop's ``encryption_key``)."""
+    def unlock(self, secrets: ShopSecrets | str) -> None:
+        """Decrypt the deposit mnemonic with the shop's secrets (core hands them to the constructor;
+        a caller building the coin by hand may pass the ``encryption_key`` itself)."""
         if self.cfg.seed_encrypted is None:  # the sandbox key; close() wiped it if the app was restarted
             self._seed = mnemonic_to_seed(SANDBOX_MNEMONIC)
             return
-        try:
-            mnemonic = Fernet(encryption_key.encode()).decrypt(self.cfg.seed_encrypted.get_secret_value().encode())
-        except (InvalidToken, ValueError):
-            raise ConfigError("setting 'coins.SOL.seed_encrypted' was not made with this shop's encryption_key") from None
-        self._seed = mnemonic_to_seed(mnemonic.decode())
+        if isinstance(secrets, str):
+            secrets = ShopSecrets(secrets)
+        mnemonic = secrets.decrypt(self.cfg.seed_encrypted.get_secret_value(), setting="coins.SOL.seed_encrypted")
+        self._seed = mnemonic_to_seed(mnemonic)
 
     def _key(self, index: int) -> DepositKey:
         if self._seed is None:
-            raise PluginError("SOL deposit keys are locked: the service has not started (vpsshop_startup)")
+            raise PluginError("SOL deposit keys are locked: the coin was built without the shop's secrets")
         return deposit_key(self._seed, index)
 
     @property
     def network(self) -> str:
         return self.cfg.network
-
-    @property
-    def can_scan(self) -> bool:
-        return self.rpc is not None
 
     def key_id(self) -> str:
         return f"sol:{self._key(0).address[:16]}"
@@ -299,44 +253,50 @@ class Solana(DepositCoin):
 
     # ---- watching -----------------------------------------------------------------------------------
 
-    def _node(self) -> SolanaRpc:
-        if self.rpc is None:
-            raise PluginError("SOL: no rpc_url is configured")
-        return self.rpc
-
     async def _block_hash(self, slot: int) -> str | None:
         try:
-            block = await self._node().call("getBlock", slot, {"encoding": "json", "transactionDetails": "none",
-                                                               "rewards": False, "commitment": "confirmed"})
+            block = await self.node.call(
+                "getBlock",
+                slot,
+                {"encoding": "json", "transactionDetails": "none", "rewards": False, "commitment": "confirmed"},
+            )
         except RpcError as exc:
             if exc.code in SKIPPED_SLOT_CODES or exc.code == BLOCK_NOT_AVAILABLE:
                 return None
             raise
         return str(block["blockhash"]) if block else None
 
-    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
+    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin] = ()) -> ScanResult:
         """Cursor ``<scanned up to slot>:<last block slot>:<its blockhash>``."""
-        node = self._node()
+        node = self.node
         cfg = self.cfg
         tip = int(await node.call("getSlot", {"commitment": "confirmed"}))
         if cursor is None:
-            start = cfg.start_slot if cfg.start_slot is not None else tip
+            start = cfg.start_block if cfg.start_block is not None else tip
             return ScanResult(f"{start - 1}:-1:", [])
         done_text, block_slot_text, block_hash = cursor.split(":", 2)
         done, block_slot = int(done_text), int(block_slot_text)
         if block_slot >= 0 and await self._block_hash(block_slot) != block_hash:
             back = max(block_slot - cfg.reorg_depth, -1)
             return ScanResult(f"{back}:-1:", [])
-        end = min(tip, done + cfg.max_slots_per_scan)
+        end = min(tip, done + cfg.max_blocks_per_scan)
         if end <= done:
             return ScanResult(cursor, [])
         slots = await node.call("getBlocks", done + 1, end, {"commitment": "confirmed"})
         found: list[tuple[str, DetectedPayment]] = []
         for slot in slots or ():
             try:
-                block = await node.call("getBlock", slot, {
-                    "encoding": "json", "transactionDetails": "accounts", "rewards": False,
-                    "maxSupportedTransactionVersion": 0, "commitment": "confirmed"})
+                block = await node.call(
+                    "getBlock",
+                    slot,
+                    {
+                        "encoding": "json",
+                        "transactionDetails": "accounts",
+                        "rewards": False,
+                        "maxSupportedTransactionVersion": 0,
+                        "commitment": "confirmed",
+                    },
+                )
             except RpcError as exc:
                 if exc.code == BLOCK_NOT_AVAILABLE:
                     # Listed by getBlocks, so it exists: this backend cannot serve it yet. Stop before it.
@@ -351,13 +311,13 @@ class Solana(DepositCoin):
         return ScanResult(f"{end}:{block_slot}:{block_hash}", found)
 
     async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
-        node = self._node()
+        node = self.node
         checks = []
         for start in range(0, len(payments), 256):  # getSignatureStatuses takes at most 256
             part = payments[start : start + 256]
             answer = await node.call("getSignatureStatuses", [p.txid for p in part], {"searchTransactionHistory": True})
             node_slot = int((answer.get("context") or {}).get("slot", 0))
-            for payment, status in zip(part, answer["value"]):
+            for payment, status in zip(part, answer["value"], strict=True):
                 if status is None and await self._still_in_its_block(payment, node_slot):
                     # The block is there but this node does not know the signature yet (a lagging
                     # backend): kept, no confirmations counted.
@@ -372,8 +332,9 @@ class Solana(DepositCoin):
                     confirmations = min(int(status["confirmations"]) + 1, FINALIZED - 1)
                 slot = int(status["slot"])
                 same = slot == payment.block_height
-                checks.append(PaymentCheck(payment.identity, True, confirmations, slot,
-                                           payment.block_hash if same else None))
+                checks.append(
+                    PaymentCheck(payment.identity, True, confirmations, slot, payment.block_hash if same else None)
+                )
         return checks
 
     async def _still_in_its_block(self, payment: DetectedPayment, node_slot: int) -> bool:
@@ -393,7 +354,7 @@ class Solana(DepositCoin):
         empty; run again, an empty address is skipped, and two sweeps racing cannot both succeed (the
         second finds no funds). Returns one result per index.
         """
-        node = self._node()
+        node = self.node
         if self.cfg.sweep_to is None:
             raise PluginError("set coins.SOL.sweep_to before sweeping")
         to = parse_pubkey(self.cfg.sweep_to)
@@ -408,35 +369,32 @@ class Solana(DepositCoin):
                 results.append(SweepResult(index, key.address, 0, None))
                 continue
             latest = await node.call("getLatestBlockhash", {"commitment": "confirmed"})
-            raw = transfer_transaction(key, to, lamports - LAMPORTS_PER_SIGNATURE,
-                                       b58decode(latest["value"]["blockhash"]))
-            signature = await node.call("sendTransaction", base64.b64encode(raw).decode(),
-                                        {"encoding": "base64", "preflightCommitment": "confirmed"})
+            raw = transfer_transaction(
+                key, to, lamports - LAMPORTS_PER_SIGNATURE, b58decode(latest["value"]["blockhash"])
+            )
+            signature = await node.call(
+                "sendTransaction",
+                base64.b64encode(raw).decode(),
+                {"encoding": "base64", "preflightCommitment": "confirmed"},
+            )
             results.append(SweepResult(index, key.address, lamports - LAMPORTS_PER_SIGNATURE, str(signature)))
         return results
 
-    async def preflight(self) -> None:
-        """Production refuses to start when the configured node does not answer at all."""
-        url = self.config.rpc_url  # type: ignore[attr-defined]
-        if url:
-            await require_reachable(url, setting=f"coins.{self.code}.rpc_url", what=f"{self.code} node")
-
     async def check_ready(self) -> Readiness:
         if self._seed is None:
-            return Readiness(False, "deposit keys are locked (start-up has not run)")
-        if self.rpc is None:
-            return Readiness(True, f"{self.network}: addresses only, no node configured (not watched)")
-        try:
-            health = await self.rpc.call("getHealth")
-            slot = await self.rpc.call("getSlot", {"commitment": "confirmed"})
-        except PluginError as exc:
-            return Readiness(False, str(exc))
-        return Readiness(health == "ok", f"{self.network} at slot {slot} ({health})")
+            return Readiness(False, "deposit keys are locked (the coin was built without the shop's secrets)")
+        return await super().check_ready()
+
+    async def node_ready(self) -> str:
+        health = await self.node.call("getHealth")
+        slot = await self.node.call("getSlot", {"commitment": "confirmed"})
+        if health != "ok":
+            raise PluginError(f"{self.network} at slot {slot} ({health})")
+        return f"{self.network} at slot {slot} ({health})"
 
     async def close(self) -> None:
         self._seed = None
-        if self.rpc is not None:
-            await self.rpc.close()
+        await super().close()
 
 
 def match_block(block: dict[str, Any], slot: int, watched: WatchSet) -> list[DetectedPayment]:
@@ -453,17 +411,18 @@ def match_block(block: dict[str, Any], slot: int, watched: WatchSet) -> list[Det
         for i, key in enumerate(keys):
             pubkey = key["pubkey"] if isinstance(key, dict) else key
             if pubkey in watched and i < len(pre) and i < len(post) and post[i] > pre[i]:
-                found.append(DetectedPayment(f"{signature}:{pubkey}", pubkey, int(post[i]) - int(pre[i]), signature,
-                                             1, slot, block["blockhash"]))
+                found.append(
+                    DetectedPayment(
+                        f"{signature}:{pubkey}",
+                        pubkey,
+                        int(post[i]) - int(pre[i]),
+                        signature,
+                        1,
+                        slot,
+                        block["blockhash"],
+                    )
+                )
     return found
-
-
-@hookimpl
-def vpsshop_startup(ctx: Any) -> None:
-    """Decrypt the SOL deposit mnemonic with the shop's ``encryption_key``."""
-    coin = ctx.coins.get("SOL")
-    if isinstance(coin, Solana):
-        coin.unlock(ctx.settings.encryption_key.get_secret_value())
 
 
 @hookimpl(trylast=True)

@@ -14,7 +14,7 @@ import asyncio
 import getpass
 import sys
 
-from vpsshop.settings import load_settings
+from vpsshop import load_settings
 from vpsshop_solana import Solana, encrypt_mnemonic
 
 

@@ -41,31 +41,27 @@ mnemonic "abandon ... about" on Nile and no node.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-import httpx
-from Crypto.Hash import keccak
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 
-from vpsshop import (
-    ConfigError,
-    DepositAddress,
-    DepositCoin,
-    DetectedPayment,
-    PaymentCheck,
-    PluginError,
-    Readiness,
-    require_reachable,
-    ScanResult,
-    WatchSet,
-    hookimpl,
+from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PluginError, WatchSet, hookimpl
+from vpsshop.chains import (
+    BlockCoin,
+    BlockCursor,
+    BlockScanConfig,
+    HttpJsonClient,
+    KeyFormatError,
+    RpcError,
+    XpubCoin,
+    XpubConfig,
+    b58check_decode,
+    b58check_encode,
+    endpoint_id,
+    keccak_address,
 )
-from vpsshop.hdkeys import ExtendedPublicKey, KeyError_, b58check_decode, b58check_encode
 
 # Account key m/44'/195'/0' of the test mnemonic "abandon x11 about": public and useless for real money.
 # Address 0 is TUEZSdKsoDHQMeZwihtdoBiN46zxhGWYdH.
@@ -80,29 +76,16 @@ TRANSFER_TOPIC = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3
 """keccak256("Transfer(address,address,uint256)"), as java-tron prints topics (no 0x)."""
 
 
-def endpoint_label(url: str) -> str:
-    """``scheme://host:port`` of a node URL, for messages and logs (never its path or query)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
-
-
-def endpoint_id(url: str) -> str:
-    """A short, stable, non-secret identifier of a node URL (scan group names are stored and logged)."""
-    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
-
-
 def public_key_to_address(uncompressed: bytes) -> str:
     """The base58check TRON address (``T...``) of a 65-byte uncompressed secp256k1 public key."""
-    if len(uncompressed) != 65 or uncompressed[0] != 4:
-        raise ValueError("expected a 65-byte uncompressed public key")
-    return b58check_encode(b"\x41" + keccak.new(digest_bits=256, data=uncompressed[1:]).digest()[-20:])
+    return b58check_encode(b"\x41" + keccak_address(uncompressed))
 
 
 def address_to_hex(address: str) -> str:
     """``T...`` to the node's hex form ``41...`` (lower case). :raises ValueError: not a TRON address."""
     try:
         raw = b58check_decode(address.strip())
-    except KeyError_ as exc:
+    except KeyFormatError as exc:
         raise ValueError(f"not a TRON address: {exc}") from None
     if len(raw) != 21 or raw[0] != 0x41:
         raise ValueError("not a TRON address (0x41 prefix, 20 bytes)")
@@ -113,28 +96,17 @@ def hex_to_address(hex_address: str) -> str:
     return b58check_encode(bytes.fromhex(hex_address))
 
 
-class TronCoinConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    xpub: str = Field(description="Account extended public key of m/44'/195'/<account>'. Never a private key.")
-    branch: int = Field(0, ge=0, lt=2**31, description="Derivation branch under the account key: <xpub>/<branch>/<n>.")
+class TronCoinConfig(XpubConfig, BlockScanConfig):
     network: str = Field("tron", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$", description="tron (mainnet), nile, shasta.")
-    api_url: str | None = Field(None, description="HTTP API of a java-tron full node (or TronGrid); none: addresses only.")
+    rpc_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("api_url"),
+        description="HTTP API of a java-tron full node (or TronGrid); none: addresses only.",
+    )
     api_key: SecretStr | None = Field(None, description="Sent as TRON-PRO-API-KEY (TronGrid).")
     confirmations: int = Field(20, ge=0, le=1000)
-    start_block: int | None = Field(None, ge=0, description="First block scanned on the first run.")
     reorg_depth: int = Field(30, ge=1, le=10_000)
     max_blocks_per_scan: int = Field(20, ge=1, le=1000)
-    timeout_seconds: float = Field(15, gt=0, le=300)
-
-    @field_validator("xpub")
-    @classmethod
-    def _parse_xpub(cls, value: str) -> str:
-        try:
-            ExtendedPublicKey.parse(value)
-        except KeyError_ as exc:
-            raise ValueError(str(exc)) from None
-        return value.strip()
 
 
 class TronTokenConfig(TronCoinConfig):
@@ -152,62 +124,43 @@ class TronTokenConfig(TronCoinConfig):
         return self
 
 
-class TronApi:
+class TronApi(HttpJsonClient):
     """A client of the java-tron HTTP API (``/wallet/...``): JSON bodies, hex addresses."""
 
-    def __init__(self, url: str, api_key: str | None, timeout: float) -> None:
-        self.url = url.rstrip("/")
-        self.where = endpoint_label(url)
-        """Scheme, host and port only: the path or query of a provider URL may hold an API key."""
-        headers = {"TRON-PRO-API-KEY": api_key} if api_key else {}
-        self.client = httpx.AsyncClient(timeout=timeout, headers=headers)
-
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            response = await self.client.post(f"{self.url}{path}", json=body or {})
-        except httpx.HTTPError as exc:
-            raise PluginError(f"TRON node at {self.where} did not answer {path}: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise PluginError(f"TRON node answered {path} with HTTP {response.status_code}")
-        try:
-            answer = json.loads(response.content) if response.content.strip() else {}
-        except ValueError:
-            raise PluginError(f"TRON node answered {path} with something that is not JSON") from None
+        answer = await self.post_json(body or {}, path=path)
+        if answer is None:
+            return {}
         if isinstance(answer, dict) and "Error" in answer:
-            raise PluginError(f"{path}: {answer['Error']}")
+            raise RpcError(path, answer["Error"])
         return answer
 
     async def block(self, number: int) -> dict[str, Any] | None:
         answer = await self.post("/wallet/getblockbynum", {"num": number})
         return answer if isinstance(answer, dict) and answer.get("blockID") else None
 
-    async def close(self) -> None:
-        await self.client.aclose()
-
 
 def block_number(block: dict[str, Any]) -> int:
     return int(block["block_header"]["raw_data"].get("number", 0))
 
 
-
-
-class TronCoin(DepositCoin):
+class TronCoin(XpubCoin[TronCoinConfig], BlockCoin[TronCoinConfig, TronApi]):
     """TRX or a TRC-20 token on one TRON node."""
 
-    Config: ClassVar[type[BaseModel]] = TronCoinConfig
+    Config: ClassVar[type[TronCoinConfig]] = TronCoinConfig
     decimals = 6
     is_token: ClassVar[bool] = False
+    node_name = "TRON node"
+    node_setting = "api_url"
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
-        super().__init__(config, sandbox=sandbox)
-        cfg: TronCoinConfig = config  # type: ignore[assignment]
-        self.cfg = cfg
-        self.account = ExtendedPublicKey.parse(cfg.xpub)
-        self.receive = self.account.child(cfg.branch)
-        key = cfg.api_key.get_secret_value() if cfg.api_key else None
-        self.api = TronApi(cfg.api_url, key, cfg.timeout_seconds) if cfg.api_url else None
-        self.group: list[TronCoin] = [self]
-        """The coins sharing this coin's scan, linked by :func:`vpsshop_startup` (this one alone until then)."""
+    def connect(self, url: str) -> TronApi:
+        key = self.config.api_key.get_secret_value() if self.config.api_key else None
+        return TronApi(
+            url.rstrip("/"),
+            name=self.node_name,
+            timeout=self.config.timeout_seconds,
+            headers={"TRON-PRO-API-KEY": key} if key else None,
+        )
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -215,19 +168,12 @@ class TronCoin(DepositCoin):
 
     @property
     def network(self) -> str:
-        return self.cfg.network
+        return self.config.network
 
     @property
     def scan_group(self) -> str:
         """``tron:<hash of the API URL>``: one scan per node, without the URL's secrets (fits 40 characters)."""
-        return f"tron:{endpoint_id(self.cfg.api_url)}" if self.cfg.api_url else self.code
-
-    @property
-    def can_scan(self) -> bool:
-        return self.api is not None
-
-    def key_id(self) -> str:
-        return f"{self.account.fingerprint().hex()}:{self.account.chain_code[:4].hex()}/{self.cfg.branch}"
+        return f"tron:{endpoint_id(self.config.rpc_url)}" if self.config.rpc_url else self.code
 
     def derive_address(self, index: int) -> DepositAddress:
         address = public_key_to_address(self.receive.child(index).uncompressed())
@@ -237,120 +183,57 @@ class TronCoin(DepositCoin):
         """``tron:<address>?amount=<TRX>`` (TronLink, Trust Wallet)."""
         return f"tron:{address}?amount={_plain(amount_atomic, self.decimals)}"
 
-    # ---- watching -----------------------------------------------------------------------------------
+    # ---- the chain ----------------------------------------------------------------------------------
 
-    def _node(self) -> TronApi:
-        if self.api is None:
-            raise PluginError(f"{self.code}: no api_url is configured")
-        return self.api
-
-    def group_members(self) -> list[TronCoin]:
-        ordered = sorted(self.group, key=lambda c: (c.is_token, c.code))
-        seen: dict[str, str] = {}
-        for coin in ordered:
-            if coin.key_id() in seen:
-                raise PluginError(f"{coin.code} and {seen[coin.key_id()]} derive deposit addresses from the same "
-                                  "key and branch: give one of them another 'branch' or another xpub")
-            seen[coin.key_id()] = coin.code
-        return ordered
-
-    async def _tip(self) -> int:
-        now = await self._node().post("/wallet/getnowblock")
+    async def tip(self) -> int:
+        now = await self.node.post("/wallet/getnowblock")
         if not isinstance(now, dict) or "block_header" not in now:
             raise PluginError("TRON node answered getnowblock without a block")
         return block_number(now)
 
-    async def _hash_at(self, height: int) -> str:
-        if height < 0:
-            return ""
-        block = await self._node().block(height)
+    async def block_hash(self, height: int) -> str:
+        block = await self.node.block(height)
         return str(block["blockID"]) if block else ""
 
-    async def scan(self, cursor: str | None, watched: WatchSet) -> ScanResult:
-        api = self._node()
-        cfg = self.cfg
-        members = self.group_members()
-        native = next((c for c in members if not c.is_token), None)
+    async def scan_blocks(
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+    ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
+        """Block by block: ``getblockbynum`` for TRX transfers, ``gettransactioninfobyblocknum`` for
+        token logs; stops before a block whose parent is not the previous block."""
+        native = next((c for c in members if isinstance(c, TronCoin) and not c.is_token), None)
         tokens = {c.contract_hex: c for c in members if isinstance(c, TronToken)}
-        tip = await self._tip()
-        if cursor is None:
-            start = cfg.start_block if cfg.start_block is not None else tip
-            height = max(start - 1, -1)
-            block_hash = await self._hash_at(height)
-        else:
-            height_text, block_hash = cursor.split(":", 1)
-            height = int(height_text)
-            if height > tip or (height >= 0 and await self._hash_at(height) != block_hash):
-                height = max(min(height, tip) - cfg.reorg_depth, -1)
-                return ScanResult(f"{height}:{await self._hash_at(height)}", [])
         found: list[tuple[str, DetectedPayment]] = []
-        last = min(tip, height + cfg.max_blocks_per_scan)
-        for h in range(height + 1, last + 1):
-            block = await api.block(h)
-            if block is None or (block_hash and block["block_header"]["raw_data"].get("parentHash") != block_hash):
+        position = after
+        for h in range(after.height + 1, last + 1):
+            block = await self.node.block(h)
+            if block is None or (
+                position.hash and block["block_header"]["raw_data"].get("parentHash") != position.hash
+            ):
                 break  # the chain moved while we read it: stop here, the next call checks the cursor
             confirmations = tip - h + 1
-            block_found: list[tuple[str, DetectedPayment]] = []
             if native is not None:
-                block_found.extend((native.code, p) for p in match_trx_transfers(block, watched, confirmations))
+                found.extend((native.code, p) for p in match_trx_transfers(block, watched, confirmations))
             if tokens:
-                infos = await api.post("/wallet/gettransactioninfobyblocknum", {"num": h})
-                block_found.extend(match_token_logs(infos, block, watched, tokens, confirmations))
-            found.extend(block_found)
-            height, block_hash = h, block["blockID"]
-        return ScanResult(f"{height}:{block_hash}", found)
+                infos = await self.node.post("/wallet/gettransactioninfobyblocknum", {"num": h})
+                found.extend(match_token_logs(infos, block, watched, tokens, confirmations))
+            position = BlockCursor(h, block["blockID"])
+        return position, found
 
-    async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
-        tip = await self._tip()
-        canonical: dict[int, str] = {}
-        for h in sorted({p.block_height for p in payments if p.block_height is not None}):
-            if h <= tip:
-                block_hash = await self._hash_at(h)
-                if block_hash:
-                    canonical[h] = block_hash
-        checks = []
-        for payment in payments:
-            h = payment.block_height
-            if h is not None and h not in canonical:
-                # The node is behind the block that held it: kept, no confirmations counted yet.
-                checks.append(PaymentCheck(payment.identity, True, 0, h, payment.block_hash))
-            elif h is not None and payment.block_hash and canonical[h] == payment.block_hash:
-                checks.append(PaymentCheck(payment.identity, True, tip - h + 1, h, payment.block_hash))
-            else:
-                checks.append(PaymentCheck(payment.identity, False))
-        return checks
-
-    async def preflight(self) -> None:
-        """Production refuses to start when the configured node does not answer at all."""
-        url = self.config.api_url  # type: ignore[attr-defined]
-        if url:
-            await require_reachable(url, setting=f"coins.{self.code}.api_url", what=f"{self.code} node")
-
-    async def check_ready(self) -> Readiness:
-        if self.api is None:
-            return Readiness(True, f"{self.network}: addresses only, no node configured (not watched)")
-        try:
-            tip = await self._tip()
-            self.group_members()
-        except PluginError as exc:
-            return Readiness(False, str(exc))
-        return Readiness(True, f"{self.network} at block {tip}")
-
-    async def close(self) -> None:
-        if self.api is not None:
-            await self.api.close()
+    async def node_ready(self) -> str:
+        return f"{self.network} at block {await self.tip()}"
 
 
 class TronToken(TronCoin):
     """A TRC-20 token: contract and decimals are settings."""
 
-    Config: ClassVar[type[BaseModel]] = TronTokenConfig
+    Config: ClassVar[type[TronCoinConfig]] = TronTokenConfig
+    config: TronTokenConfig
     is_token: ClassVar[bool] = True
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    def __init__(self, config: TronTokenConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
         super().__init__(config, sandbox=sandbox)
-        self.decimals = config.decimals  # type: ignore[attr-defined,misc]
-        self.contract: str = config.contract  # type: ignore[attr-defined]
+        self.decimals = config.decimals  # type: ignore[misc]
+        self.contract: str = config.contract or ""
         self.contract_hex = address_to_hex(self.contract)
 
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
@@ -382,8 +265,9 @@ def match_trx_transfers(block: dict[str, Any], watched: WatchSet, confirmations:
     return found
 
 
-def match_token_logs(infos: Any, block: dict[str, Any], watched: WatchSet, tokens: dict[str, TronToken],
-                     confirmations: int) -> list[tuple[str, DetectedPayment]]:
+def match_token_logs(
+    infos: Any, block: dict[str, Any], watched: WatchSet, tokens: dict[str, TronToken], confirmations: int
+) -> list[tuple[str, DetectedPayment]]:
     """TRC-20 ``Transfer`` logs to watched addresses in a block's transaction infos."""
     if isinstance(infos, dict):  # java-tron answers {} for a block without transactions
         infos = infos.get("transactionInfo") or []
@@ -407,8 +291,9 @@ def match_token_logs(infos: Any, block: dict[str, Any], watched: WatchSet, token
             amount = int(log.get("data") or "0", 16)
             if amount > 0:
                 identity = f"{info['id']}:{index}"
-                found.append((token.code, DetectedPayment(identity, to, amount, info["id"], confirmations, h,
-                                                          block["blockID"])))
+                found.append(
+                    (token.code, DetectedPayment(identity, to, amount, info["id"], confirmations, h, block["blockID"]))
+                )
     return found
 
 
@@ -416,6 +301,7 @@ class Tronix(TronCoin):
     code = "TRX"
     name = "TRON"
     rate_symbol = "TRX"
+    default_priority = 40
 
 
 class TetherTrc20(TronToken):
@@ -423,22 +309,7 @@ class TetherTrc20(TronToken):
     name = "Tether USD (TRC-20)"
     rate_symbol = "USDT"
     decimals = 6
-
-
-@hookimpl
-def vpsshop_startup(ctx: Any) -> None:
-    """Link the coins of each scan group, so the one core asks to scan reads every coin's deposits."""
-    groups: dict[str, list[TronCoin]] = {}
-    for coin in ctx.coins.values():
-        if isinstance(coin, TronCoin) and coin.can_scan:
-            groups.setdefault(coin.scan_group, []).append(coin)
-    for members in groups.values():
-        for coin in members:
-            coin.group = list(members)
-        try:
-            members[0].group_members()
-        except PluginError as exc:
-            raise ConfigError(str(exc)) from None
+    default_priority = 60
 
 
 @hookimpl(trylast=True)

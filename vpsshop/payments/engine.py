@@ -23,40 +23,24 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from anyio import to_thread
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from vpsshop import events, ledger
-from vpsshop.coins import DepositCoin, PaymentCheck, X402Coin
+from vpsshop.coins import DepositCoin, PaymentCheck, PaymentCoin, X402Coin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
-from vpsshop.component import describe_validation_error
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
 from vpsshop.events.resources import emit_payment_credited, topup_data
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record
 from vpsshop.payments.rates import RateService
 from vpsshop.qrcodes import png_data_uri
+from vpsshop.settings import TopupSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
 
 log = logging.getLogger("vpsshop.payments")
-
-# The seed's coin codes, in the order the default coin is picked from.
-SEED_COINS = ("BTC", "XMR", "ETH", "USDTTRC", "LTC", "TRX", "SOL", "USDT", "USDCBASE")
-
-
-class TopupSettings(BaseModel):
-    """``[topups]`` settings."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    default_coin: str | None = Field(None, description="Coin used when POST /topups names none (default BTC).")
-    expiry_minutes: int = Field(60, ge=5, le=7 * 24 * 60, description="How long a top-up's rate is locked.")
-    watch_interval_seconds: float = Field(15, ge=0.5, le=3600, description="Watcher pass interval.")
-    poll_min_seconds: float = Field(10, ge=0, le=3600, description="A GET checks the chain at most this often.")
-    poll_timeout_seconds: float = Field(5, ge=0.1, le=60, description="How long a GET waits for that check.")
 
 
 @dataclass(frozen=True)
@@ -93,10 +77,7 @@ class PaymentEngine:
 
     def __init__(self, ctx: "AppContext") -> None:
         self.ctx = ctx
-        try:
-            self.settings = TopupSettings.model_validate(ctx.settings.topups)
-        except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc, "topups")) from None
+        self.settings: TopupSettings = ctx.settings.topups
         self.rates = RateService(ctx)
         self.default_coin = self._pick_default_coin()
         from vpsshop.payments.watcher import Watcher
@@ -111,13 +92,13 @@ class PaymentEngine:
             if wanted not in self.ctx.coins:
                 raise ConfigError(f"setting 'topups.default_coin' names coin {wanted!r}, which is not enabled")
             return wanted
-        for code in SEED_COINS:
-            coin = self.ctx.coins.get(code)
-            if isinstance(coin, DepositCoin):
-                return code
+        ranked = [(coin.default_priority, -i, code) for i, (code, coin) in enumerate(self.ctx.coins.items())
+                  if isinstance(coin, DepositCoin) and coin.default_priority is not None]
+        if ranked:
+            return max(ranked)[2]
         return next(iter(self.ctx.coins), None)
 
-    def coin(self, code: str | None) -> Any:
+    def coin(self, code: str | None) -> PaymentCoin[Any]:
         """The enabled coin ``code`` (the default when None). :raises BadRequest: invalid_coin."""
         if code is None:
             code = self.default_coin

@@ -28,6 +28,7 @@ from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
+from vpsshop.chains import check_distinct_keys
 from vpsshop.coins import DepositCoin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import PluginError
@@ -105,6 +106,8 @@ class Watcher:
         for coin in engine.deposit_coins():
             if coin.can_scan:
                 self.groups.setdefault(coin.scan_group, []).append(coin)
+        for members in self.groups.values():
+            check_distinct_keys(members)
         self.keysets = {g: KeySet([c.code for c in coins]) for g, coins in self.groups.items()}
         self.locks = {g: asyncio.Lock() for g in self.groups}
         self.last_pass: dict[str, float] = {}
@@ -162,7 +165,7 @@ class Watcher:
         """Scan, record, recheck and credit one scan group. Returns (payments found, credited)."""
         engine = self.engine
         coins = self.groups[group]
-        scanner = coins[0]
+        scanner, members = coins[0], tuple(coins)
         keyset = self.keysets[group]
         async with self.locks[group]:
             self.last_pass[group] = time.monotonic()
@@ -174,7 +177,7 @@ class Watcher:
                 # top-up committed after this read can only be paid in a block past that tip, which
                 # the next scan call (with its key loaded) covers.
                 await to_thread.run_sync(keyset.load_new, engine)
-                result = await scanner.scan(cursor, keyset)
+                result = await scanner.scan(cursor, keyset, members)
                 if result.payments:
                     found += len(result.payments)
                     await to_thread.run_sync(engine.record_payments, result.payments, keyset.by_key,

@@ -36,17 +36,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from anyio import to_thread
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from vpsshop import events, ledger
-from vpsshop.component import describe_validation_error
 from vpsshop.context import AppContext
-from vpsshop.errors import ConfigError
 from vpsshop.events.resources import server_data
 from vpsshop.models import Server
 from vpsshop.servers.models import ServerEvent, ServerJob
+from vpsshop.settings import ServersSettings
 
 log = logging.getLogger("vpsshop.servers")
 
@@ -54,33 +52,12 @@ CYCLE_MONTHS = {"monthly": 1, "annual": 12}
 DEFAULT_CYCLE = "monthly"
 
 
-class ServersPolicy(BaseModel):
-    """The ``[servers]`` settings section."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    renew_lead_hours: float = Field(72, ge=0, le=24 * 31, description="Renew this long before expiry.")
-    grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
-    provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
-    retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
-    job_lease_seconds: float = Field(600, ge=10, le=86400, description="A running job's lease.")
-    boot_timeout_seconds: float = Field(
-        900, ge=1, le=86400,
-        description="A new server whose domain still reports starting this long after the order: a failed attempt.")
-    jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
-    job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
-    lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
+ServersPolicy = ServersSettings
+"""The ``[servers]`` settings section (validated with the settings, see :class:`vpsshop.settings.ServersSettings`)."""
 
 
 def policy(ctx: AppContext) -> ServersPolicy:
-    cached = ctx.extras.get("servers.policy")
-    if cached is None:
-        try:
-            cached = ServersPolicy.model_validate(ctx.settings.servers)
-        except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc, "servers")) from None
-        ctx.extras["servers.policy"] = cached
-    return cached
+    return ctx.settings.servers
 
 
 def add_months(when: datetime, months: int) -> datetime:
