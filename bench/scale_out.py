@@ -142,7 +142,7 @@ addresses = "10.80.0.0/16"
 
 
 def start(argv: list[str], workdir: Path, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = open(workdir / f"{name}.log", "wb")
+    log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - the child writes it until it exits
     return subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -233,7 +233,8 @@ async def scenario(args: argparse.Namespace, bases: list[str], ltc: Litecoind) -
                     return
                 await asyncio.sleep(0.5)
 
-        await asyncio.wait_for(each(list(zip(accounts, first + second)), active, args.concurrency), args.timeout)
+        pairs = list(zip(accounts, first + second, strict=True))
+        await asyncio.wait_for(each(pairs, active, args.concurrency), args.timeout)
         figures["active_per_s"] = len(accounts) / (time.monotonic() - started)
     return figures
 
@@ -284,7 +285,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="vpsshop-scale-"))
     with psycopg.connect(args.pg_admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{args.database}"')
-    database_url = args.pg_admin.replace("postgresql://", "postgresql+psycopg://", 1).rsplit("/", 1)[0] + "/" + args.database
+    server = args.pg_admin.replace("postgresql://", "postgresql+psycopg://", 1).rsplit("/", 1)[0]
+    database_url = f"{server}/{args.database}"
     procs: list[subprocess.Popen[bytes]] = []
     ltc = Litecoind(workdir)
     try:
@@ -323,14 +325,18 @@ def main() -> None:
 
     read = figures["read_1"]
     print(f"accounts {args.accounts}, concurrency {args.concurrency}, 2 API processes, 2 workers, PostgreSQL")
-    print(f"authenticated read, 1 API process:   {figures['read_1']:8.1f} req/s  (baseline 1.00)")
-    print(f"authenticated read, 2 API processes: {figures['read_2']:8.1f} req/s  ({figures['read_2'] / read:.2f}x)")
-    print(f"top-up created (2 API):              {figures['topups_per_s']:8.1f} /s     ({figures['topups_per_s'] / read:.4f}x)")
-    print(f"top-up credited (2 workers):         {figures['credits_per_s']:8.1f} /s     ({figures['credits_per_s'] / read:.4f}x)")
-    print(f"order placed, 1 API process:         {figures['orders_per_s_1']:8.1f} /s     ({figures['orders_per_s_1'] / read:.4f}x)")
-    print(f"order placed, 2 API processes:       {figures['orders_per_s_2']:8.1f} /s     ({figures['orders_per_s_2'] / read:.4f}x; "
-          f"{figures['orders_per_s_2'] / figures['orders_per_s_1']:.2f}x of 1 process)")
-    print(f"server active (2 workers):           {figures['active_per_s']:8.1f} /s     ({figures['active_per_s'] / read:.4f}x)")
+    rows = [("authenticated read, 1 API process:", "read_1", "req/s"),
+            ("authenticated read, 2 API processes:", "read_2", "req/s"),
+            ("top-up created (2 API):", "topups_per_s", "/s"),
+            ("top-up credited (2 workers):", "credits_per_s", "/s"),
+            ("order placed, 1 API process:", "orders_per_s_1", "/s"),
+            ("order placed, 2 API processes:", "orders_per_s_2", "/s"),
+            ("server active (2 workers):", "active_per_s", "/s")]
+    for label, key, unit in rows:
+        ratio = "baseline 1.00" if key == "read_1" else (
+            f"{figures[key] / read:.2f}x" if key == "read_2" else f"{figures[key] / read:.4f}x")
+        extra = f"; {figures[key] / figures['orders_per_s_1']:.2f}x of 1 process" if key == "orders_per_s_2" else ""
+        print(f"{label:<37} {figures[key]:9.1f} {unit:<6} ({ratio}{extra})")
     if failed:
         print("FAILED:\n  " + "\n  ".join(failed))
         sys.exit(1)

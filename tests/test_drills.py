@@ -25,7 +25,7 @@ import httpx
 import psycopg
 import pytest
 from chain_nodes import Litecoind, free_port, peer_workdir, remove_workdir
-from served import VPSSHOP, TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, stop, wait_for
+from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, VPSSHOP, stop, wait_for
 from test_bitcoin import random_tpub
 
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ confirmations = 2
         self.worker = self.start_worker()
 
     def _start(self, name: str, *argv: str) -> subprocess.Popen[str]:
-        log = open(self.workdir / f"{name}.log", "a")
+        log = open(self.workdir / f"{name}.log", "a")  # noqa: SIM115 - the child writes it until it exits
         return subprocess.Popen([VPSSHOP, *argv], cwd=self.workdir, env=self.env, stdout=log,
                                 stderr=subprocess.STDOUT, text=True)
 

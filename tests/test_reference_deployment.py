@@ -41,7 +41,8 @@ def test_up_walk_down() -> None:
     admin, db = pg.replace("+psycopg", "").rsplit("/", 1)
     state = Path(tempfile.mkdtemp(prefix="vpsshop-refdeploy-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VPSSHOP", "REFDEPLOY"))}
-    env.update(REFDEPLOY_STATE=str(state), REFDEPLOY_SKIP_APT="1", REFDEPLOY_VENV=str(Path(sys.executable).parent.parent),
+    env.update(REFDEPLOY_STATE=str(state), REFDEPLOY_SKIP_APT="1",
+               REFDEPLOY_VENV=str(Path(sys.executable).parent.parent),
                REFDEPLOY_NPM_DIR=str(ROOT / ".peers" / "npm"), REFDEPLOY_PG_ADMIN_URL=f"{admin}/{db}",
                REFDEPLOY_DB_NAME=f"{db}_refdeploy")
     deployment: dict = {"pool_dir": str(state / "no-pool")}

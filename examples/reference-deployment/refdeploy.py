@@ -24,6 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,8 @@ serverurl=unix://{root}/run/supervisor.sock
                                       "-printtoconsole=1"))
     parts.append(program("monerod", f"/usr/bin/monerod --regtest --offline --fixed-difficulty 1 --non-interactive "
                                     f"--no-igd --data-dir {chain}/monero --p2p-bind-ip 127.0.0.1 "
-                                    f"--p2p-bind-port {p['xmr_p2p']} --rpc-bind-ip 127.0.0.1 --rpc-bind-port {p['xmr_rpc']} "
+                                    f"--p2p-bind-port {p['xmr_p2p']} --rpc-bind-ip 127.0.0.1 "
+                                    f"--rpc-bind-port {p['xmr_rpc']} "
                                     f"--zmq-rpc-bind-port {p['xmr_zmq']} --log-level 0"))
     for wallet in ("sender", "shop"):
         parts.append(program(f"monero-wallet-{wallet}",
@@ -255,7 +257,8 @@ serverurl=unix://{root}/run/supervisor.sock
     # the vpsshop programs: the same shape as supervisor/vpsshop.conf beside this file
     for name in ("api1", "api2"):
         parts.append(program(f"vpsshop-api-{p[name]}",
-                             f"{venv_bin}/vpsshop serve --config {config} --no-worker --host 127.0.0.1 --port {p[name]}",
+                             f"{venv_bin}/vpsshop serve --config {config} --no-worker --host 127.0.0.1 "
+                             f"--port {p[name]}",
                              directory=root, environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"'))
     parts.append(program("vpsshop-worker", f"{venv_bin}/vpsshop worker --config {config}", directory=root,
                          environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"'))
@@ -679,7 +682,8 @@ class Walk:
         self.step("Top up 25 USD in USDC on Base with the official x402 client (PyPI x402)")
         body = {"amount": 25, "coin": "USDCBASE"}
         first = self.http.post("/topups", json=body, headers=self.auth)
-        self.ok("x402_required", first.status_code, f"POST /v1/topups: {first.status_code} with the payment requirements")
+        self.ok("x402_required", first.status_code,
+                f"POST /v1/topups: {first.status_code} with the payment requirements")
         header = sign_x402(s, first.json()["accepts"][0])
         paid = self.http.post("/topups", json=body, headers={**self.auth, "X-PAYMENT": header})
         settled = json.loads(base64.b64decode(paid.headers.get("X-PAYMENT-RESPONSE", "e30=")))
@@ -690,19 +694,21 @@ class Walk:
         topup = self.http.post("/topups", json={"amount": 25, "coin": "LTC"}, headers=self.auth).json()
         txid = ltc_rpc(s, "sendtoaddress", topup["deposit_address"], topup["deposit_amount"], wallet="miner")
         say(f"   sent {topup['deposit_amount']} LTC to {topup['deposit_address']} (tx {txid[:16]}...)")
-        done = self.wait_topup(topup["ref"], lambda: ltc_rpc(s, "generatetoaddress", 1, s["ltc_mine_to"], wallet="miner"))
+        done = self.wait_topup(topup["ref"],
+                               lambda: ltc_rpc(s, "generatetoaddress", 1, s["ltc_mine_to"], wallet="miner"))
         self.ok("ltc", done["status"], f"top-up {done['status']}, credited {done.get('credited_usd')} USD; "
                 f"balance {self.balance()} USD")
 
         self.step("Pay 25 USD in XMR from the regtest wallet and mine until credited")
         daemon, sender, _shop = xmr_urls(s)
         topup = self.http.post("/topups", json={"amount": 25, "coin": "XMR"}, headers=self.auth).json()
-        atomic = int(round(float(topup["deposit_amount"]) * 10**12))
+        atomic = int(Decimal(topup["deposit_amount"]) * 10**12)
         xmr_call(sender, "refresh")
         sent = xmr_call(sender, "transfer", destinations=[{"address": topup["deposit_address"], "amount": atomic}],
                         account_index=0, priority=0)
         say(f"   sent {topup['deposit_amount']} XMR (tx {sent['tx_hash'][:16]}...)")
-        done = self.wait_topup(topup["ref"], lambda: xmr_call(f"{daemon}/json_rpc", "generateblocks", amount_of_blocks=1,
+        done = self.wait_topup(topup["ref"], lambda: xmr_call(f"{daemon}/json_rpc", "generateblocks",
+                                                              amount_of_blocks=1,
                                                               wallet_address=s["xmr_sender_address"]))
         self.ok("xmr", done["status"], f"top-up {done['status']}, credited {done.get('credited_usd')} USD; "
                 f"balance {self.balance()} USD")
@@ -733,7 +739,8 @@ class Walk:
         self.step("Renew it for one more cycle: POST /v1/servers/{id}/renew")
         renewed = self.http.post(f"/servers/{server_id}/renew", headers=self.auth)
         body = renewed.json()
-        self.ok("renew", renewed.status_code, f"{renewed.status_code}, charged {body.get('charged_usd')} USD, now expires "
+        self.ok("renew", renewed.status_code, f"{renewed.status_code}, charged {body.get('charged_usd')} USD, "
+                f"now expires "
                 f"{(body.get('server') or {}).get('expires_at')}; balance {self.balance()} USD")
 
         self.step("See the figures move in /metrics (each API process, and Prometheus)")
@@ -781,7 +788,8 @@ def sign_x402(state: dict[str, Any], requirements: dict[str, Any]) -> str:
 
     client = x402ClientSync()
     # the local test USDC is not among the client's known assets: allow it, as a customer of this shop would
-    client.set_spend_controls({"allowed_assets": [{"network": requirements["network"], "asset": requirements["asset"]}]})
+    allowed = {"network": requirements["network"], "asset": requirements["asset"]}
+    client.set_spend_controls({"allowed_assets": [allowed]})
     client.register_v1(requirements["network"], ExactEvmSchemeV1(Account.from_key(state["customer_key"])))
     payload = client.create_payment_payload(PaymentRequiredV1(x402_version=1, accepts=[requirements]))
     return base64.b64encode(json.dumps(payload.model_dump(by_alias=True, exclude_none=True)).encode()).decode()
