@@ -68,7 +68,7 @@ class Litecoind:
             try:
                 self.rpc("getblockcount")
                 break
-            except OSError:
+            except (OSError, RuntimeError):  # not listening yet, or warming up (RPC error -28)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.3)
@@ -288,8 +288,9 @@ def main() -> None:
     server = args.pg_admin.replace("postgresql://", "postgresql+psycopg://", 1).rsplit("/", 1)[0]
     database_url = f"{server}/{args.database}"
     procs: list[subprocess.Popen[bytes]] = []
-    ltc = Litecoind(workdir)
+    ltc: Litecoind | None = None
     try:
+        ltc = Litecoind(workdir)
         (workdir / "vpsshop.toml").write_text(config(database_url, ltc))
         env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
         env["VPSSHOP_CONFIG"] = str(workdir / "vpsshop.toml")
@@ -318,7 +319,8 @@ def main() -> None:
             proc.terminate()
         for proc in procs:
             proc.wait(30)
-        ltc.stop()
+        if ltc is not None:
+            ltc.stop()
         with psycopg.connect(args.pg_admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
         shutil.rmtree(workdir, ignore_errors=True)
