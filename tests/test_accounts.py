@@ -26,8 +26,30 @@ def test_create_account_returns_credentials_once(vpsshop_client):
     # Stored only as hashes: neither value appears in the database.
     assert body["api_key"] not in (key.key_hash, key.prefix)
     assert body["api_key"].startswith(key.prefix)
-    assert account.login_hash.startswith("$argon2id$")
+    assert account.login_hash.startswith("b2$") and len(account.login_hash) == 3 + 64
     assert body["login_token"] not in account.login_hash
+
+
+def test_a_login_token_stored_with_argon2_still_signs_in_and_is_re_stored(vpsshop_client, vpsshop_account):
+    """Tokens of accounts made before the keyed digest keep working; the first sign-in re-stores them."""
+    from argon2 import PasswordHasher
+    from sqlmodel import select
+
+    from vpsshop.models import Account
+
+    ctx = vpsshop_client.app.state.ctx
+    with ctx.db.session() as session:
+        account = session.exec(select(Account).where(Account.id == vpsshop_account.user_id)).one()
+        account.login_hash = PasswordHasher().hash(vpsshop_account.login_token)
+        session.add(account)
+    wrong = vpsshop_account.login_token[:-4] + "AAAA"
+    assert vpsshop_client.post("/v1/login", json={"login_token": wrong}).status_code == 401
+    with ctx.db.session() as session:
+        assert session.get(Account, vpsshop_account.user_id).login_hash.startswith("$argon2id$")
+    assert vpsshop_client.post("/v1/login", json={"login_token": vpsshop_account.login_token}).status_code == 201
+    with ctx.db.session() as session:
+        assert session.get(Account, vpsshop_account.user_id).login_hash.startswith("b2$")
+    assert vpsshop_client.post("/v1/login", json={"login_token": vpsshop_account.login_token}).status_code == 201
 
 
 def test_get_account_fields_and_types(vpsshop_client, vpsshop_account):

@@ -342,7 +342,8 @@ def test_background_tasks_of_serve_provision_on_their_own(vpsshop_settings, tmp_
     from vpsshop.app import create_app
     from vpsshop.testing import create_test_account
 
-    settings = vpsshop_settings.model_copy(update={"servers": {"jobs_interval_seconds": 0.1}})
+    settings = vpsshop_settings.model_copy(update={"servers": vpsshop_settings.servers.model_copy(
+        update={"jobs_interval_seconds": 0.1})})
     with TestClient(create_app(settings, background=True)) as client:
         account = create_test_account(client)
         account.credit("5")

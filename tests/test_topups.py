@@ -109,7 +109,7 @@ def test_bounds_are_inclusive_and_auth_required(vpsshop_client: TestClient) -> N
     for amount in (25, 2000):
         assert vpsshop_client.post("/v1/topups", json={"amount": amount}, headers=account.headers).status_code == 201
     assert vpsshop_client.post("/v1/topups", json={"amount": 30}).status_code == 401
-    assert vpsshop_client.post("/v1/topups", content=b"[", headers=account.headers).json()["error"] == "invalid_json"
+    assert vpsshop_client.post("/v1/topups", content=b"[", headers={**account.headers, "Content-Type": "application/json"}).json()["error"] == "invalid_json"
 
 
 def test_idempotency_key_returns_the_first_topup(vpsshop_client: TestClient) -> None:

@@ -2,7 +2,7 @@
 ``/v1/keys``, ``/v1/login`` and the dashboard's account pages.
 
 Both the API endpoints (:mod:`vpsshop.api.accounts`) and the dashboard call these functions; they
-are synchronous (argon2 and the database), so async callers run them in the thread pool.
+are synchronous (the database), so async callers run them in the thread pool.
 """
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ class LedgerEntryOut(BaseModel):
 
 
 def create_account(ctx: AppContext) -> AccountCreated:
-    """A new account with a zero balance, its first API key and its login token (argon2: slow on
-    purpose, so async callers run this in the thread pool)."""
+    """A new account with a zero balance, its first API key and its login token (both stored as keyed
+    digests: no slow hash, so creating an account costs a few writes and no memory to speak of)."""
     key = new_api_key(ctx.settings.secret_key_bytes())
-    token = new_login_token()
+    token = new_login_token(ctx.settings.secret_key_bytes())
     now = ctx.clock.now()
     with ctx.db.session() as session:
         account = Account(login_selector=token.selector, login_hash=token.hash, created_at=now)
@@ -199,8 +199,13 @@ def check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, bo
     if selector is not None:
         with ctx.db.session() as session:
             account = session.exec(select(Account).where(Account.login_selector == selector)).first()
-    if account is None or not verify_login_token(account.login_hash, token):
+    check = verify_login_token(ctx.settings.secret_key_bytes(), account.login_hash, token) if account else None
+    if account is None or check is None or not check.ok:
         raise Unauthorized(INVALID_TOKEN)
+    if check.upgrade is not None:  # stored as argon2id by an earlier version: keep the fast digest from now on
+        with ctx.db.session() as session:
+            session.execute(sa.update(Account).where(Account.id == account.id, Account.login_hash == account.login_hash)
+                            .values(login_hash=check.upgrade))
     limiter.refund(rule, client)
     assert account.id is not None
     return account.id, account.totp_enabled

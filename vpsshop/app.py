@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import json
@@ -84,9 +85,11 @@ def create_app(
             if access_log is not None:
                 access_log.flush()
 
-    middleware = [Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)]
+    middleware = [Middleware(SecurityHeaders),
+                  Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
+                             timeout=settings.server.body_timeout_seconds)]
     if access_log is not None:
-        middleware.insert(0, Middleware(AccessLog, writer=access_log))
+        middleware.insert(1, Middleware(AccessLog, writer=access_log))
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
     dashboard = mount_dashboard(ctx)
@@ -102,7 +105,9 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    app.router = ApiRouter(served, lifespan=lifespan)
+    # No trailing-slash redirects: Starlette builds them from the Host header, which a client chooses
+    # (GET /v1/account/ with Host: evil.example would be sent to http://evil.example/v1/account).
+    app.router = ApiRouter(served, lifespan=lifespan, redirect_slashes=False)
     app.state.ctx = ctx
     return app
 
@@ -187,9 +192,16 @@ def _check_unique(routes: list[ApiRoute]) -> None:
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
 
 
+BEARER_CHALLENGE = 'Bearer realm="vpsshop"'
+"""``WWW-Authenticate`` of every 401 (RFC 9110 requires a challenge; the API's credential is a Bearer key)."""
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return json_response(exc.body(), exc.status, exc.headers or None)
+    headers = exc.headers
+    if exc.status == 401 and "WWW-Authenticate" not in headers:
+        headers = {**headers, "WWW-Authenticate": BEARER_CHALLENGE}
+    return json_response(exc.body(), exc.status, headers or None)
 
 
 def _wants_html(request: Request) -> bool:
@@ -225,9 +237,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _plugin_error(request: Request, exc: Exception) -> Response:
-    log.error("plugin failure on %s %s: %s", request.method, request.url.path, exc)
+    # The plugin's text (node errors, setting names) goes to the operator's log only.
+    log.error("plugin failure on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
     return json_response(
-        {"error": "service_unavailable", "message": f"A backend this request needs is not available: {exc}"}, 503
+        {"error": "service_unavailable", "message": "A backend this request needs is not available; retry shortly."},
+        503,
     )
 
 
@@ -236,12 +250,42 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return json_response({"error": "internal_error", "message": "The server failed; retry shortly."}, 500)
 
 
-class BodyLimit:
-    """Refuses request bodies over ``max_bytes``: by Content-Length at once, else while streaming."""
+class SecurityHeaders:
+    """Adds ``X-Content-Type-Options: nosniff`` to every response, so no browser guesses a type
+    (a JSON error body echoing input is never run as HTML or script)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
+                    headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before sending the whole request body."""
+
+
+class BodyLimit:
+    """Guards request bodies: refuses one over ``max_bytes`` (by Content-Length at once, else while
+    streaming) and one that has not arrived ``timeout`` seconds after the request started (408); a
+    client that disconnects mid-body ends the request with one log line."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 10.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
@@ -259,17 +303,37 @@ class BodyLimit:
                 break
         received = 0
         limit = self.max_bytes
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.timeout
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:
+                return await receive()  # after the body: only a disconnect, which the app may wait for
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), max(remaining, 0.001))
+            except asyncio.TimeoutError:
+                log.warning("%s %s: request body not received within %g s; answered 408",
+                            scope["method"], scope["path"], self.timeout)
+                error = ApiError(408, "body_timeout",
+                                 f"The request body did not arrive within {self.timeout:g} seconds.")
+                error.headers["Connection"] = "close"
+                raise error from None
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise ApiError(413, "body_too_large", f"The request body is larger than {limit} bytes.")
+                complete = not message.get("more_body", False)
             return message
 
-        await self.app(scope, limited_receive, send)
+        try:
+            await self.app(scope, limited_receive, send)
+        except ClientGone:
+            log.info("%s %s: client disconnected before sending the whole body (%d bytes received)",
+                     scope["method"], scope["path"], received)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, declared: int) -> None:
         if declared < 0:
@@ -279,4 +343,3 @@ class BodyLimit:
                 {"error": "body_too_large", "message": f"The request body is larger than {self.max_bytes} bytes."}, 413
             )
         await response(scope, receive, send)
-

@@ -5,16 +5,22 @@
   digest of ``secret_key`` (BLAKE2b's keyed mode is a MAC, like HMAC, in one C call). A lookup by
   that digest costs microseconds, and a stolen database without the secret key reveals nothing
   usable. No slow hash ever runs per request.
-* A login token is ``vpsl_`` + a 12-character selector + ``.`` + a 43-character verifier. The
-  selector finds the account; the whole token is checked against an argon2id hash, which is slow
-  on purpose because a sign-in happens once per dashboard session.
+* A login token is ``vpsl_`` + a 12-character selector + ``.`` + a 43-character verifier (256
+  bits). The selector finds the account; the whole token is checked against the same kind of keyed
+  BLAKE2b digest (stored as ``b2$<hex>``), compared in constant time. A slow password hash buys
+  nothing for a random 256-bit secret (no dictionary to slow down) and cost 64 MiB and tens of
+  milliseconds per call to anyone who could call ``POST /account`` (docs/architecture.md).
+  Tokens stored by earlier versions as argon2id hashes are still verified, and re-stored as a
+  digest at their first successful sign-in (:func:`verify_login_token` says so).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -25,7 +31,8 @@ KEY_DISPLAY_LENGTH = 12  # "vpsk_" + 7 characters: enough to tell keys apart, us
 _API_KEY_LENGTH = len(API_KEY_PREFIX) + 43
 _SELECTOR_LENGTH = 12
 
-_password_hasher = PasswordHasher()
+_password_hasher = PasswordHasher()  # only to verify login tokens stored by earlier versions
+LOGIN_DIGEST_PREFIX = "b2$"
 
 
 @dataclass(frozen=True)
@@ -79,10 +86,15 @@ class NewLoginToken:
     hash: str
 
 
-def new_login_token() -> NewLoginToken:
+def login_token_digest(secret_key: bytes, value: str) -> str:
+    """The stored form of a login token: ``b2$`` + keyed BLAKE2b-256 (``secret_key`` is the setting)."""
+    return LOGIN_DIGEST_PREFIX + keyed_digest(secret_key, "login token", value)
+
+
+def new_login_token(secret_key: bytes) -> NewLoginToken:
     selector = secrets.token_urlsafe(9)  # 12 characters
     value = f"{LOGIN_TOKEN_PREFIX}{selector}.{secrets.token_urlsafe(32)}"
-    return NewLoginToken(value=value, selector=selector, hash=_password_hasher.hash(value))
+    return NewLoginToken(value=value, selector=selector, hash=login_token_digest(secret_key, value))
 
 
 def login_token_selector(value: str) -> str | None:
@@ -94,11 +106,24 @@ def login_token_selector(value: str) -> str | None:
     return selector
 
 
-def verify_login_token(stored_hash: str, value: str) -> bool:
+class LoginCheck(NamedTuple):
+    ok: bool
+    upgrade: str | None = None
+    """When set: the token was stored as argon2id by an earlier version; store this digest instead."""
+
+
+def verify_login_token(secret_key: bytes, stored_hash: str, value: str) -> LoginCheck:
+    """Whether ``value`` is the login token stored as ``stored_hash`` (a ``b2$`` digest, or an
+    argon2id hash of an earlier version, which comes back with its replacement digest)."""
+    if stored_hash.startswith(LOGIN_DIGEST_PREFIX):
+        return LoginCheck(hmac.compare_digest(stored_hash, login_token_digest(secret_key, value)))
+    if not stored_hash.startswith("$argon2"):
+        return LoginCheck(False)
     try:
-        return _password_hasher.verify(stored_hash, value)
+        ok = _password_hasher.verify(stored_hash, value)
     except (VerificationError, InvalidHashError):
-        return False
+        return LoginCheck(False)
+    return LoginCheck(ok, login_token_digest(secret_key, value) if ok else None)
 
 
 def keyed_digest(secret_key: bytes, purpose: str, value: str) -> str:

@@ -81,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vpsshop.app import PREFLIGHT_DONE_ENV, create_app
     from vpsshop.context import AppContext
+    from vpsshop.httpserver import http_protocol
 
     overrides: dict[str, object] = {}
     if args.no_worker:
@@ -101,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings, check=False)
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, **proxy)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=http_protocol(), **proxy)
         return 0
     # Several processes: each worker builds its own app from the same settings.
     if args.config:
@@ -110,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
-                access_log=False, **proxy)
+                access_log=False, http=http_protocol(), **proxy)
     return 0
 
 
@@ -252,6 +253,7 @@ host = "127.0.0.1"          # put a TLS-terminating proxy in front
 port = 8000
 workers = 2
 max_body_bytes = 65536
+body_timeout_seconds = 10   # a request body must arrive within this (slow clients get 408)
 background = true           # run watchers and provisioning inside `serve`; false if you run `vpsshop worker`
 
 [plugins]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sqlite3
 import threading
@@ -19,6 +20,23 @@ from vpsshop.errors import ConfigError
 
 _PG_MIGRATION_LOCK = 0x7670_7373  # "vpss": serialises concurrent `upgrade head` on PostgreSQL
 _TOUCHED = "vpsshop.touched_accounts"
+
+
+def create_private_file(path: str) -> None:
+    """Create the SQLite database file readable by its owner only (0600) when it does not exist yet.
+
+    SQLite would create it with the umask's mode (usually 0644); it gives its journal and WAL files
+    the database file's mode, so those are private too. An existing file is left as it is.
+    """
+    if path.startswith("file:"):
+        return  # a URI filename: the operator chose how it is opened
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # a missing directory and the like: SQLite's own error on first use says it better
+    os.close(fd)
 
 
 def touch_account(session: Session, account_id: int) -> None:
@@ -44,6 +62,7 @@ class Database:
         if self.dialect == "sqlite":
             if self.url.database in (None, "", ":memory:"):
                 raise ConfigError("database_url: an in-memory SQLite database cannot be shared; use a file")
+            create_private_file(self.url.database)
             self.engine = sa.create_engine(
                 self.url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=8, max_overflow=16
             )

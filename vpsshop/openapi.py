@@ -32,7 +32,17 @@ Decisions where the contract left room (see docs/api.md):
 * `POST /keys` takes an optional body `{"name": "..."}`; `DELETE /keys/{id}` answers the revoked key;
 * `POST /login` exchanges the login token for a new API key (dashboard sign-in and key recovery);
 * request bodies refuse unknown fields (`unknown_field`); a bad field gives `invalid_<field>`;
-* bodies over the size limit are refused with 413 `body_too_large`.
+* bodies over the size limit are refused with 413 `body_too_large`;
+* request bodies are strict JSON: sent as `Content-Type: application/json` (else 415
+  `unsupported_media_type`), no key twice in one object (`duplicate_key`), no nesting deeper than 32
+  levels (`too_deep`), no number literal longer than 40 characters (`number_too_large`), booleans
+  only as `true`/`false`; numbers with a fraction are read as decimals, never binary floats;
+* a body that has not fully arrived 10 seconds (`server.body_timeout_seconds`) after the request
+  began is answered 408 `body_timeout`;
+* every 401 carries `WWW-Authenticate: Bearer realm="vpsshop"`; every response carries
+  `X-Content-Type-Options: nosniff`; a path with a trailing slash is a 404 (no redirect);
+* a 503 says only that a backend is unavailable (the operator's log has the cause); see
+  docs/security.md for what each answer discloses.
 """
 
 
@@ -158,9 +168,13 @@ def build_openapi(
         if route.body is not None:
             responses.setdefault("400", _error_response("The body is not valid JSON or a field is invalid."))
             responses.setdefault("413", _error_response("The body is larger than the limit (body_too_large)."))
+            responses.setdefault("408", _error_response("The body did not arrive in time (body_timeout)."))
+            responses.setdefault("415", _error_response("The body is not sent as application/json "
+                                                        "(unsupported_media_type)."))
         if route.auth:
             operation["security"] = [{"bearerAuth": []}]
-            responses.setdefault("401", _error_response("Missing, unknown or revoked API key (unauthorized)."))
+            responses.setdefault("401", _error_response("Missing, unknown or revoked API key (unauthorized); "
+                                                        "sent with WWW-Authenticate: Bearer."))
         for status, description in route.errors.items():
             responses.setdefault(str(status), _error_response(description))
         responses["default"] = _error_response("Any other failure, with the error body.")

@@ -8,7 +8,7 @@ share one interface (:class:`RateLimiter`):
   worker process counts on its own.
 * :class:`DatabaseRateLimiter` counts in the ``rate_limit_counters`` table with one upsert per
   attempt, so every worker and every ``vpsshop serve`` process of a shop shares the count (on
-  PostgreSQL and on SQLite). Sign-in uses it: an attempt costs an argon2 hash anyway.
+  PostgreSQL and on SQLite). Sign-in uses it: an attempt costs a database write anyway.
 
 Callers that limit every attempt call :meth:`RateLimiter.hit`. Callers that limit *failures*
 (sign-in) also ``hit`` before the attempt, so that concurrent attempts cannot slip past the limit

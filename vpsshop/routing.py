@@ -78,6 +78,11 @@ class Query:
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
 
 
+LABEL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]+$"
+"""A label chosen by a customer (a key name, a description): any characters except control, invisible
+format and bidirectional-override characters, which could disguise the label where it is shown."""
+
+
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,200}")
 
 
@@ -283,22 +288,103 @@ def as_utc(value: Any) -> datetime:
     return value.astimezone(timezone.utc)
 
 
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects a request body may have (no body of this API needs more than 3)."""
+MAX_NUMBER_LENGTH = 40
+"""Longest number literal in a request body, in characters (no field needs more than a few digits)."""
+
+
+class _BodyRefused(Exception):
+    """A body refused while parsing it, with the error code and message to answer."""
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _BodyRefused("duplicate_key", f"The key {key!r} appears twice in one JSON object.")
+        obj[key] = value
+    return obj
+
+
+def _number(text: str) -> Any:
+    if len(text) > MAX_NUMBER_LENGTH:
+        raise _BodyRefused("number_too_large", f"A number in the body has more than {MAX_NUMBER_LENGTH} characters.")
+    if any(c in text for c in ".eE"):
+        value = Decimal(text)
+        if abs(value.adjusted()) > MAX_NUMBER_LENGTH:
+            raise _BodyRefused("number_too_large", "A number in the body is too large or too small.")
+        return value
+    return int(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise _BodyRefused("invalid_json", f"{text} is not a JSON number.")
+
+
+def _depth_ok(data: Any) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                return False
+            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return True
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body as JSON, strictly: no duplicate keys, numbers with a fraction or exponent as
+    :class:`~decimal.Decimal` (never float), at most :data:`MAX_NUMBER_LENGTH` characters a number and
+    :data:`MAX_JSON_DEPTH` levels of nesting, no ``NaN``/``Infinity``.
+
+    :raises BadRequest: ``invalid_json``, ``duplicate_key``, ``number_too_large`` or ``too_deep``.
+    """
+    try:
+        data = json.loads(raw, object_pairs_hook=_object_without_duplicates, parse_float=_number,
+                          parse_int=_number, parse_constant=_no_constant)
+    except _BodyRefused as exc:
+        raise BadRequest(exc.error, exc.message) from None
+    except RecursionError:
+        raise BadRequest("too_deep", f"The request body nests deeper than {MAX_JSON_DEPTH} levels.") from None
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("invalid_json", "The request body is not valid JSON.") from None
+    if not _depth_ok(data):
+        raise BadRequest("too_deep", f"The request body nests deeper than {MAX_JSON_DEPTH} levels.")
+    return data
+
+
+def is_json_media_type(value: str | None) -> bool:
+    """``application/json`` or ``application/<something>+json``, with any parameters."""
+    if not value:
+        return False
+    media = value.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def _read_body(request: Request, model: type[ApiModel], required: bool) -> Any:
     raw = await request.body()
     if not raw.strip():
         if required:
             raise BadRequest("invalid_request", "This endpoint needs a JSON object as the request body.")
         raw = b"{}"
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("invalid_json", "The request body is not valid JSON.") from None
+    elif not is_json_media_type(request.headers.get("content-type")):
+        raise ApiError(415, "unsupported_media_type",
+                       "The request body must be JSON, sent with the header Content-Type: application/json.")
+    data = parse_json_body(raw)
     if not isinstance(data, dict):
         raise BadRequest("invalid_request", "The request body must be a JSON object.")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(model, exc) from None
+    except RecursionError:  # pragma: no cover - the depth limit above keeps validation shallow
+        raise BadRequest("too_deep", "The request body nests too deeply.") from None
 
 
 def validation_error(model: type[ApiModel], exc: ValidationError) -> ApiError:

@@ -50,6 +50,8 @@ class ServerSettings(_Section):
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    body_timeout_seconds: float = Field(10.0, gt=0, le=300, description="A request body must arrive completely "
+                                        "within this many seconds of the request's start; else 408 body_timeout.")
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
     access_log: bool = Field(True, description="One JSON line per request on stderr (vpsshop/accesslog.py).")
     forwarded_allow_ips: list[str] = Field(
@@ -98,7 +100,10 @@ class ServersSettings(_Section):
     grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
     provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
     retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
-    job_lease_seconds: float = Field(600, ge=10, le=86400, description="A running job's lease.")
+    job_lease_seconds: float = Field(
+        15, ge=3, le=86400,
+        description="A running job's lease. The worker renews it every third of this while the job runs, so it "
+        "runs out only when the worker is gone; then another worker takes the job over.")
     boot_timeout_seconds: float = Field(
         900, ge=1, le=86400,
         description="A new server whose domain still reports starting this long after the order: a failed attempt.")

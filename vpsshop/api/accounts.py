@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from vpsshop import accounts
 from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyOut, ApiKeyRevoked
 from vpsshop.money import micros_to_usd
-from vpsshop.routing import ApiModel, ApiRoute, Call
+from vpsshop.routing import LABEL_PATTERN, ApiModel, ApiRoute, Call
 
 __all__ = ["AccountCreated", "AccountOut", "ApiKeyCreated", "ApiKeyList", "ApiKeyOut", "ApiKeyRevoked", "LoginBody",
            "NewKeyBody", "routes"]
@@ -18,7 +18,8 @@ NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
 
 
 class NewKeyBody(ApiModel):
-    name: str | None = Field(None, min_length=1, max_length=64, description="A label for the key.")
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=LABEL_PATTERN,
+                             description="A label for the key: no control, format or bidirectional-override characters.")
 
 
 class LoginBody(ApiModel):
@@ -101,7 +102,7 @@ def routes() -> list[ApiRoute]:
             body=LoginBody,
             description="Exchanges the account's login_token for a new API key named \"dashboard\": how a customer "
             "who lost or revoked every key regains access (the web dashboard signs in with the same token, into a "
-            "browser session rather than a key). The token is checked with argon2 and is not usable as a Bearer key."
+            "browser session rather than a key). The token is checked against a keyed digest and is not usable as a Bearer key."
             "\n\nTwo-factor: when the account has two-factor sign-in on (`totp_enabled` in GET /account, turned on "
             "in the dashboard), the body must also carry `totp_code`: the current code of the authenticator app or "
             "an unused recovery code. Without it the answer is 401 `totp_required`; a wrong or reused code is 401 "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Literal
 
@@ -18,25 +19,27 @@ from vpsshop.routing import ApiRoute, Call, Reply
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext, LoadedComponent
 
+log = logging.getLogger("vpsshop.health")
+
 HEALTH_CHECK_TIMEOUT = 3.0
 HEALTH_CACHE_SECONDS = 2.0
 
 
 class DatabaseHealth(BaseModel):
     ok: bool
-    backend: str = Field(description="sqlite or postgresql")
+    backend: str | None = Field(None, description="sqlite or postgresql (sandbox only).")
 
 
 class ComponentHealth(BaseModel):
     kind: str = Field(description="coin, hypervisor, catalog or rates")
     id: str = Field(description="The coin code, backend kind or source name.")
-    plugin: str = Field(description="Name of the plugin that provides it.")
+    plugin: str | None = Field(None, description="Name of the plugin that provides it (sandbox only).")
     ready: bool = Field(
         description="Ready for what this mode promises. Production: real customers can use it now (its node "
         "answers, its file loaded). Sandbox: it does what a sandbox does (test addresses, payment requirements, "
         "simulated servers) even when it could not take real money; detail then says what real use needs."
     )
-    detail: str = ""
+    detail: str | None = Field(None, description="What is wrong or what real use needs (sandbox only).")
 
 
 class Health(BaseModel):
@@ -47,7 +50,7 @@ class Health(BaseModel):
         "ready means in each mode); degraded: the database works but a component is not ready; down: the database "
         "does not answer (status code 503)."
     )
-    version: str
+    version: str | None = Field(None, description="The vpsshop version (sandbox only).")
     mode: Literal["sandbox", "production"]
     database: DatabaseHealth
     components: list[ComponentHealth]
@@ -91,20 +94,27 @@ async def get_health(call: Call) -> Reply:
         return cached[1]
     db_ok, checked = await asyncio.gather(run_in_threadpool(ctx.db.check), component_readiness(ctx))
     sandbox = ctx.settings.sandbox
+    # Anyone may call /health: in production it names each component and whether it is ready, and
+    # nothing else (no error text, node address, plugin or version); the log has the details.
     components = [
-        ComponentHealth(kind=item.kind, id=item.key, plugin=item.plugin, ready=ready_in_mode(r, sandbox),
-                        detail=r.detail)
+        ComponentHealth(kind=item.kind, id=item.key, ready=ready_in_mode(r, sandbox),
+                        **({"plugin": item.plugin, "detail": r.detail} if sandbox else {}))
         for item, r in checked
     ]
+    if not sandbox:
+        for item, r in checked:
+            if not r.ok:
+                log.warning("health: %s %s (plugin %s) not ready: %s", item.kind, item.key, item.plugin, r.detail)
     status = "down" if not db_ok else ("ok" if all(c.ready for c in components) else "degraded")
     body = Health(
         status=status,
-        version=__version__,
         mode=ctx.settings.mode,
-        database=DatabaseHealth(ok=db_ok, backend=ctx.db.dialect),
+        database=DatabaseHealth(ok=db_ok, **({"backend": ctx.db.dialect} if sandbox else {})),
         components=components,
+        **({"version": __version__} if sandbox else {}),
     )
-    reply = Reply(body, 503 if status == "down" else 200, {"Cache-Control": "no-store"})
+    content = body.model_dump(mode="json", exclude_unset=True)
+    reply = Reply(content, 503 if status == "down" else 200, {"Cache-Control": "no-store"})
     ctx.extras["health"] = (time.monotonic(), reply)
     return reply
 
@@ -133,7 +143,9 @@ def routes() -> list[ApiRoute]:
             operation_id="getHealth",
             description="The database and each loaded component (coins, hypervisor backend, catalog, rates). "
             "200 while the database answers, even when a component is not ready (status degraded); 503 when the "
-            "database does not answer. Results are cached for two seconds.",
+            "database does not answer. Results are cached for two seconds. In production the answer shows only the "
+            "overall status, the database's ok and each component's kind, id and ready (no error text, plugin, "
+            "version or backend: the log has the details); the sandbox adds them.",
             responses={503: ("The database does not answer.", Health)},
         ),
         ApiRoute(

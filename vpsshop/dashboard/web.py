@@ -243,7 +243,8 @@ class Dashboard:
             return self.error_page(page, exc.status, exc.message, exc.headers)
         except PluginError as exc:
             log.error("plugin failure on %s %s: %s", request.method, request.url.path, exc)
-            return self.error_page(page, 503, f"A service this page needs is not available right now ({exc}). "
+            # The plugin's text (node addresses, setting names) stays in the operator's log.
+            return self.error_page(page, 503, "A service this page needs is not available right now. "
                                    "Try again in a minute.")
         except Exception:
             log.exception("dashboard failure on %s %s", request.method, request.url.path)

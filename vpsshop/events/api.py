@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Literal, Union
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, StrictBool, create_model
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
@@ -19,7 +19,7 @@ from vpsshop.events.models import StoredEvent, WebhookAttempt, WebhookDelivery, 
 from vpsshop.events.sender import InvalidUrl, normalize_url
 from vpsshop.events.settings import event_settings
 from vpsshop.events.types import EVENT_TYPES, OBJECTS_BY_PREFIX, valid_pattern
-from vpsshop.routing import ApiModel, ApiRoute, Call, JsonBody, Query, Reply
+from vpsshop.routing import LABEL_PATTERN, ApiModel, ApiRoute, Call, JsonBody, Query, Reply
 from vpsshop.servers.api import ServerOut
 
 TAG = ("events",)
@@ -97,7 +97,8 @@ class WebhookBody(ApiModel):
     event_types: list[str] = Field(["*"], min_length=1, max_length=50,
                                    json_schema_extra={"items": {"type": "string", "enum": PATTERNS}},
                                    description="Event types to receive: names, `<resource>.*` or `*` (default).")
-    description: str | None = Field(None, max_length=200, description="A label for the endpoint.")
+    description: str | None = Field(None, max_length=200, pattern=LABEL_PATTERN,
+                                    description="A label for the endpoint (no control or bidirectional-override characters).")
 
 
 class WebhookPatch(ApiModel):
@@ -107,8 +108,8 @@ class WebhookPatch(ApiModel):
                             json_schema_extra={"format": "uri"})
     event_types: list[str] | None = Field(None, min_length=1, max_length=50,
                                           json_schema_extra={"items": {"type": "string", "enum": PATTERNS}})
-    description: str | None = Field(None, max_length=200)
-    enabled: bool | None = Field(None, description="true re-enables a disabled endpoint; false pauses it.")
+    description: str | None = Field(None, max_length=200, pattern=LABEL_PATTERN)
+    enabled: StrictBool | None = Field(None, description="true re-enables a disabled endpoint; false pauses it.")
 
 
 class WebhookOut(BaseModel):
@@ -412,7 +413,7 @@ def _deliveries(ctx: AppContext, account_id: int, endpoint_id: int, before: int 
 
 async def list_deliveries(call: Call) -> DeliveryList:
     raw = call.request.query_params.get("before")
-    if raw is not None and not (raw.isdigit() and len(raw) <= 18):
+    if raw is not None and not (raw.isdigit() and len(raw) <= 18 and int(raw) >= 1):
         raise BadRequest("invalid_cursor", "before must be a delivery id from an earlier page.")
     before = int(raw) if raw is not None else None
     return await run_in_threadpool(_deliveries, call.ctx, call.account_id, call.path["id"], before, _limit(call))

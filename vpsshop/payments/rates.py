@@ -33,10 +33,12 @@ DEFAULT_MAX_AGE_SECONDS = 600
 class RateUnavailable(ApiError):
     """No fresh enough price: new top-ups in the coin are refused (503)."""
 
-    def __init__(self, symbol: str, detail: str) -> None:
-        super().__init__(
-            503, "rate_unavailable", f"No current {symbol}/USD exchange rate ({detail}); try again shortly."
-        )
+    def __init__(self, symbol: str, detail: str, *, public: bool = False) -> None:
+        # The rate source's error text goes to the operator's log only; core's own reasons (the age of
+        # the last price) are also told to the client (``public``).
+        log.warning("no current %s/USD rate: %s", symbol, detail)
+        shown = f" ({detail})" if public else ""
+        super().__init__(503, "rate_unavailable", f"No current {symbol}/USD exchange rate{shown}; try again shortly.")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class RateService:
             raise RateUnavailable(symbol, detail or "the rate source does not price it")
         if self._age(quote) > self.max_age_seconds:
             raise RateUnavailable(symbol, f"last price is {int(self._age(quote))} s old; the limit is "
-                                  f"{int(self.max_age_seconds)} s")
+                                  f"{int(self.max_age_seconds)} s", public=True)
         return quote
 
     async def _refresh(self, symbol: str) -> str:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
@@ -37,7 +37,7 @@ from vpsshop.servers.models import ServerEvent, ServerJob
 
 TAG = ("servers",)
 _HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
-_PRINTABLE = r"^[\x20-\x7e]+$"
+_PRINTABLE = r"^[\x20-\x7e]*[\x21-\x7e][\x20-\x7e]*$"  # printable ASCII, not only spaces
 
 
 class OrderBody(ApiModel):
@@ -59,7 +59,7 @@ class OrderBody(ApiModel):
     )
     root_password: str | None = Field(
         None, min_length=10, max_length=128, pattern=_PRINTABLE,
-        description="10 to 128 printable ASCII characters. Omit it to have a 20-character password generated "
+        description="10 to 128 printable ASCII characters, not all spaces. Omit it to have a 20-character password generated "
         "and returned once in this response (invalid_root_password).",
     )
 
@@ -67,7 +67,7 @@ class OrderBody(ApiModel):
 class ServerPatch(ApiModel):
     """Body of ``PATCH /servers/{id}``."""
 
-    auto_renew: bool = Field(description="false: the server is not renewed automatically and is suspended at "
+    auto_renew: StrictBool = Field(description="false: the server is not renewed automatically and is suspended at "
                              "expires_at unless renewed by hand (invalid_auto_renew).")
 
 
@@ -415,6 +415,7 @@ def routes() -> list[ApiRoute]:
     return [
         ApiRoute(
             "POST", "/servers", order_server, "Order a server", OrderOut, status=201, body=OrderBody,
+            response_headers={"Cache-Control": "no-store"},  # the generated root_password, also on a replay
             description="Charges one billing cycle (price from the catalog rule: monthly = plan base price x location "
             "modifier; annual = 10 x monthly; default cycle monthly) from the balance and creates the server with "
             "status provisioning in one atomic step; concurrent orders never overdraw the balance. The server is "

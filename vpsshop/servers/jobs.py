@@ -8,9 +8,14 @@ them against ``ctx.hypervisor``.
 Claiming is one statement: ``UPDATE server_jobs SET status = 'running', locked_until = now +
 lease ... WHERE id = (SELECT id ... LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ...``. On PostgreSQL
 two workers skip each other's row; on SQLite ``BEGIN IMMEDIATE`` serialises writers. A job is
-never run by two workers at once: the finishing update checks ``locked_by``. A worker that dies
-leaves a ``running`` job whose lease runs out, and the next worker runs it again; the hypervisor
-verbs are idempotent, so that is safe. Jobs of one server run one at a time in id order.
+never run by two workers at once: the finishing update checks ``locked_by``.
+
+Leases are short (``servers.job_lease_seconds``, 15 s) and renewed by the worker every third of
+that while the job runs (:func:`run_job`), so a long hypervisor call keeps its job and a dead
+worker's job is free again within one lease. A worker also frees at once the jobs of a worker it
+can prove dead: one on the same host, in the same PID namespace, whose process no longer exists
+(:func:`reclaim_dead`, each pass). The next worker runs such a job again; the hypervisor verbs are
+idempotent, so that is safe. Jobs of one server run one at a time in id order.
 
 A provisioning attempt that fails is retried after ``retry_seconds`` x 2^(attempt-1). After
 ``provision_attempts`` failures the server is ``terminated`` with the reason in
@@ -46,7 +51,15 @@ from vpsshop.servers.models import IpLease, ServerJob
 
 log = logging.getLogger("vpsshop.servers")
 
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
+WORKER_ID = f"{socket.gethostname()[:32]}:{_pid_namespace()}:{os.getpid()}:{secrets.token_hex(3)}"
+"""This process's name on the jobs it leases: host, PID namespace, process id and a random tag."""
 MAX_JOBS_PER_PASS = 50
 
 
@@ -108,6 +121,65 @@ def claim(ctx: AppContext, worker: str = WORKER_ID) -> ClaimedJob | None:
     if row is None:
         return None
     return ClaimedJob(row[0], row[1], row[2], row[3], worker)
+
+
+def _provably_dead(worker: str) -> bool:
+    """Whether ``worker`` (a :data:`WORKER_ID`) is a process of this host and PID namespace that
+    no longer exists. Anything else (another host, an older id format, a live process) is not proof."""
+    host, namespace, pid, _tag = [*worker.split(":"), "", "", "", ""][:4]
+    mine_host, mine_namespace, mine_pid, _ = WORKER_ID.split(":")
+    if host != mine_host or namespace != mine_namespace or namespace == "-" or not pid.isdigit() or pid == mine_pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (owned by someone else)
+    return False
+
+
+def reclaim_dead(ctx: AppContext) -> int:
+    """Free the ``running`` jobs of workers :func:`_provably_dead` so they can be claimed now
+    rather than when their lease runs out. Returns how many were freed."""
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        holders = session.execute(
+            sa.select(ServerJob.locked_by).where(ServerJob.status == "running", ServerJob.locked_until >= now)  # type: ignore[operator]
+            .distinct()).scalars().all()
+        dead = [w for w in holders if w and _provably_dead(w)]
+        if not dead:
+            return 0
+        freed = session.execute(
+            sa.update(ServerJob).where(ServerJob.status == "running", ServerJob.locked_by.in_(dead))  # type: ignore[union-attr]
+            .values(locked_until=now - timedelta(seconds=1))).rowcount
+    log.warning("freed %d job(s) leased by worker(s) no longer running: %s", freed, ", ".join(dead))
+    return freed
+
+
+def renew_lease(ctx: AppContext, job: ClaimedJob) -> bool:
+    """Extend ``job``'s lease by ``servers.job_lease_seconds`` from now; False when it is no longer ours."""
+    until = ctx.clock.now() + timedelta(seconds=policy(ctx).job_lease_seconds)
+    with ctx.db.session() as session:
+        return session.execute(
+            sa.update(ServerJob)
+            .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
+            .values(locked_until=until)
+        ).rowcount == 1
+
+
+async def _keep_lease(ctx: AppContext, job: ClaimedJob) -> None:
+    every = policy(ctx).job_lease_seconds / 3
+    while True:
+        await asyncio.sleep(every)
+        try:
+            kept = await to_thread.run_sync(renew_lease, ctx, job)
+        except Exception as exc:  # noqa: BLE001 - a database hiccup: try again at the next beat
+            log.warning("job %s: renewing the lease failed: %s", job.id, exc)
+            continue
+        if not kept:
+            log.warning("job %s (%s of server %s): lease lost to another worker", job.id, job.kind, job.server_id)
+            return
 
 
 def _finish(session: Session, job: ClaimedJob, now: datetime, **values: object) -> bool:
@@ -275,7 +347,16 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
 
 async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
-    """Run one claimed job and record its outcome: ``done``, ``retry`` or ``failed``."""
+    """Run one claimed job, renewing its lease while it runs, and record its outcome: ``done``,
+    ``retry`` or ``failed``."""
+    heartbeat = asyncio.create_task(_keep_lease(ctx, job), name=f"server-job-{job.id}-lease")
+    try:
+        return await _run_job(ctx, job)
+    finally:
+        heartbeat.cancel()
+
+
+async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
     pol: ServersPolicy = policy(ctx)
     try:
         if ctx.hypervisor is None:
@@ -340,6 +421,7 @@ async def run_jobs(ctx: AppContext, limit: int = MAX_JOBS_PER_PASS, worker: str 
     concurrency = policy(ctx).job_concurrency
     running: set[asyncio.Task[str]] = set()
     claimed = 0
+    await to_thread.run_sync(reclaim_dead, ctx)
 
     def collect(finished: set[asyncio.Task[str]]) -> None:
         for task in finished:

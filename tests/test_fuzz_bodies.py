@@ -1,0 +1,86 @@
+"""Property-based fuzzing of every endpoint that reads a body: whatever arrives (any JSON, broken
+JSON, odd bytes, wrong content types, duplicate keys, deep nesting, huge numbers), the answer is
+never a 5xx, every error is the error body, and nothing in the ledger moves on a 4xx."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import hypothesis
+import hypothesis.strategies as st
+import sqlalchemy as sa
+
+JSON_TYPES = ["application/json", "application/json; charset=utf-8", "text/plain", None,
+              "application/x-www-form-urlencoded", "application/merge-patch+json"]
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                    st.text(max_size=40), st.sampled_from(["", " " * 12, "false", "0", "25.000000000000000001",
+                                                            "a\x00b", "x\u202ey", "vpsl_x.y", "LTC", "pup"]))
+json_values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=12)
+
+
+def _field_bodies(route) -> st.SearchStrategy[Any]:
+    """Objects using the model's own field names, so validation goes past the first unknown field."""
+    names = list(route.body.model_fields)
+    return st.dictionaries(st.sampled_from(names), json_values, max_size=len(names))
+
+
+def _raw(value: Any) -> bytes:
+    return json.dumps(value, default=str).encode()
+
+
+def bodies(route) -> st.SearchStrategy[bytes]:
+    return st.one_of(
+        _field_bodies(route).map(_raw),
+        json_values.map(_raw),
+        st.binary(max_size=64),
+        st.integers(min_value=1, max_value=3000).map(lambda n: b'{"a":' + b"[" * n + b"]" * n + b"}"),
+        st.integers(min_value=30, max_value=6000).map(lambda n: b'{"amount": ' + b"9" * n + b"}"),
+        st.sampled_from([b'{"name": "a", "name": "b"}', b'{"amount": 1e999999}', b'{"amount": NaN}',
+                         b'{"auto_renew": "false"}', b"\xef\xbb\xbf{}", b"{", b"null", b"[]"]),
+    )
+
+
+def _ledger(ctx) -> tuple[Any, ...]:
+    with ctx.db.engine.connect() as conn:
+        entries = conn.execute(sa.text("SELECT count(*), coalesce(sum(amount_micros), 0) FROM ledger_entries")).one()
+        balances = conn.execute(sa.text("SELECT coalesce(sum(balance_micros), 0) FROM accounts")).scalar()
+    return (*tuple(entries), balances)
+
+
+def test_no_body_gets_a_5xx_or_moves_the_ledger_on_a_4xx(vpsshop_client, vpsshop_account):
+    ctx = vpsshop_client.app.state.ctx
+    vpsshop_account.credit("500")
+    headers = vpsshop_account.headers
+    server = vpsshop_client.post("/v1/servers", headers=headers,
+                                 json={"plan": "pup", "location": "nl", "os": "ubuntu-24.04"}).json()["server"]
+    topup = vpsshop_client.post("/v1/topups", headers=headers, json={"amount": 30, "coin": "LTC"}).json()
+    ids = {"{id}": str(server["id"]), "{ref}": topup["ref"]}
+    routes = [r for r in ctx.extras["routes"] if r.body is not None]
+    assert len(routes) >= 6, [r.path for r in routes]
+
+    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(data=st.data())
+    def one(data: st.DataObject) -> None:
+        route = data.draw(st.sampled_from(routes), label="route")
+        path = "/v1" + route.path
+        for name, value in ids.items():
+            path = path.replace(name, value)
+        content = data.draw(bodies(route), label="body")
+        content_type = data.draw(st.sampled_from(JSON_TYPES), label="content_type")
+        sent = dict(headers)
+        if content_type:
+            sent["Content-Type"] = content_type
+        before = _ledger(ctx)
+        response = vpsshop_client.request(route.method, path, headers=sent, content=content)
+        assert response.status_code < 500, (route.method, path, content[:200], response.text)
+        if response.status_code >= 400:
+            assert response.headers["content-type"].startswith("application/json"), response.headers
+            body = response.json()
+            assert isinstance(body.get("error"), str) and isinstance(body.get("message"), str) and body["message"]
+            assert _ledger(ctx) == before, (route.method, path, content[:200], response.text)
+
+    one()

@@ -1,0 +1,48 @@
+"""schemathesis's command line with every check and the coverage phase, against a real ``vpsshop
+serve``: what an outside tester runs (``st run --checks all``), kept clean in CI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from served import VPSSHOP, serve, shop_env
+
+SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
+
+CONFIG = """
+[checks.positive_data_acceptance]
+# 402 belongs to the contract of valid requests (an order the balance does not cover, x402's
+# payment requirements); 409 and 404 to valid requests about state that does not exist.
+expected-statuses = ["2xx", "3xx", 401, 402, 403, 404, 409, 429]
+"""
+
+
+def test_schemathesis_all_checks_all_phases(tmp_path):
+    env = shop_env(f"sqlite:///{tmp_path}/shop.db", VPSSHOP__SIGNIN__FAILURES_PER_CLIENT="10000",
+                   VPSSHOP__SERVER__ACCESS_LOG="false")
+    (tmp_path / "schemathesis.toml").write_text(CONFIG)
+    with serve(tmp_path, env, "--no-worker") as shop:
+        account = httpx.post(f"{shop.base}/account").json()
+        subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "100000", "--reason", "schemathesis"],
+                       cwd=tmp_path, env=env, check=True, capture_output=True)
+        headers = {"Authorization": f"Bearer {account['api_key']}"}
+        # Generated DELETE /keys/{id} revoke small ids: authenticate with a key whose id none of them hits.
+        key = account["api_key"]
+        for _ in range(300):
+            key = httpx.post(f"{shop.base}/keys", headers=headers).json()["api_key"]
+        base = [SCHEMATHESIS, "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{shop.base}/openapi.json",
+                "--checks", "all", "--phases", "examples,coverage,fuzzing", "--max-examples", "10",
+                "--generation-deterministic", "--workers", "1", "-H", f"Authorization: Bearer {key}"]
+        # POST /topups without positive_data_acceptance: a payment header is base64 of a signed JSON
+        # payload, which no schema can describe, so a random "valid string" is rightly refused with 400
+        # invalid_payment (tests/test_x402*.py cover it). Every other check runs on it too.
+        for args in (["--exclude-operation-id", "createTopup"],
+                     ["--include-operation-id", "createTopup", "--exclude-checks", "positive_data_acceptance"]):
+            result = subprocess.run(base + args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+            output = result.stdout + result.stderr
+            assert result.returncode == 0, output[-8000:]
+            assert "Coverage" in output and " passed" in output, output[-4000:]
+        assert "Traceback" not in shop.output() and "internal_error" not in shop.output(), shop.output()[-4000:]
