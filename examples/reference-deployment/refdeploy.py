@@ -592,8 +592,8 @@ def up_in_venv() -> None:
     save_state(state)
     say(f"- /v1/health: {health.get('status')}")
     for component in health.get("components") or []:
-        say(f"    {component['kind']} {component['id']}: {'ready' if component['ready'] else 'NOT READY'}, "
-            f"{component['detail']}")
+        detail = f", {component['detail']}" if component.get("detail") else ""  # production hides details
+        say(f"    {component['kind']} {component['id']}: {'ready' if component['ready'] else 'NOT READY'}{detail}")
     say(f"""
 The shop is up:
   API          https://127.0.0.1:{state['ports']['https']}/v1  (self-signed: {root}/tls/cert.pem)
