@@ -59,9 +59,10 @@ def wait_for(base: str, proc: subprocess.Popen[str], log: Path, timeout: float =
 
 
 @contextmanager
-def serve(cwd: Path, env: dict[str, str], *args: str, command: str = VPSSHOP, name: str = "serve") -> Iterator[Served]:
-    """``vpsshop serve --port <free> [args]`` until the block ends; its output goes to a log file."""
-    port = free_port()
+def serve(cwd: Path, env: dict[str, str], *args: str, command: str = VPSSHOP, name: str = "serve",
+          port: int | None = None) -> Iterator[Served]:
+    """``vpsshop serve --port <free, or port> [args]`` until the block ends; its output goes to a log file."""
+    port = port or free_port()
     log = cwd / f"{name}-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen([command, "serve", "--port", str(port), *args], cwd=cwd, env=env, stdout=out,

@@ -190,7 +190,7 @@ def test_rejections_credit_nothing(vpsshop_client: TestClient) -> None:
 
 
 def test_unknown_outcome_is_resolved_once_later(vpsshop_client: TestClient) -> None:
-    from vpsshop.payments import engine_for
+    from vpsshop.x402.hooks import settlement_task
 
     account = create_test_account(vpsshop_client)
     req = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": "USDCTEST"},
@@ -202,8 +202,9 @@ def test_unknown_outcome_is_resolved_once_later(vpsshop_client: TestClient) -> N
     assert unknown.status_code == 503 and unknown.json()["error"] == "settlement_pending"
     assert balance(vpsshop_client, account.headers) == 0
     BOOK.fail_after_transfer = False
-    engine = engine_for(vpsshop_client.app.state.ctx)  # type: ignore[attr-defined]
-    assert vpsshop_client.portal.call(engine.watcher.run_pass)["credited"] == 1  # type: ignore[union-attr]
+    task = settlement_task(vpsshop_client.app.state.ctx)  # type: ignore[attr-defined]
+    assert task is not None and task.name == "x402-settlements"  # its own background task, not the watcher's
+    assert vpsshop_client.portal.call(task.run)["credited"] == 1  # type: ignore[union-attr]
     assert balance(vpsshop_client, account.headers) == 50
     retry = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": "USDCTEST"},
                                 headers={**account.headers, "X-PAYMENT": header})

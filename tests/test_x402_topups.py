@@ -166,7 +166,9 @@ def test_usdcbase_topup_settles_on_chain_and_credits_once(
     again = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
     assert again.status_code == 201, again.text
     assert again.json()["ref"] == topup["ref"] and again.json()["status"] == "completed"
-    assert decode_header(again.headers["X-PAYMENT-RESPONSE"])["transaction"] == response["transaction"]
+    replayed = decode_header(again.headers["X-PAYMENT-RESPONSE"])
+    assert replayed["transaction"] == response["transaction"]
+    assert replayed["payer"] == payer.address == response["payer"]  # checksummed, as in the first answer
     assert balance(http, auth) == 25
     assert topup_chain.usdc(payer.address) == 75 * USDC_UNIT and topup_chain.usdc(shop.address) == 25 * USDC_UNIT
 
@@ -228,11 +230,12 @@ def test_wrong_amount_is_refused_and_moves_nothing(
 
 
 def run_watcher(app: Any) -> int:
-    """One watcher step over the open x402 records (what the background watcher runs)."""
-    from vpsshop.payments import engine_for
-    from vpsshop.payments.x402 import resolve_open_settlements
+    """One pass over the open x402 records (what the ``x402-settlements`` background task runs)."""
+    from vpsshop.x402.hooks import settlement_task
 
-    return asyncio.run(resolve_open_settlements(engine_for(app.state.ctx)))
+    task = settlement_task(app.state.ctx)
+    assert task is not None
+    return asyncio.run(task.run())["credited"]
 
 
 def send_unknown_outcome(
@@ -300,7 +303,7 @@ def test_open_record_is_closed_only_after_valid_before(
     topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
     vpsshop_app: Any, vpsshop_clock: Any,
 ) -> None:
-    from vpsshop.payments.x402 import SETTLE_GRACE
+    from vpsshop.x402.settlement import SETTLE_GRACE
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
     header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])  # validBefore = now + 120 s
@@ -332,7 +335,7 @@ def test_retry_after_valid_before_closes_the_record(
     topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
     vpsshop_app: Any, vpsshop_clock: Any,
 ) -> None:
-    from vpsshop.payments.x402 import SETTLE_GRACE
+    from vpsshop.x402.settlement import SETTLE_GRACE
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
     header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])
@@ -467,3 +470,44 @@ def test_example_script_pays_through_the_api() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "POST /v1/topups: 402" in done.stdout and "re-send with X-PAYMENT: 201" in done.stdout
     assert "'balance_usd': 25.0" in done.stdout and "customer now holds 75.0 USDC, the shop 25.0 USDC" in done.stdout
+
+
+def test_v2_payment_without_max_timeout_seconds_is_a_400_that_leaves_nothing(
+    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, vpsshop_app: Any
+) -> None:
+    """A PAYMENT-SIGNATURE whose ``accepted`` lacks ``maxTimeoutSeconds`` (or another required field)
+    is malformed: 400 invalid_payment before anything is recorded, the same again, nothing moves."""
+    from sqlmodel import select
+    from x402_peers import sign_v2_header
+
+    from vpsshop.payments.models import Topup, X402Record
+
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    required = decode_header(http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
+                                       headers=auth).headers["PAYMENT-REQUIRED"])
+    signed = json.loads(base64.b64decode(sign_v2_header(payer, required["accepts"][0], required["resource"]["url"])))
+    for field in ("maxTimeoutSeconds", "payTo"):
+        broken = json.loads(json.dumps(signed))
+        del broken["accepted"][field]
+        header = base64.b64encode(json.dumps(broken).encode()).decode()
+        for _ in range(2):
+            answer = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
+                               headers={**auth, "PAYMENT-SIGNATURE": header})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"] == "invalid_payment" and field in answer.json()["message"]
+    with vpsshop_app.state.ctx.db.session() as session:
+        assert session.exec(select(X402Record)).all() == [] and session.exec(select(Topup)).all() == []
+    assert balance(http, auth) == 0 and topup_chain.usdc(payer.address) == 100 * USDC_UNIT
+
+
+def test_x402_topup_402_has_a_message_and_a_bad_idempotency_key_is_a_400(
+    http: httpx.Client, auth: dict[str, str], shop: Any
+) -> None:
+    first = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth)
+    assert first.status_code == 402 and "X-PAYMENT" in first.json()["message"], first.text
+    bad = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
+                    headers={**auth, "Idempotency-Key": "has spaces"})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key", bad.text
+    bad = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
+                    headers={**auth, "Idempotency-Key": "has spaces", "X-PAYMENT": "e30="})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key", bad.text

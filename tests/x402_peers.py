@@ -464,12 +464,17 @@ class X402ResourceDouble:
 
 
 def fetch_with_npm_client(
-    payer: Any, url: str, rpc_url: str, headers: dict[str, str] | None = None
+    payer: Any, url: str, rpc_url: str, headers: dict[str, str] | None = None, body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``POST url`` with the npm ``x402-fetch`` wrapper (viem wallet); its status, body and headers."""
+    """``POST url`` with the npm ``x402-fetch`` wrapper (viem wallet); its status, body and headers.
+
+    ``body``: the JSON request body (default: a 25 USD USDCBASE top-up)."""
     bin_dir = npm_bin()
     env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
-    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url, "headers": headers or {}}
+    request: dict[str, Any] = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url,
+                               "headers": headers or {}}
+    if body is not None:
+        request["body"] = body
     done = subprocess.run(  # noqa: PLW1510 - the return code is checked below
         ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
         input=json.dumps(request).encode(),

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vpsshop.accesslog import AccessLog, AccessLogWriter
-from vpsshop.api import core_routes
+from vpsshop.api import core_routes, llms
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
@@ -92,6 +92,7 @@ def create_app(
         middleware.insert(1, Middleware(AccessLog, writer=access_log))
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
+    served.append(Route(llms.PATH, llms.llms_txt, methods=["GET", "HEAD"]))  # for agents: what, how to pay
     dashboard = mount_dashboard(ctx)
     if dashboard is not None:
         served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]

@@ -293,7 +293,36 @@ backend = "libvirt"
 # xpub = "zpub..."          # watch-only: the server never holds a spending key
 # rpc_url = "http://user:pass@127.0.0.1:8332"
 # confirmations = 2
+#
+# USDC on Base paid by x402 (docs/x402.md): no deposit address; the customer's client signs an
+# authorization and the shop settles it during the request. A shop that takes only USDCBASE still
+# needs [rates] above (e.g. source = "fixed" with prices = {{ USDC = "1" }}) and [hypervisor].
+# [coins.USDCBASE]
+# mode = "direct"           # the shop settles from its relayer wallet (or "facilitator")
+# network = "base"          # or "base-sepolia" for testing
+# pay_to = "0xYourShopAddress"                # receives the USDC; keep its key off this machine
+# rpc_url = "https://mainnet.base.org"        # a Base JSON-RPC endpoint
+# relayer_key_env = "VPSSHOP_X402_RELAYER_KEY"  # env var holding the relayer key (pays gas only), or
+# relayer_key_encrypted = "gAAAA..."          # from: python -m vpsshop_x402 encrypt-relayer-key
+# # mode = "facilitator" instead: facilitator_url = "https://your-facilitator.example" (rpc_url optional)
 """
+
+
+DEFAULT_MCP_API_URL = "http://127.0.0.1:8000/v1"
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve the MCP tools; the customer's API key comes from $VPSSHOP_API_KEY (never an argument:
+    command lines are visible to every user of the machine)."""
+    from vpsshop import mcpserver
+
+    api_url = args.api_url or os.environ.get("VPSSHOP_API_URL") or DEFAULT_MCP_API_URL
+    api_key = os.environ.get("VPSSHOP_API_KEY") or None
+    if api_key is None:
+        logging.getLogger("vpsshop.mcp").warning(
+            "VPSSHOP_API_KEY is not set: only the catalog and quotes work (create an account with POST /v1/account)")
+    mcpserver.run(api_url, api_key, args.transport, args.host, args.port)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,6 +355,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = with_config(sub.add_parser("migrate", help="bring the database schema up to date"))
     migrate.set_defaults(func=cmd_migrate)
+
+    mcp = sub.add_parser("mcp", help="an MCP server for AI agents, using a deployment's API with a customer key",
+                         description="Serve Model Context Protocol tools (catalog, quote, account, top-ups, "
+                         "ordering, server status and power, renewals, credentials) that call a vpsshop "
+                         "deployment's HTTP API with the customer's API key. See docs/mcp.md.")
+    mcp.add_argument("--api-url", default=None,
+                     help=f"the deployment's API base URL ending in /v1 (default: $VPSSHOP_API_URL, else "
+                     f"{DEFAULT_MCP_API_URL})")
+    mcp.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio",
+                     help="stdio (default: the agent starts this command) or streamable-http")
+    mcp.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on (default loopback)")
+    mcp.add_argument("--port", type=int, default=8765, help="streamable-http: port (default 8765); path /mcp")
+    mcp.set_defaults(func=cmd_mcp)
 
     admin = sub.add_parser("admin", help="support tasks")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)

@@ -29,6 +29,7 @@ BLOCK_ENV = "VPSSHOP_BLOCK_PLUGINS"
 CORE_PLUGINS: tuple[tuple[str, str], ...] = (
     # core's own background work, offered through the hooks like any plugin's
     ("payments", "vpsshop.payments.hooks"),
+    ("x402-settlements", "vpsshop.x402.hooks"),
     ("servers", "vpsshop.servers.hooks"),
     ("events", "vpsshop.events.hooks"),
 )

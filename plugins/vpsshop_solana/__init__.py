@@ -212,6 +212,7 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
         if config.seed_encrypted is None and not sandbox:
             raise ConfigError("missing setting 'coins.SOL.seed_encrypted' (python -m vpsshop_solana encrypt-mnemonic)")
         self._seed: bytes | None = mnemonic_to_seed(SANDBOX_MNEMONIC) if config.seed_encrypted is None else None
+        self._secrets = secrets
         if secrets is not None:
             self.unlock(secrets)
 
@@ -227,10 +228,14 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
             return
         if isinstance(secrets, str):
             secrets = ShopSecrets(secrets)
+        self._secrets = secrets
         mnemonic = secrets.decrypt(self.cfg.seed_encrypted.get_secret_value(), setting="coins.SOL.seed_encrypted")
         self._seed = mnemonic_to_seed(mnemonic)
 
     def _key(self, index: int) -> DepositKey:
+        if self._seed is None and (self._secrets is not None or self.cfg.seed_encrypted is None):
+            # close() dropped the seed; an app started again on the same coin unlocks it again
+            self.unlock(self._secrets or "")
         if self._seed is None:
             raise PluginError("SOL deposit keys are locked: the coin was built without the shop's secrets")
         return deposit_key(self._seed, index)
@@ -381,7 +386,7 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
         return results
 
     async def check_ready(self) -> Readiness:
-        if self._seed is None:
+        if self._seed is None and self._secrets is None and self.cfg.seed_encrypted is not None:
             return Readiness(False, "deposit keys are locked (the coin was built without the shop's secrets)")
         return await super().check_ready()
 

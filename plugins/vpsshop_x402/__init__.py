@@ -353,8 +353,20 @@ class USDCBASE(X402Coin):
         if version == 1:
             if not isinstance(raw.get("scheme"), str) or not isinstance(raw.get("network"), str):
                 raise X402Rejected(bad, "scheme and network are required in x402 v1.", 400)
-        elif not isinstance(raw.get("accepted"), dict):
-            raise X402Rejected(bad, "accepted is required in x402 v2.", 400)
+        else:
+            accepted = raw.get("accepted")
+            if not isinstance(accepted, dict):
+                raise X402Rejected(bad, "accepted is required in x402 v2.", 400)
+            # the fields x402 v2 requires of PaymentRequirements: a payload without them is malformed
+            # (the facilitator's model would refuse it after the payment was recorded)
+            for field in ("scheme", "network", "amount", "asset", "payTo"):
+                if not isinstance(accepted.get(field), str) or not accepted[field]:
+                    raise X402Rejected(bad, f"accepted.{field} is missing or not a string.", 400)
+            timeout = accepted.get("maxTimeoutSeconds")
+            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+                raise X402Rejected(bad, "accepted.maxTimeoutSeconds is missing or not a positive integer.", 400)
+            if "extra" in accepted and not isinstance(accepted["extra"], dict):
+                raise X402Rejected(bad, "accepted.extra must be an object.", 400)
         return X402Payment(
             payer=checksum_address(auth["from"]),
             nonce=auth["nonce"].lower(),

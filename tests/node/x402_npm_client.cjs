@@ -1,8 +1,9 @@
-// The npm x402 clients, driven by tests/test_x402.py to prove the shop accepts what they send.
+// The npm x402 clients, driven by tests/test_x402_clients.py and tests/test_x402_orders.py to prove the shop accepts what they send.
 // Reads JSON on stdin: {"privateKey", "rpcUrl"} and either
 //   "requirements": one x402 v1 accepts entry -> prints the X-PAYMENT header (x402/client createPaymentHeader)
 //   "url": a paid resource -> POSTs to it with x402-fetch's wrapFetchWithPayment and prints
-//          {"status", "body", "paymentResponse"} as JSON; optional "headers" are sent too (Authorization).
+//          {"status", "body", "paymentResponse"} as JSON; optional "headers" are sent too (Authorization),
+//          optional "body" is the JSON request body (default: a 25 USD USDCBASE top-up).
 // Run with NODE_PATH=.peers/npm/node_modules (the test does).
 const { createWalletClient, http, publicActions } = require("viem");
 const { privateKeyToAccount } = require("viem/accounts");
@@ -11,7 +12,7 @@ const { base } = require("viem/chains");
 async function main() {
   const chunks = [];
   for await (const chunk of process.stdin) chunks.push(chunk);
-  const { privateKey, rpcUrl, requirements, url, headers } = JSON.parse(Buffer.concat(chunks).toString());
+  const { privateKey, rpcUrl, requirements, url, headers, body } = JSON.parse(Buffer.concat(chunks).toString());
   const wallet = createWalletClient({
     account: privateKeyToAccount(privateKey),
     chain: base,
@@ -28,7 +29,7 @@ async function main() {
   const response = await pay(url, {
     method: "POST",
     headers: { "Content-Type": "application/json", ...(headers || {}) },
-    body: JSON.stringify({ amount: 25, coin: "USDCBASE" }),
+    body: JSON.stringify(body || { amount: 25, coin: "USDCBASE" }),
   });
   process.stdout.write(
     JSON.stringify({

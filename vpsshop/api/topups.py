@@ -20,8 +20,8 @@ from vpsshop.errors import BadRequest
 from vpsshop.money import UsdAmount, micros_to_usd, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.engine import TopupView, make_view, qr_data_uri
-from vpsshop.payments import x402
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key, json_response
+from vpsshop.x402 import discovery, headers, settlement
 
 TAG = ("topups",)
 MIN_USD = Decimal(MIN_TOPUP_CENTS) / 100  # the limits the catalog's topup_limits also shows
@@ -121,12 +121,13 @@ def _header(call: Call, name: str) -> str | None:
 
 async def create_topup(call: Call) -> Reply | Response:
     body: TopupBody = call.body
+    key = idempotency_key(call.request)  # a malformed key is a 400 whichever way the top-up is paid
     engine = engine_for(call.ctx)
     amount_micros = usd_to_micros(body.amount)
     mode = (_header(call, "x-payment-mode") or "").strip().lower()
     if mode and mode not in ("x402", "deposit"):
         raise BadRequest("invalid_payment_mode", "X-Payment-Mode must be x402 (or deposit, the default).")
-    if _header(call, "x-payment") is not None or _header(call, "payment-signature") is not None:
+    if headers.sends_payment(call.request):
         # a client that sends a payment means to pay by x402
         if mode == "deposit":
             raise BadRequest("invalid_payment_mode",
@@ -138,7 +139,6 @@ async def create_topup(call: Call) -> Reply | Response:
         return await _x402_topup(call, coin, amount_micros)
     if not isinstance(coin, DepositCoin):
         raise BadRequest("invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
-    key = idempotency_key(call.request)
     return Reply(await create_deposit_topup(call.ctx, call.account_id, coin, amount_micros, key), 201)
 
 
@@ -154,28 +154,23 @@ async def create_deposit_topup(
 
 
 async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply | Response:
-    engine = engine_for(call.ctx)
-    v1, v2 = _header(call, "x-payment"), _header(call, "payment-signature")
-    for name, value in (("X-PAYMENT", v1), ("PAYMENT-SIGNATURE", v2)):
-        if value is not None and not value.strip():
-            raise BadRequest("invalid_payment", f"The {name} header is empty; send the base64 payment payload.")
-    if v1 is not None and v2 is not None:
-        raise BadRequest("invalid_payment", "Send either X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2), not both.")
-    if v1 is None and v2 is None:
-        body = x402.payment_required_body(engine, coin, amount_micros, "X-PAYMENT header is required")
+    sent = headers.payment_header(call.request)
+    if sent is None:
+        body = headers.payment_required_body(call.ctx, coin, amount_micros, "X-PAYMENT header is required")
         response = json_response(body, 402)
-        required = x402.payment_required_header(engine, coin, amount_micros)
+        required = headers.payment_required_header(call.ctx, coin, amount_micros,
+                                                   extensions=discovery.extensions(call.ctx, "/topups"))
         if required is not None:
             response.headers["PAYMENT-REQUIRED"] = required
             response.headers["Access-Control-Expose-Headers"] = "PAYMENT-REQUIRED"
         return response
-    version = 1 if v1 else 2
-    topup, settlement = await x402.pay(engine, coin, call.account_id, amount_micros, v1 or v2 or "", version)
+    header, version = sent
+    topup, settled = await settlement.pay(call.ctx, coin, call.account_id, amount_micros, header, version)
     from vpsshop.payments.engine import x402_view
 
     out = render(call.ctx, x402_view(topup, "settled" if topup.status == "completed" else None))
     name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
-    return Reply(out, 201, {name: x402.response_header(coin, settlement, version),
+    return Reply(out, 201, {name: headers.response_header(coin, settled, version),
                             "Access-Control-Expose-Headers": name})
 
 
@@ -213,6 +208,7 @@ class X402RequirementsOut(BaseModel):
 
     x402Version: int
     error: str
+    message: str = Field(description="What to do: sign the requirements in accepts and re-send the request.")
     accepts: list[dict[str, Any]]
 
 

@@ -22,11 +22,12 @@ from vpsshop.coins import DepositCoin, X402Coin
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest
 from vpsshop.money import usd_to_micros
-from vpsshop.payments import engine_for, x402
+from vpsshop.payments import engine_for
 from vpsshop.payments.models import Topup
 from vpsshop.routing import validation_error
 from vpsshop.servers import api as server_api
 from vpsshop.servers.api import CredentialsOut, OrderBody, Ordered, PowerActionOut, RenewOut, ServerList, ServerOut
+from vpsshop.x402 import headers as x402_headers
 
 
 class Shop:
@@ -130,7 +131,7 @@ class Shop:
 
     def x402_requirements(self, coin: X402Coin, body: TopupBody) -> dict[str, Any]:
         """What an x402 wallet is asked to sign for this amount: the API's 402 requirements."""
-        return x402.requirements(engine_for(self.ctx), coin, usd_to_micros(body.amount))
+        return x402_headers.requirements(self.ctx, coin, usd_to_micros(body.amount))
 
     async def topup(self, account_id: int, ref: str) -> TopupOut:
         return await topup_api.read_topup(self.ctx, account_id, ref)

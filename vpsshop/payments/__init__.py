@@ -1,11 +1,13 @@
-"""The payment engine: top-ups, deposit watching, crediting, x402 settlement and exchange rates.
+"""The payment engine: top-ups, deposit watching, crediting and exchange rates.
 
 * :mod:`vpsshop.payments.models`   the tables;
 * :mod:`vpsshop.payments.rates`    cached, age-limited exchange rates over the ``RateSource`` hook;
 * :mod:`vpsshop.payments.engine`   creating, reading, cancelling, expiring and crediting top-ups;
 * :mod:`vpsshop.payments.watcher`  scanning chains block by block against the watched addresses;
-* :mod:`vpsshop.payments.x402`     the 402 / ``X-PAYMENT`` flow of x402 coins;
 * :mod:`vpsshop.payments.hooks`    core's own plugin: the watcher as a background task.
+
+x402 (paying by a signed authorization) lives in :mod:`vpsshop.x402`, which uses this package's tables;
+nothing here imports it.
 
 Lifecycle for resellers: ``docs/payments.md``. Coin plugin contract: ``docs/coin-plugins.md``.
 """

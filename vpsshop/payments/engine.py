@@ -14,7 +14,6 @@ credited. Under- and over-payments are credited for what arrived, to the micro-d
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import ROUND_CEILING, ROUND_DOWN, Decimal
@@ -32,7 +31,7 @@ from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
 from vpsshop.events.resources import emit_payment_credited, topup_data
 from vpsshop.money import MICROS_PER_USD
-from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record
+from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record, new_ref
 from vpsshop.payments.rates import RateService
 from vpsshop.qrcodes import png_data_uri
 from vpsshop.settings import TopupSettings
@@ -460,11 +459,6 @@ def _lock(session: Session, stmt: Any) -> Any:
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     return session.exec(stmt).first()
-
-
-def new_ref() -> str:
-    """An unguessable top-up reference (128 random bits)."""
-    return "tp_" + secrets.token_urlsafe(16)
 
 
 def make_view(topup: Topup, payments: list[TopupPayment]) -> TopupView:

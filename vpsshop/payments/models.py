@@ -3,6 +3,7 @@ address index counters. Schema owned by migration ``0002_topups``."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Optional
 
@@ -87,6 +88,10 @@ class X402Record(SQLModel, table=True):
 
     ``status``: ``settling`` (outcome unknown: a retry or the watcher asks the coin),
     ``settled`` (credited once), ``rejected`` (nothing moved).
+
+    ``purpose`` is null for a top-up, ``order:<idempotency key>`` or ``renew:<server id>`` for an
+    authorization sent to pay an order or a renewal in the same request; ``outcome`` is ``done`` once
+    that order or renewal was made (so a re-sent payment never buys twice).
     """
 
     __tablename__ = "x402_payments"
@@ -104,6 +109,8 @@ class X402Record(SQLModel, table=True):
     transaction: Optional[str] = Field(default=None, max_length=128)
     network: Optional[str] = Field(default=None, max_length=40)
     error: Optional[str] = Field(default=None, max_length=200)
+    purpose: Optional[str] = Field(default=None, max_length=220)
+    outcome: Optional[str] = Field(default=None, max_length=16)
     created_at: datetime = _ts()
     settled_at: Optional[datetime] = _ts(nullable=True)
 
@@ -126,3 +133,8 @@ class AddressCounter(SQLModel, table=True):
     coin: str = Field(max_length=16, primary_key=True)
     key_id: str = Field(max_length=80, primary_key=True)
     last_index: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+
+
+def new_ref() -> str:
+    """An unguessable top-up reference (128 random bits)."""
+    return "tp_" + secrets.token_urlsafe(16)

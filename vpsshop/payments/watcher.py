@@ -9,8 +9,9 @@ A pass, for every scan group (coins sharing one scan: see :attr:`DepositCoin.sca
 2. store the new cursor (compare-and-set: two workers never move it backwards);
 3. :meth:`DepositCoin.recheck` every payment seen but not credited, drop those that left the chain,
    credit those with enough confirmations (:meth:`PaymentEngine.credit_confirmed`);
-4. register addresses the node does not know yet (first, before scanning), and resolve x402
-   settlements left open.
+4. register addresses the node does not know yet (first, before scanning).
+
+x402 settlements left open are resolved by their own background task (:mod:`vpsshop.x402.hooks`).
 
 Then pending top-ups past their expiry with nothing waiting are expired. Several workers may run
 passes at once against one database: every write is idempotent or guarded by a constraint.
@@ -113,7 +114,7 @@ class Watcher:
         self.last_pass: dict[str, float] = {}
 
     async def run_pass(self) -> dict[str, int]:
-        """One pass over every scan group, then x402 resolution and expiry. Returns counters."""
+        """One pass over every scan group, then expiry. Returns counters."""
         totals = {"payments": 0, "credited": 0, "expired": 0}
         for group in self.groups:
             try:
@@ -126,9 +127,6 @@ class Watcher:
                 continue
             totals["payments"] += found
             totals["credited"] += credited
-        from vpsshop.payments.x402 import resolve_open_settlements
-
-        totals["credited"] += await resolve_open_settlements(self.engine)
         totals["expired"] = await to_thread.run_sync(self.engine.expire_due)
         return totals
 

@@ -22,18 +22,21 @@ from pydantic import BaseModel, Field, StrictBool
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
-from vpsshop.models import Server
+from vpsshop.ledger import InsufficientBalance
+from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
-from vpsshop.openapi import InsufficientBalanceBody
-from vpsshop.routing import ApiModel, ApiRoute, Call, Reply, idempotency_header, idempotency_key
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
 from vpsshop.servers.models import ServerEvent, ServerJob
+from vpsshop.x402 import headers as x402_headers
+from vpsshop.x402 import orders as x402_orders
 
 TAG = ("servers",)
 _HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
@@ -283,10 +286,43 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
     return Ordered(OrderOut(server=out, root_password=None if body.root_password else password))
 
 
-async def order_server(call: Call) -> Reply:
+def replay_order(ctx: AppContext, account_id: int, key: str, body: OrderBody) -> Ordered | None:
+    """The earlier order of ``key`` (None if there is none). :raises Conflict: idempotency_key_reused."""
+    with ctx.db.session() as session:
+        return _replay(ctx, session, account_id, key, body)
+
+
+async def order_server(call: Call) -> Reply | Response:
     key = idempotency_key(call.request)
-    done = await run_in_threadpool(place_order, call.ctx, call.account_id, call.body, key)
+    sent = x402_headers.payment_header(call.request)
+    if sent is not None:
+        return await _paid_order(call, key, *sent)
+    try:
+        done = await run_in_threadpool(place_order, call.ctx, call.account_id, call.body, key)
+    except InsufficientBalance as exc:
+        return x402_orders.short_balance(call.ctx, exc, "/servers", x402_orders.ORDER_DESCRIPTION)
     return Reply(done.order, 201, {"Idempotent-Replayed": "true"} if done.replayed else {})
+
+
+async def _paid_order(call: Call, key: str | None, header: str, version: int) -> Reply | Response:
+    """An order re-sent with an x402 payment: settle and credit it, then order (vpsshop.x402.orders)."""
+    ctx, body, account_id = call.ctx, call.body, call.account_id
+    price = _resolve(ctx, body)  # a bad plan, location or os is refused before anything is paid
+    coin, payment = x402_orders.decode(ctx, header, version)
+    key = x402_orders.order_key(key, payment)
+    replay = await run_in_threadpool(replay_order, ctx, account_id, key, body)
+    if replay is not None:  # this payment (or this key) bought its server already
+        return Reply(replay.order, 201, {"Idempotent-Replayed": "true"})
+    assert call.principal is not None
+    paid = await x402_orders.settle_for(
+        ctx, coin, payment, header, version, account_id=account_id, price_micros=price,
+        balance_micros=call.principal.balance_micros, path="/servers", description=x402_orders.ORDER_DESCRIPTION,
+        purpose=f"order:{key}")
+    try:
+        done = await run_in_threadpool(place_order, ctx, account_id, body, key)
+    except ApiError as exc:
+        return x402_orders.kept_on_balance(exc, paid, "the order")
+    return Reply(done.order, 201, {**paid.headers, **({"Idempotent-Replayed": "true"} if done.replayed else {})})
 
 
 # ---- reading -------------------------------------------------------------------------------------
@@ -354,7 +390,9 @@ async def patch_server(call: Call) -> ServerOut:
 # ---- renewal and power ---------------------------------------------------------------------------
 
 
-def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
+def renew_now(ctx: AppContext, account_id: int, server_id: int, *, paid_by: int | None = None) -> RenewOut:
+    """Renew one cycle from the balance. ``paid_by``: the x402 record that paid for it, marked done
+    in the same transaction."""
     for _ in range(3):
         try:
             with ctx.db.session() as session:
@@ -363,6 +401,8 @@ def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
                     raise Conflict("server_not_renewable",
                                    f"A {server.status} server cannot be renewed (only active or suspended ones).")
                 result = renew(session, server, ctx.clock.now(), by="customer")
+                if paid_by is not None:
+                    x402_orders.mark_done(session, paid_by)
                 return RenewOut(server=server_out(result.server),
                                 charged_usd=micros_to_usd(server.price_micros if result.charged else 0))
         except RenewalRaced:
@@ -370,8 +410,49 @@ def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
     raise Conflict("server_busy", "The server changed while renewing; retry.")
 
 
-async def renew_server(call: Call) -> RenewOut:
-    return await run_in_threadpool(renew_now, call.ctx, call.account_id, call.path["id"])
+async def renew_server(call: Call) -> RenewOut | Response:
+    server_id = call.path["id"]
+    sent = x402_headers.payment_header(call.request)
+    if sent is not None:
+        return await _paid_renewal(call, server_id, *sent)
+    try:
+        return await run_in_threadpool(renew_now, call.ctx, call.account_id, server_id)
+    except InsufficientBalance as exc:
+        return x402_orders.short_balance(call.ctx, exc, f"/servers/{server_id}/renew", x402_orders.RENEWAL_DESCRIPTION,
+                                         "/servers/{id}/renew")
+
+
+def _renewal_terms(ctx: AppContext, account_id: int, server_id: int) -> tuple[int, int]:
+    """(price of one cycle, balance) of a renewable server. :raises ApiError: 404, 409 as renew_now."""
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id)
+        if server.status not in ("active", "suspended"):
+            raise Conflict("server_not_renewable",
+                           f"A {server.status} server cannot be renewed (only active or suspended ones).")
+        account = session.get(Account, account_id)
+        assert account is not None
+        return server.price_micros, account.balance_micros
+
+
+async def _paid_renewal(call: Call, server_id: int, header: str, version: int) -> Reply | Response:
+    """A renewal re-sent with an x402 payment: settle and credit it, then renew, once per authorization."""
+    ctx, account_id = call.ctx, call.account_id
+    coin, payment = x402_orders.decode(ctx, header, version)
+    purpose = f"renew:{server_id}"
+    earlier = await run_in_threadpool(x402_orders.recorded, ctx, coin, payment)
+    if earlier is not None and earlier.purpose == purpose and earlier.outcome == "done" and \
+            earlier.status == "settled":
+        server = await run_in_threadpool(server_of, ctx, account_id, server_id)
+        return Reply(RenewOut(server=server, charged_usd=server.price_usd), 200, {"Idempotent-Replayed": "true"})
+    price, balance = await run_in_threadpool(_renewal_terms, ctx, account_id, server_id)
+    paid = await x402_orders.settle_for(
+        ctx, coin, payment, header, version, account_id=account_id, price_micros=price, balance_micros=balance,
+        path=f"/servers/{server_id}/renew", description=x402_orders.RENEWAL_DESCRIPTION, purpose=purpose)
+    try:
+        out = await run_in_threadpool(lambda: renew_now(ctx, account_id, server_id, paid_by=paid.record_id))
+    except ApiError as exc:
+        return x402_orders.kept_on_balance(exc, paid, "the renewal")
+    return Reply(out, 200, paid.headers)
 
 
 def power_action(ctx: AppContext, account_id: int, server_id: int, action: str) -> PowerActionOut:
@@ -393,6 +474,13 @@ def _power_endpoint(action: str):  # type: ignore[no-untyped-def]
     power.__name__ = f"{action}_server"
     return power
 
+
+_X402_HEADERS = (
+    Header("X-PAYMENT", "x402 v1 payment payload (base64 JSON) paying the deficit named by the 402; the answer "
+           "then carries X-PAYMENT-RESPONSE.", schema={"type": "string", "minLength": 1}),
+    Header("PAYMENT-SIGNATURE", "x402 v2 payment payload (base64 JSON), instead of X-PAYMENT; the answer then "
+           "carries PAYMENT-RESPONSE.", schema={"type": "string", "minLength": 1}),
+)
 
 _NOT_YOURS = "No server with this id on this account (another account's server is a 404 too)."
 
@@ -424,15 +512,23 @@ def routes() -> list[ApiRoute]:
             "refunded to the balance.\n\n"
             "Idempotency-Key: scoped to the account. A retry with the same key and the same body returns the first "
             "order's response (201, header Idempotent-Replayed: true) and charges nothing; the same key with a "
-            "different body is a 409 idempotency_key_reused. Keys do not expire.",
-            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),),
+            "different body is a 409 idempotency_key_reused. Keys do not expire.\n\n"
+            "Paying by x402: " + x402_orders.X402_HEADERS_DOC + " An order paid this way is idempotent even "
+            "without Idempotency-Key: its key is then the x402 `payment-identifier` id if the client sent one, "
+            "else the authorization itself.",
+            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),
+                     *_X402_HEADERS),
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
-                "invalid_root_password, invalid_idempotency_key, unknown_field",
-                409: "idempotency_key_reused: this key was used for a different order.",
+                "invalid_root_password, invalid_idempotency_key, unknown_field, invalid_payment, invalid_coin "
+                "(a payment header sent to a shop without x402)",
+                409: "idempotency_key_reused: this key was used for a different order; nonce_used: the x402 "
+                "authorization was used for another request.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
-            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged.",
-                             InsufficientBalanceBody)},
+            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged (with the "
+                             "x402 requirements for the deficit when the shop takes x402); wrong_amount or another "
+                             "x402 refusal of a payment.", x402_orders.X402InsufficientBalanceBody)},
             tags=TAG, operation_id="orderServer",
         ),
         ApiRoute(
@@ -467,11 +563,18 @@ def routes() -> list[ApiRoute]:
             description="Charges one billing cycle from the balance now and moves expires_at one cycle on. A "
             "suspended server (expired unpaid) becomes active again and its VM is started; its new period starts "
             "now. Servers renew themselves from the balance up to 72 hours before expiry (capped at half the "
-            "cycle), so this is for bringing a suspended server back or paying ahead.",
-            responses={402: ("insufficient_balance: the balance does not cover one cycle.", InsufficientBalanceBody)},
+            "cycle), so this is for bringing a suspended server back or paying ahead.\n\n"
+            "Paying by x402: " + x402_orders.X402_HEADERS_DOC,
+            responses={402: ("insufficient_balance: the balance does not cover one cycle (with the x402 "
+                             "requirements for the deficit when the shop takes x402); wrong_amount or another x402 "
+                             "refusal.", x402_orders.X402InsufficientBalanceBody)},
+            headers=_X402_HEADERS,
             errors={
+                400: "invalid_payment (a malformed X-PAYMENT or PAYMENT-SIGNATURE), invalid_coin",
                 404: _NOT_YOURS,
-                409: "server_not_renewable: the server is provisioning or terminated.",
+                409: "server_not_renewable: the server is provisioning or terminated; nonce_used: the x402 "
+                "authorization was used for another request.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
             tags=TAG, operation_id="renewServer",
         ),

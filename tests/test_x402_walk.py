@@ -1,0 +1,61 @@
+"""docs/x402.md's local-chain walk, command by command: ``examples/x402_local_chain.py chain``,
+``vpsshop serve --config WORKDIR/vpsshop.toml`` and ``examples/x402_local_chain.py order``.
+
+The walk's config file is the one the script writes (SQLite); the test also runs it on PostgreSQL
+through ``VPSSHOP_DATABASE_URL``, which overrides the file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from served import free_port, serve, stop
+from x402_peers import ROOT, npm_bin
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = str(ROOT / "examples" / "x402_local_chain.py")
+
+
+def test_the_local_chain_walk_orders_a_server_paid_by_x402(tmp_path: Path, vpsshop_database_url: str) -> None:
+    npm_bin()  # anvil and solcjs in .peers/npm
+    workdir = tmp_path / "walk"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
+    log = tmp_path / "chain.log"
+    with log.open("w") as out:
+        chain = subprocess.Popen(
+            [sys.executable, SCRIPT, "chain", str(workdir), "--shop-port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        config = workdir / "vpsshop.toml"
+        deadline = time.monotonic() + 120
+        while "now run: vpsshop serve" not in log.read_text():
+            assert chain.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        text = config.read_text()
+        assert "[coins.USDCBASE]" in text and 'relayer_key_encrypted = "' in text
+        assert oct(config.stat().st_mode)[-3:] == "600"
+        shop_env = {**env, "VPSSHOP_DATABASE_URL": vpsshop_database_url}
+        with serve(tmp_path, shop_env, "--config", str(config), port=port) as served:
+            done = subprocess.run(
+                [sys.executable, SCRIPT, "order", served.base, str(workdir)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + served.output()[-3000:]
+        assert "POST /v1/servers (paid by x402): 201" in done.stdout
+        assert "'success': True" in done.stdout and ": active, ip " in done.stdout
+        assert "balance after the order: 0.0 USD" in done.stdout
+    finally:
+        stop(chain)  # type: ignore[arg-type]

@@ -1,0 +1,236 @@
+"""Paying an order or a renewal by x402 in the same request: the 402 is the price list.
+
+``POST /servers`` and ``POST /servers/{id}/renew`` answer a short balance with the seed's 402
+``insufficient_balance`` body (``error``, ``message``, ``price``, ``balance``, ``deficit``); when the
+shop offers an x402 coin the same answer also carries the x402 payment requirements for the deficit:
+``x402Version`` and ``accepts`` in the body (v1) and the ``PAYMENT-REQUIRED`` header (v2). An
+unmodified x402 client signs and re-sends the request with ``X-PAYMENT`` or ``PAYMENT-SIGNATURE``;
+the re-send settles the authorization, credits it to the balance as a completed top-up and then
+makes the order or the renewal, in that order:
+
+* the authorization must pay at least the deficit of the moment and at most the price (anything else
+  is a 402 ``wrong_amount`` and nothing moves);
+* the payment is recorded under (payer, nonce) with its purpose before it is settled (see
+  :func:`vpsshop.x402.settlement.pay`), so it is credited once whatever is re-sent;
+* the same payment never buys twice: an order's idempotency key is the ``Idempotency-Key`` header,
+  else the id of the v2 ``payment-identifier`` extension, else the authorization itself
+  (``x402:<payer>:<nonce>``); a renewal paid by an authorization is marked done in the renewal's own
+  transaction;
+* when the order or renewal cannot be made after the payment settled, the answer is its own error
+  (status and code) with a ``payment`` object and a message saying that the money was credited to
+  the balance, where it stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from anyio import to_thread
+from pydantic import Field
+from sqlmodel import select
+from starlette.responses import Response
+
+from vpsshop.coins import X402Coin, X402Payment, X402Settlement
+from vpsshop.errors import ApiError, BadRequest
+from vpsshop.money import MICROS_PER_USD, micros_to_usd
+from vpsshop.openapi import InsufficientBalanceBody
+from vpsshop.payments.models import Topup, X402Record
+from vpsshop.routing import json_response
+from vpsshop.x402 import discovery, headers, settlement
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext
+    from vpsshop.ledger import InsufficientBalance
+
+ORDER_DESCRIPTION = "Pays what the balance lacks for this server order; the order is placed with the paid re-send."
+RENEWAL_DESCRIPTION = "Pays what the balance lacks for renewing this server; it is renewed with the paid re-send."
+
+
+class X402InsufficientBalanceBody(InsufficientBalanceBody):
+    """The 402 ``insufficient_balance`` of an order or renewal; with an x402 coin also x402 v1."""
+
+    x402Version: int | None = Field(None, description="1 when the shop takes x402: pay the deficit and re-send.")
+    accepts: list[dict[str, Any]] | None = Field(
+        None, description="x402 v1 payment requirements for the deficit (one entry per x402 coin)."
+    )
+
+
+X402_HEADERS_DOC = (
+    "When the balance is short and the shop takes x402 (USDCBASE), the 402 keeps the seed's body (error "
+    "insufficient_balance, message, price, balance, deficit) and adds the x402 payment requirements for the "
+    "deficit: `x402Version` and `accepts` in the body (v1) and the `PAYMENT-REQUIRED` header (v2, with the "
+    "`bazaar` and `payment-identifier` extensions). Re-send the same request with `X-PAYMENT` (v1) or "
+    "`PAYMENT-SIGNATURE` (v2): the payment is settled, credited to the balance as a completed top-up, and the "
+    "request is made in the same call; the answer carries `X-PAYMENT-RESPONSE` or `PAYMENT-RESPONSE`. The "
+    "authorization must pay at least the deficit and at most the price (else 402 wrong_amount, nothing moves). "
+    "A payment is used once: re-sending it returns the first result (header Idempotent-Replayed: true). If the "
+    "request fails after the payment settled, the answer is that failure with a `payment` object "
+    "{topup, credited_usd, transaction}: the money stays on the balance. 503 settlement_pending: re-send the same "
+    "payment. See docs/x402.md."
+)
+
+
+def offered_coin(ctx: AppContext) -> X402Coin | None:
+    """The shop's x402 coin, or None when it takes no x402 payments."""
+    for coin in ctx.coins.values():
+        if isinstance(coin, X402Coin):
+            return coin
+    return None
+
+
+def extensions_for(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any]:
+    """The x402 v2 extensions declared on a 402 of ``path`` (see :mod:`vpsshop.x402.discovery`)."""
+    return discovery.extensions(ctx, path, method)
+
+
+def short_balance(
+    ctx: AppContext,
+    exc: InsufficientBalance,
+    path: str,
+    description: str,
+    openapi_path: str | None = None,
+) -> Response:
+    """The 402 ``insufficient_balance`` of an order or renewal, with the x402 requirements for the
+    deficit when the shop offers an x402 coin. :raises InsufficientBalance: ``exc`` when it does not.
+
+    ``path`` is the resource (``/servers/7/renew``), ``openapi_path`` its OpenAPI path when it differs.
+    """
+    coin = offered_coin(ctx)
+    if coin is None:
+        raise exc
+    deficit = exc.price_micros - exc.balance_micros
+    body = {
+        **exc.body(),
+        "x402Version": headers.X402_VERSION,
+        "accepts": [headers.requirements(ctx, coin, deficit, path, description)],
+    }
+    sent: dict[str, str] = {}
+    required = headers.payment_required_header(
+        ctx, coin, deficit, path, description, extensions_for(ctx, openapi_path or path)
+    )
+    if required is not None:
+        sent = {"PAYMENT-REQUIRED": required, "Access-Control-Expose-Headers": "PAYMENT-REQUIRED"}
+    return json_response(body, 402, sent)
+
+
+@dataclass(frozen=True)
+class Paid:
+    """A settled and credited authorization, and the header that reports it."""
+
+    coin: X402Coin
+    topup: Topup
+    settlement: X402Settlement
+    record_id: int
+    version: int
+
+    @property
+    def headers(self) -> dict[str, str]:
+        name = "X-PAYMENT-RESPONSE" if self.version == 1 else "PAYMENT-RESPONSE"
+        return {
+            name: headers.response_header(self.coin, self.settlement, self.version),
+            "Access-Control-Expose-Headers": name,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "topup": self.topup.ref,
+            "credited_usd": micros_to_usd(self.topup.amount_micros),
+            "transaction": self.settlement.transaction,
+        }
+
+
+def decode(ctx: AppContext, header: str, version: int) -> tuple[X402Coin, X402Payment]:
+    """The shop's x402 coin and its reading of the header.
+
+    :raises ApiError: 400 invalid_coin (no x402 coin), 400 invalid_payment (malformed header).
+    """
+    coin = offered_coin(ctx)
+    if coin is None:
+        raise BadRequest("invalid_coin", "x402 payments are not offered by this shop.")
+    return coin, headers.decode(coin, header, version)
+
+
+def order_key(idempotency_key: str | None, payment: X402Payment) -> str:
+    """The idempotency key of an order paid by ``payment`` (see the module docs)."""
+    if idempotency_key is not None:
+        return idempotency_key
+    identifier = headers.payment_identifier(payment)
+    if identifier is not None:
+        return f"x402-id:{identifier}"
+    return f"x402:{payment.payer.lower()}:{payment.nonce.lower()}"
+
+
+def recorded(ctx: AppContext, coin: X402Coin, payment: X402Payment) -> X402Record | None:
+    """The record of this authorization, if it was sent before."""
+    with ctx.db.session() as session:
+        return session.exec(
+            select(X402Record).where(
+                X402Record.coin == coin.code,
+                X402Record.payer == payment.payer.lower(),
+                X402Record.nonce == payment.nonce.lower(),
+            )
+        ).first()
+
+
+async def settle_for(
+    ctx: AppContext,
+    coin: X402Coin,
+    payment: X402Payment,
+    header: str,
+    version: int,
+    *,
+    account_id: int,
+    price_micros: int,
+    balance_micros: int,
+    path: str,
+    description: str,
+    purpose: str,
+) -> Paid:
+    """Settle ``payment`` for what an order or renewal of ``price_micros`` lacks, and credit it.
+
+    :raises ApiError: 402 wrong_amount (less than the deficit or more than the price, nothing moved),
+        the refusals and 503 of :func:`vpsshop.x402.settlement.pay`.
+    """
+    micros = payment.value_atomic * MICROS_PER_USD // 10**coin.decimals
+    deficit = max(0, price_micros - balance_micros)
+    earlier = await to_thread.run_sync(recorded, ctx, coin, payment)
+    if earlier is None and not (0 < micros <= price_micros and micros >= deficit):
+        raise ApiError(
+            402,
+            "wrong_amount",
+            f"The authorization pays {micros_to_usd(micros)} USD; this request needs at least "
+            f"{micros_to_usd(deficit)} USD (the deficit) and at most {micros_to_usd(price_micros)} USD (the price). "
+            "Nothing moved; ask again without a payment for the current requirements.",
+            price=micros_to_usd(price_micros),
+            balance=micros_to_usd(balance_micros),
+            deficit=micros_to_usd(deficit),
+        )
+    if earlier is not None:
+        micros = int(earlier.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
+    topup, settled = await settlement.pay(
+        ctx, coin, account_id, micros, header, version, path=path, description=description, purpose=purpose
+    )
+    record = await to_thread.run_sync(recorded, ctx, coin, payment)
+    assert record is not None and record.id is not None
+    return Paid(coin, topup, settled, record.id, version)
+
+
+def kept_on_balance(exc: ApiError, paid: Paid, what: str) -> Response:
+    """The error of an order or renewal that failed after its payment was credited: same status and
+    code, plus ``payment`` (top-up ref, USD credited, transaction) and the payment response header."""
+    body = exc.body()
+    body["message"] = (
+        f"{exc.message} The x402 payment of {micros_to_usd(paid.topup.amount_micros)} USD settled and "
+        f"was credited to your balance (top-up {paid.topup.ref}), where it stays; {what} was not made."
+    )
+    body["payment"] = paid.summary()
+    return json_response(body, exc.status, {**exc.headers, **paid.headers})
+
+
+def mark_done(session: Any, record_id: int) -> None:
+    """Inside the renewal's transaction: the authorization's purpose was fulfilled."""
+    record = session.get(X402Record, record_id)
+    if record is not None:
+        record.outcome = "done"
+        session.add(record)

@@ -1,0 +1,286 @@
+"""Settling an x402 authorization and crediting it once: the database side of x402.
+
+Flow of ``POST /topups`` for an :class:`vpsshop.X402Coin` (orders and renewals use the same steps,
+see :mod:`vpsshop.x402.orders`):
+
+1. without ``X-PAYMENT``: ``402 {"x402Version": 1, "error": ..., "accepts": [requirements]}``;
+2. with ``X-PAYMENT``: the coin decodes it (no network), core records (payer, nonce) in
+   ``x402_payments`` *before* settling (unique: one authorization, one record), then the coin
+   settles. Success credits the ledger once under the key ``x402:<coin>:<payer>:<nonce>`` and
+   answers 201 with the top-up (completed) and ``X-PAYMENT-RESPONSE``.
+3. :class:`X402Rejected`: the record is closed as rejected, nothing is credited, the answer is the
+   rejection's status with ``{"error", "message"}``.
+4. :class:`PluginError` (outcome unknown): the record stays ``settling``, the answer is 503; a
+   retry of the same header, or the ``x402-settlements`` background task, asks
+   :meth:`X402Coin.settlement_status` and credits once if the authorization was used. A record the
+   chain does not show is closed as rejected only once the authorization can no longer be used: ``valid_before`` (plus
+   :data:`SETTLE_GRACE` for blocks still arriving) has passed. Until then anyone holding the
+   signed authorization (the shop's stuck transaction, a front-runner) may still get it mined,
+   and the USDC would reach ``payTo``: closing the record earlier would lose that payment.
+
+USDC is valued at par: ``maxAmountRequired`` is the USD amount in USDC base units, so the amount a
+client signs never depends on a rate that could move between the 402 and the re-send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from anyio import to_thread
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
+
+from vpsshop import events, ledger
+from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
+from vpsshop.errors import ApiError, PluginError
+from vpsshop.events.resources import topup_data, x402_payment_data
+from vpsshop.money import MICROS_PER_USD
+from vpsshop.payments.models import Topup, X402Record, new_ref
+from vpsshop.x402.headers import decode, decode_recorded, requirements
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext
+
+log = logging.getLogger("vpsshop.x402")
+
+ABANDON_AFTER = timedelta(minutes=30)
+"""For a coin that does not report ``valid_before`` (0): an open settlement the chain still does not
+show after this long is closed as rejected."""
+SETTLE_GRACE = timedelta(minutes=2)
+"""How long after ``valid_before`` a transaction may still show up: block timestamps that trail
+the shop's clock, an RPC node a few blocks behind."""
+
+
+def may_still_settle(payment: X402Payment, created_at: datetime, now: datetime) -> bool:
+    """True while an authorization the chain does not show may still be mined (keep its record open)."""
+    if payment.valid_before > 0:
+        return now <= datetime.fromtimestamp(payment.valid_before, UTC) + SETTLE_GRACE
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    return now - created_at <= ABANDON_AFTER
+
+
+async def pay(
+    ctx: AppContext,
+    coin: X402Coin,
+    account_id: int,
+    amount_micros: int,
+    header: str,
+    version: int = 1,
+    *,
+    path: str = "/topups",
+    description: str | None = None,
+    purpose: str | None = None,
+) -> tuple[Topup, X402Settlement]:
+    """Settle the payment header (``X-PAYMENT`` v1, ``PAYMENT-SIGNATURE`` v2) for a top-up of
+    ``amount_micros``. See the module docs.
+
+    ``path`` and ``description`` name the resource of the requirements the payment is checked
+    against; ``purpose`` is what the payment is for besides the top-up (``order:<key>``,
+    ``renew:<id>``, see :class:`X402Record`): an authorization recorded for another purpose is a 409
+    ``nonce_used``.
+    """
+    payment = decode(coin, header, version)
+    reqs = requirements(ctx, coin, amount_micros, path, description)
+    record, topup, fresh = await to_thread.run_sync(
+        _record_before_settling, ctx, coin, account_id, amount_micros, payment, header, reqs, purpose
+    )
+    if not fresh:
+        if topup.account_id != account_id or record.purpose != purpose:
+            raise ApiError(409, "nonce_used", "This authorization was already used for another request.")
+        if record.status == "settled":
+            # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
+            settlement = X402Settlement(
+                payment.payer, record.nonce, record.transaction or "", record.network or "", int(record.amount_atomic)
+            )
+            return topup, settlement
+        if record.status == "rejected":
+            raise ApiError(
+                402, "nonce_used", f"This authorization was refused before ({record.error}); sign a new one."
+            )
+        settled = await coin.settlement_status(payment)
+        if settled is None and not may_still_settle(payment, record.created_at, ctx.clock.now()):
+            await to_thread.run_sync(_reject, ctx, record.id, "not_settled")
+            raise ApiError(
+                402,
+                "authorization_expired",
+                "This authorization expired before it was settled; nothing moved. Sign a new one.",
+            )
+        if settled is None:
+            raise ApiError(
+                503,
+                "settlement_pending",
+                "The settlement of this authorization is not confirmed yet; retry the same request shortly.",
+            )
+        topup = await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
+        return topup, settled
+    try:
+        settled = await coin.settle(payment, reqs)
+    except X402Rejected as exc:
+        await to_thread.run_sync(_reject, ctx, record.id, exc.code)
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    except PluginError as exc:
+        log.warning("x402 settlement of %s/%s has an unknown outcome: %s", payment.payer, payment.nonce, exc)
+        raise ApiError(
+            503,
+            "settlement_pending",
+            "The settlement outcome is not known yet; retry the same request shortly. "
+            "The authorization is recorded and will be credited once if it settles.",
+        ) from None
+    topup = await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
+    return topup, settled
+
+
+def _record_before_settling(
+    ctx: AppContext,
+    coin: X402Coin,
+    account_id: int,
+    amount_micros: int,
+    payment: X402Payment,
+    header: str,
+    reqs: dict[str, Any],
+    purpose: str | None = None,
+) -> tuple[X402Record, Topup, bool]:
+    """Insert the top-up and the (payer, nonce) record, or return the existing record."""
+    now = ctx.clock.now()
+    payer, nonce = payment.payer.lower(), payment.nonce.lower()
+    try:
+        with ctx.db.session() as session:
+            topup = Topup(
+                ref=new_ref(),
+                account_id=account_id,
+                coin=coin.code,
+                status="pending",
+                amount_micros=amount_micros,
+                rate="1",
+                deposit_address=str(reqs.get("payTo", "")),
+                deposit_amount_atomic=str(payment.value_atomic),
+                deposit_network=coin.network,
+                registered=True,
+                created_at=now,
+                expires_at=now + timedelta(seconds=int(reqs.get("maxTimeoutSeconds", 60))),
+            )
+            session.add(topup)
+            session.flush()
+            events.emit(session, "topup.created", account_id, topup_data(ctx, topup), now=now)
+            record = X402Record(
+                coin=coin.code,
+                payer=payer,
+                nonce=nonce,
+                topup_id=topup.id,
+                status="settling",  # type: ignore[arg-type]
+                amount_atomic=str(payment.value_atomic),
+                header=header,
+                requirements=json.dumps(reqs),
+                created_at=now,
+                purpose=purpose,
+            )
+            session.add(record)
+            session.flush()
+            return record, topup, True
+    except IntegrityError:
+        with ctx.db.session() as session:
+            record = session.exec(
+                select(X402Record).where(
+                    X402Record.coin == coin.code, X402Record.payer == payer, X402Record.nonce == nonce
+                )
+            ).one()
+            topup = session.get(Topup, record.topup_id)
+            assert topup is not None
+            return record, topup, False
+
+
+def _reject(ctx: AppContext, record_id: int | None, code: str) -> None:
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        record = session.get(X402Record, record_id)
+        if record is None or record.status != "settling":
+            return
+        record.status, record.error = "rejected", code[:200]
+        topup = session.get(Topup, record.topup_id)
+        if topup is not None and topup.status == "pending":
+            topup.status, topup.cancelled_at = "cancelled", now
+            session.add(topup)
+            events.emit(session, "topup.cancelled", topup.account_id, topup_data(ctx, topup), now=now)
+        session.add(record)
+
+
+def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup:
+    """Credit a settled authorization once (ledger key ``x402:<coin>:<payer>:<nonce>``)."""
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        stmt = select(X402Record).where(X402Record.id == record_id)
+        if session.get_bind().dialect.name == "postgresql":
+            stmt = stmt.with_for_update()
+        record = session.exec(stmt).one()
+        topup = session.get(Topup, record.topup_id)
+        assert topup is not None
+        if record.status == "settled":
+            return topup
+        micros = int(settled.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
+        if micros > 0:
+            ledger.post(
+                session,
+                topup.account_id,
+                micros,
+                "topup",
+                ref=topup.ref,
+                dedupe_key=f"x402:{coin.code}:{record.payer}:{record.nonce}",
+                memo=f"x402 {coin.code} tx {settled.transaction}"[:500],
+                now=now,
+            )
+        record.status, record.transaction, record.network, record.settled_at = (
+            "settled",
+            settled.transaction,
+            settled.network,
+            now,
+        )
+        topup.status, topup.completed_at = "completed", now
+        session.add(record)
+        session.add(topup)
+        events.emit(
+            session,
+            "topup.payment_confirmed",
+            topup.account_id,
+            x402_payment_data(ctx, topup, settled.transaction, settled.amount_atomic, micros),
+            now=now,
+        )
+        events.emit(session, "topup.completed", topup.account_id, topup_data(ctx, topup), now=now)
+        return topup
+
+
+async def resolve_open_settlements(ctx: AppContext) -> int:
+    """Ask the coin about records left ``settling``; credit or close them. Returns how many were credited.
+
+    Run by the ``x402-settlements`` background task (:mod:`vpsshop.x402.hooks`) and by a re-sent header."""
+    coins = {code: c for code, c in ctx.coins.items() if isinstance(c, X402Coin)}
+    if not coins:
+        return 0
+    records = await to_thread.run_sync(_open_records, ctx, list(coins))
+    credited = 0
+    for record in records:
+        coin = coins[record.coin]
+        try:
+            payment = decode_recorded(coin, record.header)
+            settled = await coin.settlement_status(payment)
+        except (PluginError, X402Rejected) as exc:
+            log.warning("x402 record %s still unresolved: %s", record.id, exc)
+            continue
+        if settled is not None:
+            await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
+            credited += 1
+        elif not may_still_settle(payment, record.created_at, ctx.clock.now()):
+            await to_thread.run_sync(_reject, ctx, record.id, "not_settled")
+    return credited
+
+
+def _open_records(ctx: AppContext, coins: list[str]) -> list[X402Record]:
+    with ctx.db.session() as session:
+        return list(
+            session.exec(
+                select(X402Record).where(X402Record.status == "settling", X402Record.coin.in_(coins)).limit(100)
+            ).all()
+        )  # type: ignore[attr-defined]
