@@ -293,6 +293,11 @@ http {{
         ssl_certificate {root}/tls/cert.pem;
         ssl_certificate_key {root}/tls/key.pem;
         client_max_body_size 128k;
+        # x402's 402 carries the payment requirements in a PAYMENT-REQUIRED header: more than nginx's
+        # default 4-8 KiB header buffer, which would answer 502 "upstream sent too big header"
+        proxy_buffer_size 64k;
+        proxy_buffers 8 64k;
+        proxy_busy_buffers_size 128k;
         location /metrics {{ return 404; }}
         location / {{
             proxy_pass http://vpsshop_api;
