@@ -1,0 +1,923 @@
+"""The reference deployment of vpsshop: a whole shop on real local peers, supervised by supervisord.
+
+    ./up      # install, start and initialise every peer, then vpsshop (two API processes, one worker)
+    ./walk    # a customer's way through the shop, step by step, against the running deployment
+    ./down    # stop and remove everything `up` made; checks that nothing it started still runs
+
+`up`, `walk` and `down` run this file. It uses the standard library until the deployment's virtualenv
+exists; the steps that need vpsshop's dependencies (psycopg, web3, the x402 client) run again under
+that virtualenv's Python. README.md beside this file lists every setting (environment variables
+named ``REFDEPLOY_*``); every port and path is one of them, so two deployments run side by side.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CONTRACT = ROOT / "tests" / "contracts" / "TestUSDC.sol"  # Solidity source, compiled here (not imported)
+CHAIN_ID = 8453
+LTC_USD, XMR_USD = "80", "150"
+APT_FILE = HERE / "apt.txt"
+NPM_PACKAGES = ("@foundry-rs/anvil", "solc")
+PORT_NAMES = ("https", "api1", "api2", "prometheus", "anvil", "ltc_rpc", "ltc_p2p", "xmr_rpc", "xmr_p2p",
+              "xmr_zmq", "xmr_sender", "xmr_shop")
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(f"REFDEPLOY_{name}", default)
+
+
+def state_dir() -> Path:
+    return Path(env("STATE", "/var/lib/vpsshop-reference")).resolve()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run(*argv: str, check: bool = True, quiet: bool = False, **kw: Any) -> subprocess.CompletedProcess[str]:
+    if not quiet:
+        say("  $ " + " ".join(argv))
+    return subprocess.run(argv, check=check, text=True, capture_output=quiet, **kw)
+
+
+def load_state() -> dict[str, Any]:
+    path = state_dir() / "deployment.json"
+    if not path.exists():
+        sys.exit(f"no deployment in {state_dir()} (run ./up first, with the same REFDEPLOY_STATE)")
+    return json.loads(path.read_text())
+
+
+def save_state(state: dict[str, Any]) -> None:
+    path = state_dir() / "deployment.json"
+    path.write_text(json.dumps(state, indent=2))
+    path.chmod(0o600)
+
+
+def wait(what: str, probe: Any, seconds: float = 120) -> Any:
+    deadline = time.monotonic() + seconds
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            answer = probe()
+            if answer:
+                return answer
+        except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+            last = exc
+        time.sleep(0.5)
+    raise SystemExit(f"{what} did not come up within {seconds:.0f} s ({last})")
+
+
+def post_json(url: str, body: dict[str, Any], auth: tuple[str, str] | None = None, timeout: float = 120) -> Any:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # JSON-RPC errors come with HTTP 500
+        return json.loads(exc.read())
+
+
+def ltc_rpc(state: dict[str, Any], method: str, *params: Any, wallet: str | None = None) -> Any:
+    url = f"http://127.0.0.1:{state['ports']['ltc_rpc']}/" + (f"wallet/{wallet}" if wallet else "")
+    body = post_json(url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)},
+                     ("vpsshop", state["ltc_password"]))
+    if body.get("error"):
+        raise RuntimeError(f"litecoind {method}: {body['error']}")
+    return body["result"]
+
+
+def xmr_call(url: str, method: str, **params: Any) -> Any:
+    body = post_json(url, {"jsonrpc": "2.0", "id": "0", "method": method, "params": params})
+    if "error" in body:
+        raise RuntimeError(f"monero {method}: {body['error']}")
+    return body.get("result", {})
+
+
+def xmr_urls(state: dict[str, Any]) -> tuple[str, str, str]:
+    p = state["ports"]
+    return (f"http://127.0.0.1:{p['xmr_rpc']}", f"http://127.0.0.1:{p['xmr_sender']}/json_rpc",
+            f"http://127.0.0.1:{p['xmr_shop']}/json_rpc")
+
+
+def supervisorctl(state: dict[str, Any], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run("supervisorctl", "-c", state["supervisord_conf"], *args, check=check)
+
+
+# ---- up: the parts that need only the standard library ---------------------------------------------
+
+
+def install_system_packages() -> None:
+    if env("SKIP_APT", "") == "1":
+        say("- Debian packages: skipped (REFDEPLOY_SKIP_APT=1)")
+        return
+    packages = [line.split("#")[0].strip() for line in APT_FILE.read_text().splitlines() if line.split("#")[0].strip()]
+    if shutil.which("npm") is None:  # Debian's npm; NodeSource's nodejs brings its own and conflicts with it
+        packages.append("npm")
+    say("- Debian packages")
+    run("apt-get", "update", "-q")
+    run("apt-get", "install", "-y", "-q", "--no-install-recommends", *packages,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def make_venv(state_root: Path) -> Path:
+    given = env("VENV", "")
+    if given:
+        say(f"- virtualenv: {given} (REFDEPLOY_VENV)")
+        return Path(given)
+    venv = state_root / "venv"
+    if not (venv / "bin" / "vpsshop").exists():
+        say("- virtualenv with vpsshop[libvirt] from this checkout")
+        run(sys.executable, "-m", "venv", str(venv))
+        run(str(venv / "bin" / "pip"), "install", "-q", "-c", str(ROOT / "constraints.txt"), f"{ROOT}[libvirt]")
+    return venv
+
+
+def npm_bin(state_root: Path) -> Path:
+    given = env("NPM_DIR", "")
+    npm_dir = Path(given) if given else state_root / "npm"
+    bin_dir = npm_dir / "node_modules" / ".bin"
+    if not all((bin_dir / name).exists() for name in ("anvil", "solcjs")):
+        say("- anvil and solcjs from npm")
+        npm_dir.mkdir(parents=True, exist_ok=True)
+        if not (npm_dir / "package.json").exists():
+            (npm_dir / "package.json").write_text('{"private":true}\n')
+        run("npm", "install", "--no-audit", "--no-fund", "--silent", *NPM_PACKAGES, cwd=npm_dir)
+    return bin_dir
+
+
+def up() -> None:
+    root = state_dir()
+    if (root / "deployment.json").exists():
+        sys.exit(f"a deployment already lives in {root}: ./down first (or set REFDEPLOY_STATE)")
+    if os.geteuid() != 0:
+        sys.exit("run ./up as root: it installs Debian packages and talks to the system libvirtd")
+    say(f"vpsshop reference deployment in {root}")
+    install_system_packages()
+    for sub in ("logs", "supervisor", "nginx/tmp", "prometheus/data", "chain/litecoin", "chain/monero",
+                "chain/wallets-sender", "chain/wallets-shop", "tls", "run"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    venv = make_venv(root)
+    bin_dir = npm_bin(root)
+    tag = env("NAME", "ref-" + secrets.token_hex(3))
+    ports = {name: int(env(f"PORT_{name.upper()}", "0")) or free_port() for name in PORT_NAMES}
+    state: dict[str, Any] = {
+        "root": str(root), "name": tag, "venv": str(venv), "npm_bin": str(bin_dir), "ports": ports,
+        "listen": env("LISTEN", "127.0.0.1"),
+        "pg_admin_url": env("PG_ADMIN_URL", ""),
+        "db_name": env("DB_NAME", "vpsshop_" + tag.replace("-", "_")),
+        "ltc_password": secrets.token_hex(16), "supervisord_conf": str(root / "supervisor" / "supervisord.conf"),
+        "pool": f"vpsshop-{tag}", "pool_dir": f"{env('IMAGES', '/var/lib/libvirt/images')}/vpsshop-{tag}",
+        "libvirt_uri": env("LIBVIRT_URI", "qemu:///system"),
+    }
+    save_state(state)
+    python = str(venv / "bin" / "python")
+    os.execv(python, [python, __file__, "_up"])
+
+
+# ---- up, continued under the virtualenv ------------------------------------------------------------
+
+
+def supervisord_conf(state: dict[str, Any], own_libvirtd: bool) -> str:
+    root, p, b = state["root"], state["ports"], state["npm_bin"]
+    venv_bin = Path(state["venv"]) / "bin"
+    chain = f"{root}/chain"
+
+    def program(name: str, command: str, **extra: str) -> str:
+        lines = [f"[program:{name}]", f"command={command}", "autostart=false", "autorestart=true",
+                 "startsecs=2", "stopasgroup=true", "killasgroup=true", "stopwaitsecs=30",
+                 f"stdout_logfile={root}/logs/{name}.log", "redirect_stderr=true",
+                 "stdout_logfile_maxbytes=10MB"]
+        lines += [f"{k}={v}" for k, v in extra.items()]
+        return "\n".join(lines) + "\n"
+
+    parts = [f"""[unix_http_server]
+file={root}/run/supervisor.sock
+chmod=0700
+
+[supervisord]
+logfile={root}/logs/supervisord.log
+pidfile={root}/run/supervisord.pid
+childlogdir={root}/logs
+identifier=vpsshop-{state['name']}
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://{root}/run/supervisor.sock
+"""]
+    parts.append(program("anvil", f"{b}/anvil --host 127.0.0.1 --port {p['anvil']} --chain-id {CHAIN_ID} "
+                                  f"--block-time 1 --state {chain}/anvil-state.json --silent"))
+    parts.append(program("litecoind", f"/usr/bin/litecoind -regtest -datadir={chain}/litecoin -rpcport={p['ltc_rpc']} "
+                                      f"-port={p['ltc_p2p']} -rpcbind=127.0.0.1 -rpcallowip=127.0.0.1 -rpcuser=vpsshop "
+                                      f"-rpcpassword={state['ltc_password']} -listen=0 -server -fallbackfee=0.0002 "
+                                      "-printtoconsole=1"))
+    parts.append(program("monerod", f"/usr/bin/monerod --regtest --offline --fixed-difficulty 1 --non-interactive "
+                                    f"--no-igd --data-dir {chain}/monero --p2p-bind-ip 127.0.0.1 "
+                                    f"--p2p-bind-port {p['xmr_p2p']} --rpc-bind-ip 127.0.0.1 "
+                                    f"--rpc-bind-port {p['xmr_rpc']} "
+                                    f"--zmq-rpc-bind-port {p['xmr_zmq']} --log-level 0"))
+    for wallet in ("sender", "shop"):
+        parts.append(program(f"monero-wallet-{wallet}",
+                             f"/usr/bin/monero-wallet-rpc --daemon-address 127.0.0.1:{p['xmr_rpc']} --trusted-daemon "
+                             f"--disable-rpc-login --wallet-dir {chain}/wallets-{wallet} --rpc-bind-ip 127.0.0.1 "
+                             f"--rpc-bind-port {p[f'xmr_{wallet}']} --non-interactive --log-level 0"))
+    if own_libvirtd:
+        parts.append(program("virtlogd", "/usr/sbin/virtlogd", priority="10"))
+        parts.append(program("libvirtd", "/usr/sbin/libvirtd", priority="20"))
+    config = f"{root}/vpsshop.toml"
+    # the vpsshop programs: the same shape as supervisor/vpsshop.conf beside this file
+    for name in ("api1", "api2"):
+        parts.append(program(f"vpsshop-api-{p[name]}",
+                             f"{venv_bin}/vpsshop serve --config {config} --no-worker --host 127.0.0.1 "
+                             f"--port {p[name]}",
+                             directory=root, environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"'))
+    parts.append(program("vpsshop-worker", f"{venv_bin}/vpsshop worker --config {config}", directory=root,
+                         environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"'))
+    parts.append(program("nginx", f"/usr/sbin/nginx -c {root}/nginx/nginx.conf -p {root}/nginx -g 'daemon off;'"))
+    parts.append(program("prometheus", f"/usr/bin/prometheus --config.file={root}/prometheus/prometheus.yml "
+                                       f"--storage.tsdb.path={root}/prometheus/data "
+                                       f"--web.listen-address=127.0.0.1:{p['prometheus']}"))
+    return "\n".join(parts)
+
+
+def nginx_conf(state: dict[str, Any]) -> str:
+    root, p = state["root"], state["ports"]
+    return f"""# vpsshop reference deployment: TLS in front of two `vpsshop serve` processes
+worker_processes 1;
+pid {root}/run/nginx.pid;
+error_log {root}/logs/nginx-error.log;
+events {{ worker_connections 512; }}
+http {{
+    access_log {root}/logs/nginx-access.log;
+    client_body_temp_path {root}/nginx/tmp/body;
+    proxy_temp_path {root}/nginx/tmp/proxy;
+    fastcgi_temp_path {root}/nginx/tmp/fastcgi;
+    uwsgi_temp_path {root}/nginx/tmp/uwsgi;
+    scgi_temp_path {root}/nginx/tmp/scgi;
+    upstream vpsshop_api {{
+        server 127.0.0.1:{p['api1']} max_fails=0;
+        server 127.0.0.1:{p['api2']} max_fails=0;
+        keepalive 16;
+    }}
+    server {{
+        listen {state['listen']}:{p['https']} ssl;
+        ssl_certificate {root}/tls/cert.pem;
+        ssl_certificate_key {root}/tls/key.pem;
+        client_max_body_size 128k;
+        # x402's 402 carries the payment requirements in a PAYMENT-REQUIRED header: more than nginx's
+        # default 4-8 KiB header buffer, which would answer 502 "upstream sent too big header"
+        proxy_buffer_size 64k;
+        proxy_buffers 8 64k;
+        proxy_busy_buffers_size 128k;
+        location /metrics {{ return 404; }}
+        location / {{
+            proxy_pass http://vpsshop_api;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_set_header X-Forwarded-Proto https;
+            proxy_next_upstream error timeout;
+        }}
+    }}
+}}
+"""
+
+
+def prometheus_conf(state: dict[str, Any]) -> str:
+    p = state["ports"]
+    targets = ", ".join(f"'127.0.0.1:{p[n]}'" for n in ("api1", "api2"))
+    return f"""# vpsshop reference deployment: each API process is scraped on its own loopback port
+global:
+  scrape_interval: 2s
+scrape_configs:
+  - job_name: vpsshop
+    metrics_path: {state['metrics_path']}
+    static_configs:
+      - targets: [{targets}]
+"""
+
+
+def shop_toml(state: dict[str, Any]) -> str:
+    p = state["ports"]
+    return f"""# vpsshop reference deployment (production mode on local regtest peers); written by ./up
+database_url = "{state['database_url']}"
+secret_key = "{state['secret_key']}"
+encryption_key = "{state['encryption_key']}"
+public_url = "https://127.0.0.1:{p['https']}/v1"
+
+[server]
+forwarded_allow_ips = ["127.0.0.1"]
+
+{state['metrics_toml']}
+[topups]
+watch_interval_seconds = 2
+poll_min_seconds = 1
+
+[rates]
+source = "fixed"
+
+[rates.fixed]
+prices = {{ LTC = "{LTC_USD}", XMR = "{XMR_USD}", USDCBASE = "1" }}
+
+[coins.LTC]
+xpub = "{state['ltc_xpub']}"
+network = "regtest"
+rpc_url = "http://127.0.0.1:{p['ltc_rpc']}/"
+rpc_user = "vpsshop"
+rpc_password = "{state['ltc_password']}"
+confirmations = 2
+
+[coins.XMR]
+address = "{state['xmr_address']}"
+view_key = "{state['xmr_view_key']}"
+network = "regtest"
+wallet_rpc_url = "http://127.0.0.1:{p['xmr_shop']}/json_rpc"
+confirmations = 2
+
+[coins.USDCBASE]
+mode = "direct"
+network = "base"
+pay_to = "{state['pay_to']}"
+asset = "{state['usdc']}"
+rpc_url = "http://127.0.0.1:{p['anvil']}"
+relayer_key_env = "VPSSHOP_X402_RELAYER_KEY"
+max_timeout_seconds = 120
+
+[hypervisor]
+backend = "libvirt"
+
+[hypervisor.libvirt]
+domain_type = "qemu"
+shutdown_grace_seconds = 2
+
+[hypervisor.libvirt.locations.nl]
+hosts = [{{ uri = "{state['libvirt_uri']}", name = "local", max_memory_mib = 8192 }}]
+pool = "{state['pool']}"
+network = "user"
+addresses = "198.51.100.10-198.51.100.200"
+gateway = "198.51.100.1"
+"""
+
+
+def metrics_settings(root: str) -> tuple[str, str]:
+    """The ``[metrics]`` table that turns /metrics on, and its path on an API process.
+
+    /metrics (issue 12) answers on each `vpsshop serve` port, from loopback without a token; the API
+    processes and the worker of one host share a prometheus-client multiprocess directory, so each
+    port shows the whole host. A vpsshop without /metrics gets no table (it would refuse an unknown
+    one) and `walk` says so.
+    """
+    from vpsshop.settings import Settings
+
+    if "metrics" not in Settings.model_fields:
+        return "", "/metrics"
+    return f'[metrics]\nenabled = true\nmultiprocess_dir = "{root}/metrics"\n', "/metrics"
+
+
+def random_tpub() -> str:
+    """A watch-only account key (BIP-32 tpub, depth 3) for LTC regtest deposits."""
+    from coincurve import PrivateKey
+
+    from vpsshop.hdkeys import b58check_encode
+
+    raw = (bytes.fromhex("043587cf") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
+           + secrets.token_bytes(32) + PrivateKey().public_key.format(compressed=True))
+    return b58check_encode(raw)
+
+
+def _pg(url: str):  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def local_psql(sql: str) -> None:
+    """Run ``sql`` as the ``postgres`` superuser over the local socket (peer authentication)."""
+    run("runuser", "-u", "postgres", "--", "psql", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql, quiet=True, cwd="/")
+
+
+def ensure_postgres(state: dict[str, Any]) -> None:
+    """The deployment's database. With ``REFDEPLOY_PG_ADMIN_URL``: created there, used with the same
+    credentials. Without: the local Debian cluster (started if it is not running), a role of this
+    deployment with a random password and a database it owns; vpsshop connects over TCP with it."""
+    name = state["db_name"]
+    if state["pg_admin_url"]:
+        with _pg(state["pg_admin_url"]) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                sys.exit(f"database {name} exists already: choose another REFDEPLOY_DB_NAME")
+            conn.execute(f'CREATE DATABASE "{name}"')
+        base = state["pg_admin_url"].rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+        state["database_url"] = f"{base}/{name}"
+        say(f"- PostgreSQL database {name} (at REFDEPLOY_PG_ADMIN_URL)")
+        return
+    if subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-c", "SELECT 1"], capture_output=True,
+                      cwd="/").returncode != 0:
+        say("- PostgreSQL: starting Debian's cluster")
+        clusters = sorted(Path("/etc/postgresql").glob("*/main"))
+        if not clusters:
+            sys.exit("no PostgreSQL cluster in /etc/postgresql (apt-get install postgresql)")
+        run("pg_ctlcluster", clusters[-1].parent.name, "main", "start", check=False)
+    password = secrets.token_hex(16)
+    local_psql(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'")
+    state["pg_role"] = name
+    local_psql(f'CREATE DATABASE "{name}" OWNER "{name}"')
+    state["database_url"] = f"postgresql+psycopg://{name}:{password}@127.0.0.1:{env('PG_PORT', '5432')}/{name}"
+    wait("PostgreSQL over TCP", lambda: _pg(state["database_url"].replace("+psycopg", "")).close() or True, 60)
+    say(f"- PostgreSQL database {name}, owned by a role of its own")
+
+
+def libvirt_answers(uri: str) -> bool:
+    return subprocess.run(["virsh", "-c", uri, "version"], capture_output=True).returncode == 0
+
+
+def compile_and_deploy_usdc(state: dict[str, Any]) -> None:
+    from eth_account import Account
+    from web3 import Web3
+
+    url = f"http://127.0.0.1:{state['ports']['anvil']}"
+    out = Path(state["root"]) / "chain" / "solc"
+    out.mkdir(exist_ok=True)
+    run(f"{state['npm_bin']}/solcjs", "--bin", "--abi", "--optimize", "--base-path", str(ROOT), "-o", str(out),
+        str(CONTRACT.relative_to(ROOT)), cwd=ROOT, quiet=True)
+    abi = json.loads(next(out.glob("*TestUSDC.abi")).read_text())
+    bytecode = next(out.glob("*TestUSDC.bin")).read_text().strip()
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 30}))
+    deployer = w3.eth.accounts[0]
+    tx = w3.eth.contract(abi=abi, bytecode=bytecode).constructor("USD Coin", "2").transact({"from": deployer})
+    receipt = w3.eth.wait_for_transaction_receipt(tx, timeout=60, poll_latency=0.2)
+    token = w3.eth.contract(address=receipt["contractAddress"], abi=abi)
+    relayer = Account.create()
+    shop = Account.create()
+    customer = Account.create()
+    w3.provider.make_request("anvil_setBalance", [relayer.address, hex(10**19)])
+    tx = token.functions.mint(customer.address, 1000 * 10**6).transact({"from": deployer})
+    w3.eth.wait_for_transaction_receipt(tx, timeout=60, poll_latency=0.2)
+    state.update(usdc=str(token.address), usdc_abi=str(out), relayer_key=bytes(relayer.key).hex(),
+                 pay_to=shop.address, customer_key=bytes(customer.key).hex(), customer_address=customer.address)
+    say(f"- Base (anvil, chain {CHAIN_ID}): test USDC at {token.address}; customer wallet {customer.address} "
+        "holds 1000 USDC")
+
+
+def init_litecoin(state: dict[str, Any]) -> None:
+    wait("litecoind", lambda: ltc_rpc(state, "getblockcount") is not None)
+    ltc_rpc(state, "createwallet", "miner")
+    state["ltc_mine_to"] = ltc_rpc(state, "getnewaddress", "", "bech32", wallet="miner")
+    ltc_rpc(state, "generatetoaddress", 101, state["ltc_mine_to"], wallet="miner")
+    state["ltc_xpub"] = random_tpub()
+    say("- litecoind regtest: wallet 'miner' funded (101 blocks)")
+
+
+def init_monero(state: dict[str, Any]) -> None:
+    daemon, sender, shop = xmr_urls(state)
+    wait("monerod", lambda: xmr_call(f"{daemon}/json_rpc", "get_info"))
+    for url in (sender, shop):
+        wait("monero-wallet-rpc", lambda url=url: xmr_call(url, "get_version"))
+    xmr_call(sender, "create_wallet", filename="sender", language="English")
+    state["xmr_sender_address"] = xmr_call(sender, "get_address", account_index=0)["address"]
+    xmr_call(shop, "create_wallet", filename="receiver", language="English")
+    address = xmr_call(shop, "get_address", account_index=0)["address"]
+    view_key = xmr_call(shop, "query_key", key_type="view_key")["key"]
+    xmr_call(shop, "close_wallet")
+    xmr_call(shop, "generate_from_keys", filename="shop-view-only", address=address, viewkey=view_key,
+             password="", restore_height=0)
+    xmr_call(f"{daemon}/json_rpc", "generateblocks", amount_of_blocks=80, wallet_address=state["xmr_sender_address"])
+    state.update(xmr_address=address, xmr_view_key=view_key)
+    say("- monerod regtest: sender wallet funded (80 blocks); the shop holds a view-only wallet")
+
+
+def init_libvirt(state: dict[str, Any]) -> None:
+    uri = state["libvirt_uri"]
+    pool_dir = Path(state["pool_dir"])
+    pool_dir.mkdir(parents=True)
+    pool_dir.chmod(0o755)
+    # A tiny base image made here (no download exists): a blank qcow2 under the catalog's image name.
+    run("qemu-img", "create", "-q", "-f", "qcow2", str(pool_dir / "debian-12-genericcloud-amd64.qcow2"), "1G")
+    xml = Path(state["root"]) / "pool.xml"
+    xml.write_text(f"<pool type='dir'><name>{state['pool']}</name><target><path>{pool_dir}</path></target></pool>")
+    run("virsh", "-c", uri, "pool-define", str(xml), quiet=True)
+    run("virsh", "-c", uri, "pool-start", state["pool"], quiet=True)
+    say(f"- libvirt ({uri}): storage pool {state['pool']} at {pool_dir} with a blank debian-12 base image")
+
+
+def make_cert(root: Path) -> None:
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=127.0.0.1",
+        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(root / "tls" / "key.pem"),
+        "-out", str(root / "tls" / "cert.pem"), quiet=True)
+    (root / "tls" / "key.pem").chmod(0o600)
+
+
+def api_get(state: dict[str, Any], path: str, **kw: Any) -> Any:
+    import httpx
+
+    base = f"https://127.0.0.1:{state['ports']['https']}/v1"
+    return httpx.get(base + path, verify=str(Path(state["root"]) / "tls" / "cert.pem"), timeout=30, **kw)
+
+
+def up_in_venv() -> None:
+    from cryptography.fernet import Fernet
+
+    state = load_state()
+    root = Path(state["root"])
+    ensure_postgres(state)
+    state["metrics_toml"], state["metrics_path"] = metrics_settings(state["root"])
+    (root / "metrics").mkdir(exist_ok=True)
+    state.update(secret_key=secrets.token_urlsafe(32), encryption_key=Fernet.generate_key().decode())
+    own_libvirtd = not libvirt_answers(state["libvirt_uri"])
+    if own_libvirtd and state["libvirt_uri"] != "qemu:///system":
+        sys.exit(f"libvirtd does not answer on {state['libvirt_uri']}")
+    state["own_libvirtd"] = own_libvirtd
+    state["relayer_key"] = ""  # written again once the chain exists
+    save_state(state)
+    conf = Path(state["supervisord_conf"])
+    conf.write_text(supervisord_conf(state, own_libvirtd))
+    conf.chmod(0o600)
+    say("- supervisord")
+    run("supervisord", "-c", str(conf))
+    wait("supervisord", lambda: supervisorctl(state, "pid", check=False).returncode == 0, 30)
+    peers = ["anvil", "litecoind", "monerod", "monero-wallet-sender", "monero-wallet-shop"]
+    if own_libvirtd:
+        peers = ["virtlogd", "libvirtd", *peers]
+    supervisorctl(state, "start", *peers)
+    if own_libvirtd:
+        wait("libvirtd", lambda: libvirt_answers(state["libvirt_uri"]), 60)
+    from web3 import Web3
+
+    anvil = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{state['ports']['anvil']}"))
+    wait("anvil", lambda: anvil.eth.chain_id == CHAIN_ID)
+    compile_and_deploy_usdc(state)
+    init_litecoin(state)
+    init_monero(state)
+    init_libvirt(state)
+    make_cert(root)
+    save_state(state)
+    (root / "vpsshop.toml").write_text(shop_toml(state))
+    (root / "vpsshop.toml").chmod(0o600)
+    (root / "nginx" / "nginx.conf").write_text(nginx_conf(state))
+    (root / "prometheus" / "prometheus.yml").write_text(prometheus_conf(state))
+    # the relayer key reaches vpsshop through the environment of its programs (never the TOML file)
+    conf.write_text(supervisord_conf(state, own_libvirtd))
+    supervisorctl(state, "reread")
+    supervisorctl(state, "update")
+    venv_bin = Path(state["venv"]) / "bin"
+    run(str(venv_bin / "vpsshop"), "migrate", "--config", str(root / "vpsshop.toml"), cwd=root)
+    apis = [f"vpsshop-api-{state['ports'][n]}" for n in ("api1", "api2")]
+    supervisorctl(state, "start", *apis, "vpsshop-worker", "nginx", "prometheus")
+    wait("vpsshop behind nginx", lambda: api_get(state, "/health").status_code in (200, 503), 180)
+    health = api_get(state, "/health").json()
+    save_state(state)
+    say(f"- /v1/health: {health.get('status')}")
+    for component in health.get("components") or []:
+        detail = f", {component['detail']}" if component.get("detail") else ""  # production hides details
+        say(f"    {component['kind']} {component['id']}: {'ready' if component['ready'] else 'NOT READY'}{detail}")
+    say(f"""
+The shop is up:
+  API          https://127.0.0.1:{state['ports']['https']}/v1  (self-signed: {root}/tls/cert.pem)
+  dashboard    https://127.0.0.1:{state['ports']['https']}/dashboard/
+  Prometheus   http://127.0.0.1:{state['ports']['prometheus']}/
+  processes    supervisorctl -c {state['supervisord_conf']} status
+Next: ./walk, then ./down""")
+
+
+# ---- walk -------------------------------------------------------------------------------------------
+
+
+class Walk:
+    def __init__(self, state: dict[str, Any]) -> None:
+        import httpx
+
+        self.state = state
+        self.base = f"https://127.0.0.1:{state['ports']['https']}/v1"
+        self.http = httpx.Client(base_url=self.base, verify=str(Path(state["root"]) / "tls" / "cert.pem"),
+                                 timeout=60)
+        self.results: dict[str, Any] = {}
+        self.step_no = 0
+
+    def step(self, title: str) -> None:
+        self.step_no += 1
+        say(f"\n== {self.step_no}. {title}")
+
+    def ok(self, key: str, value: Any, line: str) -> None:
+        self.results[key] = value
+        say(f"   {line}")
+
+    def balance(self) -> str:
+        """The balance once two reads in a row agree. nginx alternates between the API processes, and
+        a process learns of another's write by PostgreSQL's NOTIFY a moment after the commit (its
+        authentication cache, vpsshop/authcache.py), so right after a write one read may be older."""
+        last = None
+        deadline = time.monotonic() + 10
+        while True:
+            now = str(self.http.get("/account", headers=self.auth).json()["balance_usd"])
+            if now == last or time.monotonic() > deadline:
+                return now
+            last = now
+            time.sleep(0.1)
+
+    def metrics(self) -> dict[str, float]:
+        """The ``vpsshop_`` samples of one API process's /metrics (each port shows the whole host); {}
+        when this vpsshop has no /metrics."""
+        import httpx
+
+        url = f"http://127.0.0.1:{self.state['ports']['api1']}{self.state['metrics_path']}"
+        response = httpx.get(url, timeout=10)
+        if response.status_code != 200:
+            return {}
+        samples: dict[str, float] = {}
+        for line in response.text.splitlines():
+            if line.startswith("vpsshop_") and "_bucket{" not in line:
+                series, _, value = line.rpartition(" ")
+                try:
+                    samples[series] = float(value)
+                except ValueError:
+                    pass
+        return samples
+
+    def wait_topup(self, ref: str, mine: Any, seconds: float = 300) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while True:
+            body = self.http.get(f"/topups/{ref}", headers=self.auth).json()
+            if body.get("status") == "completed":
+                return body
+            if time.monotonic() > deadline:
+                raise SystemExit(f"top-up {ref} was not credited within {seconds:.0f} s: {body}")
+            mine()
+            time.sleep(1)
+
+    def run(self) -> dict[str, Any]:
+        s = self.state
+        before = self.metrics()
+
+        self.step("Create an account: POST /v1/account")
+        created = self.http.post("/account")
+        assert created.status_code == 201, created.text
+        self.auth = {"Authorization": f"Bearer {created.json()['api_key']}"}
+        self.ok("account", created.json()["user_id"], f"201, user {created.json()['user_id']}, balance "
+                f"{self.balance()} USD; the api_key and login_token are shown once")
+
+        self.step("Top up 25 USD in USDC on Base with the official x402 client (PyPI x402)")
+        body = {"amount": 25, "coin": "USDCBASE"}
+        first = self.http.post("/topups", json=body, headers=self.auth)
+        self.ok("x402_required", first.status_code,
+                f"POST /v1/topups: {first.status_code} with the payment requirements")
+        header = sign_x402(s, first.json()["accepts"][0])
+        paid = self.http.post("/topups", json=body, headers={**self.auth, "X-PAYMENT": header})
+        settled = json.loads(base64.b64decode(paid.headers.get("X-PAYMENT-RESPONSE", "e30=")))
+        self.ok("x402", paid.json().get("status"), f"re-sent with X-PAYMENT: {paid.status_code}, status "
+                f"{paid.json().get('status')}, settled in {settled.get('transaction')}; balance {self.balance()} USD")
+
+        self.step("Pay 25 USD in LTC from the regtest wallet and mine until credited")
+        topup = self.http.post("/topups", json={"amount": 25, "coin": "LTC"}, headers=self.auth).json()
+        txid = ltc_rpc(s, "sendtoaddress", topup["deposit_address"], topup["deposit_amount"], wallet="miner")
+        say(f"   sent {topup['deposit_amount']} LTC to {topup['deposit_address']} (tx {txid[:16]}...)")
+        done = self.wait_topup(topup["ref"],
+                               lambda: ltc_rpc(s, "generatetoaddress", 1, s["ltc_mine_to"], wallet="miner"))
+        self.ok("ltc", done["status"], f"top-up {done['status']}, credited {done.get('credited_usd')} USD; "
+                f"balance {self.balance()} USD")
+
+        self.step("Pay 25 USD in XMR from the regtest wallet and mine until credited")
+        daemon, sender, _shop = xmr_urls(s)
+        topup = self.http.post("/topups", json={"amount": 25, "coin": "XMR"}, headers=self.auth).json()
+        atomic = int(Decimal(topup["deposit_amount"]) * 10**12)
+        xmr_call(sender, "refresh")
+        sent = xmr_call(sender, "transfer", destinations=[{"address": topup["deposit_address"], "amount": atomic}],
+                        account_index=0, priority=0)
+        say(f"   sent {topup['deposit_amount']} XMR (tx {sent['tx_hash'][:16]}...)")
+        done = self.wait_topup(topup["ref"], lambda: xmr_call(f"{daemon}/json_rpc", "generateblocks",
+                                                              amount_of_blocks=1,
+                                                              wallet_address=s["xmr_sender_address"]))
+        self.ok("xmr", done["status"], f"top-up {done['status']}, credited {done.get('credited_usd')} USD; "
+                f"balance {self.balance()} USD")
+
+        self.step("Order a server: POST /v1/servers (plan pup, location nl, debian-12)")
+        order = self.http.post("/servers", json={"plan": "pup", "location": "nl", "os": "debian-12"}, headers=self.auth)
+        assert order.status_code == 201, order.text
+        server_id = order.json()["server"]["id"]
+        self.ok("order", order.status_code, f"201, server {server_id} {order.json()['server']['status']}; balance "
+                f"{self.balance()} USD")
+
+        self.step("Watch it become active (libvirt, QEMU)")
+        deadline = time.monotonic() + 600
+        while True:
+            server = self.http.get(f"/servers/{server_id}", headers=self.auth).json()
+            if server["status"] == "active" or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        self.ok("active", server["status"], f"status {server['status']}, ip {server.get('ip')}, expires "
+                f"{server.get('expires_at')}")
+
+        self.step("Read its credentials: GET /v1/servers/{id}/credentials")
+        creds = self.http.get(f"/servers/{server_id}/credentials", headers=self.auth)
+        self.ok("credentials", creds.status_code, f"{creds.status_code}, user {creds.json().get('username')}, a "
+                f"password of {len(creds.json().get('password') or '')} characters "
+                f"(Cache-Control: {creds.headers.get('cache-control')})")
+
+        self.step("Renew it for one more cycle: POST /v1/servers/{id}/renew")
+        renewed = self.http.post(f"/servers/{server_id}/renew", headers=self.auth)
+        body = renewed.json()
+        self.ok("renew", renewed.status_code, f"{renewed.status_code}, charged {body.get('charged_usd')} USD, "
+                f"now expires "
+                f"{(body.get('server') or {}).get('expires_at')}; balance {self.balance()} USD")
+
+        self.step("See the figures move in /metrics (each API process, and Prometheus)")
+        time.sleep(1)
+        after = self.metrics()
+        if not after:
+            self.ok("metrics", 0, f"{s['metrics_path']} is not served by this vpsshop")
+        else:
+            moved = {k: (before.get(k, 0.0), v) for k, v in after.items() if v != before.get(k, 0.0)}
+            first = ("vpsshop_credited_usd_total", "vpsshop_orders_total", "vpsshop_renewals_total", "vpsshop_topups",
+                     "vpsshop_x402_settlements_total")
+            shown = sorted(moved.items(), key=lambda item: (not item[0].startswith(first), item[0]))[:16]
+            for series, (old, new) in shown:
+                say(f"   {series}: {old:g} -> {new:g}")
+            for name in ("credited_usd_total", "orders_total", "renewals_total"):
+                delta = sum(new - old for series, (old, new) in moved.items()
+                            if series.split("{")[0] == f"vpsshop_{name}")
+                self.results[f"metrics_{name}"] = delta
+            self.ok("metrics", len(moved), f"{len(moved)} series moved")
+            up_series = prometheus_query(s, 'up{job="vpsshop"}')
+            self.ok("prometheus_up", up_series, f"Prometheus: up{{job=\"vpsshop\"}} = {up_series}")
+        say("\nThe walk is done.")
+        return self.results
+
+
+def prometheus_query(state: dict[str, Any], query: str) -> list[str]:
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while True:
+        answer = httpx.get(f"http://127.0.0.1:{state['ports']['prometheus']}/api/v1/query", params={"query": query},
+                           timeout=10).json()
+        values = sorted(r["value"][1] for r in answer["data"]["result"])
+        if values.count("1") == 2 or time.monotonic() > deadline:
+            return values
+        time.sleep(1)
+
+
+def sign_x402(state: dict[str, Any], requirements: dict[str, Any]) -> str:
+    """The ``X-PAYMENT`` header, signed by the PyPI ``x402`` v1 client with the customer's wallet."""
+    from eth_account import Account
+    from x402 import x402ClientSync
+    from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1
+    from x402.schemas.v1 import PaymentRequiredV1
+
+    client = x402ClientSync()
+    # the local test USDC is not among the client's known assets: allow it, as a customer of this shop would
+    allowed = {"network": requirements["network"], "asset": requirements["asset"]}
+    client.set_spend_controls({"allowed_assets": [allowed]})
+    client.register_v1(requirements["network"], ExactEvmSchemeV1(Account.from_key(state["customer_key"])))
+    payload = client.create_payment_payload(PaymentRequiredV1(x402_version=1, accepts=[requirements]))
+    return base64.b64encode(json.dumps(payload.model_dump(by_alias=True, exclude_none=True)).encode()).decode()
+
+
+def walk() -> None:
+    state = load_state()
+    results = Walk(state).run()
+    out = Path(state["root"]) / "walk.json"
+    out.write_text(json.dumps(results, indent=2))
+    say(f"(results in {out})")
+
+
+# ---- down -------------------------------------------------------------------------------------------
+
+
+def ours(state: dict[str, Any]) -> list[str]:
+    """Processes still running that belong to this deployment (their command line names its dirs)."""
+    marks = (state["root"] + "/", state["pool_dir"] + "/")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(mark in cmdline + " " for mark in marks) or f"vpsshop-{state['name']}" in cmdline:
+            found.append(f"{proc.name} {cmdline.strip()}")
+    return found
+
+
+def down() -> None:
+    state = load_state()
+    root = Path(state["root"])
+    uri = state["libvirt_uri"]
+    say(f"tearing down the deployment in {root}")
+    sock = root / "run" / "supervisor.sock"
+    if sock.exists():
+        apis = [f"vpsshop-api-{state['ports'][n]}" for n in ("api1", "api2")]
+        supervisorctl(state, "stop", "nginx", "prometheus", "vpsshop-worker", *apis, check=False)
+    if libvirt_answers(uri):
+        domains = run("virsh", "-c", uri, "list", "--all", "--name", quiet=True, check=False).stdout.split()
+        for domain in domains:
+            xml = run("virsh", "-c", uri, "dumpxml", domain, quiet=True, check=False).stdout
+            if state["pool_dir"] + "/" in xml:
+                run("virsh", "-c", uri, "destroy", domain, check=False, quiet=True)
+                run("virsh", "-c", uri, "undefine", domain, "--nvram", check=False, quiet=True)
+                say(f"- removed domain {domain}")
+        run("virsh", "-c", uri, "pool-destroy", state["pool"], check=False, quiet=True)
+        run("virsh", "-c", uri, "pool-undefine", state["pool"], check=False, quiet=True)
+        say(f"- removed storage pool {state['pool']}")
+    shutil.rmtree(state["pool_dir"], ignore_errors=True)
+    pidfile = root / "run" / "supervisord.pid"
+    if pidfile.exists():
+        pid = int(pidfile.read_text().strip())
+        supervisorctl(state, "shutdown", check=False)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.3)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        say("- supervisord and every program it ran: stopped")
+    if "database_url" in state:
+        drop = f'DROP DATABASE IF EXISTS "{state["db_name"]}" WITH (FORCE)'
+        if state["pg_admin_url"]:
+            import psycopg
+
+            with psycopg.connect(state["pg_admin_url"], autocommit=True) as conn:
+                conn.execute(drop)
+        else:
+            local_psql(drop)
+            local_psql(f'DROP ROLE IF EXISTS "{state["pg_role"]}"')
+        say(f"- dropped database {state['db_name']}")
+    left = ours(state)
+    for _ in range(20):
+        if not left:
+            break
+        time.sleep(0.5)
+        left = ours(state)
+    if left:
+        say("STILL RUNNING:\n" + "\n".join(left))
+        sys.exit(1)
+    say("- ps: no process of this deployment is running")
+    keep = env("KEEP_LOGS", "") == "1"
+    for entry in root.iterdir():
+        if keep and entry.name == "logs":
+            continue
+        if entry.name == "venv" and env("KEEP_VENV", "") == "1":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if not any(root.iterdir()):
+        root.rmdir()
+    say("down: nothing of the deployment is left running")
+
+
+def main() -> None:
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "up":
+        up()
+    elif command == "_up":
+        up_in_venv()
+    elif command == "walk":
+        if Path(sys.executable).parent != Path(load_state()["venv"]) / "bin":
+            python = str(Path(load_state()["venv"]) / "bin" / "python")
+            os.execv(python, [python, __file__, "walk"])
+        walk()
+    elif command == "down":
+        state = load_state()
+        python = Path(state["venv"]) / "bin" / "python"
+        if Path(sys.executable) != python and python.exists():
+            os.execv(str(python), [str(python), __file__, "down"])
+        down()
+    else:
+        sys.exit("usage: refdeploy.py up|walk|down")
+
+
+if __name__ == "__main__":
+    main()
