@@ -72,7 +72,7 @@ def start_baseline(log: Path) -> tuple[subprocess.Popen[bytes], str]:
 def start_vpsshop(url: str, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
-    env.update(VPSSHOP_DATABASE_URL=url, VPSSHOP__RATELIMIT__ENABLED="false")
+    env.update(VPSSHOP_DATABASE_URL=url)  # the shipped defaults: access log, metrics, rate limits on
     log = work / "vpsshop-serve.log"  # the banner, uvicorn's lines and the access log
     proc = subprocess.Popen([VPSSHOP, "serve", "--port", str(port)], cwd=work, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
