@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.events import Event
     from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
     from vpsshop.settings import Settings, load_settings
+    from vpsshop.cloudinit import compose_user_data, parse_ssh_public_key
 
 _LAZY = {
     "create_app": "vpsshop.app",
@@ -65,6 +66,8 @@ _LAZY = {
     "Reply": "vpsshop.routing",
     "Settings": "vpsshop.settings",
     "load_settings": "vpsshop.settings",
+    "compose_user_data": "vpsshop.cloudinit",
+    "parse_ssh_public_key": "vpsshop.cloudinit",
 }
 
 __all__ = [
@@ -109,9 +112,11 @@ __all__ = [
     "StartupError",
     "WatchSet",
     "check_address_range",
+    "compose_user_data",
     "create_app",
     "hookimpl",
     "load_settings",
+    "parse_ssh_public_key",
     "require_reachable",
     "X402Coin",
     "X402Payment",

@@ -118,6 +118,15 @@ class ServerSpec:
     gateway: str | None = None
     nameservers: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    ssh_keys: tuple[str, ...] = ()
+    """OpenSSH public keys (``<type> <base64>``) to put in root's ``authorized_keys``.
+
+    .. versionadded:: 1.1"""
+    user_data: str | None = None
+    """The customer's cloud-init user data (validated by core); a backend writing a cloud-init seed
+    combines it with its own cloud-config through :func:`vpsshop.compose_user_data`.
+
+    .. versionadded:: 1.1"""
 
 
 @dataclass(frozen=True)

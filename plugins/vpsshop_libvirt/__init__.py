@@ -44,6 +44,7 @@ Every libvirt call runs in a worker thread; the event loop never waits on a hype
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
 import subprocess
@@ -66,6 +67,7 @@ from vpsshop import (
     ServerSpec,
     StartupError,
     check_address_range,
+    compose_user_data,
     hookimpl,
 )
 
@@ -130,12 +132,30 @@ class LocationConfig(BaseModel):
         return value
 
 
+class KernelBoot(BaseModel):
+    """Direct kernel boot for one base image: QEMU loads the kernel and initrd, no boot loader.
+
+    For images that are a bare file system (``mkfs.ext4 -d``) rather than a partitioned disk with a
+    boot loader, such as the one ``scripts/build-test-guest.sh`` makes. The paths are on the host.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kernel: str = Field(description="Path of the kernel (vmlinuz) on the libvirt host.")
+    initrd: str | None = Field(None, description="Path of the initrd on the libvirt host.")
+    cmdline: str = Field("root=/dev/vda rw console=ttyS0", max_length=1000, description="Kernel command line.")
+    format: Literal["qcow2", "raw"] | None = Field(None, description="Format of this base image; default "
+                                                   "base_image_format.")
+
+
 class LibvirtConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     domain_type: Literal["kvm", "qemu", "test"] = "kvm"
     machine: str = Field("pc", description="QEMU machine type (pc boots with BIOS, no firmware auto-selection).")
     base_image_format: Literal["qcow2", "raw"] = "qcow2"
+    kernel_boot: dict[str, KernelBoot] = Field(
+        default_factory=dict, description="Base image file name -> direct kernel boot settings for that image.")
     shutdown_grace_seconds: float = Field(
         SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown, then power off."
     )
@@ -152,6 +172,16 @@ def choose_host(candidates: Iterable[tuple[HostConfig, int, int]], need_mib: int
     return best[1] if best else None
 
 
+def mac_address(name: str) -> str:
+    """The domain's MAC address, derived from its name (QEMU's 52:54:00 prefix).
+
+    The seed's network-config matches the interface by this address, so the leased address lands on
+    the right interface whatever the guest names it.
+    """
+    digest = hashlib.sha256(name.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
 def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_path: str, seed_path: str) -> str:
     """The domain definition. Memory carries an explicit unit; disk and network are virtio."""
     dom = ET.Element("domain", type=cfg.domain_type)
@@ -162,7 +192,14 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(dom, "vcpu", placement="static").text = str(spec.vcpu)
     os_el = ET.SubElement(dom, "os")
     ET.SubElement(os_el, "type", arch="x86_64", machine=cfg.machine).text = "hvm"
-    ET.SubElement(os_el, "boot", dev="hd")
+    boot = cfg.kernel_boot.get(spec.os_image)
+    if boot is not None:
+        ET.SubElement(os_el, "kernel").text = boot.kernel
+        if boot.initrd:
+            ET.SubElement(os_el, "initrd").text = boot.initrd
+        ET.SubElement(os_el, "cmdline").text = boot.cmdline
+    else:
+        ET.SubElement(os_el, "boot", dev="hd")
     features = ET.SubElement(dom, "features")
     ET.SubElement(features, "acpi")
     ET.SubElement(features, "apic")
@@ -184,6 +221,7 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(seed, "readonly")
     kind, _, name = loc.network.partition(":")
     nic = ET.SubElement(devices, "interface", type=kind)
+    ET.SubElement(nic, "mac", address=mac_address(spec.name))
     if kind == "network":
         ET.SubElement(nic, "source", network=name)
     elif kind == "bridge":
@@ -224,11 +262,17 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
         "write_files": [{"path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
                          "content": "PermitRootLogin yes\nPasswordAuthentication yes\n", "permissions": "0644"}],
     }
-    files = {"meta-data": json.dumps(meta) + "\n", "user-data": "#cloud-config\n" + json.dumps(user) + "\n"}
+    if spec.ssh_keys:
+        # With disable_root false, cloud-init writes these to root's authorized_keys (and the image's
+        # default user's, if it has one).
+        user["ssh_authorized_keys"] = list(spec.ssh_keys)
+    files = {"meta-data": json.dumps(meta) + "\n", "user-data": compose_user_data(user, spec.user_data)}
     if spec.ip is not None:
-        eth: dict[str, Any] = {"match": {"name": "e*"}, "addresses": [f"{spec.ip}/{spec.prefix_length}"]}
+        eth: dict[str, Any] = {"match": {"macaddress": mac_address(spec.name)}, "set-name": "eth0",
+                               "addresses": [f"{spec.ip}/{spec.prefix_length}"]}
         if spec.gateway:
-            eth["routes"] = [{"to": "default", "via": spec.gateway}]
+            # "0.0.0.0/0", not "default": cloud-init before 23.x (Debian 12 ships 22.4) rejects "default".
+            eth["routes"] = [{"to": "0.0.0.0/0", "via": spec.gateway}]
         if spec.nameservers:
             eth["nameservers"] = {"addresses": list(spec.nameservers)}
         files["network-config"] = json.dumps({"version": 2, "ethernets": {"primary": eth}}) + "\n"
@@ -391,7 +435,9 @@ class LibvirtBackend(HypervisorBackend):
         vol = self._volume(pool, name)
         if vol is None:
             base = f"{pool_path}/{spec.os_image}"
-            xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, self.cfg.base_image_format))
+            boot = self.cfg.kernel_boot.get(spec.os_image)
+            fmt = (boot.format if boot is not None else None) or self.cfg.base_image_format
+            xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, fmt))
             try:
                 vol = pool.createXML(xml, 0)
             except LibvirtError as exc:

@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def routes() -> list["ApiRoute"]:
-    from vpsshop.servers import api
+    from vpsshop.servers import api, sshkeys
 
-    return api.routes()
+    return [*api.routes(), *sshkeys.routes()]
 
 
 def background_tasks(ctx: "AppContext") -> list["BackgroundTask"]:

@@ -25,14 +25,27 @@ from starlette.concurrency import run_in_threadpool
 
 from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
+from vpsshop.cloudinit import MAX_USER_DATA_BYTES, InvalidInput, check_user_data
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
-from vpsshop.models import Server
+from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.routing import ApiModel, ApiRoute, Call, Reply, idempotency_header, idempotency_key
+from vpsshop.encryption import encrypt_text
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
-from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
+from vpsshop.servers.lifecycle import (
+    DEFAULT_CYCLE,
+    RenewalRaced,
+    enqueue,
+    max_periods,
+    period_end,
+    policy,
+    record,
+    renew,
+    renewal_terms,
+)
+from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
 from vpsshop.servers.models import ServerEvent, ServerJob
 
 TAG = ("servers",)
@@ -62,6 +75,49 @@ class OrderBody(ApiModel):
         description="10 to 128 printable ASCII characters. Omit it to have a 20-character password generated "
         "and returned once in this response (invalid_root_password).",
     )
+    ssh_keys: list[int] | None = Field(
+        None, max_length=MAX_KEYS_PER_SERVER,
+        description=f"Ids of the caller's stored keys (POST /ssh-keys), at most {MAX_KEYS_PER_SERVER}: cloud-init "
+        "writes them to root's authorized_keys. The root password is set as well (invalid_ssh_keys).",
+    )
+    user_data: str | None = Field(
+        None, max_length=MAX_USER_DATA_BYTES,
+        description=f"cloud-init user data, at most {MAX_USER_DATA_BYTES} bytes: '#cloud-config' followed by a "
+        "YAML mapping, or a script starting with '#!' (run once at the end of the first boot). It is combined "
+        "with vpsshop's own cloud-config, which keeps the hostname, the root password, password login and the "
+        "SSH keys: those keys of a customer cloud-config are replaced, and its ssh_authorized_keys, write_files, "
+        "runcmd and bootcmd lists are extended. The network configuration is a separate file it cannot change "
+        "(invalid_user_data). Stored encrypted.",
+    )
+
+
+class QuoteBody(ApiModel):
+    """Body of ``POST /servers/quote``: what an order would be, without the server's settings."""
+
+    plan: str = Field(min_length=1, max_length=32, description="A plan id (invalid_plan).")
+    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).")
+    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).")
+    cycle: Literal["monthly", "annual"] = Field(DEFAULT_CYCLE, description="Billing cycle (invalid_cycle).")
+
+
+class RenewBody(ApiModel):
+    """Optional body of ``POST /servers/{id}/renew`` and ``POST /servers/{id}/renew/quote``."""
+
+    periods: int = Field(1, ge=1, le=120, description="Billing cycles to pay for at once, default 1; capped by the "
+                         "prepay horizon (servers.max_prepay_days, default 1100 days) (invalid_periods).")
+
+
+class QuoteOut(BaseModel):
+    """What an order or a renewal would charge now, and whether the balance covers it. Writes nothing."""
+
+    price_usd: UsdAmount = Field(description="What ordering or renewing would charge now (all periods).")
+    periods: int = Field(description="Billing cycles priced (1 for an order).")
+    period_price_usd: UsdAmount = Field(description="The price of one cycle.")
+    balance_usd: UsdAmount = Field(description="The caller's balance now.")
+    deficit_usd: UsdAmount = Field(description="How much to top up before the charge succeeds (0 when covered).")
+    sufficient: bool = Field(description="True when the balance covers price_usd.")
+    expires_at: datetime = Field(description="expires_at after the order or renewal, if made now.")
+    max_periods: int | None = Field(None, description="Renewals: the most periods the prepay horizon allows now.")
 
 
 class ServerPatch(ApiModel):
@@ -141,7 +197,10 @@ def server_out(server: Server) -> ServerOut:
 
 
 def _digest(body: OrderBody) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    # Fields added later (ssh_keys, user_data) count only when given, so an order made before they
+    # existed still replays.
+    data = body.model_dump(mode="json", exclude={k for k in ("ssh_keys", "user_data") if getattr(body, k) is None})
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -171,7 +230,7 @@ def _replay(ctx: AppContext, session: Session, account_id: int, key: str, body: 
     return Ordered(OrderOut(server=server_out(server), root_password=generated), replayed=True)
 
 
-def _resolve(ctx: AppContext, body: OrderBody) -> int:
+def _resolve(ctx: AppContext, body: OrderBody | QuoteBody) -> int:
     data = ctx.catalog_data
     plan = next((p for p in data.plans if p.id == body.plan), None)
     if plan is None:
@@ -240,6 +299,11 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
             replay = _replay(ctx, session, account_id, key, body)
         if replay is not None:
             return replay
+    user_data_enc = _user_data_enc(ctx, body.user_data)
+    ssh_keys = None
+    if body.ssh_keys:
+        with ctx.db.session() as session:
+            ssh_keys = keys_for_server(session, account_id, body.ssh_keys)
     password = body.root_password or generate_root_password()
     now = ctx.clock.now()
     try:
@@ -251,6 +315,7 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
                 status="provisioning", username="root", created_at=now, expires_at=period_end(now, body.cycle),
                 root_password_enc=encrypt_password(ctx, password), idempotency_key=key,
                 request_digest=digest if key is not None else None, auto_renew=True,
+                ssh_keys=ssh_keys, user_data_enc=user_data_enc,
             )
             detail = f"{body.plan} {body.location} {body.os} {body.cycle}"
             if ctx.db.dialect == "postgresql":
@@ -281,6 +346,39 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
             raise
         return replay
     return Ordered(OrderOut(server=out, root_password=None if body.root_password else password))
+
+
+def _user_data_enc(ctx: AppContext, user_data: str | None) -> str | None:
+    if user_data is None:
+        return None
+    try:
+        check_user_data(user_data)
+    except InvalidInput as exc:
+        raise BadRequest("invalid_user_data", f"This user data is not accepted: {exc}.") from None
+    return encrypt_text(ctx, user_data)
+
+
+def quote_order(ctx: AppContext, account_id: int, balance_micros: int, body: QuoteBody) -> QuoteOut:
+    """What :func:`place_order` would charge for ``body`` now; priced by the same ``_resolve``."""
+    price = _resolve(ctx, body)
+    return _quote(price, 1, price, balance_micros, period_end(ctx.clock.now(), body.cycle))
+
+
+def _quote(price: int, periods: int, period_price: int, balance: int, expires_at: datetime,
+           most: int | None = None) -> QuoteOut:
+    return QuoteOut(price_usd=micros_to_usd(price), periods=periods, period_price_usd=micros_to_usd(period_price),
+                    balance_usd=micros_to_usd(balance), deficit_usd=micros_to_usd(max(0, price - balance)),
+                    sufficient=balance >= price, expires_at=expires_at, max_periods=most)
+
+
+async def order_quote(call: Call) -> QuoteOut:
+    balance = await run_in_threadpool(_balance, call.ctx, call.account_id)
+    return await run_in_threadpool(quote_order, call.ctx, call.account_id, balance, call.body)
+
+
+def _balance(ctx: AppContext, account_id: int) -> int:
+    with ctx.db.session() as session:
+        return session.execute(sa.select(Account.balance_micros).where(Account.id == account_id)).scalar_one()
 
 
 async def order_server(call: Call) -> Reply:
@@ -354,24 +452,53 @@ async def patch_server(call: Call) -> ServerOut:
 # ---- renewal and power ---------------------------------------------------------------------------
 
 
-def renew_now(ctx: AppContext, account_id: int, server_id: int) -> RenewOut:
+def _renewable(ctx: AppContext, server: Server, periods: int, now: datetime) -> int:
+    """Check the server can be renewed for ``periods`` now; return the most periods allowed."""
+    if server.status not in ("active", "suspended"):
+        raise Conflict("server_not_renewable",
+                       f"A {server.status} server cannot be renewed (only active or suspended ones).")
+    pol = policy(ctx)
+    most = max_periods(pol, server, now)
+    if periods > most:
+        raise BadRequest("invalid_periods", f"At most {most} period(s) can be paid now: a renewal may not move "
+                         f"expires_at more than {pol.max_prepay_days} days past now (the prepay horizon).",
+                         max_periods=most)
+    return most
+
+
+def renew_now(ctx: AppContext, account_id: int, server_id: int, periods: int = 1) -> RenewOut:
     for _ in range(3):
         try:
             with ctx.db.session() as session:
                 server = _owned(session, account_id, server_id, lock=True)
-                if server.status not in ("active", "suspended"):
-                    raise Conflict("server_not_renewable",
-                                   f"A {server.status} server cannot be renewed (only active or suspended ones).")
-                result = renew(session, server, ctx.clock.now(), by="customer")
-                return RenewOut(server=server_out(result.server),
-                                charged_usd=micros_to_usd(server.price_micros if result.charged else 0))
+                now = ctx.clock.now()
+                _renewable(ctx, server, periods, now)
+                result = renew(session, server, now, by="customer", periods=periods)
+                return RenewOut(server=server_out(result.server), charged_usd=micros_to_usd(result.charged_micros))
         except RenewalRaced:
             continue
     raise Conflict("server_busy", "The server changed while renewing; retry.")
 
 
+def quote_renewal(ctx: AppContext, account_id: int, server_id: int, periods: int = 1) -> QuoteOut:
+    """What :func:`renew_now` would charge now: the same :func:`renewal_terms`, nothing written."""
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id)
+        now = ctx.clock.now()
+        most = _renewable(ctx, server, periods, now)
+        price, expires_at = renewal_terms(server, now, periods)
+        balance = session.execute(sa.select(Account.balance_micros).where(Account.id == account_id)).scalar_one()
+        return _quote(price, periods, server.price_micros, balance, expires_at, most)
+
+
 async def renew_server(call: Call) -> RenewOut:
-    return await run_in_threadpool(renew_now, call.ctx, call.account_id, call.path["id"])
+    periods = call.body.periods if call.body is not None else 1
+    return await run_in_threadpool(renew_now, call.ctx, call.account_id, call.path["id"], periods)
+
+
+async def renewal_quote(call: Call) -> QuoteOut:
+    periods = call.body.periods if call.body is not None else 1
+    return await run_in_threadpool(quote_renewal, call.ctx, call.account_id, call.path["id"], periods)
 
 
 def power_action(ctx: AppContext, account_id: int, server_id: int, action: str) -> PowerActionOut:
@@ -427,12 +554,20 @@ def routes() -> list[ApiRoute]:
             headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),),
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
-                "invalid_root_password, invalid_idempotency_key, unknown_field",
+                "invalid_root_password, invalid_ssh_keys, invalid_user_data, invalid_idempotency_key, unknown_field",
                 409: "idempotency_key_reused: this key was used for a different order.",
             },
             responses={402: ("insufficient_balance: the balance is below the price; nothing was charged.",
                              InsufficientBalanceBody)},
             tags=TAG, operation_id="orderServer",
+        ),
+        ApiRoute(
+            "POST", "/servers/quote", order_quote, "Price an order without placing it", QuoteOut, body=QuoteBody,
+            description="What POST /servers with this plan, location, os and cycle would charge now, the balance, "
+            "and the deficit to top up first. Computed by the same pricing code as the order itself; nothing is "
+            "written or reserved, so the price is only guaranteed by the order.",
+            errors={400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, unknown_field"},
+            tags=TAG, operation_id="quoteOrder",
         ),
         ApiRoute(
             "GET", "/servers", list_servers, "List the caller's servers", ServerList, tags=TAG,
@@ -462,17 +597,31 @@ def routes() -> list[ApiRoute]:
             tags=TAG, operation_id="getServerCredentials",
         ),
         ApiRoute(
-            "POST", "/servers/{id}/renew", renew_server, "Renew a server for one more cycle", RenewOut,
-            description="Charges one billing cycle from the balance now and moves expires_at one cycle on. A "
-            "suspended server (expired unpaid) becomes active again and its VM is started; its new period starts "
-            "now. Servers renew themselves from the balance up to 72 hours before expiry (capped at half the "
-            "cycle), so this is for bringing a suspended server back or paying ahead.",
-            responses={402: ("insufficient_balance: the balance does not cover one cycle.", InsufficientBalanceBody)},
+            "POST", "/servers/{id}/renew", renew_server, "Renew a server for one or more cycles", RenewOut,
+            body=RenewBody, body_required=False,
+            description="Charges `periods` billing cycles (default 1; the body is optional) from the balance now "
+            "and moves expires_at as many cycles on. A suspended server (expired unpaid) becomes active again and "
+            "its VM is started; its new period starts now. Servers renew themselves from the balance up to 72 hours "
+            "before expiry (capped at half the cycle), so this is for bringing a suspended server back or paying "
+            "ahead. Prepay horizon: expires_at may not end up more than servers.max_prepay_days (default 1100) "
+            "days past now; more periods are a 400 invalid_periods carrying max_periods, checked before any "
+            "money moves.",
+            responses={402: ("insufficient_balance: the balance does not cover the periods.", InsufficientBalanceBody)},
             errors={
+                400: "invalid_periods (past the prepay horizon; max_periods says how many fit), unknown_field",
                 404: _NOT_YOURS,
                 409: "server_not_renewable: the server is provisioning or terminated.",
             },
             tags=TAG, operation_id="renewServer",
+        ),
+        ApiRoute(
+            "POST", "/servers/{id}/renew/quote", renewal_quote, "Price a renewal without making it", QuoteOut,
+            body=RenewBody, body_required=False,
+            description="What POST /servers/{id}/renew with these periods would charge now, where expires_at would "
+            "move, the balance and the deficit. Shares the renewal's pricing code; writes nothing.",
+            errors={400: "invalid_periods (past the prepay horizon)", 404: _NOT_YOURS,
+                    409: "server_not_renewable: the server is provisioning or terminated."},
+            tags=TAG, operation_id="quoteRenewal",
         ),
         *power_routes,
     ]

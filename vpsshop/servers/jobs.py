@@ -21,6 +21,7 @@ A provisioning attempt that fails is retried after ``retry_seconds`` x 2^(attemp
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -36,6 +37,7 @@ from sqlmodel import Session, select
 
 from vpsshop import events, ledger
 from vpsshop.context import AppContext
+from vpsshop.encryption import decrypt_text
 from vpsshop.errors import PluginError
 from vpsshop.events.resources import server_data
 from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
@@ -159,6 +161,8 @@ def _prepare(ctx: AppContext, server_id: int) -> tuple[Server, ServerSpec] | Non
             prefix_length=pool.prefix_length if pool else 24,
             gateway=pool.gateway if pool else None,
             nameservers=pool.nameservers if pool else (),
+            ssh_keys=tuple(json.loads(server.ssh_keys)) if server.ssh_keys else (),
+            user_data=decrypt_text(ctx, server.user_data_enc, "user data") if server.user_data_enc else None,
         )
         return server, spec
 
