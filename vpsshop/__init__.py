@@ -35,6 +35,7 @@ from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginEr
 from vpsshop.hookspecs import hookimpl
 from vpsshop.hypervisor import (
     AddressPool,
+    ConsoleStream,
     DomainState,
     HypervisorBackend,
     ServerHandle,
@@ -84,6 +85,7 @@ __all__ = [
     "Clock",
     "Component",
     "ConfigError",
+    "ConsoleStream",
     "DepositAddress",
     "DepositCoin",
     "DetectedPayment",

@@ -27,6 +27,7 @@ from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.events.api import openapi_webhooks
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
+from vpsshop.servers.console import websocket_route as console_websocket_route
 from vpsshop.settings import Settings, load_settings
 from vpsshop.tasks import TaskRunner
 
@@ -89,6 +90,7 @@ def create_app(
         middleware.insert(0, Middleware(AccessLog, writer=access_log))
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
+    served.append(console_websocket_route(BASE_PATH))  # the serial console's WebSocket (ticket-authenticated)
     dashboard = mount_dashboard(ctx)
     if dashboard is not None:
         served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]

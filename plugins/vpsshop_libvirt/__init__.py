@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vpsshop import (
     AddressPool,
+    ConsoleStream,
     DomainState,
     HypervisorBackend,
     PluginError,
@@ -302,15 +303,82 @@ def build_seed_iso(spec: ServerSpec, out: Path) -> None:
             raise PluginError(f"building the seed ISO failed: {result.stderr.strip()[:200]}")
 
 
+class LibvirtConsole(ConsoleStream):
+    """A domain's serial console through ``virDomainOpenConsole``.
+
+    A blocking libvirt stream is read by a daemon thread that hands the bytes to the event loop,
+    so no read ever occupies the loop or its thread pool, and a console nobody reads any more ends
+    with the stream.
+    """
+
+    CHUNK = 4096
+
+    def __init__(self, conn: Any, dom: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._stream = conn.newStream(0)
+        # FORCE: take the console over from an earlier session (a customer's stale tab).
+        dom.openConsole(None, self._stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE)
+        self._loop = loop
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._closed = False
+        threading.Thread(target=self._pump, name=f"console-{dom.name()}", daemon=True).start()
+
+    def _pump(self) -> None:
+        while not self._closed:
+            try:
+                data = self._stream.recv(self.CHUNK)
+            except LibvirtError:
+                data = b""
+            if not isinstance(data, bytes):  # -2 (would block) cannot happen on a blocking stream; be safe
+                data = b""
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, data)
+            except RuntimeError:  # the loop has closed
+                return
+            if not data:
+                return
+
+    async def read(self) -> bytes:
+        if self._closed and self._queue.empty():
+            return b""
+        return await self._queue.get()
+
+    async def write(self, data: bytes) -> None:
+        def send() -> None:
+            view = memoryview(data)
+            while view:
+                sent = self._stream.send(bytes(view))
+                if sent < 0:
+                    raise PluginError("the console stream refused input")
+                view = view[sent:]
+
+        try:
+            await asyncio.to_thread(send)
+        except LibvirtError as exc:
+            raise PluginError(f"console: {exc.get_error_message()}") from None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put_nowait(b"")
+        try:
+            await asyncio.to_thread(self._stream.abort)
+        except LibvirtError:
+            pass
+
+
 class LibvirtBackend(HypervisorBackend):
     """Servers as libvirt domains on the hosts of each location (see the module docstring)."""
 
     kind = "libvirt"
     Config = LibvirtConfig
+    capabilities = frozenset({"reinstall", "console"})
 
     def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
         self.cfg: LibvirtConfig = config  # type: ignore[assignment]
+        if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles
+            self.capabilities = frozenset({"reinstall"})  # type: ignore[misc]
         self._conns: dict[str, Any] = {}
         self._lock = threading.Lock()
         if libvirt is not None:
@@ -574,6 +642,39 @@ class LibvirtBackend(HypervisorBackend):
 
     async def destroy(self, handle: ServerHandle) -> None:
         await self._run(self._destroy, handle)
+
+    def _reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        host, loc = self._host(handle.host)
+        conn = self._conn(host.uri)
+        dom = self._lookup(conn, handle.domain)
+        if dom is not None:
+            if dom.isActive():
+                dom.destroy()  # the disk is about to be erased: no point in a clean shutdown
+            dom.undefine()
+        pool, pool_path = self._pool(conn, loc)
+        for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
+            vol = self._volume(pool, name)
+            if vol is not None:
+                vol.delete(0)
+        disk = self._disk(pool, pool_path, spec)
+        seed = self._seed(conn, pool, spec)
+        dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
+        dom.create()
+        return ServerHandle(host=host.key, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
+
+    async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        """Power off, undefine, delete disk and seed, then create both again from ``spec`` and start."""
+        return await self._run(self._reinstall, handle, spec)
+
+    def _open_console(self, handle: ServerHandle, loop: asyncio.AbstractEventLoop) -> LibvirtConsole:
+        dom = self._require(handle)
+        if not dom.isActive():
+            raise PluginError(f"domain {handle.domain} is not running")
+        host, _ = self._host(handle.host)
+        return LibvirtConsole(self._conn(host.uri), dom, loop)
+
+    async def open_console(self, handle: ServerHandle) -> ConsoleStream:
+        return await self._run(self._open_console, handle, asyncio.get_running_loop())
 
     async def state(self, handle: ServerHandle) -> DomainState:
         return await self._run(self._state, handle)

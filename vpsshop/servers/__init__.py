@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def routes() -> list["ApiRoute"]:
-    from vpsshop.servers import api, sshkeys
+    from vpsshop.servers import api, console, reinstall, sshkeys
 
-    return [*api.routes(), *sshkeys.routes()]
+    return [*api.routes(), *reinstall.routes(), *console.routes(), *sshkeys.routes()]
 
 
 def background_tasks(ctx: "AppContext") -> list["BackgroundTask"]:

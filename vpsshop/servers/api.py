@@ -94,9 +94,12 @@ class OrderBody(ApiModel):
 class QuoteBody(ApiModel):
     """Body of ``POST /servers/quote``: what an order would be, without the server's settings."""
 
-    plan: str = Field(min_length=1, max_length=32, description="A plan id (invalid_plan).")
-    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).")
-    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).")
+    plan: str = Field(min_length=1, max_length=32, description="A plan id (invalid_plan).",
+                      json_schema_extra={"x-catalog": "plans"})
+    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).",
+                          json_schema_extra={"x-catalog": "locations"})
+    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).",
+                    json_schema_extra={"x-catalog": "operating_systems"})
     cycle: Literal["monthly", "annual"] = Field(DEFAULT_CYCLE, description="Billing cycle (invalid_cycle).")
 
 

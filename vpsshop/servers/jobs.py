@@ -127,13 +127,14 @@ def _handle(server: Server) -> ServerHandle:
 # ---- provisioning --------------------------------------------------------------------------------
 
 
-def _prepare(ctx: AppContext, server_id: int) -> tuple[Server, ServerSpec] | None:
-    """Name the domain and lease its address (both kept across retries); build the spec."""
+def _prepare(ctx: AppContext, server_id: int, status: str = "provisioning") -> tuple[Server, ServerSpec] | None:
+    """Name the domain and lease its address (both kept across retries and reinstalls); build the
+    spec from the server as it is now (a reinstall has changed its OS, keys and password)."""
     backend = ctx.hypervisor
     assert backend is not None
     with ctx.db.session() as session:
         server = session.get(Server, server_id)
-        if server is None or server.status != "provisioning":
+        if server is None or server.status != status:
             return None
         if server.domain is None:
             server.domain = f"vps-{server.id}-{secrets.token_hex(4)}"
@@ -248,6 +249,25 @@ def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error:
         enqueue(session, server_id, "destroy", now)
 
 
+# ---- reinstall -----------------------------------------------------------------------------------
+
+
+async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
+    """Recreate an active server's disk from its (new) OS with its new first-boot data."""
+    prepared = await to_thread.run_sync(_prepare, ctx, job.server_id, "active")
+    if prepared is None:
+        return  # suspended or terminated since the request: nothing to reinstall
+    server, spec = prepared
+    assert ctx.hypervisor is not None
+    handle = await ctx.hypervisor.reinstall(_handle(server), spec)
+
+    def reinstalled() -> None:
+        with ctx.db.session() as session:
+            record(session, job.server_id, "reinstalled", ctx.clock.now(), f"{handle.host} {handle.domain} {spec.os_id}")
+
+    await to_thread.run_sync(reinstalled)
+
+
 # ---- other verbs ---------------------------------------------------------------------------------
 
 
@@ -286,6 +306,8 @@ async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
             raise RetryLater("no hypervisor backend is loaded")
         if job.kind == "provision":
             await _provision(ctx, job)
+        elif job.kind == "reinstall":
+            await _reinstall(ctx, job)
         else:
             await _verb(ctx, job)
     except RetryLater as exc:

@@ -90,3 +90,20 @@ class SshKey(SQLModel, table=True):
     public_key: str = Field(sa_type=sa.Text, nullable=False)
     fingerprint: str = Field(max_length=64, nullable=False)
     created_at: datetime = _ts()
+
+
+class ConsoleTicket(SQLModel, table=True):
+    """A single-use ticket for a server's console WebSocket (``vpsshop.servers.console``).
+
+    Only the SHA-256 of the ticket is stored; ``used_at`` is set by the one ``UPDATE`` that redeems it.
+    """
+
+    __tablename__ = "console_tickets"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    token_hash: str = Field(max_length=64, unique=True, nullable=False)
+    account_id: int = Field(foreign_key="accounts.id", nullable=False)
+    server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
+    created_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    used_at: Optional[datetime] = _ts(nullable=True)

@@ -1,4 +1,4 @@
-"""server access: the SSH key store, order-time keys and user data, reverse DNS
+"""server access: the SSH key store, order-time keys and user data, console tickets, reverse DNS
 
 Revision ID: 0009
 Revises: 0011
@@ -32,6 +32,22 @@ def upgrade() -> None:
     with op.batch_alter_table('ssh_keys', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_ssh_keys_account_id'), ['account_id'], unique=False)
 
+    op.create_table('console_tickets',
+    sa.Column('id', sa.Integer(), nullable=False),
+    sa.Column('token_hash', sa.String(length=64), nullable=False),
+    sa.Column('account_id', sa.Integer(), nullable=False),
+    sa.Column('server_id', sa.Integer(), nullable=False),
+    sa.Column('created_at', vpsshop.models.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('expires_at', vpsshop.models.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('used_at', vpsshop.models.UTCDateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['account_id'], ['accounts.id'], ),
+    sa.ForeignKeyConstraint(['server_id'], ['servers.id'], ),
+    sa.PrimaryKeyConstraint('id'),
+    sa.UniqueConstraint('token_hash')
+    )
+    with op.batch_alter_table('console_tickets', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_console_tickets_server_id'), ['server_id'], unique=False)
+
     with op.batch_alter_table('servers', schema=None) as batch_op:
         batch_op.add_column(sa.Column('ssh_keys', sa.Text(), nullable=True))
         batch_op.add_column(sa.Column('user_data_enc', sa.Text(), nullable=True))
@@ -43,6 +59,9 @@ def downgrade() -> None:
         batch_op.drop_column('reverse_dns')
         batch_op.drop_column('user_data_enc')
         batch_op.drop_column('ssh_keys')
+    with op.batch_alter_table('console_tickets', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_console_tickets_server_id'))
+    op.drop_table('console_tickets')
     with op.batch_alter_table('ssh_keys', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_ssh_keys_account_id'))
     op.drop_table('ssh_keys')
