@@ -160,7 +160,8 @@ class ConsoleStream:
         raise NotImplementedError
 
     async def close(self) -> None:
-        """Release the console; a pending :meth:`read` then returns ``b""``. Idempotent."""
+        """Release the console; :meth:`read` then returns what had arrived before, then ``b""``.
+        Idempotent."""
         raise NotImplementedError
 
 

@@ -36,9 +36,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from vpsshop.servers.contract import HypervisorContract, check_hypervisor, contract_spec
+from vpsshop.servers.contract import HypervisorContract, check_hypervisor, check_optional_verbs, contract_spec
 
-__all__ = ["HypervisorContract", "check_hypervisor", "contract_spec", "create_test_account", "postgres_test_url",
+__all__ = ["HypervisorContract", "check_hypervisor", "check_optional_verbs", "contract_spec", "create_test_account", "postgres_test_url",
            "reset_postgres"]
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
