@@ -105,7 +105,7 @@ def test_api_keeps_to_its_schema(case, live_app):
         excluded.append(positive_data_acceptance)
     body = case.body if isinstance(case.body, dict) else {}
     if body.get("public_key") is not None or body.get("user_data") is not None or body.get("ssh_keys") \
-            or (body.get("periods") or 1) > 1:
+            or (isinstance(body.get("periods"), int) and body["periods"] > 1):
         # An SSH public key and cloud-init user data are checked for what they contain (key type and
         # size, YAML), ssh_keys name stored keys, periods meet the prepay horizon of the server's
         # expiry: a random schema-valid value is rightly a 400 (tests/test_server_access.py covers them).

@@ -31,6 +31,7 @@ from vpsshop.coins import (
     X402Settlement,
 )
 from vpsshop.component import Component, NoConfig, Readiness, require_reachable
+from vpsshop.dns import DnsProvider, ptr_name
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
 from vpsshop.hypervisor import (
@@ -89,6 +90,7 @@ __all__ = [
     "DepositAddress",
     "DepositCoin",
     "DetectedPayment",
+    "DnsProvider",
     "DomainState",
     "Event",
     "FrozenClock",
@@ -119,6 +121,7 @@ __all__ = [
     "hookimpl",
     "load_settings",
     "parse_ssh_public_key",
+    "ptr_name",
     "require_reachable",
     "X402Coin",
     "X402Payment",

@@ -35,6 +35,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("evm", "vpsshop_evm"),
     ("tron", "vpsshop_tron"),
     ("solana", "vpsshop_solana"),
+    ("powerdns", "vpsshop_powerdns"),
 )
 """(entry-point name, module) of the plugins shipped in ``plugins/``.
 

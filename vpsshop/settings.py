@@ -106,6 +106,7 @@ class Settings(BaseModel):
     topups: dict[str, Any] = Field(default_factory=dict)
     servers: dict[str, Any] = Field(default_factory=dict)
     events: dict[str, Any] = Field(default_factory=dict)
+    dns: dict[str, Any] = Field(default_factory=dict)
     config_path: Path | None = None
 
     @property

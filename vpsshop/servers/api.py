@@ -123,11 +123,20 @@ class QuoteOut(BaseModel):
     max_periods: int | None = Field(None, description="Renewals: the most periods the prepay horizon allows now.")
 
 
-class ServerPatch(ApiModel):
-    """Body of ``PATCH /servers/{id}``."""
+_FQDN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 
-    auto_renew: bool = Field(description="false: the server is not renewed automatically and is suspended at "
-                             "expires_at unless renewed by hand (invalid_auto_renew).")
+
+class ServerPatch(ApiModel):
+    """Body of ``PATCH /servers/{id}``: the fields given change, the others stay."""
+
+    auto_renew: bool | None = Field(None, description="false: the server is not renewed automatically and is "
+                                    "suspended at expires_at unless renewed by hand (invalid_auto_renew).")
+    reverse_dns: str | None = Field(
+        None, max_length=253, pattern=_FQDN,
+        description="The name the server's address resolves back to (its PTR record): a fully qualified domain "
+        "name without the trailing dot, e.g. mail.example.com; null removes it (invalid_reverse_dns). Set by a job "
+        "through the shop's DNS provider within seconds; cleared when the server is terminated.",
+    )
 
 
 class ServerOut(BaseModel):
@@ -147,6 +156,7 @@ class ServerOut(BaseModel):
     expires_at: datetime = Field(description="End of the paid period; see docs/servers.md for what follows.")
     auto_renew: bool = Field(description="Renewed from the balance shortly before expires_at.")
     status_reason: str | None = Field(description="Why the server is suspended or terminated, else null.")
+    reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
 
 
 class OrderOut(BaseModel):
@@ -192,7 +202,7 @@ def server_out(server: Server) -> ServerOut:
         cycle=server.cycle,  # type: ignore[arg-type]
         price_usd=micros_to_usd(server.price_micros), status=server.status,  # type: ignore[arg-type]
         ip=server.ip, username=server.username, created_at=server.created_at, expires_at=server.expires_at,
-        auto_renew=server.auto_renew, status_reason=server.status_reason,
+        auto_renew=server.auto_renew, status_reason=server.status_reason, reverse_dns=server.reverse_dns,
     )
 
 
@@ -448,8 +458,39 @@ def set_auto_renew(ctx: AppContext, account_id: int, server_id: int, auto_renew:
         return server_out(server)
 
 
+def set_reverse_dns(ctx: AppContext, account_id: int, server_id: int, name: str | None) -> ServerOut:
+    """Store the PTR name and queue the ``rdns`` job that tells the DNS provider."""
+    if ctx.dns is None:
+        raise ApiError(501, "not_supported", "This shop has no DNS provider, so reverse DNS cannot be set.")
+    now = ctx.clock.now()
+    name = name.lower() if name else None
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id, lock=True)
+        if server.status != "active" or not server.ip:
+            raise Conflict("server_not_active", f"Reverse DNS needs an active server with an address; this one is "
+                           f"{server.status}.")
+        if server.reverse_dns != name:
+            server.reverse_dns = name
+            session.add(server)
+            enqueue(session, server_id, "rdns", now)
+            record(session, server_id, "reverse_dns", now, name or "cleared")
+        return server_out(server)
+
+
 async def patch_server(call: Call) -> ServerOut:
-    return await run_in_threadpool(set_auto_renew, call.ctx, call.account_id, call.path["id"], call.body.auto_renew)
+    body: ServerPatch = call.body
+    given = body.model_fields_set
+    if not given:
+        raise BadRequest("invalid_request", "Give at least one of auto_renew, reverse_dns.")
+    if "auto_renew" in given and body.auto_renew is None:
+        raise BadRequest("invalid_auto_renew", "auto_renew must be true or false.")
+    out = None
+    if "reverse_dns" in given:
+        out = await run_in_threadpool(set_reverse_dns, call.ctx, call.account_id, call.path["id"], body.reverse_dns)
+    if body.auto_renew is not None:
+        out = await run_in_threadpool(set_auto_renew, call.ctx, call.account_id, call.path["id"], body.auto_renew)
+    assert out is not None
+    return out
 
 
 # ---- renewal and power ---------------------------------------------------------------------------
@@ -584,11 +625,18 @@ def routes() -> list[ApiRoute]:
             "A suspended server returns to active when renewed.",
         ),
         ApiRoute(
-            "PATCH", "/servers/{id}", patch_server, "Turn automatic renewal on or off", ServerOut, body=ServerPatch,
+            "PATCH", "/servers/{id}", patch_server, "Change automatic renewal or reverse DNS", ServerOut,
+            body=ServerPatch,
             description="auto_renew (default true) renews the server from the balance up to 72 hours before "
             "expires_at. Turned off, the server is suspended at expires_at unless POST /servers/{id}/renew is "
-            "called, and terminated after the grace period.",
-            errors={404: _NOT_YOURS, 409: "server_terminated: the server was deleted."},
+            "called, and terminated after the grace period.\n\n"
+            "reverse_dns sets the PTR record of the server's address through the shop's DNS provider (a job, within "
+            "seconds); null removes it. It needs an active server. The record follows the server's life: it is "
+            "removed when the server is terminated, before the address is reused.",
+            errors={400: "invalid_auto_renew, invalid_reverse_dns, invalid_request (empty body), unknown_field",
+                    404: _NOT_YOURS,
+                    409: "server_terminated: the server was deleted; server_not_active (reverse_dns).",
+                    501: "not_supported: the shop has no DNS provider (reverse_dns)."},
             tags=TAG, operation_id="updateServer",
         ),
         ApiRoute(

@@ -268,6 +268,24 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
     await to_thread.run_sync(reinstalled)
 
 
+# ---- reverse DNS ---------------------------------------------------------------------------------
+
+
+async def _rdns(ctx: AppContext, job: ClaimedJob) -> None:
+    """Make the provider's PTR record of the server's address what the row says now."""
+    def load() -> Server | None:
+        with ctx.db.session() as session:
+            return session.get(Server, job.server_id)
+
+    server = await to_thread.run_sync(load)
+    if ctx.dns is None or server is None or not server.ip or server.status == "terminated":
+        return  # termination clears the record in its destroy job
+    if server.reverse_dns:
+        await ctx.dns.set_ptr(server.ip, server.reverse_dns)
+    else:
+        await ctx.dns.clear_ptr(server.ip)
+
+
 # ---- other verbs ---------------------------------------------------------------------------------
 
 
@@ -285,6 +303,14 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
         return  # a power action queued before a suspension or termination: dropped
     await getattr(ctx.hypervisor, job.kind)(handle)
     if job.kind == "destroy":
+        if ctx.dns is not None and server.ip and server.reverse_dns:
+            await ctx.dns.clear_ptr(server.ip)  # the address goes back to the pool: its name must not stay
+
+            def forget() -> None:
+                with ctx.db.session() as session:
+                    session.execute(sa.update(Server).where(Server.id == job.server_id).values(reverse_dns=None))
+
+            await to_thread.run_sync(forget)
         await to_thread.run_sync(_release_address, ctx, job.server_id)
 
         def destroyed() -> None:
@@ -302,12 +328,14 @@ async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
     """Run one claimed job and record its outcome: ``done``, ``retry`` or ``failed``."""
     pol: ServersPolicy = policy(ctx)
     try:
-        if ctx.hypervisor is None:
+        if ctx.hypervisor is None and job.kind != "rdns":
             raise RetryLater("no hypervisor backend is loaded")
         if job.kind == "provision":
             await _provision(ctx, job)
         elif job.kind == "reinstall":
             await _reinstall(ctx, job)
+        elif job.kind == "rdns":
+            await _rdns(ctx, job)
         else:
             await _verb(ctx, job)
     except RetryLater as exc:
