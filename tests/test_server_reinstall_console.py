@@ -151,6 +151,6 @@ def test_a_backend_without_console_says_so(tmp_path):
         account = create_test_account(client)
         sid = _active_server(client, account)
         response = client.post(f"/v1/servers/{sid}/console", headers=account.headers)
-        assert response.status_code == 501 and response.json()["error"] == "not_supported"
+        assert response.status_code == 409 and response.json()["error"] == "not_supported"
         assert "libvirt" in response.json()["message"]
         asyncio.run(run_jobs(client.app.state.ctx))

@@ -1,7 +1,7 @@
 """Base class of DNS providers: the reverse DNS (PTR) records of servers' addresses.
 
 A shop names one in ``[dns] provider = "powerdns"`` (its settings in ``[dns.powerdns]``); with none,
-reverse DNS is not offered and ``PATCH /servers/{id}`` answers ``501 not_supported`` for
+reverse DNS is not offered and ``PATCH /servers/{id}`` answers ``409 not_supported`` for
 ``reverse_dns``. Core calls the provider only from server jobs, never inside a request, and
 retries a call whose job failed, so both verbs must be idempotent.
 """

@@ -176,7 +176,7 @@ class HypervisorBackend(Component):
     ``kind`` names the backend in the ``hypervisor.backend`` setting (``"libvirt"``).
 
     Optional verbs (:meth:`reinstall`, :meth:`open_console`) are offered by naming them in
-    ``capabilities``; core answers the customer ``501 not_supported`` for a verb the configured
+    ``capabilities``; core answers the customer ``409 not_supported`` for a verb the configured
     backend does not list, and never calls it.
     """
 

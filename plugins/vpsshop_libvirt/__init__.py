@@ -4,6 +4,11 @@ Settings (``[hypervisor] backend = "libvirt"``)::
 
     [hypervisor.libvirt]
     domain_type = "kvm"                 # "qemu" for TCG (no /dev/kvm), "test" for test:///default
+    [hypervisor.libvirt.kernel_boot."debian-12-test.raw"]   # optional, per base image
+    kernel = "/var/lib/libvirt/boot/vmlinuz"
+    initrd = "/var/lib/libvirt/boot/initrd.img"
+    cmdline = "root=/dev/vda rw console=ttyS0"
+    format = "raw"
     [hypervisor.libvirt.locations.nl]
     pool = "vpsshop"                    # storage pool holding the OS base images and the servers' disks
     network = "bridge:br0"              # or "network:default", or "user" (QEMU user networking)
@@ -37,6 +42,11 @@ How a server is made (:meth:`LibvirtBackend.create`):
    password, password SSH login) and ``network-config`` (the leased address), uploaded into the pool;
 4. **domain**: memory with explicit ``unit='MiB'`` (a bare ``<memory>`` is KiB), BIOS boot (no
    firmware auto-selection), virtio disk and virtio network, started at once.
+
+Base images that are a bare file system boot by direct kernel boot
+(``[hypervisor.libvirt.kernel_boot."<image file>"]``: ``kernel``, ``initrd``, ``cmdline``, ``format``).
+The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again) and
+:meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver).
 
 Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
 """

@@ -2,7 +2,8 @@
 
 It needs nothing native and nothing outside Python, so it is what the sandbox runs when no
 ``[hypervisor] backend`` is set (it has the highest ``sandbox_priority``). Servers go through the
-whole hypervisor contract (create, start, stop, reboot, suspend, resume, destroy, state): a
+whole hypervisor contract (create, start, stop, reboot, suspend, resume, destroy, state, and the
+optional reinstall and open_console, whose console is a fake that says so): a
 powered-on domain reports ``starting`` for ``boot_seconds``, then ``running``; addresses come from
 ``addresses`` and are leased by core exactly as libvirt's are. Nothing boots for real and nobody
 can log in to a simulated server.

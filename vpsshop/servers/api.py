@@ -130,7 +130,8 @@ class ServerPatch(ApiModel):
     """Body of ``PATCH /servers/{id}``: the fields given change, the others stay."""
 
     auto_renew: bool | None = Field(None, description="false: the server is not renewed automatically and is "
-                                    "suspended at expires_at unless renewed by hand (invalid_auto_renew).")
+                                    "suspended at expires_at unless renewed by hand; absent or null: unchanged "
+                                    "(invalid_auto_renew).")
     reverse_dns: str | None = Field(
         None, max_length=253, pattern=_FQDN,
         description="The name the server's address resolves back to (its PTR record): a fully qualified domain "
@@ -461,7 +462,7 @@ def set_auto_renew(ctx: AppContext, account_id: int, server_id: int, auto_renew:
 def set_reverse_dns(ctx: AppContext, account_id: int, server_id: int, name: str | None) -> ServerOut:
     """Store the PTR name and queue the ``rdns`` job that tells the DNS provider."""
     if ctx.dns is None:
-        raise ApiError(501, "not_supported", "This shop has no DNS provider, so reverse DNS cannot be set.")
+        raise Conflict("not_supported", "This shop has no DNS provider, so reverse DNS cannot be set.")
     now = ctx.clock.now()
     name = name.lower() if name else None
     with ctx.db.session() as session:
@@ -478,18 +479,15 @@ def set_reverse_dns(ctx: AppContext, account_id: int, server_id: int, name: str 
 
 
 async def patch_server(call: Call) -> ServerOut:
+    """Change the fields given; a field that is absent (or an ``auto_renew`` of null) stays."""
     body: ServerPatch = call.body
-    given = body.model_fields_set
-    if not given:
-        raise BadRequest("invalid_request", "Give at least one of auto_renew, reverse_dns.")
-    if "auto_renew" in given and body.auto_renew is None:
-        raise BadRequest("invalid_auto_renew", "auto_renew must be true or false.")
     out = None
-    if "reverse_dns" in given:
+    if "reverse_dns" in body.model_fields_set:
         out = await run_in_threadpool(set_reverse_dns, call.ctx, call.account_id, call.path["id"], body.reverse_dns)
     if body.auto_renew is not None:
         out = await run_in_threadpool(set_auto_renew, call.ctx, call.account_id, call.path["id"], body.auto_renew)
-    assert out is not None
+    if out is None:  # nothing to change: the server as it is
+        out = await run_in_threadpool(server_of, call.ctx, call.account_id, call.path["id"])
     return out
 
 
@@ -633,10 +631,10 @@ def routes() -> list[ApiRoute]:
             "reverse_dns sets the PTR record of the server's address through the shop's DNS provider (a job, within "
             "seconds); null removes it. It needs an active server. The record follows the server's life: it is "
             "removed when the server is terminated, before the address is reused.",
-            errors={400: "invalid_auto_renew, invalid_reverse_dns, invalid_request (empty body), unknown_field",
+            errors={400: "invalid_auto_renew, invalid_reverse_dns, unknown_field",
                     404: _NOT_YOURS,
-                    409: "server_terminated: the server was deleted; server_not_active (reverse_dns).",
-                    501: "not_supported: the shop has no DNS provider (reverse_dns)."},
+                    409: "server_terminated: the server was deleted; server_not_active (reverse_dns); not_supported: "
+                    "the shop has no DNS provider (reverse_dns)."},
             tags=TAG, operation_id="updateServer",
         ),
         ApiRoute(

@@ -150,8 +150,8 @@ def routes() -> list[ApiRoute]:
             "binary frames from the guest (boot messages, the login prompt), binary or text frames to it "
             f"(keystrokes). A bad, used or expired ticket: the socket closes with code {CLOSE_BAD_TICKET}; a "
             f"console the hypervisor cannot open: code {CLOSE_UNAVAILABLE}, with the reason.",
-            errors={404: _NOT_YOURS, 409: "server_not_active: the server is not active.",
-                    501: "not_supported: the shop's hypervisor backend has no serial console."},
+            errors={404: _NOT_YOURS, 409: "server_not_active: the server is not active; not_supported: the shop's "
+                    "hypervisor backend has no serial console."},
             tags=TAG, operation_id="openServerConsole",
         ),
     ]

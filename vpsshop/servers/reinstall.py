@@ -15,7 +15,7 @@ from sqlmodel import select
 from starlette.concurrency import run_in_threadpool
 
 from vpsshop.context import AppContext
-from vpsshop.errors import ApiError, BadRequest, Conflict
+from vpsshop.errors import BadRequest, Conflict
 from vpsshop.hypervisor import CAPABILITY_REINSTALL
 from vpsshop.routing import ApiModel, ApiRoute, Call, Reply
 from vpsshop.servers.api import _NOT_YOURS, _PRINTABLE, TAG, ServerOut, _owned, _user_data_enc, server_out
@@ -53,7 +53,7 @@ def _require(ctx: AppContext, capability: str, what: str) -> None:
     backend = ctx.hypervisor
     if backend is None or capability not in backend.capabilities:
         kind = backend.kind if backend is not None else "none"
-        raise ApiError(501, "not_supported", f"This shop's hypervisor backend ({kind}) cannot {what}.")
+        raise Conflict("not_supported", f"This shop's hypervisor backend ({kind}) cannot {what}.")
 
 
 def reinstall_server(ctx: AppContext, account_id: int, server_id: int, body: ReinstallBody) -> ReinstallOut:
@@ -105,8 +105,7 @@ def routes() -> list[ApiRoute]:
                 400: "invalid_os, invalid_ssh_keys, invalid_root_password, invalid_user_data, unknown_field",
                 404: _NOT_YOURS,
                 409: "server_not_active: the server is provisioning, suspended or terminated; "
-                "reinstall_in_progress.",
-                501: "not_supported: the shop's hypervisor backend cannot reinstall.",
+                "reinstall_in_progress; not_supported: the shop's hypervisor backend cannot reinstall.",
             },
             tags=TAG, operation_id="reinstallServer",
         ),
