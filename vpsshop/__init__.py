@@ -31,10 +31,12 @@ from vpsshop.coins import (
     X402Settlement,
 )
 from vpsshop.component import Component, NoConfig, Readiness, ShopSecrets, require_reachable
+from vpsshop.dns import DnsProvider, ptr_name
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
 from vpsshop.hookspecs import hookimpl
 from vpsshop.hypervisor import (
     AddressPool,
+    ConsoleStream,
     DomainState,
     HypervisorBackend,
     ServerHandle,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.events import Event
     from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
     from vpsshop.settings import Settings, load_settings
+    from vpsshop.cloudinit import compose_user_data, parse_ssh_public_key
 
 _LAZY = {
     "create_app": "vpsshop.app",
@@ -65,6 +68,8 @@ _LAZY = {
     "Reply": "vpsshop.routing",
     "Settings": "vpsshop.settings",
     "load_settings": "vpsshop.settings",
+    "compose_user_data": "vpsshop.cloudinit",
+    "parse_ssh_public_key": "vpsshop.cloudinit",
 }
 
 __all__ = [
@@ -81,9 +86,11 @@ __all__ = [
     "Clock",
     "Component",
     "ConfigError",
+    "ConsoleStream",
     "DepositAddress",
     "DepositCoin",
     "DetectedPayment",
+    "DnsProvider",
     "DomainState",
     "Event",
     "FrozenClock",
@@ -110,9 +117,12 @@ __all__ = [
     "StartupError",
     "WatchSet",
     "check_address_range",
+    "compose_user_data",
     "create_app",
     "hookimpl",
     "load_settings",
+    "parse_ssh_public_key",
+    "ptr_name",
     "require_reachable",
     "X402Coin",
     "X402Payment",

@@ -30,6 +30,7 @@ from vpsshop.events.api import openapi_webhooks
 from vpsshop.logs import configure_logging
 from vpsshop.openapi import InsufficientBalanceBody, build_openapi
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
+from vpsshop.servers.console import websocket_route as console_websocket_route
 from vpsshop.settings import Settings, load_settings
 from vpsshop.tasks import TaskRunner
 
@@ -99,6 +100,7 @@ def create_app(
     served.append(Route(llms.PATH, llms.llms_txt, methods=["GET", "HEAD"]))  # for agents: what, how to pay
     if settings.metrics.enabled:
         served.append(Route("/metrics", metrics.metrics_endpoint, methods=["GET"], include_in_schema=False))
+    served.append(console_websocket_route(BASE_PATH))  # the serial console's WebSocket (ticket-authenticated)
     dashboard = mount_dashboard(ctx)
     if dashboard is not None:
         served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]

@@ -9,6 +9,7 @@ Settings layout of the components (``docs/configuration.md``)::
     [hypervisor]  backend = "libvirt"   and   [hypervisor.libvirt]  its settings
     [catalog]     source = "file"       and   [catalog.file]        its settings
     [rates]       source = "kraken"     and   [rates.kraken]        its settings
+    [dns]         provider = "powerdns" and   [dns.powerdns]        its settings (optional)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vpsshop.clock import Clock
 from vpsshop.coins import PaymentCoin, link_scan_groups
 from vpsshop.component import Component, ShopSecrets
 from vpsshop.db import Database
+from vpsshop.dns import DnsProvider
 from vpsshop.errors import ConfigError, StartupError
 from vpsshop.hypervisor import HypervisorBackend
 from vpsshop.plugins import Registered, blocked_from_env, build_plugin_manager, collect_classes
@@ -60,6 +62,8 @@ class AppContext:
     registered: dict[str, dict[str, Registered]]
     extras: dict[str, Any] = field(default_factory=dict)
     """Room for plugins to keep per-app state, under their own plugin name."""
+    dns: DnsProvider | None = None
+    """The reverse-DNS provider named by ``dns.provider``; None when the shop names none."""
 
     @classmethod
     def build(
@@ -80,6 +84,7 @@ class AppContext:
             "hypervisors": collect_classes(pm, "vpsshop_register_hypervisors", "kind", "hypervisor backend"),
             "catalog_sources": collect_classes(pm, "vpsshop_register_catalog_sources", "name", "catalog source"),
             "rate_sources": collect_classes(pm, "vpsshop_register_rate_sources", "name", "rate source"),
+            "dns_providers": collect_classes(pm, "vpsshop_register_dns_providers", "name", "DNS provider"),
         }
         sandbox = settings.sandbox
         loaded: list[LoadedComponent] = []
@@ -108,6 +113,10 @@ class AppContext:
             loaded, optional_in_sandbox=True, default=sandbox_choice(registered["hypervisors"]) if sandbox else None,
             secrets=secrets,
         )
+        dns = None
+        if settings.dns.get("provider") is not None:  # optional everywhere: no provider, no reverse DNS
+            dns = _build_named(settings.dns, "provider", "dns", registered["dns_providers"], sandbox, "DNS provider",
+                               loaded)
         options = [PaymentOption(**coin.payment_option()) for coin in coins.values()]
         catalog = build_catalog(catalog_data, options, MIN_TOPUP_CENTS, MAX_TOPUP_CENTS)
         ctx = cls(
@@ -122,6 +131,7 @@ class AppContext:
             rate_source=rate_source,  # type: ignore[arg-type]
             loaded=loaded,
             registered=registered,
+            dns=dns,  # type: ignore[arg-type]
         )
         for item in loaded:
             if item.component is not None:

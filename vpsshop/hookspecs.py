@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from vpsshop.catalog import CatalogSource
     from vpsshop.coins import PaymentCoin
     from vpsshop.context import AppContext
+    from vpsshop.dns import DnsProvider
     from vpsshop.events import Event
     from vpsshop.hypervisor import HypervisorBackend
     from vpsshop.rates import RateSource
@@ -90,6 +91,22 @@ def vpsshop_register_rate_sources() -> Iterable[type["RateSource"]]:
         fetches.
 
     .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def vpsshop_register_dns_providers() -> Iterable[type["DnsProvider"]]:
+    """Offer DNS provider classes (reverse DNS of servers' addresses).
+
+    Called once per :func:`vpsshop.create_app`, before settings are read.
+
+    :return: an iterable of subclasses of :class:`vpsshop.DnsProvider`, each with a unique
+        ``name`` (``"powerdns"``). Core instantiates the one named by the ``dns.provider`` setting,
+        if any (without it reverse DNS is not offered), and calls its ``set_ptr`` and ``clear_ptr``
+        from server jobs. Two classes with one ``name`` stop start-up with an error naming both
+        plugins.
+
+    .. versionadded:: 1.1
     """
 
 

@@ -118,6 +118,15 @@ class ServerSpec:
     gateway: str | None = None
     nameservers: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    ssh_keys: tuple[str, ...] = ()
+    """OpenSSH public keys (``<type> <base64>``) to put in root's ``authorized_keys``.
+
+    .. versionadded:: 1.1"""
+    user_data: str | None = None
+    """The customer's cloud-init user data (validated by core); a backend writing a cloud-init seed
+    combines it with its own cloud-config through :func:`vpsshop.compose_user_data`.
+
+    .. versionadded:: 1.1"""
 
 
 @dataclass(frozen=True)
@@ -132,14 +141,50 @@ class ServerHandle:
     """The server's location, so a backend can look on every host of it when ``host`` is empty."""
 
 
+class ConsoleStream:
+    """A guest's serial console, opened by :meth:`HypervisorBackend.open_console`.
+
+    Bytes both ways; core copies them to and from a customer's WebSocket and calls :meth:`close`
+    when either side goes away.
+
+    .. versionadded:: 1.1
+    """
+
+    async def read(self) -> bytes:
+        """The next bytes the guest wrote; ``b""`` once the console has closed. Must not block the
+        event loop (run a blocking read in a thread)."""
+        raise NotImplementedError
+
+    async def write(self, data: bytes) -> None:
+        """Send keystrokes to the guest."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release the console; :meth:`read` then returns what had arrived before, then ``b""``.
+        Idempotent."""
+        raise NotImplementedError
+
+
+CAPABILITY_REINSTALL = "reinstall"
+CAPABILITY_CONSOLE = "console"
+
+
 class HypervisorBackend(Component):
     """Runs virtual machines. Every verb must be overridden and must be idempotent: core retries
     a verb after a crash, so starting a running domain or destroying a missing one succeeds.
 
     ``kind`` names the backend in the ``hypervisor.backend`` setting (``"libvirt"``).
+
+    Optional verbs (:meth:`reinstall`, :meth:`open_console`) are offered by naming them in
+    ``capabilities``; core answers the customer ``409 not_supported`` for a verb the configured
+    backend does not list, and never calls it.
     """
 
     kind: ClassVar[str]
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    """Optional verbs this backend implements: ``"reinstall"``, ``"console"``.
+
+    .. versionadded:: 1.1"""
 
     def address_pool(self, location: str) -> AddressPool | None:
         """The address pool of ``location``, or None when the backend assigns addresses itself.
@@ -188,4 +233,26 @@ class HypervisorBackend(Component):
         missing domain. ``STARTING`` while a guest powered on by :meth:`create`, :meth:`start`,
         :meth:`reboot` or :meth:`resume` is still booting (a backend that cannot tell reports
         ``RUNNING`` at once)."""
+        raise NotImplementedError
+
+    async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        """Optional (capability ``"reinstall"``): wipe the server's disk and boot it fresh.
+
+        Called from a ``reinstall`` job for an active server. Power the domain off, replace its disk
+        with a new one made from ``spec.os_image`` (the OS may differ from the first one), write new
+        first-boot data from ``spec`` (new password, keys, user data; same name, address and
+        hostname) and start it. Idempotent: a retried job does all of it again. Return the handle.
+
+        .. versionadded:: 1.1
+        """
+        raise NotImplementedError
+
+    async def open_console(self, handle: ServerHandle) -> ConsoleStream:
+        """Optional (capability ``"console"``): attach to the domain's serial console.
+
+        Called when a customer opens the console WebSocket. A second attach may take the console
+        over from the first. :raises PluginError: the domain is missing or not running.
+
+        .. versionadded:: 1.1
+        """
         raise NotImplementedError

@@ -116,6 +116,13 @@ class Server(SQLModel, table=True):
     auto_renew: bool = Field(default=True, nullable=False)
     suspended_at: Optional[datetime] = _ts(nullable=True)
     terminated_at: Optional[datetime] = _ts(nullable=True)
+    # Added by migration 0009 (issue 14): access at order time and reverse DNS.
+    ssh_keys: Optional[str] = Field(default=None, sa_type=sa.Text)
+    """JSON list of the OpenSSH public keys root accepts, copied from the account's key store at order
+    (or reinstall), so deleting a stored key later does not change an existing server."""
+    user_data_enc: Optional[str] = Field(default=None, sa_type=sa.Text)
+    """The customer's cloud-init user data, Fernet-encrypted (it may hold secrets)."""
+    reverse_dns: Optional[str] = Field(default=None, max_length=253)
 
 
 class RecoveryCode(SQLModel, table=True):

@@ -109,6 +109,10 @@ class ServersSettings(_Section):
 
     renew_lead_hours: float = Field(72, ge=0, le=24 * 31, description="Renew this long before expiry.")
     grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
+    max_prepay_days: int = Field(
+        1100, ge=31, le=3660,
+        description="Prepay horizon: a renewal for several periods may not move expires_at further than this "
+        "many days past now (default 1100: three annual or 36 monthly periods).")
     provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
     retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
     job_lease_seconds: float = Field(
@@ -155,6 +159,7 @@ class Settings(BaseModel):
     topups: TopupSettings = Field(default_factory=TopupSettings)
     servers: ServersSettings = Field(default_factory=ServersSettings)
     events: dict[str, Any] = Field(default_factory=dict)
+    dns: dict[str, Any] = Field(default_factory=dict)
     config_path: Path | None = None
 
     @property

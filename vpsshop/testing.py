@@ -41,12 +41,13 @@ from typing import Any, Iterator
 import pytest
 
 from vpsshop.payments.contract import DepositCoinContract, scan_until_idle
-from vpsshop.servers.contract import HypervisorContract, check_hypervisor, contract_spec
+from vpsshop.servers.contract import HypervisorContract, check_hypervisor, check_optional_verbs, contract_spec
 
 __all__ = [
     "DepositCoinContract",
     "HypervisorContract",
     "check_hypervisor",
+    "check_optional_verbs",
     "contract_spec",
     "create_test_account",
     "postgres_test_url",

@@ -4,6 +4,11 @@ Settings (``[hypervisor] backend = "libvirt"``)::
 
     [hypervisor.libvirt]
     domain_type = "kvm"                 # "qemu" for TCG (no /dev/kvm), "test" for test:///default
+    [hypervisor.libvirt.kernel_boot."debian-12-test.raw"]   # optional, per base image
+    kernel = "/var/lib/libvirt/boot/vmlinuz"
+    initrd = "/var/lib/libvirt/boot/initrd.img"
+    cmdline = "root=/dev/vda rw console=ttyS0"
+    format = "raw"
     [hypervisor.libvirt.locations.nl]
     pool = "vpsshop"                    # storage pool holding the OS base images and the servers' disks
     network = "bridge:br0"              # or "network:default", or "user" (QEMU user networking)
@@ -38,12 +43,18 @@ How a server is made (:meth:`LibvirtBackend.create`):
 4. **domain**: memory with explicit ``unit='MiB'`` (a bare ``<memory>`` is KiB), BIOS boot (no
    firmware auto-selection), virtio disk and virtio network, started at once.
 
+Base images that are a bare file system boot by direct kernel boot
+(``[hypervisor.libvirt.kernel_boot."<image file>"]``: ``kernel``, ``initrd``, ``cmdline``, ``format``).
+The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again) and
+:meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver).
+
 Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
 import subprocess
@@ -58,6 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vpsshop import (
     AddressPool,
+    ConsoleStream,
     DomainState,
     HypervisorBackend,
     PluginError,
@@ -66,6 +78,7 @@ from vpsshop import (
     ServerSpec,
     StartupError,
     check_address_range,
+    compose_user_data,
     hookimpl,
 )
 
@@ -130,12 +143,30 @@ class LocationConfig(BaseModel):
         return value
 
 
+class KernelBoot(BaseModel):
+    """Direct kernel boot for one base image: QEMU loads the kernel and initrd, no boot loader.
+
+    For images that are a bare file system (``mkfs.ext4 -d``) rather than a partitioned disk with a
+    boot loader, such as the one ``scripts/build-test-guest.sh`` makes. The paths are on the host.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kernel: str = Field(description="Path of the kernel (vmlinuz) on the libvirt host.")
+    initrd: str | None = Field(None, description="Path of the initrd on the libvirt host.")
+    cmdline: str = Field("root=/dev/vda rw console=ttyS0", max_length=1000, description="Kernel command line.")
+    format: Literal["qcow2", "raw"] | None = Field(None, description="Format of this base image; default "
+                                                   "base_image_format.")
+
+
 class LibvirtConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     domain_type: Literal["kvm", "qemu", "test"] = "kvm"
     machine: str = Field("pc", description="QEMU machine type (pc boots with BIOS, no firmware auto-selection).")
     base_image_format: Literal["qcow2", "raw"] = "qcow2"
+    kernel_boot: dict[str, KernelBoot] = Field(
+        default_factory=dict, description="Base image file name -> direct kernel boot settings for that image.")
     shutdown_grace_seconds: float = Field(
         SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown, then power off."
     )
@@ -152,6 +183,16 @@ def choose_host(candidates: Iterable[tuple[HostConfig, int, int]], need_mib: int
     return best[1] if best else None
 
 
+def mac_address(name: str) -> str:
+    """The domain's MAC address, derived from its name (QEMU's 52:54:00 prefix).
+
+    The seed's network-config matches the interface by this address, so the leased address lands on
+    the right interface whatever the guest names it.
+    """
+    digest = hashlib.sha256(name.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
 def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_path: str, seed_path: str) -> str:
     """The domain definition. Memory carries an explicit unit; disk and network are virtio."""
     dom = ET.Element("domain", type=cfg.domain_type)
@@ -162,7 +203,14 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(dom, "vcpu", placement="static").text = str(spec.vcpu)
     os_el = ET.SubElement(dom, "os")
     ET.SubElement(os_el, "type", arch="x86_64", machine=cfg.machine).text = "hvm"
-    ET.SubElement(os_el, "boot", dev="hd")
+    boot = cfg.kernel_boot.get(spec.os_image)
+    if boot is not None:
+        ET.SubElement(os_el, "kernel").text = boot.kernel
+        if boot.initrd:
+            ET.SubElement(os_el, "initrd").text = boot.initrd
+        ET.SubElement(os_el, "cmdline").text = boot.cmdline
+    else:
+        ET.SubElement(os_el, "boot", dev="hd")
     features = ET.SubElement(dom, "features")
     ET.SubElement(features, "acpi")
     ET.SubElement(features, "apic")
@@ -184,6 +232,7 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(seed, "readonly")
     kind, _, name = loc.network.partition(":")
     nic = ET.SubElement(devices, "interface", type=kind)
+    ET.SubElement(nic, "mac", address=mac_address(spec.name))
     if kind == "network":
         ET.SubElement(nic, "source", network=name)
     elif kind == "bridge":
@@ -224,11 +273,17 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
         "write_files": [{"path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
                          "content": "PermitRootLogin yes\nPasswordAuthentication yes\n", "permissions": "0644"}],
     }
-    files = {"meta-data": json.dumps(meta) + "\n", "user-data": "#cloud-config\n" + json.dumps(user) + "\n"}
+    if spec.ssh_keys:
+        # With disable_root false, cloud-init writes these to root's authorized_keys (and the image's
+        # default user's, if it has one).
+        user["ssh_authorized_keys"] = list(spec.ssh_keys)
+    files = {"meta-data": json.dumps(meta) + "\n", "user-data": compose_user_data(user, spec.user_data)}
     if spec.ip is not None:
-        eth: dict[str, Any] = {"match": {"name": "e*"}, "addresses": [f"{spec.ip}/{spec.prefix_length}"]}
+        eth: dict[str, Any] = {"match": {"macaddress": mac_address(spec.name)}, "set-name": "eth0",
+                               "addresses": [f"{spec.ip}/{spec.prefix_length}"]}
         if spec.gateway:
-            eth["routes"] = [{"to": "default", "via": spec.gateway}]
+            # "0.0.0.0/0", not "default": cloud-init before 23.x (Debian 12 ships 22.4) rejects "default".
+            eth["routes"] = [{"to": "0.0.0.0/0", "via": spec.gateway}]
         if spec.nameservers:
             eth["nameservers"] = {"addresses": list(spec.nameservers)}
         files["network-config"] = json.dumps({"version": 2, "ethernets": {"primary": eth}}) + "\n"
@@ -258,15 +313,82 @@ def build_seed_iso(spec: ServerSpec, out: Path) -> None:
             raise PluginError(f"building the seed ISO failed: {result.stderr.strip()[:200]}")
 
 
+class LibvirtConsole(ConsoleStream):
+    """A domain's serial console through ``virDomainOpenConsole``.
+
+    A blocking libvirt stream is read by a daemon thread that hands the bytes to the event loop,
+    so no read ever occupies the loop or its thread pool, and a console nobody reads any more ends
+    with the stream.
+    """
+
+    CHUNK = 4096
+
+    def __init__(self, conn: Any, dom: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._stream = conn.newStream(0)
+        # FORCE: take the console over from an earlier session (a customer's stale tab).
+        dom.openConsole(None, self._stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE)
+        self._loop = loop
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._closed = False
+        threading.Thread(target=self._pump, name=f"console-{dom.name()}", daemon=True).start()
+
+    def _pump(self) -> None:
+        while not self._closed:
+            try:
+                data = self._stream.recv(self.CHUNK)
+            except LibvirtError:
+                data = b""
+            if not isinstance(data, bytes):  # -2 (would block) cannot happen on a blocking stream; be safe
+                data = b""
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, data)
+            except RuntimeError:  # the loop has closed
+                return
+            if not data:
+                return
+
+    async def read(self) -> bytes:
+        if self._closed and self._queue.empty():
+            return b""
+        return await self._queue.get()
+
+    async def write(self, data: bytes) -> None:
+        def send() -> None:
+            view = memoryview(data)
+            while view:
+                sent = self._stream.send(bytes(view))
+                if sent < 0:
+                    raise PluginError("the console stream refused input")
+                view = view[sent:]
+
+        try:
+            await asyncio.to_thread(send)
+        except LibvirtError as exc:
+            raise PluginError(f"console: {exc.get_error_message()}") from None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put_nowait(b"")
+        try:
+            await asyncio.to_thread(self._stream.abort)
+        except LibvirtError:
+            pass
+
+
 class LibvirtBackend(HypervisorBackend):
     """Servers as libvirt domains on the hosts of each location (see the module docstring)."""
 
     kind = "libvirt"
     Config = LibvirtConfig
+    capabilities = frozenset({"reinstall", "console"})
 
     def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
         self.cfg: LibvirtConfig = config  # type: ignore[assignment]
+        if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles
+            self.capabilities = frozenset({"reinstall"})  # type: ignore[misc]
         self._conns: dict[str, Any] = {}
         self._lock = threading.Lock()
         if libvirt is not None:
@@ -391,7 +513,9 @@ class LibvirtBackend(HypervisorBackend):
         vol = self._volume(pool, name)
         if vol is None:
             base = f"{pool_path}/{spec.os_image}"
-            xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, self.cfg.base_image_format))
+            boot = self.cfg.kernel_boot.get(spec.os_image)
+            fmt = (boot.format if boot is not None else None) or self.cfg.base_image_format
+            xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, fmt))
             try:
                 vol = pool.createXML(xml, 0)
             except LibvirtError as exc:
@@ -528,6 +652,39 @@ class LibvirtBackend(HypervisorBackend):
 
     async def destroy(self, handle: ServerHandle) -> None:
         await self._run(self._destroy, handle)
+
+    def _reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        host, loc = self._host(handle.host)
+        conn = self._conn(host.uri)
+        dom = self._lookup(conn, handle.domain)
+        if dom is not None:
+            if dom.isActive():
+                dom.destroy()  # the disk is about to be erased: no point in a clean shutdown
+            dom.undefine()
+        pool, pool_path = self._pool(conn, loc)
+        for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
+            vol = self._volume(pool, name)
+            if vol is not None:
+                vol.delete(0)
+        disk = self._disk(pool, pool_path, spec)
+        seed = self._seed(conn, pool, spec)
+        dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
+        dom.create()
+        return ServerHandle(host=host.key, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
+
+    async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        """Power off, undefine, delete disk and seed, then create both again from ``spec`` and start."""
+        return await self._run(self._reinstall, handle, spec)
+
+    def _open_console(self, handle: ServerHandle, loop: asyncio.AbstractEventLoop) -> LibvirtConsole:
+        dom = self._require(handle)
+        if not dom.isActive():
+            raise PluginError(f"domain {handle.domain} is not running")
+        host, _ = self._host(handle.host)
+        return LibvirtConsole(self._conn(host.uri), dom, loop)
+
+    async def open_console(self, handle: ServerHandle) -> ConsoleStream:
+        return await self._run(self._open_console, handle, asyncio.get_running_loop())
 
     async def state(self, handle: ServerHandle) -> DomainState:
         return await self._run(self._state, handle)

@@ -2,7 +2,8 @@
 
 It needs nothing native and nothing outside Python, so it is what the sandbox runs when no
 ``[hypervisor] backend`` is set (it has the highest ``sandbox_priority``). Servers go through the
-whole hypervisor contract (create, start, stop, reboot, suspend, resume, destroy, state): a
+whole hypervisor contract (create, start, stop, reboot, suspend, resume, destroy, state, and the
+optional reinstall and open_console, whose console is a fake that says so): a
 powered-on domain reports ``starting`` for ``boot_seconds``, then ``running``; addresses come from
 ``addresses`` and are leased by core exactly as libvirt's are. Nothing boots for real and nobody
 can log in to a simulated server.
@@ -24,6 +25,7 @@ Settings (``[hypervisor] backend = "simulator"``)::
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -31,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vpsshop import (
     AddressPool,
+    ConsoleStream,
     DomainState,
     HypervisorBackend,
     PluginError,
@@ -70,6 +73,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
+    capabilities = frozenset({"reinstall", "console"})
 
     config: SimulatorConfig
 
@@ -139,6 +143,21 @@ class SimulatedBackend(HypervisorBackend):
     async def destroy(self, handle: ServerHandle) -> None:
         await self._state().delete(handle.domain)
 
+    async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        """A new (simulated) disk: the record's OS changes and the domain boots again."""
+        def change(data: dict[str, Any]) -> dict[str, Any]:
+            return self._powered_on({**data, "os": spec.os_id, "ssh_keys": len(spec.ssh_keys),
+                                     "reinstalled_at": self.clock.now().isoformat()})
+
+        await self._power(handle, change, must_exist=True)
+        return ServerHandle(host=HOST, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
+
+    async def open_console(self, handle: ServerHandle) -> ConsoleStream:
+        record = await self._state().get(handle.domain)
+        if record is None or record.data["power"] != "on":
+            raise PluginError(f"domain {handle.domain} is not running on {HOST}")
+        return SimulatedConsole(record.data.get("hostname", handle.domain), record.data.get("os", "linux"))
+
     async def state(self, handle: ServerHandle) -> DomainState:
         record = await self._state().get(handle.domain)
         if record is None:
@@ -158,6 +177,36 @@ class SimulatedBackend(HypervisorBackend):
     async def check_ready(self) -> Readiness:
         boot = self.config.boot_seconds
         return Readiness(True, f"simulated servers (records in the database), booting in {boot:g} s")
+
+
+class SimulatedConsole(ConsoleStream):
+    """A fake serial console for the sandbox: a few boot lines, a login prompt, and an echo of what
+    is typed (there is no guest to log in to). Named for what it is in every line it prints."""
+
+    def __init__(self, hostname: str, os_id: str) -> None:
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        lines = [
+            f"[    0.000000] Linux version 6.1.0 (vpsshop simulator: {os_id}, no real guest)",
+            "[    0.512000] Run /init as init process",
+            "[  OK  ] Reached target Multi-User System (simulated).",
+            "",
+        ]
+        self._queue.put_nowait(("\r\n".join(lines) + f"\r\n{hostname} login: ").encode())
+        self._closed = False
+
+    async def read(self) -> bytes:
+        if self._closed and self._queue.empty():
+            return b""
+        return await self._queue.get()
+
+    async def write(self, data: bytes) -> None:
+        if not self._closed:
+            self._queue.put_nowait(data.replace(b"\r", b"\r\n"))
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(b"")
 
 
 @hookimpl

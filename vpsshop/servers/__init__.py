@@ -3,6 +3,9 @@
 * :mod:`vpsshop.servers.api` - the ``/servers`` endpoints;
 * :mod:`vpsshop.servers.jobs` - hypervisor work as database-backed jobs (``servers-jobs`` task);
 * :mod:`vpsshop.servers.lifecycle` - renewal, suspension, termination (``servers-lifecycle`` task);
+* :mod:`vpsshop.servers.sshkeys` - the ``/ssh-keys`` store;
+* :mod:`vpsshop.servers.reinstall` - ``POST /servers/{id}/reinstall``;
+* :mod:`vpsshop.servers.console` - console tickets and the console WebSocket;
 * :mod:`vpsshop.servers.credentials` - root passwords, encrypted at rest;
 * :mod:`vpsshop.servers.models` - the tables.
 
@@ -21,9 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def routes() -> list["ApiRoute"]:
-    from vpsshop.servers import api
+    from vpsshop.servers import api, console, reinstall, sshkeys
 
-    return api.routes()
+    return [*api.routes(), *reinstall.routes(), *console.routes(), *sshkeys.routes()]
 
 
 def background_tasks(ctx: "AppContext") -> list["BackgroundTask"]:

@@ -26,14 +26,27 @@ from starlette.responses import Response
 
 from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
+from vpsshop.cloudinit import MAX_USER_DATA_BYTES, InvalidInput, check_user_data
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
+from vpsshop.encryption import encrypt_text
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
-from vpsshop.servers.lifecycle import DEFAULT_CYCLE, RenewalRaced, enqueue, period_end, record, renew
+from vpsshop.servers.lifecycle import (
+    DEFAULT_CYCLE,
+    RenewalRaced,
+    enqueue,
+    max_periods,
+    period_end,
+    policy,
+    record,
+    renew,
+    renewal_terms,
+)
+from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
 from vpsshop.servers.models import ServerEvent, ServerJob
 from vpsshop.x402 import headers as x402_headers
 from vpsshop.x402 import orders as x402_orders
@@ -65,13 +78,69 @@ class OrderBody(ApiModel):
         description="10 to 128 printable ASCII characters, not all spaces. Omit it to have a 20-character password generated "
         "and returned once in this response (invalid_root_password).",
     )
+    ssh_keys: list[int] | None = Field(
+        None, max_length=MAX_KEYS_PER_SERVER,
+        description=f"Ids of the caller's stored keys (POST /ssh-keys), at most {MAX_KEYS_PER_SERVER}: cloud-init "
+        "writes them to root's authorized_keys. The root password is set as well (invalid_ssh_keys).",
+    )
+    user_data: str | None = Field(
+        None, max_length=MAX_USER_DATA_BYTES,
+        description=f"cloud-init user data, at most {MAX_USER_DATA_BYTES} bytes: '#cloud-config' followed by a "
+        "YAML mapping, or a script starting with '#!' (run once at the end of the first boot). It is combined "
+        "with vpsshop's own cloud-config, which keeps the hostname, the root password, password login and the "
+        "SSH keys: those keys of a customer cloud-config are replaced, and its ssh_authorized_keys, write_files, "
+        "runcmd and bootcmd lists are extended. The network configuration is a separate file it cannot change "
+        "(invalid_user_data). Stored encrypted.",
+    )
+
+
+class QuoteBody(ApiModel):
+    """Body of ``POST /servers/quote``: what an order would be, without the server's settings."""
+
+    plan: str = Field(min_length=1, max_length=32, description="A plan id (invalid_plan).",
+                      json_schema_extra={"x-catalog": "plans"})
+    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).",
+                          json_schema_extra={"x-catalog": "locations"})
+    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).",
+                    json_schema_extra={"x-catalog": "operating_systems"})
+    cycle: Literal["monthly", "annual"] = Field(DEFAULT_CYCLE, description="Billing cycle (invalid_cycle).")
+
+
+class RenewBody(ApiModel):
+    """Optional body of ``POST /servers/{id}/renew`` and ``POST /servers/{id}/renew/quote``."""
+
+    periods: int = Field(1, ge=1, le=120, description="Billing cycles to pay for at once, default 1; capped by the "
+                         "prepay horizon (servers.max_prepay_days, default 1100 days) (invalid_periods).")
+
+
+class QuoteOut(BaseModel):
+    """What an order or a renewal would charge now, and whether the balance covers it. Writes nothing."""
+
+    price_usd: UsdAmount = Field(description="What ordering or renewing would charge now (all periods).")
+    periods: int = Field(description="Billing cycles priced (1 for an order).")
+    period_price_usd: UsdAmount = Field(description="The price of one cycle.")
+    balance_usd: UsdAmount = Field(description="The caller's balance now.")
+    deficit_usd: UsdAmount = Field(description="How much to top up before the charge succeeds (0 when covered).")
+    sufficient: bool = Field(description="True when the balance covers price_usd.")
+    expires_at: datetime = Field(description="expires_at after the order or renewal, if made now.")
+    max_periods: int | None = Field(None, description="Renewals: the most periods the prepay horizon allows now.")
+
+
+_FQDN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 
 
 class ServerPatch(ApiModel):
-    """Body of ``PATCH /servers/{id}``."""
+    """Body of ``PATCH /servers/{id}``: the fields given change, the others stay."""
 
-    auto_renew: StrictBool = Field(description="false: the server is not renewed automatically and is suspended at "
-                             "expires_at unless renewed by hand (invalid_auto_renew).")
+    auto_renew: StrictBool | None = Field(None, description="false: the server is not renewed automatically and is "
+                                    "suspended at expires_at unless renewed by hand; absent or null: unchanged "
+                                    "(invalid_auto_renew).")
+    reverse_dns: str | None = Field(
+        None, max_length=253, pattern=_FQDN,
+        description="The name the server's address resolves back to (its PTR record): a fully qualified domain "
+        "name without the trailing dot, e.g. mail.example.com; null removes it (invalid_reverse_dns). Set by a job "
+        "through the shop's DNS provider within seconds; cleared when the server is terminated.",
+    )
 
 
 class ServerOut(BaseModel):
@@ -91,6 +160,7 @@ class ServerOut(BaseModel):
     expires_at: datetime = Field(description="End of the paid period; see docs/servers.md for what follows.")
     auto_renew: bool = Field(description="Renewed from the balance shortly before expires_at.")
     status_reason: str | None = Field(description="Why the server is suspended or terminated, else null.")
+    reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
 
 
 class OrderOut(BaseModel):
@@ -136,7 +206,7 @@ def server_out(server: Server) -> ServerOut:
         cycle=server.cycle,  # type: ignore[arg-type]
         price_usd=micros_to_usd(server.price_micros), status=server.status,  # type: ignore[arg-type]
         ip=server.ip, username=server.username, created_at=server.created_at, expires_at=server.expires_at,
-        auto_renew=server.auto_renew, status_reason=server.status_reason,
+        auto_renew=server.auto_renew, status_reason=server.status_reason, reverse_dns=server.reverse_dns,
     )
 
 
@@ -144,7 +214,10 @@ def server_out(server: Server) -> ServerOut:
 
 
 def _digest(body: OrderBody) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    # Fields added later (ssh_keys, user_data) count only when given, so an order made before they
+    # existed still replays.
+    data = body.model_dump(mode="json", exclude={k for k in ("ssh_keys", "user_data") if getattr(body, k) is None})
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -174,7 +247,7 @@ def _replay(ctx: AppContext, session: Session, account_id: int, key: str, body: 
     return Ordered(OrderOut(server=server_out(server), root_password=generated), replayed=True)
 
 
-def _resolve(ctx: AppContext, body: OrderBody) -> int:
+def _resolve(ctx: AppContext, body: OrderBody | QuoteBody) -> int:
     data = ctx.catalog_data
     plan = next((p for p in data.plans if p.id == body.plan), None)
     if plan is None:
@@ -243,6 +316,11 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
             replay = _replay(ctx, session, account_id, key, body)
         if replay is not None:
             return replay
+    user_data_enc = _user_data_enc(ctx, body.user_data)
+    ssh_keys = None
+    if body.ssh_keys:
+        with ctx.db.session() as session:
+            ssh_keys = keys_for_server(session, account_id, body.ssh_keys)
     password = body.root_password or generate_root_password()
     now = ctx.clock.now()
     try:
@@ -254,6 +332,7 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
                 status="provisioning", username="root", created_at=now, expires_at=period_end(now, body.cycle),
                 root_password_enc=encrypt_password(ctx, password), idempotency_key=key,
                 request_digest=digest if key is not None else None, auto_renew=True,
+                ssh_keys=ssh_keys, user_data_enc=user_data_enc,
             )
             detail = f"{body.plan} {body.location} {body.os} {body.cycle}"
             if ctx.db.dialect == "postgresql":
@@ -290,6 +369,41 @@ def replay_order(ctx: AppContext, account_id: int, key: str, body: OrderBody) ->
     """The earlier order of ``key`` (None if there is none). :raises Conflict: idempotency_key_reused."""
     with ctx.db.session() as session:
         return _replay(ctx, session, account_id, key, body)
+
+
+
+
+def _user_data_enc(ctx: AppContext, user_data: str | None) -> str | None:
+    if user_data is None:
+        return None
+    try:
+        check_user_data(user_data)
+    except InvalidInput as exc:
+        raise BadRequest("invalid_user_data", f"This user data is not accepted: {exc}.") from None
+    return encrypt_text(ctx, user_data)
+
+
+def quote_order(ctx: AppContext, account_id: int, balance_micros: int, body: QuoteBody) -> QuoteOut:
+    """What :func:`place_order` would charge for ``body`` now; priced by the same ``_resolve``."""
+    price = _resolve(ctx, body)
+    return _quote(price, 1, price, balance_micros, period_end(ctx.clock.now(), body.cycle))
+
+
+def _quote(price: int, periods: int, period_price: int, balance: int, expires_at: datetime,
+           most: int | None = None) -> QuoteOut:
+    return QuoteOut(price_usd=micros_to_usd(price), periods=periods, period_price_usd=micros_to_usd(period_price),
+                    balance_usd=micros_to_usd(balance), deficit_usd=micros_to_usd(max(0, price - balance)),
+                    sufficient=balance >= price, expires_at=expires_at, max_periods=most)
+
+
+async def order_quote(call: Call) -> QuoteOut:
+    balance = await run_in_threadpool(_balance, call.ctx, call.account_id)
+    return await run_in_threadpool(quote_order, call.ctx, call.account_id, balance, call.body)
+
+
+def _balance(ctx: AppContext, account_id: int) -> int:
+    with ctx.db.session() as session:
+        return session.execute(sa.select(Account.balance_micros).where(Account.id == account_id)).scalar_one()
 
 
 async def order_server(call: Call) -> Reply | Response:
@@ -383,28 +497,69 @@ def set_auto_renew(ctx: AppContext, account_id: int, server_id: int, auto_renew:
         return server_out(server)
 
 
+def set_reverse_dns(ctx: AppContext, account_id: int, server_id: int, name: str | None) -> ServerOut:
+    """Store the PTR name and queue the ``rdns`` job that tells the DNS provider."""
+    if ctx.dns is None:
+        raise Conflict("not_supported", "This shop has no DNS provider, so reverse DNS cannot be set.")
+    now = ctx.clock.now()
+    name = name.lower() if name else None
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id, lock=True)
+        if server.status != "active" or not server.ip:
+            raise Conflict("server_not_active", f"Reverse DNS needs an active server with an address; this one is "
+                           f"{server.status}.")
+        if server.reverse_dns != name:
+            server.reverse_dns = name
+            session.add(server)
+            enqueue(session, server_id, "rdns", now)
+            record(session, server_id, "reverse_dns", now, name or "cleared")
+        return server_out(server)
+
+
 async def patch_server(call: Call) -> ServerOut:
-    return await run_in_threadpool(set_auto_renew, call.ctx, call.account_id, call.path["id"], call.body.auto_renew)
+    """Change the fields given; a field that is absent (or an ``auto_renew`` of null) stays."""
+    body: ServerPatch = call.body
+    out = None
+    if "reverse_dns" in body.model_fields_set:
+        out = await run_in_threadpool(set_reverse_dns, call.ctx, call.account_id, call.path["id"], body.reverse_dns)
+    if body.auto_renew is not None:
+        out = await run_in_threadpool(set_auto_renew, call.ctx, call.account_id, call.path["id"], body.auto_renew)
+    if out is None:  # nothing to change: the server as it is
+        out = await run_in_threadpool(server_of, call.ctx, call.account_id, call.path["id"])
+    return out
 
 
 # ---- renewal and power ---------------------------------------------------------------------------
 
 
-def renew_now(ctx: AppContext, account_id: int, server_id: int, *, paid_by: int | None = None) -> RenewOut:
-    """Renew one cycle from the balance. ``paid_by``: the x402 record that paid for it, marked done
+def _renewable(ctx: AppContext, server: Server, periods: int, now: datetime) -> int:
+    """Check the server can be renewed for ``periods`` now; return the most periods allowed."""
+    if server.status not in ("active", "suspended"):
+        raise Conflict("server_not_renewable",
+                       f"A {server.status} server cannot be renewed (only active or suspended ones).")
+    pol = policy(ctx)
+    most = max_periods(pol, server, now)
+    if periods > most:
+        raise BadRequest("invalid_periods", f"At most {most} period(s) can be paid now: a renewal may not move "
+                         f"expires_at more than {pol.max_prepay_days} days past now (the prepay horizon).",
+                         max_periods=most)
+    return most
+
+
+def renew_now(ctx: AppContext, account_id: int, server_id: int, periods: int = 1, *,
+              paid_by: int | None = None) -> RenewOut:
+    """Renew ``periods`` cycles from the balance. ``paid_by``: the x402 record that paid for it, marked done
     in the same transaction."""
     for _ in range(3):
         try:
             with ctx.db.session() as session:
                 server = _owned(session, account_id, server_id, lock=True)
-                if server.status not in ("active", "suspended"):
-                    raise Conflict("server_not_renewable",
-                                   f"A {server.status} server cannot be renewed (only active or suspended ones).")
-                result = renew(session, server, ctx.clock.now(), by="customer")
+                now = ctx.clock.now()
+                _renewable(ctx, server, periods, now)
+                result = renew(session, server, now, by="customer", periods=periods)
                 if paid_by is not None:
                     x402_orders.mark_done(session, paid_by)
-                return RenewOut(server=server_out(result.server),
-                                charged_usd=micros_to_usd(server.price_micros if result.charged else 0))
+                return RenewOut(server=server_out(result.server), charged_usd=micros_to_usd(result.charged_micros))
         except RenewalRaced:
             continue
     raise Conflict("server_busy", "The server changed while renewing; retry.")
@@ -412,29 +567,30 @@ def renew_now(ctx: AppContext, account_id: int, server_id: int, *, paid_by: int 
 
 async def renew_server(call: Call) -> RenewOut | Response:
     server_id = call.path["id"]
+    periods = call.body.periods if call.body is not None else 1
     sent = x402_headers.payment_header(call.request)
     if sent is not None:
-        return await _paid_renewal(call, server_id, *sent)
+        return await _paid_renewal(call, server_id, periods, *sent)
     try:
-        return await run_in_threadpool(renew_now, call.ctx, call.account_id, server_id)
+        return await run_in_threadpool(renew_now, call.ctx, call.account_id, server_id, periods)
     except InsufficientBalance as exc:
         return x402_orders.short_balance(call.ctx, exc, f"/servers/{server_id}/renew", x402_orders.RENEWAL_DESCRIPTION,
                                          "/servers/{id}/renew")
 
 
-def _renewal_terms(ctx: AppContext, account_id: int, server_id: int) -> tuple[int, int]:
-    """(price of one cycle, balance) of a renewable server. :raises ApiError: 404, 409 as renew_now."""
+def _renewal_terms(ctx: AppContext, account_id: int, server_id: int, periods: int) -> tuple[int, int]:
+    """(price of ``periods`` cycles, balance) of a renewable server. :raises ApiError: 404, 409, 400 as renew_now."""
     with ctx.db.session() as session:
         server = _owned(session, account_id, server_id)
-        if server.status not in ("active", "suspended"):
-            raise Conflict("server_not_renewable",
-                           f"A {server.status} server cannot be renewed (only active or suspended ones).")
+        now = ctx.clock.now()
+        _renewable(ctx, server, periods, now)
+        price, _ = renewal_terms(server, now, periods)
         account = session.get(Account, account_id)
         assert account is not None
-        return server.price_micros, account.balance_micros
+        return price, account.balance_micros
 
 
-async def _paid_renewal(call: Call, server_id: int, header: str, version: int) -> Reply | Response:
+async def _paid_renewal(call: Call, server_id: int, periods: int, header: str, version: int) -> Reply | Response:
     """A renewal re-sent with an x402 payment: settle and credit it, then renew, once per authorization."""
     ctx, account_id = call.ctx, call.account_id
     coin, payment = x402_orders.decode(ctx, header, version)
@@ -444,15 +600,31 @@ async def _paid_renewal(call: Call, server_id: int, header: str, version: int) -
             earlier.status == "settled":
         server = await run_in_threadpool(server_of, ctx, account_id, server_id)
         return Reply(RenewOut(server=server, charged_usd=server.price_usd), 200, {"Idempotent-Replayed": "true"})
-    price, balance = await run_in_threadpool(_renewal_terms, ctx, account_id, server_id)
+    price, balance = await run_in_threadpool(_renewal_terms, ctx, account_id, server_id, periods)
     paid = await x402_orders.settle_for(
         ctx, coin, payment, header, version, account_id=account_id, price_micros=price, balance_micros=balance,
         path=f"/servers/{server_id}/renew", description=x402_orders.RENEWAL_DESCRIPTION, purpose=purpose)
     try:
-        out = await run_in_threadpool(lambda: renew_now(ctx, account_id, server_id, paid_by=paid.record_id))
+        out = await run_in_threadpool(lambda: renew_now(ctx, account_id, server_id, periods, paid_by=paid.record_id))
     except ApiError as exc:
         return x402_orders.kept_on_balance(exc, paid, "the renewal")
     return Reply(out, 200, paid.headers)
+
+
+def quote_renewal(ctx: AppContext, account_id: int, server_id: int, periods: int = 1) -> QuoteOut:
+    """What :func:`renew_now` would charge now: the same :func:`renewal_terms`, nothing written."""
+    with ctx.db.session() as session:
+        server = _owned(session, account_id, server_id)
+        now = ctx.clock.now()
+        most = _renewable(ctx, server, periods, now)
+        price, expires_at = renewal_terms(server, now, periods)
+        balance = session.execute(sa.select(Account.balance_micros).where(Account.id == account_id)).scalar_one()
+        return _quote(price, periods, server.price_micros, balance, expires_at, most)
+
+
+async def renewal_quote(call: Call) -> QuoteOut:
+    periods = call.body.periods if call.body is not None else 1
+    return await run_in_threadpool(quote_renewal, call.ctx, call.account_id, call.path["id"], periods)
 
 
 def power_action(ctx: AppContext, account_id: int, server_id: int, action: str) -> PowerActionOut:
@@ -520,8 +692,8 @@ def routes() -> list[ApiRoute]:
                      *_X402_HEADERS),
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
-                "invalid_root_password, invalid_idempotency_key, unknown_field, invalid_payment, invalid_coin "
-                "(a payment header sent to a shop without x402)",
+                "invalid_root_password, invalid_ssh_keys, invalid_user_data, invalid_idempotency_key, unknown_field, "
+                "invalid_payment, invalid_coin (a payment header sent to a shop without x402)",
                 409: "idempotency_key_reused: this key was used for a different order; nonce_used: the x402 "
                 "authorization was used for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
@@ -530,6 +702,14 @@ def routes() -> list[ApiRoute]:
                              "x402 requirements for the deficit when the shop takes x402); wrong_amount or another "
                              "x402 refusal of a payment.", x402_orders.X402InsufficientBalanceBody)},
             tags=TAG, operation_id="orderServer",
+        ),
+        ApiRoute(
+            "POST", "/servers/quote", order_quote, "Price an order without placing it", QuoteOut, body=QuoteBody,
+            description="What POST /servers with this plan, location, os and cycle would charge now, the balance, "
+            "and the deficit to top up first. Computed by the same pricing code as the order itself; nothing is "
+            "written or reserved, so the price is only guaranteed by the order.",
+            errors={400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, unknown_field"},
+            tags=TAG, operation_id="quoteOrder",
         ),
         ApiRoute(
             "GET", "/servers", list_servers, "List the caller's servers", ServerList, tags=TAG,
@@ -543,11 +723,18 @@ def routes() -> list[ApiRoute]:
             "A suspended server returns to active when renewed.",
         ),
         ApiRoute(
-            "PATCH", "/servers/{id}", patch_server, "Turn automatic renewal on or off", ServerOut, body=ServerPatch,
+            "PATCH", "/servers/{id}", patch_server, "Change automatic renewal or reverse DNS", ServerOut,
+            body=ServerPatch,
             description="auto_renew (default true) renews the server from the balance up to 72 hours before "
             "expires_at. Turned off, the server is suspended at expires_at unless POST /servers/{id}/renew is "
-            "called, and terminated after the grace period.",
-            errors={404: _NOT_YOURS, 409: "server_terminated: the server was deleted."},
+            "called, and terminated after the grace period.\n\n"
+            "reverse_dns sets the PTR record of the server's address through the shop's DNS provider (a job, within "
+            "seconds); null removes it. It needs an active server. The record follows the server's life: it is "
+            "removed when the server is terminated, before the address is reused.",
+            errors={400: "invalid_auto_renew, invalid_reverse_dns, unknown_field",
+                    404: _NOT_YOURS,
+                    409: "server_terminated: the server was deleted; server_not_active (reverse_dns); not_supported: "
+                    "the shop has no DNS provider (reverse_dns)."},
             tags=TAG, operation_id="updateServer",
         ),
         ApiRoute(
@@ -559,24 +746,38 @@ def routes() -> list[ApiRoute]:
             tags=TAG, operation_id="getServerCredentials",
         ),
         ApiRoute(
-            "POST", "/servers/{id}/renew", renew_server, "Renew a server for one more cycle", RenewOut,
-            description="Charges one billing cycle from the balance now and moves expires_at one cycle on. A "
-            "suspended server (expired unpaid) becomes active again and its VM is started; its new period starts "
-            "now. Servers renew themselves from the balance up to 72 hours before expiry (capped at half the "
-            "cycle), so this is for bringing a suspended server back or paying ahead.\n\n"
+            "POST", "/servers/{id}/renew", renew_server, "Renew a server for one or more cycles", RenewOut,
+            body=RenewBody, body_required=False,
+            description="Charges `periods` billing cycles (default 1; the body is optional) from the balance now "
+            "and moves expires_at as many cycles on. A suspended server (expired unpaid) becomes active again and "
+            "its VM is started; its new period starts now. Servers renew themselves from the balance up to 72 hours "
+            "before expiry (capped at half the cycle), so this is for bringing a suspended server back or paying "
+            "ahead. Prepay horizon: expires_at may not end up more than servers.max_prepay_days (default 1100) "
+            "days past now; more periods are a 400 invalid_periods carrying max_periods, checked before any "
+            "money moves.\n\n"
             "Paying by x402: " + x402_orders.X402_HEADERS_DOC,
-            responses={402: ("insufficient_balance: the balance does not cover one cycle (with the x402 "
+            responses={402: ("insufficient_balance: the balance does not cover the periods (with the x402 "
                              "requirements for the deficit when the shop takes x402); wrong_amount or another x402 "
                              "refusal.", x402_orders.X402InsufficientBalanceBody)},
             headers=_X402_HEADERS,
             errors={
-                400: "invalid_payment (a malformed X-PAYMENT or PAYMENT-SIGNATURE), invalid_coin",
+                400: "invalid_periods (past the prepay horizon; max_periods says how many fit), unknown_field, "
+                "invalid_payment (a malformed X-PAYMENT or PAYMENT-SIGNATURE), invalid_coin",
                 404: _NOT_YOURS,
                 409: "server_not_renewable: the server is provisioning or terminated; nonce_used: the x402 "
                 "authorization was used for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
             tags=TAG, operation_id="renewServer",
+        ),
+        ApiRoute(
+            "POST", "/servers/{id}/renew/quote", renewal_quote, "Price a renewal without making it", QuoteOut,
+            body=RenewBody, body_required=False,
+            description="What POST /servers/{id}/renew with these periods would charge now, where expires_at would "
+            "move, the balance and the deficit. Shares the renewal's pricing code; writes nothing.",
+            errors={400: "invalid_periods (past the prepay horizon)", 404: _NOT_YOURS,
+                    409: "server_not_renewable: the server is provisioning or terminated."},
+            tags=TAG, operation_id="quoteRenewal",
         ),
         *power_routes,
     ]

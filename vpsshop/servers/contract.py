@@ -35,12 +35,19 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
   missing one do nothing and do not raise; ``reboot`` of a stopped domain starts it;
 * ``state`` of a domain that never existed is ``missing``, without raising;
 * ``start`` or ``reboot`` of a missing domain raises :class:`vpsshop.PluginError`;
-* ``address_pool`` is None or an :class:`~vpsshop.AddressPool` of distinct address strings.
+* ``address_pool`` is None or an :class:`~vpsshop.AddressPool` of distinct address strings;
+* ``capabilities`` names only known optional verbs (``reinstall``, ``console``); for each one named:
+* ``reinstall`` of a running domain returns a handle on the same host and domain, and the domain
+  is running again within the boot time; reinstalling again (a retried job) does the same;
+* ``open_console`` of a running domain returns a :class:`~vpsshop.ConsoleStream` whose ``close``
+  is idempotent and after which ``read`` comes to ``b""`` (after what was read before); of a missing domain it raises
+  :class:`vpsshop.PluginError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import secrets
 import time
@@ -49,7 +56,18 @@ from typing import Any, Iterator
 import pytest
 
 from vpsshop.errors import PluginError
-from vpsshop.hypervisor import AddressPool, DomainState, HypervisorBackend, ServerHandle, ServerSpec
+from vpsshop.hypervisor import (
+    CAPABILITY_CONSOLE,
+    CAPABILITY_REINSTALL,
+    AddressPool,
+    ConsoleStream,
+    DomainState,
+    HypervisorBackend,
+    ServerHandle,
+    ServerSpec,
+)
+
+KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE})
 
 DEFAULT_BOOT_TIMEOUT = 60.0
 _POLL_SECONDS = 0.1
@@ -118,12 +136,43 @@ async def check_hypervisor(backend: HypervisorBackend, spec: ServerSpec,
         await wait_running(backend, handle, "resume", boot_timeout)
         await backend.resume(handle)
         await expect_state(backend, handle, DomainState.RUNNING, "resume of a running domain")
+        await check_optional_verbs(backend, handle, spec, boot_timeout)
     finally:
         await backend.destroy(handle)
     await expect_state(backend, handle, DomainState.MISSING, "destroy")
     await backend.destroy(handle)
     await expect_state(backend, handle, DomainState.MISSING, "destroy of a missing domain")
     return handle
+
+
+async def check_optional_verbs(backend: HypervisorBackend, handle: ServerHandle, spec: ServerSpec,
+                               boot_timeout: float = DEFAULT_BOOT_TIMEOUT) -> None:
+    """Check the optional verbs the backend's ``capabilities`` name, on a running domain."""
+    unknown = set(backend.capabilities) - KNOWN_CAPABILITIES
+    assert not unknown, f"capabilities names unknown verbs {sorted(unknown)}; known: {sorted(KNOWN_CAPABILITIES)}"
+    if CAPABILITY_CONSOLE in backend.capabilities:
+        stream = await backend.open_console(handle)
+        assert isinstance(stream, ConsoleStream), "open_console must return a vpsshop.ConsoleStream"
+        await stream.close()
+        await stream.close()
+        for _ in range(10_000):  # bytes read before the close may still come, then the end
+            if await asyncio.wait_for(stream.read(), 10) == b"":
+                break
+        else:
+            raise AssertionError("read after close must come to b''")
+        missing = ServerHandle(handle.host, f"{handle.domain}-never", location=handle.location)
+        try:
+            await backend.open_console(missing)
+        except PluginError:
+            pass
+        else:
+            raise AssertionError("open_console of a missing domain must raise PluginError")
+    if CAPABILITY_REINSTALL in backend.capabilities:
+        fresh = dataclasses.replace(spec, root_password=spec.root_password + "-new")
+        for attempt in ("reinstall", "reinstall again (a retried job)"):
+            again = await backend.reinstall(handle, fresh)
+            assert (again.host, again.domain) == (handle.host, handle.domain), f"{attempt} moved the domain"
+            await wait_running(backend, handle, attempt, boot_timeout)
 
 
 check_backend = check_hypervisor
@@ -210,6 +259,14 @@ class HypervisorContract:
         for verb in ("start", "reboot"):
             with pytest.raises(PluginError):
                 asyncio.run(getattr(hypervisor_backend, verb)(handle))
+
+    def test_capabilities_are_known(self, hypervisor_backend: HypervisorBackend) -> None:
+        assert set(hypervisor_backend.capabilities) <= KNOWN_CAPABILITIES
+
+    def test_optional_verbs(self, hypervisor_backend: HypervisorBackend, created: ServerHandle,
+                            hypervisor_spec: ServerSpec, hypervisor_boot_timeout: float) -> None:
+        """reinstall and open_console, for the backends whose capabilities name them."""
+        asyncio.run(check_optional_verbs(hypervisor_backend, created, hypervisor_spec, hypervisor_boot_timeout))
 
     def test_address_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
         pool = hypervisor_backend.address_pool(hypervisor_location)

@@ -26,6 +26,7 @@ A provisioning attempt that fails is retried after ``retry_seconds`` x 2^(attemp
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -41,6 +42,7 @@ from sqlmodel import Session, select
 
 from vpsshop import events, ledger
 from vpsshop.context import AppContext
+from vpsshop.encryption import decrypt_text
 from vpsshop.errors import PluginError
 from vpsshop.events.resources import server_data
 from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
@@ -197,13 +199,14 @@ def _handle(server: Server) -> ServerHandle:
 # ---- provisioning --------------------------------------------------------------------------------
 
 
-def _prepare(ctx: AppContext, server_id: int) -> tuple[Server, ServerSpec] | None:
-    """Name the domain and lease its address (both kept across retries); build the spec."""
+def _prepare(ctx: AppContext, server_id: int, status: str = "provisioning") -> tuple[Server, ServerSpec] | None:
+    """Name the domain and lease its address (both kept across retries and reinstalls); build the
+    spec from the server as it is now (a reinstall has changed its OS, keys and password)."""
     backend = ctx.hypervisor
     assert backend is not None
     with ctx.db.session() as session:
         server = session.get(Server, server_id)
-        if server is None or server.status != "provisioning":
+        if server is None or server.status != status:
             return None
         if server.domain is None:
             server.domain = f"vps-{server.id}-{secrets.token_hex(4)}"
@@ -231,6 +234,8 @@ def _prepare(ctx: AppContext, server_id: int) -> tuple[Server, ServerSpec] | Non
             prefix_length=pool.prefix_length if pool else 24,
             gateway=pool.gateway if pool else None,
             nameservers=pool.nameservers if pool else (),
+            ssh_keys=tuple(json.loads(server.ssh_keys)) if server.ssh_keys else (),
+            user_data=decrypt_text(ctx, server.user_data_enc, "user data") if server.user_data_enc else None,
         )
         return server, spec
 
@@ -316,6 +321,43 @@ def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error:
         enqueue(session, server_id, "destroy", now)
 
 
+# ---- reinstall -----------------------------------------------------------------------------------
+
+
+async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
+    """Recreate an active server's disk from its (new) OS with its new first-boot data."""
+    prepared = await to_thread.run_sync(_prepare, ctx, job.server_id, "active")
+    if prepared is None:
+        return  # suspended or terminated since the request: nothing to reinstall
+    server, spec = prepared
+    assert ctx.hypervisor is not None
+    handle = await ctx.hypervisor.reinstall(_handle(server), spec)
+
+    def reinstalled() -> None:
+        with ctx.db.session() as session:
+            record(session, job.server_id, "reinstalled", ctx.clock.now(), f"{handle.host} {handle.domain} {spec.os_id}")
+
+    await to_thread.run_sync(reinstalled)
+
+
+# ---- reverse DNS ---------------------------------------------------------------------------------
+
+
+async def _rdns(ctx: AppContext, job: ClaimedJob) -> None:
+    """Make the provider's PTR record of the server's address what the row says now."""
+    def load() -> Server | None:
+        with ctx.db.session() as session:
+            return session.get(Server, job.server_id)
+
+    server = await to_thread.run_sync(load)
+    if ctx.dns is None or server is None or not server.ip or server.status == "terminated":
+        return  # termination clears the record in its destroy job
+    if server.reverse_dns:
+        await ctx.dns.set_ptr(server.ip, server.reverse_dns)
+    else:
+        await ctx.dns.clear_ptr(server.ip)
+
+
 # ---- other verbs ---------------------------------------------------------------------------------
 
 
@@ -333,6 +375,14 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
         return  # a power action queued before a suspension or termination: dropped
     await getattr(ctx.hypervisor, job.kind)(handle)
     if job.kind == "destroy":
+        if ctx.dns is not None and server.ip and server.reverse_dns:
+            await ctx.dns.clear_ptr(server.ip)  # the address goes back to the pool: its name must not stay
+
+            def forget() -> None:
+                with ctx.db.session() as session:
+                    session.execute(sa.update(Server).where(Server.id == job.server_id).values(reverse_dns=None))
+
+            await to_thread.run_sync(forget)
         await to_thread.run_sync(_release_address, ctx, job.server_id)
 
         def destroyed() -> None:
@@ -359,10 +409,14 @@ async def run_job(ctx: AppContext, job: ClaimedJob) -> str:
 async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
     pol: ServersPolicy = policy(ctx)
     try:
-        if ctx.hypervisor is None:
+        if ctx.hypervisor is None and job.kind != "rdns":
             raise RetryLater("no hypervisor backend is loaded")
         if job.kind == "provision":
             await _provision(ctx, job)
+        elif job.kind == "reinstall":
+            await _reinstall(ctx, job)
+        elif job.kind == "rdns":
+            await _rdns(ctx, job)
         else:
             await _verb(ctx, job)
     except RetryLater as exc:

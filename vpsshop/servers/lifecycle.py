@@ -111,24 +111,46 @@ class Renewal:
     server: Server
     charged: bool
     """False when this period had been renewed already (by another worker or request)."""
+    charged_micros: int = 0
 
 
-def renew(session: Session, server: Server, now: datetime, *, by: str) -> Renewal:
-    """Charge one cycle and move ``expires_at`` on, in the caller's transaction.
+def renewal_terms(server: Server, now: datetime, periods: int = 1) -> tuple[int, datetime]:
+    """What renewing ``server`` for ``periods`` cycles costs and where ``expires_at`` moves.
 
-    :raises ledger.InsufficientBalance: the balance does not cover one cycle (nothing changes).
+    The one pricing rule of renewals: :func:`renew` charges this, and the renewal quote shows it.
+    A suspended server's new period starts now (the suspended days are not billed); an active one
+    extends from its current ``expires_at``.
+    """
+    start = max(server.expires_at, now) if server.status == "suspended" else server.expires_at
+    return server.price_micros * periods, add_months(start, CYCLE_MONTHS[server.cycle] * periods)
+
+
+def max_periods(pol: ServersPolicy, server: Server, now: datetime) -> int:
+    """The most periods a renewal may buy now without passing the prepay horizon (0: none)."""
+    horizon = now + timedelta(days=pol.max_prepay_days)
+    periods = 0
+    while periods < 1000 and renewal_terms(server, now, periods + 1)[1] <= horizon:
+        periods += 1
+    return periods
+
+
+def renew(session: Session, server: Server, now: datetime, *, by: str, periods: int = 1) -> Renewal:
+    """Charge ``periods`` cycles and move ``expires_at`` on, in the caller's transaction.
+
+    :raises ledger.InsufficientBalance: the balance does not cover the charge (nothing changes).
     """
     assert server.id is not None
     old_expiry = server.expires_at
+    price, new_expiry = renewal_terms(server, now, periods)
+    memo = f"{server.cycle} renewal of server {server.id} ({by})"
     posting = ledger.post(
-        session, server.account_id, -server.price_micros, "renewal",
+        session, server.account_id, -price, "renewal",
         ref=f"server:{server.id}", dedupe_key=f"renewal:{server.id}:{old_expiry.isoformat()}",
-        memo=f"{server.cycle} renewal of server {server.id} ({by})", now=now,
+        memo=memo if periods == 1 else f"{memo}, {periods} periods", now=now,
     )
     if not posting.created:
         session.refresh(server)
         return Renewal(server, charged=False)
-    new_expiry = period_end(max(old_expiry, now) if server.status == "suspended" else old_expiry, server.cycle)
     values: dict[str, Any] = {"expires_at": new_expiry}
     resumed = server.status == "suspended"
     if resumed:
@@ -148,7 +170,7 @@ def renew(session: Session, server: Server, now: datetime, *, by: str) -> Renewa
         events.emit(session, "server.unsuspended", server.account_id, server_data(session, server.id), now=now)
     session.flush()
     session.refresh(server)
-    return Renewal(server, charged=True)
+    return Renewal(server, charged=True, charged_micros=price)
 
 
 class RenewalRaced(Exception):

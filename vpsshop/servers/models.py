@@ -14,7 +14,7 @@ from sqlmodel import Field, SQLModel
 
 from vpsshop.models import _ts
 
-JOB_KINDS = ("provision", "start", "stop", "reboot", "suspend", "resume", "destroy")
+JOB_KINDS = ("provision", "start", "stop", "reboot", "suspend", "resume", "destroy", "reinstall", "rdns")
 JOB_STATES = ("queued", "running", "done", "failed")
 
 
@@ -70,3 +70,40 @@ class IpLease(SQLModel, table=True):
     address: str = Field(max_length=45, nullable=False)
     server_id: int = Field(foreign_key="servers.id", unique=True, nullable=False)
     created_at: datetime = _ts()
+
+
+class SshKey(SQLModel, table=True):
+    """An OpenSSH public key in an account's key store (``/v1/ssh-keys``).
+
+    ``public_key`` is the normalised ``<type> <base64>`` (the comment dropped); ``fingerprint`` is
+    OpenSSH's ``SHA256:<base64 without padding>`` of the key blob, unique per account.
+    """
+
+    __tablename__ = "ssh_keys"
+    __table_args__ = (sa.UniqueConstraint("account_id", "fingerprint", name="uq_ssh_keys_account_fingerprint"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    name: str = Field(max_length=64, nullable=False)
+    key_type: str = Field(max_length=32, nullable=False)
+    bits: int = Field(nullable=False)
+    public_key: str = Field(sa_type=sa.Text, nullable=False)
+    fingerprint: str = Field(max_length=64, nullable=False)
+    created_at: datetime = _ts()
+
+
+class ConsoleTicket(SQLModel, table=True):
+    """A single-use ticket for a server's console WebSocket (``vpsshop.servers.console``).
+
+    Only the SHA-256 of the ticket is stored; ``used_at`` is set by the one ``UPDATE`` that redeems it.
+    """
+
+    __tablename__ = "console_tickets"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    token_hash: str = Field(max_length=64, unique=True, nullable=False)
+    account_id: int = Field(foreign_key="accounts.id", nullable=False)
+    server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
+    created_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    used_at: Optional[datetime] = _ts(nullable=True)

@@ -1,0 +1,248 @@
+"""A real Debian guest, booted under QEMU TCG on a real libvirtd, ordered and reached through the API.
+
+The guest is the image ``scripts/build-test-guest.sh`` builds from Debian packages (cached outside
+the repository, so only the first run pays the few minutes of debootstrap). It boots by direct
+kernel boot with the shop's NoCloud seed ISO; a real cloud-init reads the seed. The guest sits on
+a transient, isolated libvirt network of its own (no DHCP, no dnsmasq) whose bridge has the
+gateway address, so this host reaches the leased address directly, and logs in with OpenSSH's
+client: as root with the ordered key, then with the password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import libvirt
+import pytest
+from test_libvirt import URI, libvirtd_uri  # noqa: F401 - the session fixture that starts libvirtd
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = "debian-12-test.raw"
+BOOT_SECONDS = 420
+"""Upper bound for a boot under TCG on a loaded 2-core machine (about 60 s when quiet)."""
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def test_guest() -> Path:
+    """The cached guest image directory (built now if this script version has none yet)."""
+    out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True,
+                         timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path = Path(out.stdout.strip().splitlines()[-1])
+    assert (path / "rootfs.raw").is_file() and (path / "vmlinuz").is_file()
+    return path
+
+
+@pytest.fixture
+def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]]:  # noqa: F811
+    """A transient dir pool with the guest image, kernel and initrd (readable by libvirt-qemu)."""
+    images = Path("/var/lib/libvirt/images")
+    images.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="vpsshop-guest-", dir=images))
+    directory.chmod(0o755)
+    subprocess.run(["cp", "--sparse=always", str(test_guest / "rootfs.raw"), str(directory / IMAGE)], check=True)
+    for name in ("vmlinuz", "initrd.img"):
+        shutil.copy(test_guest / name, directory / name)
+    name = f"vpsshop-guest-{uuid.uuid4().hex[:8]}"
+    conn = libvirt.open(libvirtd_uri)
+    pool = conn.storagePoolCreateXML(
+        f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0)
+    yield name, directory
+    pool.destroy()
+    conn.close()
+    shutil.rmtree(directory)
+
+
+@pytest.fixture
+def guest_network(libvirtd_uri: str) -> Iterator[tuple[str, str]]:  # noqa: F811
+    """A transient isolated network: (libvirt network name, /24 prefix such as "10.213.7")."""
+    # libvirt records each guest's MAC in a file here, even for a network without dnsmasq, and
+    # only the dnsmasq-base package would make the directory.
+    Path("/var/lib/libvirt/dnsmasq").mkdir(parents=True, exist_ok=True)
+    conn = libvirt.open(libvirtd_uri)
+    used = {line.split()[3].rsplit(".", 1)[0] for line in
+            subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()}
+    prefix = next(p for p in (f"10.213.{random.randrange(1, 250)}" for _ in range(100)) if p not in used)
+    tag = uuid.uuid4().hex[:6]
+    net = conn.networkCreateXML(
+        f"<network><name>vpsshop-guest-{tag}</name><bridge name='vpsg{tag}' stp='off'/><dns enable='no'/>"
+        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>")
+    yield f"vpsshop-guest-{tag}", prefix
+    net.destroy()
+    conn.close()
+
+
+def _libvirt_settings(pool: str, network: str, prefix: str, boot_dir: Path, cmdline: str) -> dict:
+    return {
+        "domain_type": "qemu",  # TCG: KVM is nested here and the guest crashes under it
+        "shutdown_grace_seconds": 5,
+        "kernel_boot": {IMAGE: {"kernel": str(boot_dir / "vmlinuz"), "initrd": str(boot_dir / "initrd.img"),
+                                "cmdline": cmdline, "format": "raw"}},
+        "locations": {"nl": {
+            "hosts": [{"uri": URI, "name": "local", "max_memory_mib": 4096}],
+            "pool": pool,
+            "network": f"network:{network}",
+            "addresses": f"{prefix}.10-{prefix}.20",
+            "gateway": f"{prefix}.1",
+            "nameservers": [f"{prefix}.1"],
+        }},
+    }
+
+
+def _keypair(directory: Path) -> tuple[Path, str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "guest-test", "-f", str(key)], check=True)
+    return key, (directory / "id_ed25519.pub").read_text().strip()
+
+
+def _ssh_options(known_hosts: Path) -> list[str]:
+    # A reinstalled guest has new host keys; remembering the old ones would disable password login.
+    return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
+            "-o", "BatchMode=no", "-o", "LogLevel=ERROR"]
+
+
+def ssh_with_key(ip: str, key: Path, command: str, tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ssh", *_ssh_options(tmp / "known_hosts"), "-o", "PasswordAuthentication=no", "-o", "IdentitiesOnly=yes",
+         "-i", str(key), f"root@{ip}", command],
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def ssh_with_password(ip: str, password: str, command: str, tmp: Path) -> subprocess.CompletedProcess:
+    """OpenSSH's client reads the password from SSH_ASKPASS (forced, no terminal needed)."""
+    askpass = tmp / "askpass.sh"
+    askpass.write_text("#!/bin/sh\nprintf '%s\\n' \"$VPSSHOP_TEST_PASSWORD\"\n")
+    askpass.chmod(0o700)
+    env = {**os.environ, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+           "VPSSHOP_TEST_PASSWORD": password, "DISPLAY": ":0"}
+    return subprocess.run(
+        ["ssh", *_ssh_options(tmp / "known_hosts"), "-o", "PubkeyAuthentication=no",
+         "-o", "PreferredAuthentications=password,keyboard-interactive", "-o", "NumberOfPasswordPrompts=1",
+         f"root@{ip}", command],
+        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+
+
+def wait_for_login(ip: str, key: Path, tmp: Path, timeout: float = BOOT_SECONDS) -> str:
+    """Poll until root logs in with ``key``; return the guest's hostname."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((ip, 22), timeout=3):
+                pass
+        except OSError as exc:
+            last = str(exc)
+            time.sleep(3)
+            continue
+        try:  # cloud-init's last stage may still be running: wait for it inside the guest
+            done = ssh_with_key(ip, key, "cloud-init status --wait >/dev/null 2>&1; hostname", tmp,
+                                timeout=max(10.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            last = "cloud-init did not finish"
+            continue
+        if done.returncode == 0:
+            return done.stdout.strip()
+        last = done.stderr.strip()
+        time.sleep(3)
+    raise AssertionError(f"no root login with the ordered key on {ip} within {timeout:g} s: {last}")
+
+
+def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool, guest_network, test_guest, tmp_path):
+    from starlette.testclient import TestClient
+
+    from vpsshop.app import create_app
+    from vpsshop.clock import FrozenClock
+    from vpsshop.servers.jobs import run_jobs
+    from vpsshop.settings import load_settings
+    from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, create_test_account
+
+    pool_name, directory = guest_pool
+    network, prefix = guest_network
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text((REPO / "plugins" / "vpsshop_catalog" / "catalog.toml").read_text()
+                       .replace("debian-12-genericcloud-amd64.qcow2", IMAGE))
+    settings = load_settings(None, environ={}, overrides={
+        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
+        "encryption_key": TEST_ENCRYPTION_KEY, "catalog": {"file": {"path": str(catalog)}},
+        "hypervisor": {"backend": "libvirt", "libvirt": _libvirt_settings(pool_name, network, prefix, directory,
+                                                                   (test_guest / "cmdline").read_text().strip())},
+    })
+    key, public = _keypair(tmp_path)
+    with TestClient(create_app(settings, clock=FrozenClock(), background=False)) as client:
+        ctx = client.app.state.ctx
+        account = create_test_account(client)
+        account.credit("50")
+        stored = client.post("/v1/ssh-keys", headers=account.headers, json={"name": "laptop", "public_key": public})
+        assert stored.status_code == 201, stored.text
+        order = client.post("/v1/servers", headers=account.headers, json={
+            "plan": "pup", "location": "nl", "os": "debian-12", "hostname": "guest-one",
+            "ssh_keys": [stored.json()["id"]],
+            "user_data": "#cloud-config\nwrite_files:\n- path: /etc/vpsshop-user-data\n  content: hello\n",
+        })
+        assert order.status_code == 201, order.text
+        sid, password = order.json()["server"]["id"], order.json()["root_password"]
+        assert asyncio.run(run_jobs(ctx))["done"] == 1
+        server = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+        assert server["status"] == "active" and server["ip"] == f"{prefix}.10"
+        ip = server["ip"]
+        domain = libvirt.open(URI).lookupByName(next(
+            p.name for p in directory.iterdir() if p.name.endswith("-seed.iso"))[: -len("-seed.iso")])
+        try:
+            assert "<kernel>" in domain.XMLDesc() and domain.isActive()
+            assert wait_for_login(ip, key, tmp_path) == "guest-one"
+            user_data = ssh_with_key(ip, key, "cat /etc/vpsshop-user-data; cat /root/.ssh/authorized_keys", tmp_path)
+            assert user_data.returncode == 0 and user_data.stdout.startswith("hello")
+            assert public.rsplit(" ", 1)[0] in user_data.stdout
+            by_password = ssh_with_password(ip, password, "id -u", tmp_path)
+            assert by_password.returncode == 0 and by_password.stdout.strip() == "0", by_password.stderr
+            wrong = ssh_with_password(ip, password + "x", "id -u", tmp_path)
+            assert wrong.returncode != 0
+            assert ssh_with_key(ip, key, "touch /root/old-disk", tmp_path).returncode == 0
+
+            # Reinstall with a second key and a generated password: a new disk, the old file gone.
+            key2, public2 = _keypair(tmp_path / "second")
+            stored2 = client.post("/v1/ssh-keys", headers=account.headers,
+                                  json={"name": "second", "public_key": public2}).json()
+            again = client.post(f"/v1/servers/{sid}/reinstall", headers=account.headers,
+                                json={"os": "debian-12", "ssh_keys": [stored2["id"]]})
+            assert again.status_code == 202, again.text
+            new_password = again.json()["root_password"]
+            assert new_password and new_password != password
+            assert asyncio.run(run_jobs(ctx))["done"] == 1
+            domain = libvirt.open(URI).lookupByName(domain.name())
+
+            # Straight away, while it boots: the boot messages through the console WebSocket.
+            ticket = client.post(f"/v1/servers/{sid}/console", headers=account.headers).json()
+            seen = b""
+            with client.websocket_connect(ticket["url"]) as ws:
+                deadline = time.monotonic() + BOOT_SECONDS
+                while b"login:" not in seen and time.monotonic() < deadline:
+                    seen += ws.receive_bytes()
+            text = seen.decode(errors="replace")
+            assert "login:" in text and "guest-one" in text, text[-2000:]
+            assert "cloud-init" in text or "systemd" in text or "Reached target" in text, text[-2000:]
+
+            assert wait_for_login(ip, key2, tmp_path) == "guest-one"
+            assert ssh_with_key(ip, key2, "test ! -e /root/old-disk", tmp_path).returncode == 0
+            assert ssh_with_key(ip, key, "true", tmp_path).returncode != 0  # the first key is gone
+            by_new = ssh_with_password(ip, new_password, "id -u", tmp_path)
+            assert by_new.returncode == 0 and by_new.stdout.strip() == "0", by_new.stderr
+        finally:
+            if domain.isActive():
+                domain.destroy()
+            domain.undefine()
+            for vol in libvirt.open(URI).storagePoolLookupByName(pool_name).listAllVolumes():
+                if vol.name() not in (IMAGE, "vmlinuz", "initrd.img"):
+                    vol.delete(0)
