@@ -10,7 +10,7 @@ import vpsshop.models
 
 
 revision = '0009'
-down_revision = '0011'
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
