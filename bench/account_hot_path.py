@@ -31,8 +31,24 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 VPSSHOP = str(Path(sys.executable).with_name("vpsshop"))
-BASELINE = [sys.executable, "-m", "uvicorn", "--factory", "--workers", "1", "--http", "httptools", "--loop", "uvloop",
-            "--no-access-log", "--no-proxy-headers", "--log-level", "warning", "--host", "127.0.0.1"]
+BASELINE = [
+    sys.executable,
+    "-m",
+    "uvicorn",
+    "--factory",
+    "--workers",
+    "1",
+    "--http",
+    "httptools",
+    "--loop",
+    "uvloop",
+    "--no-access-log",
+    "--no-proxy-headers",
+    "--log-level",
+    "warning",
+    "--host",
+    "127.0.0.1",
+]
 
 
 def free_port() -> int:
@@ -49,14 +65,19 @@ def wait(base: str, proc: subprocess.Popen[bytes], what: str) -> None:
             return
         except httpx.TransportError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{what} did not start")
+                raise SystemExit(f"{what} did not start") from None
             time.sleep(0.1)
 
 
 def start_baseline(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen([*BASELINE, "--port", str(port), "_apps:bare_app"], cwd=HERE,
-                            env={**os.environ, "PYTHONPATH": str(HERE)}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*BASELINE, "--port", str(port), "_apps:bare_app"],
+        cwd=HERE,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -65,7 +86,7 @@ def start_baseline(log: Path) -> tuple[subprocess.Popen[bytes], str]:
             return proc, base
         except httpx.TransportError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the baseline did not start")
+                raise SystemExit("the baseline did not start") from None
             time.sleep(0.1)
 
 
@@ -74,8 +95,9 @@ def start_vpsshop(url: str, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
     env.update(VPSSHOP_DATABASE_URL=url)  # the shipped defaults: access log, metrics, rate limits on
     log = work / "vpsshop-serve.log"  # the banner, uvicorn's lines and the access log
-    proc = subprocess.Popen([VPSSHOP, "serve", "--port", str(port)], cwd=work, env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [VPSSHOP, "serve", "--port", str(port)], cwd=work, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{port}"
     wait(base, proc, "vpsshop serve")
     return proc, base
@@ -129,15 +151,20 @@ def main() -> None:
         for round_no in range(1, args.rounds + 1):
             bare_rps.append(wrk(bare_base + "/v1/account", args.seconds, args.connections, {}))
             shop_rps.append(wrk(shop_base + "/v1/account", args.seconds, args.connections, headers))
-            print(f"round {round_no}: baseline {bare_rps[-1]:9.0f} req/s   vpsshop serve {shop_rps[-1]:9.0f} req/s   "
-                  f"ratio {shop_rps[-1] / bare_rps[-1]:.2f}", flush=True)
+            print(
+                f"round {round_no}: baseline {bare_rps[-1]:9.0f} req/s   vpsshop serve {shop_rps[-1]:9.0f} req/s   "
+                f"ratio {shop_rps[-1] / bare_rps[-1]:.2f}",
+                flush=True,
+            )
         ratio = statistics.median(shop_rps) / statistics.median(bare_rps)
-        per_round = statistics.median(s / b for s, b in zip(shop_rps, bare_rps))
+        per_round = statistics.median(s / b for s, b in zip(shop_rps, bare_rps, strict=False))
         backend = url.split(":", 1)[0].split("+")[0]
         lines = sum(1 for line in (work / "vpsshop-serve.log").open() if '"log":"access"' in line)
-        print(f"database {backend}: median baseline {statistics.median(bare_rps):.0f} req/s, median vpsshop serve "
-              f"GET /v1/account {statistics.median(shop_rps):.0f} req/s, ratio {ratio:.2f} (goal >= 0.60), "
-              f"median of the rounds' ratios {per_round:.2f}; access log lines written: {lines}")
+        print(
+            f"database {backend}: median baseline {statistics.median(bare_rps):.0f} req/s, median vpsshop serve "
+            f"GET /v1/account {statistics.median(shop_rps):.0f} req/s, ratio {ratio:.2f} (goal >= 0.60), "
+            f"median of the rounds' ratios {per_round:.2f}; access log lines written: {lines}"
+        )
     finally:
         for proc in (bare, shop):
             proc.terminate()

@@ -73,7 +73,7 @@ class RecordingFront:
                         answer = json.loads(resp.read())
                     by_id = {a["id"]: a for a in (answer if isinstance(answer, list) else [answer])}
                     front.recorded[key] = [{k: v for k, v in by_id[i["id"]].items() if k != "id"} for i in items]
-                parts = [{"id": i["id"], **r} for i, r in zip(items, front.recorded[key])]
+                parts = [{"id": i["id"], **r} for i, r in zip(items, front.recorded[key], strict=False)]
                 payload = json.dumps(parts if isinstance(body, list) else parts[0]).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -107,8 +107,15 @@ async def main() -> None:
         accounts = rpc(anvil.url, "eth_accounts")
         _abi, bytecode = compiled["TestToken"]
         deployer = accounts[0]
-        constructor_args = word(0x60) + word(0xA0) + word(6) + word(4) + "54455354".ljust(64, "0") + word(4) \
+        constructor_args = (
+            word(0x60)
+            + word(0xA0)
+            + word(6)
+            + word(4)
             + "54455354".ljust(64, "0")
+            + word(4)
+            + "54455354".ljust(64, "0")
+        )
         rpc(anvil.url, "eth_sendTransaction", [{"from": deployer, "data": "0x" + bytecode + constructor_args}])
         anvil.mine(1)
         block = rpc(anvil.url, "eth_getBlockByNumber", ["latest", True])
@@ -117,9 +124,16 @@ async def main() -> None:
         senders = accounts[1:10]
         mint = "0x40c10f19"  # mint(address,uint256)
         nonce = int(rpc(anvil.url, "eth_getTransactionCount", [deployer, "pending"]), 16)
-        batch(anvil.url, [("eth_sendTransaction", [{"from": deployer, "to": token, "nonce": hex(nonce + i),
-                                                    "data": mint + word(s) + word(10**12)}])
-                          for i, s in enumerate(senders)])
+        batch(
+            anvil.url,
+            [
+                (
+                    "eth_sendTransaction",
+                    [{"from": deployer, "to": token, "nonce": hex(nonce + i), "data": mint + word(s) + word(10**12)}],
+                )
+                for i, s in enumerate(senders)
+            ],
+        )
         anvil.mine(1)
 
         watched = {random_address() for _ in range(WATCHED - 750)}
@@ -128,7 +142,7 @@ async def main() -> None:
         watched.update(native_to[:500])
         watched.update(token_to[:250])
         calls = []
-        nonces = {s: 0 for s in senders}
+        nonces = dict.fromkeys(senders, 0)
 
         def send(i: int, tx: dict) -> None:
             sender = senders[i % len(senders)]
@@ -149,13 +163,19 @@ async def main() -> None:
         parent = rpc(anvil.url, "eth_getBlockByNumber", [hex(height - 1), False])["hash"]
 
         front = RecordingFront(anvil.url)
-        common = {"xpub": "xpub6DCoCpSuQZB2jawqnGMEPS63ePKWkwWPH4TU45Q7LPXWuNd8TMtVxRrgjtEshuqpK3mdhaWHPFsBngh5GFZaM6si3yZdUsT8ddYM3PwnATt",
-                  "network": "anvil", "chain_id": 31337, "rpc_url": front.url, "timeout_seconds": 120}
+        common = {
+            "xpub": "xpub6DCoCpSuQZB2jawqnGMEPS63ePKWkwWPH4TU45Q7LPXWuNd8TMtVxRrgjtEshuqpK3mdhaWHPFsBngh5GFZaM6si3yZdUsT8ddYM3PwnATt",
+            "network": "anvil",
+            "chain_id": 31337,
+            "rpc_url": front.url,
+            "timeout_seconds": 120,
+        }
         groups = {}
         for label, url in (("anvil", anvil.url), ("replay", front.url)):
             eth = Ether.from_settings({**common, "rpc_url": url}, sandbox=False, where="coins.ETH")
-            usdt = TetherErc20.from_settings({**common, "rpc_url": url, "contract": token}, sandbox=False,
-                                             where="coins.USDT")
+            usdt = TetherErc20.from_settings(
+                {**common, "rpc_url": url, "contract": token}, sandbox=False, where="coins.USDT"
+            )
             eth.scan_members = usdt.scan_members = (eth, usdt)  # what core sets when it builds a shop
             groups[label] = (eth, usdt)
         assert len(watched) == WATCHED
@@ -180,12 +200,16 @@ async def main() -> None:
         for coin in (*groups["anvil"], *groups["replay"]):
             await coin.close()
         front.server.shutdown()
-        print(f"block {height}: {TXS} transactions ({TXS - TOKEN_TXS} ETH, {TOKEN_TXS} ERC-20), {WATCHED} watched addresses")
+        print(
+            f"block {height}: {TXS} transactions ({TXS - TOKEN_TXS} ETH, {TOKEN_TXS} ERC-20), {WATCHED} watched addresses"
+        )
         for (scenario, label), times in figures.items():
             what = "anvil" if label == "anvil" else "recorded responses served locally"
             median = statistics.median(times)
-            print(f"{scenario:>10} | {what:<34} | scan median {median * 1000:5.0f} ms (runs: "
-                  f"{', '.join(f'{t * 1000:.0f}' for t in times)}) | ratio to the 1 s budget {median / BUDGET_SECONDS:.2f}")
+            print(
+                f"{scenario:>10} | {what:<34} | scan median {median * 1000:5.0f} ms (runs: "
+                f"{', '.join(f'{t * 1000:.0f}' for t in times)}) | ratio to the 1 s budget {median / BUDGET_SECONDS:.2f}"
+            )
     finally:
         anvil.stop()
 

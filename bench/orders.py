@@ -69,8 +69,13 @@ def _request(url: str, method: str = "GET", headers: dict | None = None) -> dict
 
 def _serve_no_worker(work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    server = subprocess.Popen([VPSSHOP, "serve", "--no-worker", "--port", str(port)], cwd=work, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [VPSSHOP, "serve", "--no-worker", "--port", str(port)],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return server, f"http://127.0.0.1:{port}/v1"
 
 
@@ -87,8 +92,18 @@ def _wait_health(base: str, seconds: float = 30) -> None:
 
 
 def _wrk(url: str, seconds: int, connections: int, key: str, script: str | None = None) -> tuple[float, int, int]:
-    cmd = ["wrk", "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--latency",
-           "-H", f"Authorization: Bearer {key}"]
+    cmd = [
+        "wrk",
+        "-t",
+        "2",
+        "-c",
+        str(connections),
+        "-d",
+        f"{seconds}s",
+        "--latency",
+        "-H",
+        f"Authorization: Bearer {key}",
+    ]
     if script:
         cmd += ["-s", script]
     out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
@@ -96,7 +111,9 @@ def _wrk(url: str, seconds: int, connections: int, key: str, script: str | None 
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     p99 = re.search(r"99%\s+(\S+)", out)
-    print(f"    {total} requests, {rps:.0f}/s, p99 {p99.group(1) if p99 else '?'}, non-2xx {non2xx.group(1) if non2xx else 0}")
+    print(
+        f"    {total} requests, {rps:.0f}/s, p99 {p99.group(1) if p99 else '?'}, non-2xx {non2xx.group(1) if non2xx else 0}"
+    )
     return rps, total, int(non2xx.group(1)) if non2xx else 0
 
 
@@ -110,16 +127,25 @@ def run(db: str, seconds: int, connections: int) -> float:
 
         url = postgres_test_url()
         reset_postgres(url)
-    env.update(VPSSHOP_DATABASE_URL=url, VPSSHOP_SECRET_KEY="bench-secret",
-               VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", VPSSHOP_MODE="sandbox",
-               VPSSHOP__RATELIMIT__ENABLED="false")  # throughput, not the per-account write limit
+    env.update(
+        VPSSHOP_DATABASE_URL=url,
+        VPSSHOP_SECRET_KEY="bench-secret",
+        VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        VPSSHOP_MODE="sandbox",
+        VPSSHOP__RATELIMIT__ENABLED="false",
+    )  # throughput, not the per-account write limit
     server, base = _serve_no_worker(work, env)
     try:
         _wait_health(base)
         account = _request(f"{base}/account", "POST")
         key = account["api_key"]
-        subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "10000000", "--reason", "bench"],
-                       cwd=work, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [VPSSHOP, "admin", "credit", str(account["user_id"]), "10000000", "--reason", "bench"],
+            cwd=work,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         print(f"  {db}: GET /v1/account, {connections} connections, {seconds}s")
         account_rps, _, bad = _wrk(f"{base}/account", seconds, connections, key)
         assert bad == 0, "account reads failed"
@@ -154,8 +180,9 @@ request = function()
    %s
 end
 """
-ORDER_REQUEST = ('headers["Content-Type"] = "application/json"\n'
-                 '   return wrk.format("POST", "/v1/servers", headers, \'%s\')')
+ORDER_REQUEST = (
+    'headers["Content-Type"] = "application/json"\n   return wrk.format("POST", "/v1/servers", headers, \'%s\')'
+)
 READ_REQUEST = 'return wrk.format("GET", "/v1/account", headers)'
 
 
@@ -186,8 +213,12 @@ def run_many(seconds: int, accounts: int, processes: int) -> float:
     url = postgres_test_url()
     reset_postgres(url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
-    env.update(VPSSHOP_DATABASE_URL=url, VPSSHOP_SECRET_KEY="bench-secret",
-               VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", VPSSHOP_MODE="sandbox")
+    env.update(
+        VPSSHOP_DATABASE_URL=url,
+        VPSSHOP_SECRET_KEY="bench-secret",
+        VPSSHOP_ENCRYPTION_KEY="3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        VPSSHOP_MODE="sandbox",
+    )
     servers, bases = [], []
     for _ in range(processes):
         server, base = _serve_no_worker(work, env)
@@ -208,18 +239,23 @@ def run_many(seconds: int, accounts: int, processes: int) -> float:
         read_script, order_script = work / "read.lua", work / "order.lua"
         read_script.write_text(ROTATE_LUA % (keys, READ_REQUEST))
         order_script.write_text(ROTATE_LUA % (keys, ORDER_REQUEST % json.dumps(ORDER)))
-        print(f"  postgresql, {accounts} accounts, {processes} x vpsshop serve --no-worker, {accounts} connections, "
-              f"{seconds}s each")
+        print(
+            f"  postgresql, {accounts} accounts, {processes} x vpsshop serve --no-worker, {accounts} connections, "
+            f"{seconds}s each"
+        )
         read_rps, bad = _wrk_pair(bases, seconds, accounts, read_script)
         assert bad == 0, f"{bad} reads failed"
         order_rps, bad = _wrk_pair(bases, seconds, accounts, order_script)
         assert bad == 0, f"{bad} orders failed"
         time.sleep(3)
         with db.engine.connect() as conn:
-            rows = conn.execute(sa.text(
-                "SELECT a.id, a.balance_micros, (SELECT count(*) FROM servers s WHERE s.account_id = a.id), "
-                "(SELECT coalesce(sum(amount_micros), 0) FROM ledger_entries e WHERE e.account_id = a.id) "
-                "FROM accounts a")).all()
+            rows = conn.execute(
+                sa.text(
+                    "SELECT a.id, a.balance_micros, (SELECT count(*) FROM servers s WHERE s.account_id = a.id), "
+                    "(SELECT coalesce(sum(amount_micros), 0) FROM ledger_entries e WHERE e.account_id = a.id) "
+                    "FROM accounts a"
+                )
+            ).all()
             jobs = conn.execute(sa.text("SELECT count(*) FROM server_jobs WHERE kind = 'provision'")).scalar()
         db.dispose()
         total = sum(r[2] for r in rows)
@@ -244,14 +280,18 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--accounts", type=int, default=50, help="accounts of the many-accounts case")
     parser.add_argument("--processes", type=int, default=2, help="vpsshop serve processes of the many-accounts case")
-    parser.add_argument("--case", choices=["one", "many", "all"], default="all",
-                        help="one: one account, one process (SQLite and/or PostgreSQL); many: --accounts accounts "
-                        "through --processes processes on PostgreSQL")
+    parser.add_argument(
+        "--case",
+        choices=["one", "many", "all"],
+        default="all",
+        help="one: one account, one process (SQLite and/or PostgreSQL); many: --accounts accounts "
+        "through --processes processes on PostgreSQL",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (apt-get install wrk)")
     if args.case in ("one", "all"):
-        for db in (["sqlite", "postgresql"] if args.db == "both" else [args.db]):
+        for db in ["sqlite", "postgresql"] if args.db == "both" else [args.db]:
             run(db, args.duration, args.connections)
     if args.case in ("many", "all"):
         run_many(args.duration, args.accounts, args.processes)

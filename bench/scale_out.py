@@ -59,10 +59,24 @@ class Litecoind:
         self.port, self.password = free_port(), secrets.token_hex(12)
         (workdir / "ltc").mkdir()
         self.proc = subprocess.Popen(
-            [shutil.which("litecoind") or "/usr/bin/litecoind", "-regtest", f"-datadir={workdir / 'ltc'}",
-             f"-rpcport={self.port}", f"-port={free_port()}", "-rpcbind=127.0.0.1", "-rpcallowip=127.0.0.1",
-             "-rpcuser=bench", f"-rpcpassword={self.password}", "-listen=0", "-server", "-fallbackfee=0.0002",
-             "-printtoconsole=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                shutil.which("litecoind") or "/usr/bin/litecoind",
+                "-regtest",
+                f"-datadir={workdir / 'ltc'}",
+                f"-rpcport={self.port}",
+                f"-port={free_port()}",
+                "-rpcbind=127.0.0.1",
+                "-rpcallowip=127.0.0.1",
+                "-rpcuser=bench",
+                f"-rpcpassword={self.password}",
+                "-listen=0",
+                "-server",
+                "-fallbackfee=0.0002",
+                "-printtoconsole=0",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -78,10 +92,13 @@ class Litecoind:
 
     def rpc(self, method: str, *params: Any) -> Any:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/", json.dumps({"jsonrpc": "1.0", "id": 1, "method": method,
-                                                          "params": list(params)}).encode(),
-            {"Content-Type": "application/json",
-             "Authorization": "Basic " + base64.b64encode(f"bench:{self.password}".encode()).decode()})
+            f"http://127.0.0.1:{self.port}/",
+            json.dumps({"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)}).encode(),
+            {
+                "Content-Type": "application/json",
+                "Authorization": "Basic " + base64.b64encode(f"bench:{self.password}".encode()).decode(),
+            },
+        )
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 body = json.loads(response.read())
@@ -101,8 +118,14 @@ def random_tpub() -> str:
 
     from vpsshop.hdkeys import b58check_encode
 
-    return b58check_encode(bytes.fromhex("043587cf") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
-                           + secrets.token_bytes(32) + PrivateKey().public_key.format(compressed=True))
+    return b58check_encode(
+        bytes.fromhex("043587cf")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + PrivateKey().public_key.format(compressed=True)
+    )
 
 
 def config(database_url: str, ltc: Litecoind) -> str:
@@ -152,8 +175,14 @@ def hammer(bases: list[str], headers: dict[str, str], seconds: float, concurrenc
     the bottleneck of the baseline."""
     per = max(1, concurrency // len(bases))
     auth = f"Authorization: {headers['Authorization']}"
-    runs = [subprocess.Popen(["wrk", "-t1", f"-c{per}", f"-d{seconds:g}s", "-H", auth, f"{base}/account"],
-                             stdout=subprocess.PIPE, text=True) for base in bases]
+    runs = [
+        subprocess.Popen(
+            ["wrk", "-t1", f"-c{per}", f"-d{seconds:g}s", "-H", auth, f"{base}/account"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for base in bases
+    ]
     total = 0.0
     for run in runs:
         out, _ = run.communicate(timeout=seconds + 60)
@@ -181,6 +210,7 @@ async def scenario(args: argparse.Namespace, bases: list[str], ltc: Litecoind) -
     figures: dict[str, Any] = {}
     limits = httpx.Limits(max_connections=args.concurrency)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
         async def new_account(i: int, _: Any) -> dict[str, str]:
             response = await client.post(f"{bases[i % 2]}/account")
             assert response.status_code == 201, response.text
@@ -215,10 +245,14 @@ async def scenario(args: argparse.Namespace, bases: list[str], ltc: Litecoind) -
 
         def order_via(targets: list[str]) -> Any:
             async def order(i: int, auth: dict[str, str]) -> int:
-                response = await client.post(f"{targets[i % len(targets)]}/servers", headers=auth,
-                                             json={"plan": "pup", "location": "nl", "os": "debian-12"})
+                response = await client.post(
+                    f"{targets[i % len(targets)]}/servers",
+                    headers=auth,
+                    json={"plan": "pup", "location": "nl", "os": "debian-12"},
+                )
                 assert response.status_code == 201, response.text
                 return int(response.json()["server"]["id"])
+
             return order
 
         first, figures["orders_per_s_1"] = await each(accounts[:half], order_via(bases[:1]), args.concurrency)
@@ -244,22 +278,32 @@ def checks(database_url: str, accounts: int) -> list[str]:
     failed = []
     with psycopg.connect(database_url.replace("+psycopg", "")) as conn:
         q = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
-        off = q("SELECT a.id, a.balance_micros, COALESCE(SUM(l.amount_micros), 0) FROM accounts a "
-                "LEFT JOIN ledger_entries l ON l.account_id = a.id GROUP BY a.id "
-                "HAVING a.balance_micros <> COALESCE(SUM(l.amount_micros), 0)")
+        off = q(
+            "SELECT a.id, a.balance_micros, COALESCE(SUM(l.amount_micros), 0) FROM accounts a "
+            "LEFT JOIN ledger_entries l ON l.account_id = a.id GROUP BY a.id "
+            "HAVING a.balance_micros <> COALESCE(SUM(l.amount_micros), 0)"
+        )
         if off:
             failed.append(f"balances differ from their ledger: {off[:5]}")
-        payments = q("SELECT p.id, p.credited_micros, COUNT(l.id) FROM topup_payments p LEFT JOIN ledger_entries l "
-                     "ON l.dedupe_key = 'topup:' || p.coin || ':' || p.identity GROUP BY p.id, p.credited_micros")
+        payments = q(
+            "SELECT p.id, p.credited_micros, COUNT(l.id) FROM topup_payments p LEFT JOIN ledger_entries l "
+            "ON l.dedupe_key = 'topup:' || p.coin || ':' || p.identity GROUP BY p.id, p.credited_micros"
+        )
         if len(payments) != accounts or any(n != 1 or c != 25_000_000 for _, c, n in payments):
-            failed.append(f"payments not each credited once with 25 USD: {len(payments)} payments, "
-                          f"{[p for p in payments if p[2] != 1 or p[1] != 25_000_000][:5]}")
-        twice = q("SELECT server_id, kind, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
-                  "GROUP BY server_id, kind HAVING COUNT(*) <> 1")
+            failed.append(
+                f"payments not each credited once with 25 USD: {len(payments)} payments, "
+                f"{[p for p in payments if p[2] != 1 or p[1] != 25_000_000][:5]}"
+            )
+        twice = q(
+            "SELECT server_id, kind, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
+            "GROUP BY server_id, kind HAVING COUNT(*) <> 1"
+        )
         if twice:
             failed.append(f"servers provisioned other than once: {twice[:5]}")
-        jobs = q("SELECT server_id, COUNT(*) FROM server_jobs WHERE kind = 'create' AND status = 'done' "
-                 "GROUP BY server_id HAVING COUNT(*) <> 1")
+        jobs = q(
+            "SELECT server_id, COUNT(*) FROM server_jobs WHERE kind = 'create' AND status = 'done' "
+            "GROUP BY server_id HAVING COUNT(*) <> 1"
+        )
         if jobs:
             failed.append(f"create jobs done other than once: {jobs[:5]}")
         servers = q("SELECT status, COUNT(*) FROM servers GROUP BY status")
@@ -273,8 +317,11 @@ def checks(database_url: str, accounts: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres",
-                        help="PostgreSQL URL where the run's database is created and dropped")
+    parser.add_argument(
+        "--pg-admin",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="PostgreSQL URL where the run's database is created and dropped",
+    )
     parser.add_argument("--database", default=f"vpsshop_scale_{secrets.token_hex(3)}")
     parser.add_argument("--accounts", type=int, default=120)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -327,23 +374,30 @@ def main() -> None:
 
     read = figures["read_1"]
     print(f"accounts {args.accounts}, concurrency {args.concurrency}, 2 API processes, 2 workers, PostgreSQL")
-    rows = [("authenticated read, 1 API process:", "read_1", "req/s"),
-            ("authenticated read, 2 API processes:", "read_2", "req/s"),
-            ("top-up created (2 API):", "topups_per_s", "/s"),
-            ("top-up credited (2 workers):", "credits_per_s", "/s"),
-            ("order placed, 1 API process:", "orders_per_s_1", "/s"),
-            ("order placed, 2 API processes:", "orders_per_s_2", "/s"),
-            ("server active (2 workers):", "active_per_s", "/s")]
+    rows = [
+        ("authenticated read, 1 API process:", "read_1", "req/s"),
+        ("authenticated read, 2 API processes:", "read_2", "req/s"),
+        ("top-up created (2 API):", "topups_per_s", "/s"),
+        ("top-up credited (2 workers):", "credits_per_s", "/s"),
+        ("order placed, 1 API process:", "orders_per_s_1", "/s"),
+        ("order placed, 2 API processes:", "orders_per_s_2", "/s"),
+        ("server active (2 workers):", "active_per_s", "/s"),
+    ]
     for label, key, unit in rows:
-        ratio = "baseline 1.00" if key == "read_1" else (
-            f"{figures[key] / read:.2f}x" if key == "read_2" else f"{figures[key] / read:.4f}x")
+        ratio = (
+            "baseline 1.00"
+            if key == "read_1"
+            else (f"{figures[key] / read:.2f}x" if key == "read_2" else f"{figures[key] / read:.4f}x")
+        )
         extra = f"; {figures[key] / figures['orders_per_s_1']:.2f}x of 1 process" if key == "orders_per_s_2" else ""
         print(f"{label:<37} {figures[key]:9.1f} {unit:<6} ({ratio}{extra})")
     if failed:
         print("FAILED:\n  " + "\n  ".join(failed))
         sys.exit(1)
-    print("checks: every balance = its ledger sum to the micro-dollar; each payment credited once; "
-          "each server provisioned once (one create job done); every server active")
+    print(
+        "checks: every balance = its ledger sum to the micro-dollar; each payment credited once; "
+        "each server provisioned once (one create job done); every server active"
+    )
 
 
 if __name__ == "__main__":

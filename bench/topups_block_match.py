@@ -31,9 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
-from coincurve import PrivateKey  # noqa: E402
+from coincurve import PrivateKey
 
-from vpsshop.hdkeys import b58check_encode  # noqa: E402
+from vpsshop.hdkeys import b58check_encode
 
 TXS_PER_BLOCK = 2000
 PAYING_TXS = 5
@@ -57,8 +57,11 @@ class BlockServingNode:
             return next(b for b in self.blocks if b["hash"] == params[0])
         if method == "getblockheader":
             block = next(b for b in self.blocks if b["hash"] == params[0])
-            return {"hash": block["hash"], "height": block["height"],
-                    "confirmations": len(self.blocks) - block["height"]}
+            return {
+                "hash": block["hash"],
+                "height": block["height"],
+                "confirmations": len(self.blocks) - block["height"],
+            }
         if method == "getrawmempool":
             return []
         raise AssertionError(f"unexpected RPC {method}")
@@ -69,8 +72,14 @@ class BlockServingNode:
 
 def random_tpub() -> str:
     key = PrivateKey().public_key.format(compressed=True)
-    raw = bytes.fromhex("045f1cf6") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big") \
-        + secrets.token_bytes(32) + key
+    raw = (
+        bytes.fromhex("045f1cf6")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + key
+    )
     return b58check_encode(raw)
 
 
@@ -78,11 +87,23 @@ def build_app(database_url: str) -> Any:
     from vpsshop.context import AppContext
     from vpsshop.settings import load_settings
 
-    settings = load_settings(None, environ={}, overrides={
-        "database_url": database_url, "secret_key": "bench", "encryption_key": "3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-        "coins": {"LTC": {"xpub": random_tpub(), "network": "regtest", "rpc_url": "http://bench.invalid/",
-                          "confirmations": 1}},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "database_url": database_url,
+            "secret_key": "bench",
+            "encryption_key": "3q2-7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "coins": {
+                "LTC": {
+                    "xpub": random_tpub(),
+                    "network": "regtest",
+                    "rpc_url": "http://bench.invalid/",
+                    "confirmations": 1,
+                }
+            },
+        },
+    )
     ctx = AppContext.build(settings)
     ctx.db.migrate()
     return ctx
@@ -107,19 +128,32 @@ def add_pending_topups(ctx: Any, count: int) -> list[tuple[str, int]]:
         rows = []
         for i in range(start, start + count):
             address = coin.derive_address(i)
-            rows.append(Topup(ref=new_ref(), account_id=account.id, coin="LTC", status="pending",
-                              amount_micros=50_000_000, rate="80", deposit_address=address.address,
-                              deposit_amount_atomic="62500000", deposit_network=coin.network, address_index=i,
-                              watch_key=address.watch_key, registered=True, created_at=now,
-                              expires_at=now + timedelta(hours=1)))
+            rows.append(
+                Topup(
+                    ref=new_ref(),
+                    account_id=account.id,
+                    coin="LTC",
+                    status="pending",
+                    amount_micros=50_000_000,
+                    rate="80",
+                    deposit_address=address.address,
+                    deposit_amount_atomic="62500000",
+                    deposit_network=coin.network,
+                    address_index=i,
+                    watch_key=address.watch_key,
+                    registered=True,
+                    created_at=now,
+                    expires_at=now + timedelta(hours=1),
+                )
+            )
         session.add_all(rows)
         session.flush()
         made = [(r.deposit_address, r.id) for r in rows]
-        from vpsshop.payments.models import AddressCounter
         import sqlalchemy as sa
 
-        session.execute(sa.update(AddressCounter).where(AddressCounter.coin == "LTC")
-                        .values(last_index=start + count))
+        from vpsshop.payments.models import AddressCounter
+
+        session.execute(sa.update(AddressCounter).where(AddressCounter.coin == "LTC").values(last_index=start + count))
     return made
 
 
@@ -130,12 +164,18 @@ def make_block(hrp_address_pool: list[str], paying: list[str]) -> list[dict[str,
         outs = []
         for v in range(2):
             address = hrp_address_pool[(n * 2 + v) % len(hrp_address_pool)]
-            outs.append({"value": Decimal("0.12345678"), "n": v,
-                         "scriptPubKey": {"type": "witness_v0_keyhash", "address": address}})
+            outs.append(
+                {
+                    "value": Decimal("0.12345678"),
+                    "n": v,
+                    "scriptPubKey": {"type": "witness_v0_keyhash", "address": address},
+                }
+            )
         txs.append({"txid": secrets.token_hex(32), "vout": outs})
     for i, address in enumerate(paying):
         txs[(i * 397) % TXS_PER_BLOCK]["vout"].append(
-            {"value": Decimal("0.625"), "n": 2, "scriptPubKey": {"type": "witness_v0_keyhash", "address": address}})
+            {"value": Decimal("0.625"), "n": 2, "scriptPubKey": {"type": "witness_v0_keyhash", "address": address}}
+        )
     return txs
 
 
@@ -215,15 +255,19 @@ async def main() -> None:
             await shop.start()
             shops.append(shop)
         await run_trials(shops, args.trials)
-    for shop, pending in zip(shops, sizes):
+    for shop, pending in zip(shops, sizes, strict=False):
         times = shop.times
-        print(f"{pending:>6} pending top-ups: block of {TXS_PER_BLOCK} txs ({PAYING_TXS} paying) matched and "
-              f"credited in median {statistics.median(times) * 1000:.1f} ms (min {min(times) * 1000:.1f}, "
-              f"max {max(times) * 1000:.1f})")
+        print(
+            f"{pending:>6} pending top-ups: block of {TXS_PER_BLOCK} txs ({PAYING_TXS} paying) matched and "
+            f"credited in median {statistics.median(times) * 1000:.1f} ms (min {min(times) * 1000:.1f}, "
+            f"max {max(times) * 1000:.1f})"
+        )
     small, large = (statistics.median(shop.times) for shop in shops)
     small_min, large_min = (min(shop.times) for shop in shops)
-    print(f"ratio {sizes[1]} / {sizes[0]} pending: median {large / small:.3f}, min {large_min / small_min:.3f} "
-          f"(goal < 1.20); goal < 1000 ms: {'met' if max(small, large) < 1 else 'NOT met'}")
+    print(
+        f"ratio {sizes[1]} / {sizes[0]} pending: median {large / small:.3f}, min {large_min / small_min:.3f} "
+        f"(goal < 1.20); goal < 1000 ms: {'met' if max(small, large) < 1 else 'NOT met'}"
+    )
     for shop in shops:
         await shop.ctx.close()
 

@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from vpsshop_x402 import USDCBASE
 from x402_peers import USDC_UNIT, sign_v1_header, start_chain
+
+from vpsshop_x402 import USDCBASE
 
 TARGET_MS = 20.0
 
@@ -40,8 +41,14 @@ def main() -> int:
             relayer = chain.new_account(eth_wei=100 * 10**18)
             os.environ["BENCH_X402_RELAYER_KEY"] = bytes(relayer.key).hex()
             coin = USDCBASE.from_settings(
-                {"network": "base", "mode": "direct", "pay_to": shop.address, "asset": chain.asset,
-                 "rpc_url": chain.url, "relayer_key_env": "BENCH_X402_RELAYER_KEY"},
+                {
+                    "network": "base",
+                    "mode": "direct",
+                    "pay_to": shop.address,
+                    "asset": chain.asset,
+                    "rpc_url": chain.url,
+                    "relayer_key_env": "BENCH_X402_RELAYER_KEY",
+                },
                 sandbox=False,
                 where="coins.USDCBASE",
             )
@@ -70,8 +77,10 @@ def main() -> int:
     ours.sort()
     p95 = ours[int(len(ours) * 0.95) - 1]
     print(f"settled {settled} payments on anvil; measured {len(ours)} after 5 warm-up")
-    print(f"our overhead per payment: median {statistics.median(ours):.2f} ms, mean {statistics.mean(ours):.2f} ms, "
-          f"p95 {p95:.2f} ms, max {ours[-1]:.2f} ms (target < {TARGET_MS:.0f} ms)")
+    print(
+        f"our overhead per payment: median {statistics.median(ours):.2f} ms, mean {statistics.mean(ours):.2f} ms, "
+        f"p95 {p95:.2f} ms, max {ours[-1]:.2f} ms (target < {TARGET_MS:.0f} ms)"
+    )
     print(f"waiting for the chain (excluded): median {statistics.median(chain_ms):.2f} ms")
     ok = statistics.median(ours) < TARGET_MS and p95 < TARGET_MS
     print("PASS" if ok else "FAIL")

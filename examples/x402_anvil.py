@@ -60,8 +60,11 @@ def coin_flow(chain, shop, payer, section: dict) -> None:  # type: ignore[no-unt
 
     coin = USDCBASE.from_settings(section, sandbox=False, where="coins.USDCBASE")
     print("readiness:", asyncio.run(coin.check_ready()))
-    body = {"x402Version": 1, "error": "X-PAYMENT header is required", "accepts": [
-        coin.payment_requirements(25 * USDC_UNIT, "http://127.0.0.1/v1/topups", "Top-up of $25.00")]}
+    body = {
+        "x402Version": 1,
+        "error": "X-PAYMENT header is required",
+        "accepts": [coin.payment_requirements(25 * USDC_UNIT, "http://127.0.0.1/v1/topups", "Top-up of $25.00")],
+    }
     print("402 body:", json.dumps(body, indent=2))
     header = sign_v1_header(payer, body["accepts"][0])
     print("X-PAYMENT:", header[:60] + "...")
@@ -82,10 +85,17 @@ def api_flow(chain, shop, payer, section: dict, tmp: Path) -> bool:  # type: ign
 
     port = free_port()
     base = f"http://127.0.0.1:{port}/v1"
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": f"sqlite:///{tmp / 'shop.db'}", "public_url": base,
-        "coins": {"USDCBASE": section}, "server": {"background": False},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": f"sqlite:///{tmp / 'shop.db'}",
+            "public_url": base,
+            "coins": {"USDCBASE": section},
+            "server": {"background": False},
+        },
+    )
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -114,13 +124,25 @@ def api_flow(chain, shop, payer, section: dict, tmp: Path) -> bool:  # type: ign
             settled = json.loads(base64.b64decode(paid.headers["X-PAYMENT-RESPONSE"]))
             print("X-PAYMENT-RESPONSE:", settled)
             receipt = chain.w3.eth.get_transaction_receipt(settled["transaction"])
-            print(f"transaction {settled['transaction']} mined in block {receipt['blockNumber']}, status {receipt['status']}")
+            print(
+                f"transaction {settled['transaction']} mined in block {receipt['blockNumber']}, status {receipt['status']}"
+            )
             again = http.post("/topups", json=order, headers={**auth, "X-PAYMENT": header})
-            print("same X-PAYMENT again:", again.status_code, "same top-up:", again.json().get("ref") == paid.json()["ref"])
+            print(
+                "same X-PAYMENT again:",
+                again.status_code,
+                "same top-up:",
+                again.json().get("ref") == paid.json()["ref"],
+            )
             account = http.get("/account", headers=auth).json()
             print("GET /v1/account:", account)
-            return (receipt["status"] == 1 and settled["payer"] == payer.address and again.status_code == 201
-                    and again.json()["ref"] == paid.json()["ref"] and float(account["balance_usd"]) == 25.0)
+            return (
+                receipt["status"] == 1
+                and settled["payer"] == payer.address
+                and again.status_code == 201
+                and again.json()["ref"] == paid.json()["ref"]
+                and float(account["balance_usd"]) == 25.0
+            )
     finally:
         server.should_exit = True
         thread.join(10)
@@ -137,17 +159,21 @@ def main() -> None:
             shop = chain.new_account()
             relayer = chain.new_account(eth_wei=10**18)
             payer = chain.new_account(usdc=100 * USDC_UNIT)
-            print(f"anvil {chain.url}, USDC {chain.asset}\nshop {shop.address}\nrelayer {relayer.address}\n"
-                  f"customer {payer.address} holding {chain.usdc(payer.address) / USDC_UNIT} USDC")
+            print(
+                f"anvil {chain.url}, USDC {chain.asset}\nshop {shop.address}\nrelayer {relayer.address}\n"
+                f"customer {payer.address} holding {chain.usdc(payer.address) / USDC_UNIT} USDC"
+            )
             section = settings_section(chain, shop, relayer)
             ok = True
             if args.api:
                 ok = api_flow(chain, shop, payer, section, Path(tmp_dir))
             else:
                 coin_flow(chain, shop, payer, section)
-            print(f"customer now holds {chain.usdc(payer.address) / USDC_UNIT} USDC, "
-                  f"the shop {chain.usdc(shop.address) / USDC_UNIT} USDC; the customer paid no gas "
-                  f"(ETH {chain.w3.eth.get_balance(payer.address)})")
+            print(
+                f"customer now holds {chain.usdc(payer.address) / USDC_UNIT} USDC, "
+                f"the shop {chain.usdc(shop.address) / USDC_UNIT} USDC; the customer paid no gas "
+                f"(ETH {chain.w3.eth.get_balance(payer.address)})"
+            )
             ok = ok and chain.usdc(payer.address) == 75 * USDC_UNIT and chain.usdc(shop.address) == 25 * USDC_UNIT
         finally:
             chain.anvil.stop()

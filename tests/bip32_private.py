@@ -33,10 +33,16 @@ def parse_path(path: str) -> list[int]:
 
 
 class PrivateNode:
-    def __init__(self, key: bytes, chain_code: bytes, depth: int = 0, parent_fp: bytes = b"\0" * 4,
-                 child_number: int = 0) -> None:
+    def __init__(
+        self, key: bytes, chain_code: bytes, depth: int = 0, parent_fp: bytes = b"\0" * 4, child_number: int = 0
+    ) -> None:
         self.key, self.chain_code, self.depth, self.parent_fp, self.child_number = (
-            key, chain_code, depth, parent_fp, child_number)
+            key,
+            chain_code,
+            depth,
+            parent_fp,
+            child_number,
+        )
 
     @classmethod
     def from_seed(cls, seed: bytes) -> PrivateNode:
@@ -63,8 +69,9 @@ class PrivateNode:
         return node
 
     def xpub(self) -> str:
-        return ExtendedPublicKey(bytes.fromhex("0488b21e"), self.depth, self.parent_fp, self.child_number,
-                                 self.chain_code, self.public_key).serialize()
+        return ExtendedPublicKey(
+            bytes.fromhex("0488b21e"), self.depth, self.parent_fp, self.child_number, self.chain_code, self.public_key
+        ).serialize()
 
 
 def account_node(path: str, mnemonic: str = ABANDON_MNEMONIC) -> PrivateNode:

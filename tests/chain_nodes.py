@@ -69,10 +69,25 @@ class Litecoind:
         self.datadir = workdir / "litecoind"
         self.datadir.mkdir(parents=True)
         self.process = subprocess.Popen(
-            [binary, "-regtest", f"-datadir={self.datadir}", f"-rpcport={self.port}", f"-port={free_port()}",
-             "-rpcbind=127.0.0.1", "-rpcallowip=127.0.0.1", f"-rpcuser={self.user}", f"-rpcpassword={self.password}",
-             "-listen=0", "-server", "-fallbackfee=0.0002", "-printtoconsole=0", "-walletrbf=1", "-mempoolreplacement=1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "-regtest",
+                f"-datadir={self.datadir}",
+                f"-rpcport={self.port}",
+                f"-port={free_port()}",
+                "-rpcbind=127.0.0.1",
+                "-rpcallowip=127.0.0.1",
+                f"-rpcuser={self.user}",
+                f"-rpcpassword={self.password}",
+                "-listen=0",
+                "-server",
+                "-fallbackfee=0.0002",
+                "-printtoconsole=0",
+                "-walletrbf=1",
+                "-mempoolreplacement=1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.time() + 60
         while True:
@@ -82,15 +97,16 @@ class Litecoind:
             except (OSError, RuntimeError):
                 if time.time() > deadline or self.process.poll() is not None:
                     _stop(self.process)
-                    raise RuntimeError("litecoind did not start")
+                    raise RuntimeError("litecoind did not start") from None
                 time.sleep(0.3)
         self.rpc("createwallet", "miner")
         self.mine_address = self.rpc("getnewaddress", "", "bech32")
         self.mine(101)
 
     def rpc(self, method: str, *params: Any) -> Any:
-        body = _post(self.url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)},
-                     (self.user, self.password))
+        body = _post(
+            self.url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)}, (self.user, self.password)
+        )
         if body.get("error"):
             raise RuntimeError(f"{method}: {body['error']}")
         return body["result"]
@@ -102,8 +118,14 @@ class Litecoind:
         return self.rpc("sendtoaddress", address, amount, "", "", False, replaceable)
 
     def settings(self, xpub: str, confirmations: int = 2) -> dict[str, Any]:
-        return {"xpub": xpub, "network": "regtest", "rpc_url": self.url, "rpc_user": self.user,
-                "rpc_password": self.password, "confirmations": confirmations}
+        return {
+            "xpub": xpub,
+            "network": "regtest",
+            "rpc_url": self.url,
+            "rpc_user": self.user,
+            "rpc_password": self.password,
+            "confirmations": confirmations,
+        }
 
     def stop(self) -> None:
         _stop(self.process)
@@ -117,12 +139,33 @@ class MoneroRegtest:
         self.workdir.mkdir(parents=True)
         self.daemon_port = free_port()
         self.processes: list[subprocess.Popen[bytes]] = []
-        self._start([shutil.which("monerod") or "/usr/bin/monerod", "--regtest", "--offline", "--fixed-difficulty", "1",
-                     "--non-interactive", "--no-igd", "--data-dir", str(self.workdir / "chain"),
-                     "--p2p-bind-ip", "127.0.0.1", "--p2p-bind-port", str(free_port()),
-                     "--rpc-bind-ip", "127.0.0.1", "--rpc-bind-port", str(self.daemon_port),
-                     "--zmq-rpc-bind-port", str(free_port()), "--log-level", "0"],
-                    f"http://127.0.0.1:{self.daemon_port}/json_rpc", "get_info")
+        self._start(
+            [
+                shutil.which("monerod") or "/usr/bin/monerod",
+                "--regtest",
+                "--offline",
+                "--fixed-difficulty",
+                "1",
+                "--non-interactive",
+                "--no-igd",
+                "--data-dir",
+                str(self.workdir / "chain"),
+                "--p2p-bind-ip",
+                "127.0.0.1",
+                "--p2p-bind-port",
+                str(free_port()),
+                "--rpc-bind-ip",
+                "127.0.0.1",
+                "--rpc-bind-port",
+                str(self.daemon_port),
+                "--zmq-rpc-bind-port",
+                str(free_port()),
+                "--log-level",
+                "0",
+            ],
+            f"http://127.0.0.1:{self.daemon_port}/json_rpc",
+            "get_info",
+        )
         self.sender_url = self._wallet_rpc("sender")
         self.shop_url = self._wallet_rpc("shop")
         self.call(self.sender_url, "create_wallet", filename="sender", language="English")
@@ -132,8 +175,15 @@ class MoneroRegtest:
         self.address = self.call(self.shop_url, "get_address", account_index=0)["address"]
         self.view_key = self.call(self.shop_url, "query_key", key_type="view_key")["key"]
         self.call(self.shop_url, "close_wallet")
-        self.call(self.shop_url, "generate_from_keys", filename="shop-view-only", address=self.address,
-                  viewkey=self.view_key, password="", restore_height=0)
+        self.call(
+            self.shop_url,
+            "generate_from_keys",
+            filename="shop-view-only",
+            address=self.address,
+            viewkey=self.view_key,
+            password="",
+            restore_height=0,
+        )
         # The tests decide when wallets sync (the plugin calls `refresh` in each scan): a background
         # refresh racing the plugin's would show a block one pass late and make assertions flaky.
         for url in (self.sender_url, self.shop_url):
@@ -141,7 +191,7 @@ class MoneroRegtest:
         self.mine(80)  # coinbase outputs unlock after 60 blocks
 
     def _start(self, argv: list[str], probe_url: str, probe_method: str) -> None:
-        log = open(self.workdir / f"{Path(argv[0]).name}-{len(self.processes)}.log", "wb")
+        log = open(self.workdir / f"{Path(argv[0]).name}-{len(self.processes)}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
         deadline = time.time() + 90
@@ -152,7 +202,7 @@ class MoneroRegtest:
             except (OSError, RuntimeError):
                 if time.time() > deadline or process.poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"{argv[0]} did not start")
+                    raise RuntimeError(f"{argv[0]} did not start") from None
                 time.sleep(0.3)
 
     def _wallet_rpc(self, name: str) -> str:
@@ -160,10 +210,26 @@ class MoneroRegtest:
         wallet_dir = self.workdir / f"wallets-{name}"
         wallet_dir.mkdir()
         url = f"http://127.0.0.1:{port}/json_rpc"
-        self._start([shutil.which("monero-wallet-rpc") or "/usr/bin/monero-wallet-rpc",
-                     "--daemon-address", f"127.0.0.1:{self.daemon_port}", "--trusted-daemon", "--disable-rpc-login",
-                     "--wallet-dir", str(wallet_dir), "--rpc-bind-ip", "127.0.0.1", "--rpc-bind-port", str(port),
-                     "--non-interactive", "--log-level", "0"], url, "get_version")
+        self._start(
+            [
+                shutil.which("monero-wallet-rpc") or "/usr/bin/monero-wallet-rpc",
+                "--daemon-address",
+                f"127.0.0.1:{self.daemon_port}",
+                "--trusted-daemon",
+                "--disable-rpc-login",
+                "--wallet-dir",
+                str(wallet_dir),
+                "--rpc-bind-ip",
+                "127.0.0.1",
+                "--rpc-bind-port",
+                str(port),
+                "--non-interactive",
+                "--log-level",
+                "0",
+            ],
+            url,
+            "get_version",
+        )
         return url
 
     @staticmethod
@@ -174,8 +240,12 @@ class MoneroRegtest:
         return body.get("result", {})
 
     def mine(self, blocks: int = 1) -> None:
-        self.call(f"http://127.0.0.1:{self.daemon_port}/json_rpc", "generateblocks",
-                  amount_of_blocks=blocks, wallet_address=self.sender_address)
+        self.call(
+            f"http://127.0.0.1:{self.daemon_port}/json_rpc",
+            "generateblocks",
+            amount_of_blocks=blocks,
+            wallet_address=self.sender_address,
+        )
 
     def mine_until_mined(self, txid: str, tries: int = 10) -> None:
         """Mine single blocks until ``txid`` is in one (a block template may predate the tx)."""
@@ -197,13 +267,24 @@ class MoneroRegtest:
 
     def pay(self, address: str, atomic: int) -> str:
         self.call(self.sender_url, "refresh")
-        answer = self.call(self.sender_url, "transfer", destinations=[{"address": address, "amount": atomic}],
-                           account_index=0, priority=0, get_tx_key=False)
+        answer = self.call(
+            self.sender_url,
+            "transfer",
+            destinations=[{"address": address, "amount": atomic}],
+            account_index=0,
+            priority=0,
+            get_tx_key=False,
+        )
         return str(answer["tx_hash"])
 
     def settings(self, confirmations: int = 2) -> dict[str, Any]:
-        return {"address": self.address, "view_key": self.view_key, "network": "regtest",
-                "wallet_rpc_url": self.shop_url, "confirmations": confirmations}
+        return {
+            "address": self.address,
+            "view_key": self.view_key,
+            "network": "regtest",
+            "wallet_rpc_url": self.shop_url,
+            "confirmations": confirmations,
+        }
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -239,8 +320,9 @@ def get(client: TestClient, headers: dict[str, str], ref: str) -> dict[str, Any]
     return response.json()
 
 
-def eventually(client: TestClient, headers: dict[str, str], ref: str, seconds: float = 60,
-               **expected: Any) -> dict[str, Any]:
+def eventually(
+    client: TestClient, headers: dict[str, str], ref: str, seconds: float = 60, **expected: Any
+) -> dict[str, Any]:
     """Run watcher passes until the top-up shows ``expected`` (a wallet-rpc syncs with its daemon
     asynchronously, so a block can reach the wallet a moment after monerod accepted it; on a
     loaded machine that takes seconds)."""

@@ -45,8 +45,12 @@ def compile_contracts(out_dir: Path) -> dict[str, tuple[list[dict[str, Any]], st
         raise RuntimeError("solcjs is not installed (npm solc into .peers/npm)")
     out_dir.mkdir(parents=True, exist_ok=True)
     sources = [str(p.relative_to(ROOT)) for p in sorted(CONTRACTS.glob("*.sol"))]
-    subprocess.run([solcjs, "--bin", "--abi", "--optimize", "--base-path", str(ROOT), "-o", str(out_dir), *sources],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [solcjs, "--bin", "--abi", "--optimize", "--base-path", str(ROOT), "-o", str(out_dir), *sources],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     compiled = {}
     for abi_file in out_dir.glob("*.abi"):
         name = abi_file.stem.rsplit("_", 1)[-1]
@@ -95,8 +99,14 @@ class EvmChain:
         return account
 
     def send_signed(self, account: Any, tx: dict[str, Any]) -> str:
-        tx = {"chainId": CHAIN_ID, "nonce": self.w3.eth.get_transaction_count(account.address, "pending"),
-              "gas": 200_000, "maxFeePerGas": 10**10, "maxPriorityFeePerGas": 10**9, **tx}
+        tx = {
+            "chainId": CHAIN_ID,
+            "nonce": self.w3.eth.get_transaction_count(account.address, "pending"),
+            "gas": 200_000,
+            "maxFeePerGas": 10**10,
+            "maxPriorityFeePerGas": 10**9,
+            **tx,
+        }
         signed = account.sign_transaction(tx)
         return self.w3.eth.send_raw_transaction(signed.raw_transaction).to_0x_hex()
 
@@ -150,8 +160,13 @@ class RangeLimitedFront:
                     query = body["params"][0]
                     if int(query["toBlock"], 16) - int(query["fromBlock"], 16) + 1 > max_range:
                         front.refused += 1
-                        payload = json.dumps({"jsonrpc": "2.0", "id": body["id"], "error": {
-                            "code": -32005, "message": "query returned more than 10000 results"}}).encode()
+                        payload = json.dumps(
+                            {
+                                "jsonrpc": "2.0",
+                                "id": body["id"],
+                                "error": {"code": -32005, "message": "query returned more than 10000 results"},
+                            }
+                        ).encode()
                         return self._reply(payload)
                 req = urllib.request.Request(front.upstream, raw, {"Content-Type": "application/json"})
                 with urllib.request.urlopen(req, timeout=60) as resp:

@@ -7,9 +7,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -27,8 +27,12 @@ def free_port() -> int:
 def shop_env(database_url: str, **extra: str) -> dict[str, str]:
     """The environment of a sandbox shop on ``database_url``, without the caller's VPSSHOP settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
-    env.update(VPSSHOP_DATABASE_URL=database_url, VPSSHOP_SECRET_KEY=TEST_SECRET_KEY,
-               VPSSHOP_ENCRYPTION_KEY=TEST_ENCRYPTION_KEY, VPSSHOP_MODE="sandbox")
+    env.update(
+        VPSSHOP_DATABASE_URL=database_url,
+        VPSSHOP_SECRET_KEY=TEST_SECRET_KEY,
+        VPSSHOP_ENCRYPTION_KEY=TEST_ENCRYPTION_KEY,
+        VPSSHOP_MODE="sandbox",
+    )
     env.update(extra)
     return env
 
@@ -59,14 +63,21 @@ def wait_for(base: str, proc: subprocess.Popen[str], log: Path, timeout: float =
 
 
 @contextmanager
-def serve(cwd: Path, env: dict[str, str], *args: str, command: str = VPSSHOP, name: str = "serve",
-          port: int | None = None) -> Iterator[Served]:
+def serve(
+    cwd: Path, env: dict[str, str], *args: str, command: str = VPSSHOP, name: str = "serve", port: int | None = None
+) -> Iterator[Served]:
     """``vpsshop serve --port <free, or port> [args]`` until the block ends; its output goes to a log file."""
     port = port or free_port()
     log = cwd / f"{name}-{port}.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([command, "serve", "--port", str(port), *args], cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [command, "serve", "--port", str(port), *args],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     served = Served(proc, f"http://127.0.0.1:{port}/v1", log)
     try:
         wait_for(served.base, proc, log)

@@ -121,16 +121,26 @@ class SolanaChainDouble:
                 return i < n - header.num_readonly_unsigned_accounts
 
             signature = str(tx.signatures[0])
-            self.pending.append({
-                "meta": {"err": None, "fee": int(result.fee()), "preBalances": pre, "postBalances": post,
-                         "status": {"Ok": None}, "computeUnitsConsumed": int(result.compute_units_consumed())},
-                "transaction": {
-                    "accountKeys": [{"pubkey": str(k), "signer": i < signers, "source": "transaction",
-                                     "writable": writable(i)} for i, k in enumerate(keys)],
-                    "signatures": [str(s) for s in tx.signatures],
-                },
-                "version": "legacy",
-            })
+            self.pending.append(
+                {
+                    "meta": {
+                        "err": None,
+                        "fee": int(result.fee()),
+                        "preBalances": pre,
+                        "postBalances": post,
+                        "status": {"Ok": None},
+                        "computeUnitsConsumed": int(result.compute_units_consumed()),
+                    },
+                    "transaction": {
+                        "accountKeys": [
+                            {"pubkey": str(k), "signer": i < signers, "source": "transaction", "writable": writable(i)}
+                            for i, k in enumerate(keys)
+                        ],
+                        "signatures": [str(s) for s in tx.signatures],
+                    },
+                    "version": "legacy",
+                }
+            )
             return signature
 
     # ---- JSON-RPC methods ------------------------------------------------------------------------------
@@ -154,7 +164,9 @@ class SolanaChainDouble:
                 if slot > self.slot or slot in self.unavailable:
                     raise RpcFailure(-32004, f"Block not available for slot {slot}")
                 if slot not in self.blocks:
-                    raise RpcFailure(-32007, f"Slot {slot} was skipped, or missing due to ledger jump to recent snapshot")
+                    raise RpcFailure(
+                        -32007, f"Slot {slot} was skipped, or missing due to ledger jump to recent snapshot"
+                    )
                 block = dict(self.blocks[slot])
                 details = options.get("transactionDetails", "full")
                 if details == "none":
@@ -171,14 +183,26 @@ class SolanaChainDouble:
                         continue
                     on_top = sum(1 for s in self.order if s > slot)
                     final = on_top >= FINALIZED_AFTER
-                    value.append({"slot": slot, "confirmations": None if final else on_top, "err": None,
-                                  "status": {"Ok": None}, "confirmationStatus": "finalized" if final else "confirmed"})
+                    value.append(
+                        {
+                            "slot": slot,
+                            "confirmations": None if final else on_top,
+                            "err": None,
+                            "status": {"Ok": None},
+                            "confirmationStatus": "finalized" if final else "confirmed",
+                        }
+                    )
                 return {"context": self.context(), "value": value}
             if method == "getBalance":
                 return {"context": self.context(), "value": self.balance(params[0])}
             if method == "getLatestBlockhash":
-                return {"context": self.context(),
-                        "value": {"blockhash": str(self.svm.latest_blockhash()), "lastValidBlockHeight": len(self.order) + 150}}
+                return {
+                    "context": self.context(),
+                    "value": {
+                        "blockhash": str(self.svm.latest_blockhash()),
+                        "lastValidBlockHeight": len(self.order) + 150,
+                    },
+                }
         if method == "sendTransaction":
             options = params[1] if len(params) > 1 else {}
             if options.get("encoding") != "base64":
@@ -206,7 +230,11 @@ class SolanaRpcDouble:
                 except RpcFailure as exc:
                     answer["error"] = {"code": exc.code, "message": exc.message}
                 except (ValueError, KeyError, TypeError, IndexError) as exc:
-                    answer = {"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": f"Invalid params: {exc}"}}
+                    answer = {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": -32602, "message": f"Invalid params: {exc}"},
+                    }
                 payload = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -12,17 +12,17 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from served import VPSSHOP, serve, shop_env
 
 from vpsshop.authcache import APPLICATION_NAME, LIVE_SECONDS
 from vpsshop.testing import postgres_test_url, reset_postgres
-
-from served import VPSSHOP, serve, shop_env
 
 WINDOW_LIMIT_SECONDS = 0.5
 
@@ -71,13 +71,22 @@ def test_cache_answers_and_every_writer_invalidates(app_client, vpsshop_account,
     assert cache.hits == hits + 1  # answered from memory
 
     # A change that notifies nobody (triggers off, as during a restore) stays invisible: the cache is real.
-    _sql(vpsshop_database_url, "UPDATE accounts SET totp_enabled = true WHERE id = %s", vpsshop_account.user_id,
-         replica=True)
+    _sql(
+        vpsshop_database_url,
+        "UPDATE accounts SET totp_enabled = true WHERE id = %s",
+        vpsshop_account.user_id,
+        replica=True,
+    )
     assert client.get("/v1/account", headers=headers).json()["totp_enabled"] is False
 
     # Another process credits through the ledger: the trigger's NOTIFY drops the entry.
-    subprocess.run([VPSSHOP, "admin", "credit", str(vpsshop_account.user_id), "7", "--reason", "test"], cwd=tmp_path,
-                   env=shop_env(vpsshop_database_url), check=True, capture_output=True)
+    subprocess.run(
+        [VPSSHOP, "admin", "credit", str(vpsshop_account.user_id), "7", "--reason", "test"],
+        cwd=tmp_path,
+        env=shop_env(vpsshop_database_url),
+        check=True,
+        capture_output=True,
+    )
     _until(lambda: client.get("/v1/account", headers=headers).json()["balance_usd"] == 7)
     assert client.get("/v1/account", headers=headers).json()["totp_enabled"] is True  # re-read whole
 
@@ -116,12 +125,20 @@ def test_no_listener_no_cache(app_client, vpsshop_account, vpsshop_database_url)
     client.get("/v1/account", headers=headers)
     _cache_live(client)
     cache = client.app.state.ctx.db.auth_caches()[0]
-    _sql(vpsshop_database_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
-         "AND datname = current_database()", APPLICATION_NAME)
+    _sql(
+        vpsshop_database_url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
+        "AND datname = current_database()",
+        APPLICATION_NAME,
+    )
     # The listener sees its connection close (or misses its heartbeat): from then on, no cache.
     _until(lambda: cache.live_until < time.monotonic(), timeout=LIVE_SECONDS + 1)
-    _sql(vpsshop_database_url, "UPDATE api_keys SET revoked_at = now() WHERE id = %s", vpsshop_account.key_id,
-         replica=True)  # notifies nobody: only reading the database can see it
+    _sql(
+        vpsshop_database_url,
+        "UPDATE api_keys SET revoked_at = now() WHERE id = %s",
+        vpsshop_account.key_id,
+        replica=True,
+    )  # notifies nobody: only reading the database can see it
     if cache.live_until < time.monotonic():
         assert client.get("/v1/account", headers=headers).status_code == 401
     else:  # it reconnected in between: reconnecting starts from an empty cache
@@ -148,7 +165,9 @@ def test_window_between_two_serve_processes(vpsshop_database_url, tmp_path: Path
                 while http.get(f"{b.base}/account", headers=headers).status_code != 401:
                     assert time.monotonic() - started < 5, "b never refused the revoked key"
                 windows.append(time.monotonic() - started)
-    print(f"\ninvalidation window between two vpsshop serve processes, 20 revocations: median "
-          f"{statistics.median(windows) * 1000:.1f} ms, max {max(windows) * 1000:.1f} ms "
-          "(each includes one HTTP round trip to b)")
+    print(
+        f"\ninvalidation window between two vpsshop serve processes, 20 revocations: median "
+        f"{statistics.median(windows) * 1000:.1f} ms, max {max(windows) * 1000:.1f} ms "
+        "(each includes one HTTP round trip to b)"
+    )
     assert max(windows) < WINDOW_LIMIT_SECONDS

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from chain_nodes import Litecoind, balance, get, peer_workdir, remove_workdir, run_pass
 from coincurve import PrivateKey
 from starlette.testclient import TestClient
 
-from chain_nodes import Litecoind, balance, get, peer_workdir, remove_workdir, run_pass
 from vpsshop.hdkeys import ExtendedPublicKey, b58check_encode, decode_segwit_v0, p2wpkh_address
 from vpsshop.testing import create_test_account
 
@@ -31,9 +32,8 @@ def test_bip84_test_vectors() -> None:
 
 
 def test_bitcoin_plugin_derives_the_vectors_and_refuses_private_keys() -> None:
-    from vpsshop_bitcoin import Bitcoin
-
     from vpsshop.errors import ConfigError
+    from vpsshop_bitcoin import Bitcoin
 
     coin = Bitcoin.from_settings({"xpub": BIP84_ZPUB}, sandbox=False, where="coins.BTC")
     assert coin.derive_address(1).address == "bc1qnjg0jd8228aq7egyzacy8cys3knf9xvrerkf9g"
@@ -41,18 +41,27 @@ def test_bitcoin_plugin_derives_the_vectors_and_refuses_private_keys() -> None:
     assert coin.payment_uri(coin.derive_address(1).address, 41667, "tp_x") == (
         "bitcoin:bc1qnjg0jd8228aq7egyzacy8cys3knf9xvrerkf9g?amount=0.00041667&label=tp_x"
     )
-    zprv = ("zprvAdG4iTXWBoARxkkzNpNh8r6Qag3irQB8PzEMkAFeTRXxHpbF9z4QgEvBRmfvqWvGp42t42nvgGpNgYSJA9iefm1yYNZKEm7z6q"
-            "UWCroSQnE")
+    zprv = (
+        "zprvAdG4iTXWBoARxkkzNpNh8r6Qag3irQB8PzEMkAFeTRXxHpbF9z4QgEvBRmfvqWvGp42t42nvgGpNgYSJA9iefm1yYNZKEm7z6q"
+        "UWCroSQnE"
+    )
     with pytest.raises(ConfigError, match="PRIVATE"):
         Bitcoin.from_settings({"xpub": zprv}, sandbox=False, where="coins.BTC")
-    with pytest.raises(ConfigError, match="coins.BTC.xpub"):
+    with pytest.raises(ConfigError, match=r"coins\.BTC\.xpub"):
         Bitcoin.from_settings({}, sandbox=False, where="coins.BTC")
 
 
 def random_tpub() -> str:
     """A fresh account key per test (so tests on one shared chain never share an address)."""
     key = PrivateKey().public_key.format(compressed=True)
-    raw = bytes.fromhex("045f1cf6") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big") + secrets.token_bytes(32) + key
+    raw = (
+        bytes.fromhex("045f1cf6")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + key
+    )
     return b58check_encode(raw)
 
 
@@ -86,9 +95,13 @@ def poll_min_seconds() -> float:
 
 
 @pytest.fixture
-def vpsshop_overrides(litecoind: Litecoind, ltc_xpub: str, confirmations: int, poll_min_seconds: float) -> dict[str, Any]:
-    return {"coins": {"LTC": litecoind.settings(ltc_xpub, confirmations)},
-            "topups": {"poll_min_seconds": poll_min_seconds, "expiry_minutes": 60}}
+def vpsshop_overrides(
+    litecoind: Litecoind, ltc_xpub: str, confirmations: int, poll_min_seconds: float
+) -> dict[str, Any]:
+    return {
+        "coins": {"LTC": litecoind.settings(ltc_xpub, confirmations)},
+        "topups": {"poll_min_seconds": poll_min_seconds, "expiry_minutes": 60},
+    }
 
 
 def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> dict[str, Any]:
@@ -217,8 +230,10 @@ def test_two_workers_never_double_credit(vpsshop_settings: Any, vpsshop_clock: A
     """Two apps (two workers) on one database run passes at the same time over the same blocks."""
     from vpsshop.app import create_app
 
-    with TestClient(create_app(vpsshop_settings, clock=vpsshop_clock, background=False)) as one, \
-            TestClient(create_app(vpsshop_settings, clock=vpsshop_clock, background=False)) as two:
+    with (
+        TestClient(create_app(vpsshop_settings, clock=vpsshop_clock, background=False)) as one,
+        TestClient(create_app(vpsshop_settings, clock=vpsshop_clock, background=False)) as two,
+    ):
         account = create_test_account(one)
         run_pass(one)
         run_pass(two)
@@ -250,7 +265,6 @@ def test_health_reports_the_node(vpsshop_client: TestClient) -> None:
     assert "litecoin-regtest at height" in str(body)
 
 
-
 @pytest.mark.parametrize("confirmations", [1])
 def test_worker_processes_confirm_topups_nobody_polls(
     vpsshop_client: TestClient, vpsshop_settings: Any, litecoind: Litecoind, ltc_xpub: str, tmp_path: Any
@@ -268,22 +282,42 @@ def test_worker_processes_confirm_topups_nobody_polls(
     topup = new_topup(vpsshop_client, account.headers)
     ltc = litecoind.settings(ltc_xpub, 1)
     config = tmp_path / "worker.toml"
-    lines = ['mode = "sandbox"', f"database_url = {json.dumps(vpsshop_settings.database_url)}",
-             f'secret_key = "{TEST_SECRET_KEY}"', f'encryption_key = "{TEST_ENCRYPTION_KEY}"',
-             "[topups]", "watch_interval_seconds = 0.5", "[coins.LTC]"]
+    lines = [
+        'mode = "sandbox"',
+        f"database_url = {json.dumps(vpsshop_settings.database_url)}",
+        f'secret_key = "{TEST_SECRET_KEY}"',
+        f'encryption_key = "{TEST_ENCRYPTION_KEY}"',
+        "[topups]",
+        "watch_interval_seconds = 0.5",
+        "[coins.LTC]",
+    ]
     lines += [f"{key} = {json.dumps(value)}" for key, value in ltc.items()]
     config.write_text("\n".join(lines) + "\n")
-    argv = [sys.executable, "-c", "import sys; from vpsshop.cli import main; sys.exit(main())", "worker",
-            "--config", str(config)]
-    workers = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}) for _ in range(2)]
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; from vpsshop.cli import main; sys.exit(main())",
+        "worker",
+        "--config",
+        str(config),
+    ]
+    workers = [
+        subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        for _ in range(2)
+    ]
     try:
         time.sleep(3)  # both workers have set their cursor at the tip
         litecoind.pay(topup["deposit_address"], topup["deposit_amount"])
         litecoind.mine(1)
         deadline = time.time() + 30
-        from vpsshop.payments.models import Topup
         from sqlmodel import select
+
+        from vpsshop.payments.models import Topup
 
         ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
         while time.time() < deadline:

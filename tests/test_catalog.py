@@ -53,8 +53,17 @@ def test_catalog_needs_no_auth_and_is_cacheable(vpsshop_client):
 def test_price_rounding_is_half_up_to_the_cent():
     data = CatalogData.model_validate(
         {
-            "plans": [{"id": "p", "name": "P", "vcpu": 1, "memory_mib": 512, "disk_gib": 10, "bandwidth_tb": 1,
-                       "base_price_cents": 399}],
+            "plans": [
+                {
+                    "id": "p",
+                    "name": "P",
+                    "vcpu": 1,
+                    "memory_mib": 512,
+                    "disk_gib": 10,
+                    "bandwidth_tb": 1,
+                    "base_price_cents": 399,
+                }
+            ],
             "locations": [{"id": "bg", "name": "Sofia", "country": "BG", "price_modifier": "0.85"}],
             "operating_systems": [{"id": "d", "name": "D", "family": "debian", "image": "d.qcow2"}],
         }
@@ -69,10 +78,24 @@ def test_catalog_file_with_duplicate_ids_is_refused():
         CatalogData.model_validate(
             {
                 "plans": [
-                    {"id": "p", "name": "P", "vcpu": 1, "memory_mib": 512, "disk_gib": 10, "bandwidth_tb": 1,
-                     "base_price_cents": 1},
-                    {"id": "p", "name": "Q", "vcpu": 1, "memory_mib": 512, "disk_gib": 10, "bandwidth_tb": 1,
-                     "base_price_cents": 2},
+                    {
+                        "id": "p",
+                        "name": "P",
+                        "vcpu": 1,
+                        "memory_mib": 512,
+                        "disk_gib": 10,
+                        "bandwidth_tb": 1,
+                        "base_price_cents": 1,
+                    },
+                    {
+                        "id": "p",
+                        "name": "Q",
+                        "vcpu": 1,
+                        "memory_mib": 512,
+                        "disk_gib": 10,
+                        "bandwidth_tb": 1,
+                        "base_price_cents": 2,
+                    },
                 ],
                 "locations": [{"id": "nl", "name": "A", "country": "NL", "price_modifier": "1"}],
                 "operating_systems": [{"id": "d", "name": "D", "family": "debian", "image": "d.qcow2"}],

@@ -77,8 +77,12 @@ def test_serve_without_config_is_a_sandbox_with_a_banner(tmp_path):
     port = _free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
     proc = subprocess.Popen(
-        [VPSSHOP, "serve", "--port", str(port)], cwd=tmp_path, env=environ,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [VPSSHOP, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30
@@ -114,8 +118,14 @@ def test_the_banner_and_health_say_what_is_really_loaded(tmp_path):
     port = _free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
     environ["VPSSHOP_BLOCK_PLUGINS"] = "simulator,x402"
-    proc = subprocess.Popen([VPSSHOP, "serve", "--port", str(port)], cwd=tmp_path, env=environ,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [VPSSHOP, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -130,14 +140,17 @@ def test_the_banner_and_health_say_what_is_really_loaded(tmp_path):
         proc.terminate()
         output = proc.communicate(timeout=20)[0]
     assert health["status"] == "degraded"
-    assert {"kind": "hypervisor", "id": "none", "plugin": "-", "ready": False} == {
-        k: v for k, v in next(c for c in health["components"] if c["kind"] == "hypervisor").items() if k != "detail"}
+    assert {
+        k: v for k, v in next(c for c in health["components"] if c["kind"] == "hypervisor").items() if k != "detail"
+    } == {"kind": "hypervisor", "id": "none", "plugin": "-", "ready": False}
     banner = output.split("Uvicorn running")[0]
     assert "hypervisor  none: NOT READY" in banner and "simulator" not in banner
     assert "USDCBASE" not in banner and "BTC (plugin bitcoin): bitcoin-testnet" in banner
     # The access log: one JSON line per request, no header, no key, no client address.
     lines = [json.loads(line) for line in output.splitlines() if '"log":"access"' in line]
     assert [(line["method"], line["path"], line["status"]) for line in lines][-2:] == [
-        ("GET", "/v1/health", 200), ("GET", "/v1/account", 401)]
+        ("GET", "/v1/health", 200),
+        ("GET", "/v1/account", 401),
+    ]
     assert set(lines[-1]) == {"t", "log", "rid", "method", "path", "route", "status", "us", "bytes"}
     assert "vpsk_nope" not in output and "127.0.0.1:" not in "".join(str(line) for line in lines)

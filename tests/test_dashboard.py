@@ -82,8 +82,9 @@ def test_dashboard_can_be_turned_off(vpsshop_settings):
 
     from vpsshop import create_app
 
-    settings = vpsshop_settings.model_copy(update={"dashboard": vpsshop_settings.dashboard.model_copy(
-        update={"enabled": False})})
+    settings = vpsshop_settings.model_copy(
+        update={"dashboard": vpsshop_settings.dashboard.model_copy(update={"enabled": False})}
+    )
     with TestClient(create_app(settings, background=False)) as client:
         assert client.get(f"{D}/signin").status_code == 404
         assert "dashboard" not in client.get("/nope").json()["message"]
@@ -136,8 +137,12 @@ def test_sign_in_shows_the_account_and_sign_out_ends_the_session_at_once(vpsshop
 def test_an_api_key_does_not_sign_in_and_the_login_token_is_no_bearer_key(vpsshop_client, vpsshop_account):
     refused = sign_in(vpsshop_client, vpsshop_account.api_key)
     assert refused.status_code == 401 and "not valid" in refused.text
-    assert vpsshop_client.get("/v1/account", headers={"Authorization": f"Bearer {vpsshop_account.login_token}"}
-                              ).status_code == 401
+    assert (
+        vpsshop_client.get(
+            "/v1/account", headers={"Authorization": f"Bearer {vpsshop_account.login_token}"}
+        ).status_code
+        == 401
+    )
 
 
 def test_sessions_expire_when_idle_and_can_be_revoked_from_another_browser(
@@ -176,8 +181,13 @@ def test_failed_sign_ins_are_limited_per_client_on_the_dashboard_and_the_api(vps
 
     from vpsshop import create_app
 
-    settings = vpsshop_settings.model_copy(update={"signin": vpsshop_settings.signin.model_copy(
-        update={"failures_per_client": 3, "client_window_seconds": 600})})
+    settings = vpsshop_settings.model_copy(
+        update={
+            "signin": vpsshop_settings.signin.model_copy(
+                update={"failures_per_client": 3, "client_window_seconds": 600}
+            )
+        }
+    )
     with TestClient(create_app(settings, clock=vpsshop_clock, background=False)) as client:
         account = create_test_account(client)
         for _ in range(2):
@@ -225,8 +235,12 @@ def test_totp_signs_in_with_a_code_once_and_login_needs_it(vpsshop_client, signe
     reused = client.post("/v1/login", json={"login_token": signed_in.login_token, "totp_code": code})
     assert reused.status_code == 401 and reused.json()["error"] == "invalid_totp_code"
     clock.advance(seconds=30)
-    assert client.post("/v1/login", json={"login_token": signed_in.login_token,
-                                          "totp_code": _code(secret, clock)}).status_code == 201
+    assert (
+        client.post(
+            "/v1/login", json={"login_token": signed_in.login_token, "totp_code": _code(secret, clock)}
+        ).status_code
+        == 201
+    )
     # Bearer keys keep working: two-factor guards sign-in, not keys already made
     assert client.get("/v1/account", headers=signed_in.headers).status_code == 200
 
@@ -252,12 +266,17 @@ def test_wrong_codes_are_limited_per_account(vpsshop_client, signed_in, vpsshop_
     for _ in range(5):  # [signin] totp_failures_per_account = 5
         response = vpsshop_client.post("/v1/login", json={"login_token": signed_in.login_token, "totp_code": "000000"})
         assert response.json()["error"] == "invalid_totp_code"
-    right = vpsshop_client.post("/v1/login", json={"login_token": signed_in.login_token,
-                                                   "totp_code": _code(secret, vpsshop_clock)})
+    right = vpsshop_client.post(
+        "/v1/login", json={"login_token": signed_in.login_token, "totp_code": _code(secret, vpsshop_clock)}
+    )
     assert right.status_code == 429 and right.json()["error"] == "rate_limited"
     vpsshop_clock.advance(seconds=901)
-    assert vpsshop_client.post("/v1/login", json={"login_token": signed_in.login_token,
-                                                  "totp_code": _code(secret, vpsshop_clock)}).status_code == 201
+    assert (
+        vpsshop_client.post(
+            "/v1/login", json={"login_token": signed_in.login_token, "totp_code": _code(secret, vpsshop_clock)}
+        ).status_code
+        == 201
+    )
 
 
 def test_credentials_need_a_fresh_code_when_totp_is_on(vpsshop_client, signed_in, vpsshop_clock):
@@ -308,8 +327,9 @@ def test_top_up_form_uses_the_api_limits_and_shows_the_deposit(vpsshop_client, s
     assert api["deposit_address"] in page and api["deposit_amount"] in page and api["qr_data_uri"] in page
     status = vpsshop_client.get(f"{D}/topups/{ref}/status").json()
     assert status["status"] == "pending" and status["payment_status"] == "awaiting_payment"
-    again = post_form(vpsshop_client, f"{D}/topups", {"amount": "30", "coin": "LTC", "idempotency_key": "k1"},
-                      page=f"{D}/topups")
+    again = post_form(
+        vpsshop_client, f"{D}/topups", {"amount": "30", "coin": "LTC", "idempotency_key": "k1"}, page=f"{D}/topups"
+    )
     assert again.headers["location"] == started.headers["location"]  # a re-sent form makes no second top-up
     cancelled = post_form(vpsshop_client, f"{D}/topups/{ref}/cancel", page=started.headers["location"])
     assert cancelled.status_code == 303
@@ -319,16 +339,27 @@ def test_top_up_form_uses_the_api_limits_and_shows_the_deposit(vpsshop_client, s
 
 
 def test_ordering_renewal_and_power_go_through_the_api_services(vpsshop_client, signed_in):
-    poor = post_form(vpsshop_client, f"{D}/servers", {"plan": "pup", "location": "nl", "os": "debian-12"},
-                     page=f"{D}/servers/new")
+    poor = post_form(
+        vpsshop_client, f"{D}/servers", {"plan": "pup", "location": "nl", "os": "debian-12"}, page=f"{D}/servers/new"
+    )
     assert poor.status_code == 402 and "does not cover the price of $3.99" in poor.text
     assert "Top up at least $3.99" in poor.text
     signed_in.credit(20)
-    bad = post_form(vpsshop_client, f"{D}/servers", {"plan": "pup", "location": "nl", "os": "debian-12",
-                                                    "hostname": "-bad-"}, page=f"{D}/servers/new")
+    bad = post_form(
+        vpsshop_client,
+        f"{D}/servers",
+        {"plan": "pup", "location": "nl", "os": "debian-12", "hostname": "-bad-"},
+        page=f"{D}/servers/new",
+    )
     assert bad.status_code == 400 and "A hostname is 1 to 63 letters" in bad.text
-    form = {"plan": "pup", "location": "nl", "os": "debian-12", "cycle": "monthly", "hostname": "web1",
-            "idempotency_key": "order-1"}
+    form = {
+        "plan": "pup",
+        "location": "nl",
+        "os": "debian-12",
+        "cycle": "monthly",
+        "hostname": "web1",
+        "idempotency_key": "order-1",
+    }
     ordered = post_form(vpsshop_client, f"{D}/servers", form, page=f"{D}/servers/new")
     assert ordered.status_code == 303
     again = post_form(vpsshop_client, f"{D}/servers", form, page=f"{D}/servers/new")

@@ -26,8 +26,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 VPSSHOP = str(Path(sys.executable).with_name("vpsshop"))
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 AXE = ROOT / ".peers" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
 DESKTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 390, "height": 844}
@@ -49,8 +57,13 @@ class Shop:
         self.base = f"{self.url}/dashboard"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
         self.log = open(folder / "serve.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([VPSSHOP, "serve", "--port", str(self.port)], cwd=folder, env=self.env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [VPSSHOP, "serve", "--port", str(self.port)],
+            cwd=folder,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def wait(self) -> None:
         deadline = time.monotonic() + 90
@@ -67,8 +80,14 @@ class Shop:
 
     def credit(self, user_id: int, usd: str) -> str:
         """Fund an account the way README says: `vpsshop admin credit`."""
-        result = subprocess.run([VPSSHOP, "admin", "credit", str(user_id), usd, "--reason", "browser test funds"],
-                                cwd=self.folder, env=self.env, capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [VPSSHOP, "admin", "credit", str(user_id), usd, "--reason", "browser test funds"],
+            cwd=self.folder,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return result.stdout
 
     def stop(self) -> None:
@@ -402,5 +421,6 @@ def expect_visible(locator) -> None:
 def expect_text(locator, text, timeout: int = 15_000) -> None:
     from playwright.sync_api import expect
 
-    expect(locator).to_contain_text(text, timeout=timeout) if isinstance(text, str) else \
-        expect(locator).to_have_text(text, timeout=timeout)
+    expect(locator).to_contain_text(text, timeout=timeout) if isinstance(text, str) else expect(locator).to_have_text(
+        text, timeout=timeout
+    )

@@ -45,8 +45,11 @@ class PrivateCluster:
             shutil.chown(self.dir, "postgres", "postgres")
         bin_dir = PG_BIN if PG_BIN.is_dir() else Path(shutil.which("initdb") or "/usr/bin/initdb").parent
         self.bin = bin_dir
-        subprocess.run([*self.prefix, str(bin_dir / "initdb"), "-D", str(self.dir / "data"), "-A", "trust",
-                        "-U", "postgres"], check=True, capture_output=True)
+        subprocess.run(
+            [*self.prefix, str(bin_dir / "initdb"), "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres"],
+            check=True,
+            capture_output=True,
+        )
         self.start()
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE drill")
@@ -57,17 +60,35 @@ class PrivateCluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def start(self) -> None:
-        subprocess.run([*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-l",
-                        str(self.dir / "log"), "-w", "-o", f"-p {self.port} -k {self.dir} -h 127.0.0.1", "start"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                *self.prefix,
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.dir / "data"),
+                "-l",
+                str(self.dir / "log"),
+                "-w",
+                "-o",
+                f"-p {self.port} -k {self.dir} -h 127.0.0.1",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     def stop(self) -> None:
-        subprocess.run([*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w",
-                        "stop"], check=True, capture_output=True)
+        subprocess.run(
+            [*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop"],
+            check=True,
+            capture_output=True,
+        )
 
     def remove(self) -> None:
-        subprocess.run([*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate",
-                        "stop"], capture_output=True)
+        subprocess.run(
+            [*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate", "stop"],
+            capture_output=True,
+        )
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -124,8 +145,9 @@ confirmations = 2
 
     def _start(self, name: str, *argv: str) -> subprocess.Popen[str]:
         log = open(self.workdir / f"{name}.log", "a")  # noqa: SIM115 - the child writes it until it exits
-        return subprocess.Popen([VPSSHOP, *argv], cwd=self.workdir, env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [VPSSHOP, *argv], cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
 
     def start_worker(self) -> subprocess.Popen[str]:
         self.worker = self._start("worker", "worker")
@@ -138,8 +160,13 @@ confirmations = 2
     def account(self, fund_usd: int = 0) -> tuple[int, dict[str, str]]:
         body = httpx.post(f"{self.base}/account", timeout=30).json()
         if fund_usd:
-            subprocess.run([VPSSHOP, "admin", "credit", str(body["user_id"]), str(fund_usd), "--reason", "drill"],
-                           cwd=self.workdir, env=self.env, check=True, capture_output=True)
+            subprocess.run(
+                [VPSSHOP, "admin", "credit", str(body["user_id"]), str(fund_usd), "--reason", "drill"],
+                cwd=self.workdir,
+                env=self.env,
+                check=True,
+                capture_output=True,
+            )
         return body["user_id"], {"Authorization": f"Bearer {body['api_key']}"}
 
     def close(self) -> None:
@@ -176,9 +203,12 @@ def sql(cluster: PrivateCluster, query: str) -> list[tuple[Any, ...]]:
 
 
 def ledger_matches_balances(cluster: PrivateCluster) -> None:
-    off = sql(cluster, "SELECT a.id, a.balance_micros, COALESCE(SUM(l.amount_micros), 0) FROM accounts a "
-                       "LEFT JOIN ledger_entries l ON l.account_id = a.id GROUP BY a.id "
-                       "HAVING a.balance_micros <> COALESCE(SUM(l.amount_micros), 0)")
+    off = sql(
+        cluster,
+        "SELECT a.id, a.balance_micros, COALESCE(SUM(l.amount_micros), 0) FROM accounts a "
+        "LEFT JOIN ledger_entries l ON l.account_id = a.id GROUP BY a.id "
+        "HAVING a.balance_micros <> COALESCE(SUM(l.amount_micros), 0)",
+    )
     assert off == []
 
 
@@ -198,8 +228,11 @@ def metrics(shop: Shop) -> dict[str, float] | None:
 
 def total(samples: dict[str, float], name: str, **labels: str) -> float:
     """The sum of the samples of metric ``name`` whose labels include ``labels``."""
-    return sum(value for series, value in samples.items() if series.split("{")[0] == name
-               and all(f'{k}="{v}"' in series for k, v in labels.items()))
+    return sum(
+        value
+        for series, value in samples.items()
+        if series.split("{")[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items())
+    )
 
 
 def until(what: str, probe: Any, seconds: float = 120) -> Any:
@@ -217,22 +250,37 @@ def test_sigkill_worker_mid_provisioning(shop: Shop, cluster: PrivateCluster) ->
     orders = []
     for _ in range(5):
         _user, auth = shop.account(fund_usd=10)
-        response = httpx.post(f"{shop.base}/servers", headers=auth, timeout=30,
-                              json={"plan": "pup", "location": "nl", "os": "debian-12"})
+        response = httpx.post(
+            f"{shop.base}/servers", headers=auth, timeout=30, json={"plan": "pup", "location": "nl", "os": "debian-12"}
+        )
         assert response.status_code == 201, response.text
         orders.append((auth, response.json()["server"]["id"]))
     # the worker has made a domain for some server, which still boots: kill it there
-    until("a domain made and still provisioning", lambda: sql(
-        cluster, "SELECT id FROM servers WHERE domain IS NOT NULL AND status = 'provisioning'"), 60)
+    until(
+        "a domain made and still provisioning",
+        lambda: sql(cluster, "SELECT id FROM servers WHERE domain IS NOT NULL AND status = 'provisioning'"),
+        60,
+    )
     shop.kill_worker()
     in_flight = sql(cluster, "SELECT COUNT(*) FROM servers WHERE status = 'provisioning'")[0][0]
     assert in_flight > 0
     shop.start_worker()
     for auth, server_id in orders:
-        until(f"server {server_id} active", lambda auth=auth, server_id=server_id: httpx.get(
-            f"{shop.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active", 120)
-    assert sql(cluster, "SELECT server_id, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
-                        "GROUP BY server_id HAVING COUNT(*) <> 1") == []
+        until(
+            f"server {server_id} active",
+            lambda auth=auth, server_id=server_id: (
+                httpx.get(f"{shop.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active"
+            ),
+            120,
+        )
+    assert (
+        sql(
+            cluster,
+            "SELECT server_id, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
+            "GROUP BY server_id HAVING COUNT(*) <> 1",
+        )
+        == []
+    )
     assert sql(cluster, "SELECT COUNT(*) FROM ledger_entries WHERE amount_micros < 0")[0][0] == 5
     # one simulated domain per server: a retried create made no second one
     domains = sql(cluster, "SELECT COUNT(*) FROM plugin_records WHERE namespace = 'simulator'")[0][0]
@@ -272,8 +320,11 @@ def test_sigkill_worker_mid_crediting(shop: Shop, cluster: PrivateCluster, litec
     print(f"payments credited when the worker was killed: {at_kill} of 12")
     shop.start_worker()
     until("every payment credited", lambda: _balances(shop, paid) == [25.0] * 12, 120)
-    rows = sql(cluster, "SELECT p.credited_micros, COUNT(l.id) FROM topup_payments p JOIN ledger_entries l "
-                        "ON l.dedupe_key = 'topup:' || p.coin || ':' || p.identity GROUP BY p.id, p.credited_micros")
+    rows = sql(
+        cluster,
+        "SELECT p.credited_micros, COUNT(l.id) FROM topup_payments p JOIN ledger_entries l "
+        "ON l.dedupe_key = 'topup:' || p.coin || ':' || p.identity GROUP BY p.id, p.credited_micros",
+    )
     assert sorted(rows) == [(25_000_000, 1)] * 12, (at_kill, rows)
     ledger_matches_balances(cluster)
 
@@ -293,8 +344,9 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
                 n += 1
                 try:
                     if n % 10 == 0:
-                        response = client.post("/servers", headers=auth,
-                                                json={"plan": "pup", "location": "nl", "os": "debian-12"})
+                        response = client.post(
+                            "/servers", headers=auth, json={"plan": "pup", "location": "nl", "os": "debian-12"}
+                        )
                         if response.status_code == 201:
                             accepted.append(response.json()["server"]["id"])
                     else:
@@ -309,8 +361,11 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
     try:
         until("load running", lambda: len(outcomes) > 20, 30)
         cluster.stop()
-        health = until("/health to report the database down", lambda: (
-            lambda r: r if r.status_code == 503 else None)(httpx.get(f"{shop.base}/health", timeout=10)), 30)
+        health = until(
+            "/health to report the database down",
+            lambda: (lambda r: r if r.status_code == 503 else None)(httpx.get(f"{shop.base}/health", timeout=10)),
+            30,
+        )
         assert health.json()["status"] == "down" and health.json()["database"]["ok"] is False
         during = len(outcomes)
         time.sleep(3)
@@ -323,15 +378,23 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
         running = False
         thread.join(60)
     assert failed_during and all(code in (500, 503) for code in failed_during), set(failed_during)
-    assert all(code in (200, 201) for code in outcomes[after + 5:]), set(outcomes[after + 5:])
+    assert all(code in (200, 201) for code in outcomes[after + 5 :]), set(outcomes[after + 5 :])
     assert shop.api.poll() is None and shop.worker.poll() is None  # both rode it out
     samples = metrics(shop)
     if samples is not None:  # /metrics counted the failed requests of the outage
-        assert total(samples, "vpsshop_http_requests_total", status="503") + total(
-            samples, "vpsshop_http_requests_total", status="500") > 0
+        assert (
+            total(samples, "vpsshop_http_requests_total", status="503")
+            + total(samples, "vpsshop_http_requests_total", status="500")
+            > 0
+        )
     for server_id in accepted:
-        until(f"server {server_id} active", lambda server_id=server_id: httpx.get(
-            f"{shop.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active", 120)
+        until(
+            f"server {server_id} active",
+            lambda server_id=server_id: (
+                httpx.get(f"{shop.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active"
+            ),
+            120,
+        )
     servers = sql(cluster, "SELECT id FROM servers ORDER BY id")
     assert [row[0] for row in servers] == sorted(accepted)  # no order lost, none made twice
     assert sql(cluster, "SELECT COUNT(*) FROM ledger_entries WHERE amount_micros < 0")[0][0] == len(accepted)
@@ -346,14 +409,19 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
     until("the payment seen", lambda: sql(cluster, "SELECT 1 FROM topup_payments"), 60)
     argv = _restartable(litecoind)
     litecoind.stop()
-    health = until("/health to report LTC", lambda: (lambda b: b if any(
-        c["id"] == "LTC" and not c["ready"] for c in b["components"]) else None)(
-        httpx.get(f"{shop.base}/health", timeout=10).json()), 30)
+    health = until(
+        "/health to report LTC",
+        lambda: (lambda b: b if any(c["id"] == "LTC" and not c["ready"] for c in b["components"]) else None)(
+            httpx.get(f"{shop.base}/health", timeout=10).json()
+        ),
+        30,
+    )
     assert health["status"] == "degraded"
     samples = metrics(shop)
     if samples is not None:  # /metrics counts the node's errors while it is away
-        until("node errors counted",
-              lambda: total(metrics(shop) or {}, "vpsshop_node_errors_total", coin="LTC") > 0, 30)
+        until(
+            "node errors counted", lambda: total(metrics(shop) or {}, "vpsshop_node_errors_total", coin="LTC") > 0, 30
+        )
     litecoind.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     until("litecoind back", lambda: _answers(litecoind), 60)
     litecoind.rpc("loadwallet", "miner")
@@ -369,10 +437,21 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
 
 
 def _restartable(node: Litecoind) -> list[str]:
-    return [shutil.which("litecoind") or "/usr/bin/litecoind", "-regtest", f"-datadir={node.datadir}",
-            f"-rpcport={node.port}", f"-port={free_port()}", "-rpcbind=127.0.0.1", "-rpcallowip=127.0.0.1",
-            f"-rpcuser={node.user}", f"-rpcpassword={node.password}", "-listen=0", "-server", "-fallbackfee=0.0002",
-            "-printtoconsole=0"]
+    return [
+        shutil.which("litecoind") or "/usr/bin/litecoind",
+        "-regtest",
+        f"-datadir={node.datadir}",
+        f"-rpcport={node.port}",
+        f"-port={free_port()}",
+        "-rpcbind=127.0.0.1",
+        "-rpcallowip=127.0.0.1",
+        f"-rpcuser={node.user}",
+        f"-rpcpassword={node.password}",
+        "-listen=0",
+        "-server",
+        "-fallbackfee=0.0002",
+        "-printtoconsole=0",
+    ]
 
 
 def _answers(node: Litecoind) -> bool:
@@ -381,8 +460,6 @@ def _answers(node: Litecoind) -> bool:
         return True
     except (OSError, RuntimeError):
         return False
-
-
 
 
 # ---- libvirtd goes away during provisioning ---------------------------------------------------------
@@ -463,10 +540,15 @@ class LibvirtdRelay:
 
 def pool_domains(directory: Path) -> list[str]:
     """The domains on the system libvirtd whose disks are in ``directory``."""
-    names = subprocess.run(["virsh", "-c", "qemu:///system", "list", "--all", "--name"], capture_output=True,
-                           text=True).stdout.split()
-    return [name for name in names if f"{directory}/" in subprocess.run(
-        ["virsh", "-c", "qemu:///system", "dumpxml", name], capture_output=True, text=True).stdout]
+    names = subprocess.run(
+        ["virsh", "-c", "qemu:///system", "list", "--all", "--name"], capture_output=True, text=True
+    ).stdout.split()
+    return [
+        name
+        for name in names
+        if f"{directory}/"
+        in subprocess.run(["virsh", "-c", "qemu:///system", "dumpxml", name], capture_output=True, text=True).stdout
+    ]
 
 
 @pytest.fixture
@@ -476,14 +558,19 @@ def libvirt_pool() -> Iterator[tuple[str, Path]]:
         for daemon in ("virtlogd", "libvirtd"):
             if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode != 0:
                 subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
-        until("libvirtd", lambda: subprocess.run(["virsh", "-c", "qemu:///system", "version"],
-                                                 capture_output=True).returncode == 0, 30)
+        until(
+            "libvirtd",
+            lambda: subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True).returncode == 0,
+            30,
+        )
     images = Path("/var/lib/libvirt/images")
     images.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="vpsshop-drill-", dir=images))
     directory.chmod(0o755)
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(directory / "debian-12-genericcloud-amd64.qcow2"),
-                    "1G"], check=True)
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", str(directory / "debian-12-genericcloud-amd64.qcow2"), "1G"],
+        check=True,
+    )
     name = directory.name
     xml = directory.parent / f"{name}.xml"
     xml.write_text(f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>")
@@ -497,14 +584,19 @@ def libvirt_pool() -> Iterator[tuple[str, Path]]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def test_libvirtd_goes_away_during_provisioning(tmp_path: Path, cluster: PrivateCluster, litecoind: Litecoind,
-                                                libvirt_pool: tuple[str, Path]) -> None:
+def test_libvirtd_goes_away_during_provisioning(
+    tmp_path: Path, cluster: PrivateCluster, litecoind: Litecoind, libvirt_pool: tuple[str, Path]
+) -> None:
     """libvirtd disappears (relay cut) while servers are being created and comes back 5 s later:
     /health says the hypervisor is not ready meanwhile; then every server is active with exactly one
     domain, charged once."""
     pool, directory = libvirt_pool
     relay = LibvirtdRelay(tmp_path / "libvirt.sock")
-    running = Shop(tmp_path, cluster.url, litecoind, hypervisor=f"""[hypervisor]
+    running = Shop(
+        tmp_path,
+        cluster.url,
+        litecoind,
+        hypervisor=f"""[hypervisor]
 backend = "libvirt"
 
 [hypervisor.libvirt]
@@ -517,27 +609,45 @@ pool = "{pool}"
 network = "user"
 addresses = "198.51.100.10-198.51.100.40"
 gateway = "198.51.100.1"
-""")
+""",
+    )
     try:
         orders = []
         for _ in range(3):
             _user, auth = running.account(fund_usd=10)
-            response = httpx.post(f"{running.base}/servers", headers=auth, timeout=30,
-                                  json={"plan": "pup", "location": "nl", "os": "debian-12"})
+            response = httpx.post(
+                f"{running.base}/servers",
+                headers=auth,
+                timeout=30,
+                json={"plan": "pup", "location": "nl", "os": "debian-12"},
+            )
             assert response.status_code == 201, response.text
             orders.append((auth, response.json()["server"]["id"]))
-        until("a domain named, the server still provisioning", lambda: sql(
-            cluster, "SELECT id FROM servers WHERE domain IS NOT NULL AND status = 'provisioning'"), 120)
+        until(
+            "a domain named, the server still provisioning",
+            lambda: sql(cluster, "SELECT id FROM servers WHERE domain IS NOT NULL AND status = 'provisioning'"),
+            120,
+        )
         relay.cut()
-        health = until("/health to report the hypervisor", lambda: (lambda b: b if any(
-            c["kind"] == "hypervisor" and not c["ready"] for c in b["components"]) else None)(
-            httpx.get(f"{running.base}/health", timeout=30).json()), 30)
+        health = until(
+            "/health to report the hypervisor",
+            lambda: (
+                lambda b: b if any(c["kind"] == "hypervisor" and not c["ready"] for c in b["components"]) else None
+            )(httpx.get(f"{running.base}/health", timeout=30).json()),
+            30,
+        )
         assert health["status"] == "degraded"
         time.sleep(5)
         relay.restore()
         for auth, server_id in orders:
-            until(f"server {server_id} active", lambda auth=auth, server_id=server_id: httpx.get(
-                f"{running.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"] == "active", 240)
+            until(
+                f"server {server_id} active",
+                lambda auth=auth, server_id=server_id: (
+                    httpx.get(f"{running.base}/servers/{server_id}", headers=auth, timeout=30).json()["status"]
+                    == "active"
+                ),
+                240,
+            )
         jobs = sql(cluster, "SELECT server_id, kind, status, attempts FROM server_jobs ORDER BY id")
         print("jobs after the cut:", jobs)
         assert max(attempts for *_rest, attempts in jobs) > 1, jobs  # the cut did interrupt a provisioning
@@ -546,8 +656,14 @@ gateway = "198.51.100.1"
         assert ours == sorted(domain for (domain,) in domains)  # one domain per server, the one it records
         assert len(list(directory.glob("vps-*.qcow2"))) == 3
         assert sql(cluster, "SELECT COUNT(*) FROM ledger_entries WHERE amount_micros < 0")[0][0] == 3
-        assert sql(cluster, "SELECT server_id, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
-                            "GROUP BY server_id HAVING COUNT(*) <> 1") == []
+        assert (
+            sql(
+                cluster,
+                "SELECT server_id, COUNT(*) FROM server_events WHERE kind = 'provisioned' "
+                "GROUP BY server_id HAVING COUNT(*) <> 1",
+            )
+            == []
+        )
         ledger_matches_balances(cluster)
     finally:
         running.close()

@@ -66,4 +66,7 @@ def test_insufficient_balance_body_carries_numbers(vpsshop_client, vpsshop_accou
         raise AssertionError("a debit above the balance must fail")
     assert body["error"] == "insufficient_balance"
     assert (body["price"], body["balance"], body["deficit"]) == (5, 3.5, 1.5) or (
-        str(body["price"]), str(body["balance"]), str(body["deficit"])) == ("5.00", "3.50", "1.50")
+        str(body["price"]),
+        str(body["balance"]),
+        str(body["deficit"]),
+    ) == ("5.00", "3.50", "1.50")

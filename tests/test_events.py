@@ -57,15 +57,33 @@ def test_account_keys_orders_and_servers_write_events(vpsshop_client: TestClient
     assert provision(client.app.state.ctx, vpsshop_clock) == 1
     listed = events(client, account)
     assert [e["type"] for e in listed] == [
-        "account.created", "api_key.created", "api_key.created", "api_key.revoked",
-        "ledger.credit", "server.provisioning", "ledger.debit", "server.active"]
+        "account.created",
+        "api_key.created",
+        "api_key.created",
+        "api_key.revoked",
+        "ledger.credit",
+        "server.provisioning",
+        "ledger.debit",
+        "server.active",
+    ]
     key_event = listed[3]
-    assert key_event["data"] == {"object": "api_key", "id": minted["id"], "prefix": minted["prefix"], "name": "ci",
-                                 "created_at": minted["created_at"], "revoked_at": key_event["data"]["revoked_at"]}
+    assert key_event["data"] == {
+        "object": "api_key",
+        "id": minted["id"],
+        "prefix": minted["prefix"],
+        "name": "ci",
+        "created_at": minted["created_at"],
+        "revoked_at": key_event["data"]["revoked_at"],
+    }
     assert minted["api_key"] not in str(listed)  # a key is never in an event
     debit = listed[6]["data"]
     assert (debit["object"], debit["amount_usd"], debit["balance_after_usd"], debit["reason"], debit["ref"]) == (
-        "ledger_entry", -3.99, 6.01, "order", f"server:{server_id}")
+        "ledger_entry",
+        -3.99,
+        6.01,
+        "order",
+        f"server:{server_id}",
+    )
     active = listed[-1]
     shown = client.get(f"/v1/servers/{server_id}", headers=account.headers).json()
     assert active["data"] == {"object": "server", **shown}  # the resource as the API shows it
@@ -102,8 +120,12 @@ def test_events_are_the_accounts_own_and_page_both_ways(vpsshop_client: TestClie
     for params in ({"after": theirs[0]["id"]}, {"before": theirs[0]["id"]}):  # another account's id is unknown here
         assert client.get("/v1/events", headers=mine.headers, params=params).status_code == 404
     assert client.get(f"/v1/events/{theirs[0]['id']}", headers=mine.headers).status_code == 404
-    for params, code in (({"limit": 0}, "invalid_limit"), ({"limit": "x"}, "invalid_limit"),
-                         ({"after": "nope"}, "invalid_cursor"), ({"type": "server.exploded"}, "invalid_type")):
+    for params, code in (
+        ({"limit": 0}, "invalid_limit"),
+        ({"limit": "x"}, "invalid_limit"),
+        ({"after": "nope"}, "invalid_cursor"),
+        ({"type": "server.exploded"}, "invalid_type"),
+    ):
         bad = client.get("/v1/events", headers=mine.headers, params=params)
         assert (bad.status_code, bad.json()["error"]) == (400, code)
     assert client.get("/v1/events").status_code == 401
@@ -116,8 +138,9 @@ def test_server_lifecycle_events(vpsshop_client: TestClient, vpsshop_clock: Any)
     account.credit("3.99")
     server = client.post("/v1/servers", headers=account.headers, json=ORDER).json()["server"]
     assert provision(ctx, vpsshop_clock) == 1
-    vpsshop_clock.set(vpsshop_clock.now() + (ctx_expiry(client, account, server["id"]) - vpsshop_clock.now())
-                      - timedelta(hours=1))
+    vpsshop_clock.set(
+        vpsshop_clock.now() + (ctx_expiry(client, account, server["id"]) - vpsshop_clock.now()) - timedelta(hours=1)
+    )
     asyncio.run(run_lifecycle(ctx))
     asyncio.run(run_lifecycle(ctx))  # a second pass in the same period tells nobody again
     vpsshop_clock.advance(hours=2)
@@ -132,10 +155,25 @@ def test_server_lifecycle_events(vpsshop_client: TestClient, vpsshop_clock: Any)
     asyncio.run(run_lifecycle(ctx))
     server_events = [e for e in events(client, account) if e["type"].startswith("server.")]
     assert [e["type"] for e in server_events] == [
-        "server.provisioning", "server.active", "server.renewal_failed", "server.suspended", "server.renewed",
-        "server.unsuspended", "server.suspended", "server.terminated"]
+        "server.provisioning",
+        "server.active",
+        "server.renewal_failed",
+        "server.suspended",
+        "server.renewed",
+        "server.unsuspended",
+        "server.suspended",
+        "server.terminated",
+    ]
     assert [e["data"]["status"] for e in server_events] == [
-        "provisioning", "active", "active", "suspended", "active", "active", "suspended", "terminated"]
+        "provisioning",
+        "active",
+        "active",
+        "suspended",
+        "active",
+        "active",
+        "suspended",
+        "terminated",
+    ]
     assert server_events[-1]["data"]["status_reason"].startswith("Not renewed within 7 days")
     assert server_events[4]["data"]["expires_at"] > server_events[1]["data"]["expires_at"]
 
@@ -171,8 +209,14 @@ def test_topup_events_from_creation_to_odd_payments(vpsshop_client: TestClient, 
     pay(cancelled, 100_000, 4)  # after cancellation: late
     seen = [e for e in events(client, account) if e["type"] == "topup.payment_seen"]
     assert [e["data"]["ref"] for e in seen] == [exact["ref"], under["ref"], over["ref"], cancelled["ref"]]
-    assert seen[0]["data"]["payment"] == {"coin": "BTC", "txid": f"{1:064x}", "amount": "0.00100000",
-                                          "confirmations": 0, "late": False, "credited_usd": None}
+    assert seen[0]["data"]["payment"] == {
+        "coin": "BTC",
+        "txid": f"{1:064x}",
+        "amount": "0.00100000",
+        "confirmations": 0,
+        "late": False,
+        "credited_usd": None,
+    }
     from vpsshop.payments.models import TopupPayment
 
     with engine.ctx.db.session() as session:  # as if the chain gave every payment its confirmations
@@ -181,14 +225,29 @@ def test_topup_events_from_creation_to_odd_payments(vpsshop_client: TestClient, 
     by_ref: dict[str, list[str]] = {}
     for e in events(client, account, type="topup.*"):
         by_ref.setdefault(e["data"]["ref"], []).append(e["type"])
-    assert by_ref[exact["ref"]] == ["topup.created", "topup.payment_seen", "topup.payment_confirmed",
-                                    "topup.completed"]
-    assert by_ref[under["ref"]] == ["topup.created", "topup.payment_seen", "topup.payment_confirmed",
-                                    "topup.underpaid", "topup.completed"]
-    assert by_ref[over["ref"]] == ["topup.created", "topup.payment_seen", "topup.payment_confirmed",
-                                   "topup.overpaid", "topup.completed"]
-    assert by_ref[cancelled["ref"]] == ["topup.created", "topup.cancelled", "topup.payment_seen",
-                                        "topup.payment_confirmed", "topup.late_payment", "topup.completed"]
+    assert by_ref[exact["ref"]] == ["topup.created", "topup.payment_seen", "topup.payment_confirmed", "topup.completed"]
+    assert by_ref[under["ref"]] == [
+        "topup.created",
+        "topup.payment_seen",
+        "topup.payment_confirmed",
+        "topup.underpaid",
+        "topup.completed",
+    ]
+    assert by_ref[over["ref"]] == [
+        "topup.created",
+        "topup.payment_seen",
+        "topup.payment_confirmed",
+        "topup.overpaid",
+        "topup.completed",
+    ]
+    assert by_ref[cancelled["ref"]] == [
+        "topup.created",
+        "topup.cancelled",
+        "topup.payment_seen",
+        "topup.payment_confirmed",
+        "topup.late_payment",
+        "topup.completed",
+    ]
     assert by_ref[expired["ref"]] == ["topup.created", "topup.expired"]
     under_event = next(e for e in events(client, account, type="topup.underpaid"))
     assert (under_event["data"]["amount_received"], under_event["data"]["credited_usd"]) == ("0.00040000", 24)
@@ -201,13 +260,11 @@ def test_emit_refuses_an_unknown_type_and_rolls_back_with_the_change(vpsshop_cli
 
     ctx = vpsshop_client.app.state.ctx
     account = create_test_account(vpsshop_client)
-    with pytest.raises(ValueError, match="unknown event type"):
-        with ctx.db.session() as session:
-            outbox.emit(session, "server.exploded", account.user_id, {"id": 1})
-    with pytest.raises(RuntimeError):
-        with ctx.db.session() as session:
-            outbox.emit(session, "account.created", account.user_id, {"user_id": account.user_id})
-            raise RuntimeError("the change failed")
+    with pytest.raises(ValueError, match="unknown event type"), ctx.db.session() as session:
+        outbox.emit(session, "server.exploded", account.user_id, {"id": 1})
+    with pytest.raises(RuntimeError), ctx.db.session() as session:
+        outbox.emit(session, "account.created", account.user_id, {"user_id": account.user_id})
+        raise RuntimeError("the change failed")
     with ctx.db.session() as session:
         assert len(session.exec(select(StoredEvent)).all()) == 2  # account.created + api_key.created only
 
@@ -233,6 +290,11 @@ def test_every_event_type_is_documented_and_in_the_openapi_webhooks(vpsshop_clie
     assert set(document["webhooks"]) == set(EVENT_TYPES)
     listed = document["paths"]["/events"]["get"]
     assert {p["name"] for p in listed["parameters"]} == {"after", "before", "limit", "type"}
-    for path in ("/webhooks", "/webhooks/{id}", "/webhooks/{id}/deliveries", "/webhooks/{id}/redeliver",
-                 "/events/{event_id}"):
+    for path in (
+        "/webhooks",
+        "/webhooks/{id}",
+        "/webhooks/{id}/deliveries",
+        "/webhooks/{id}/redeliver",
+        "/events/{event_id}",
+    ):
         assert path in document["paths"]

@@ -16,17 +16,21 @@ from coincurve import PrivateKey
 from evm_peers import CHAIN_ID, EvmChain, rpc, start_evm_chain
 from starlette.testclient import TestClient
 from topup_helpers import balance, decode_qr, get, payments, run_pass
-from vpsshop_evm import SANDBOX_XPUB, Ether, TetherErc20, parse_address, to_checksum_address
 
 from vpsshop.errors import ConfigError
 from vpsshop.hdkeys import b58check_encode
 from vpsshop.testing import create_test_account
+from vpsshop_evm import SANDBOX_XPUB, Ether, TetherErc20, parse_address, to_checksum_address
 
 
 def test_eip55_vectors() -> None:
     """The examples of EIP-55."""
-    for address in ("0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed", "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359",
-                    "0xdbF03B407c01E7cD3CBea99509d93f8DDDC8C6FB", "0xD1220A0cf47c7B9Be7A2E6BA89F429762e7b9aDb"):
+    for address in (
+        "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed",
+        "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359",
+        "0xdbF03B407c01E7cD3CBea99509d93f8DDDC8C6FB",
+        "0xD1220A0cf47c7B9Be7A2E6BA89F429762e7b9aDb",
+    ):
         assert to_checksum_address(address.lower()) == address
         assert parse_address(address) == address
     with pytest.raises(ValueError, match="checksum"):
@@ -46,37 +50,56 @@ def test_bip44_ethereum_vector_and_sandbox_key() -> None:
         derived = coin.derive_address(index)
         assert derived.address == expected
         assert derived.watch_key == expected.lower()
-    token = TetherErc20.from_settings({"xpub": SANDBOX_XPUB, "contract": "0xdAC17F958D2ee523a2206206994597C13D831ec7"},
-                                      sandbox=False, where="coins.USDT")
-    assert token.derive_address(1).address == Account.from_mnemonic(
-        ABANDON_MNEMONIC, account_path="m/44'/60'/0'/1/1").address
+    token = TetherErc20.from_settings(
+        {"xpub": SANDBOX_XPUB, "contract": "0xdAC17F958D2ee523a2206206994597C13D831ec7"},
+        sandbox=False,
+        where="coins.USDT",
+    )
+    assert (
+        token.derive_address(1).address
+        == Account.from_mnemonic(ABANDON_MNEMONIC, account_path="m/44'/60'/0'/1/1").address
+    )
     assert token.derive_address(1).address != coin.derive_address(1).address
     assert (coin.network, coin.chain_id, coin.confirmations, token.decimals) == ("ethereum", 1, 12, 6)
 
 
 def test_payment_uris_are_eip681() -> None:
     coin = Ether.from_settings({"xpub": SANDBOX_XPUB}, sandbox=False, where="coins.ETH")
-    token = TetherErc20.from_settings({"xpub": SANDBOX_XPUB, "contract": "0xdac17f958d2ee523a2206206994597c13d831ec7"},
-                                      sandbox=False, where="coins.USDT")
+    token = TetherErc20.from_settings(
+        {"xpub": SANDBOX_XPUB, "contract": "0xdac17f958d2ee523a2206206994597c13d831ec7"},
+        sandbox=False,
+        where="coins.USDT",
+    )
     addr = coin.derive_address(1).address
     assert coin.payment_uri(addr, 16666666666666667, "tp_x") == f"ethereum:{addr}@1?value=16666666666666667"
     assert token.payment_uri(addr, 50_000_000, "tp_x") == (
-        f"ethereum:0xdAC17F958D2ee523a2206206994597C13D831ec7@1/transfer?address={addr}&uint256=50000000")
+        f"ethereum:0xdAC17F958D2ee523a2206206994597C13D831ec7@1/transfer?address={addr}&uint256=50000000"
+    )
 
 
 def test_settings_are_checked() -> None:
     xprv = account_node("m/44'/60'/0'")
-    raw_xprv = (bytes.fromhex("0488ade4") + bytes([xprv.depth]) + xprv.parent_fp + xprv.child_number.to_bytes(4, "big")
-                + xprv.chain_code + b"\0" + xprv.key)
+    raw_xprv = (
+        bytes.fromhex("0488ade4")
+        + bytes([xprv.depth])
+        + xprv.parent_fp
+        + xprv.child_number.to_bytes(4, "big")
+        + xprv.chain_code
+        + b"\0"
+        + xprv.key
+    )
     with pytest.raises(ConfigError, match="PRIVATE"):
         Ether.from_settings({"xpub": b58check_encode(raw_xprv)}, sandbox=False, where="coins.ETH")
     with pytest.raises(ConfigError, match="set chain_id"):
         Ether.from_settings({"xpub": SANDBOX_XPUB, "network": "mychain"}, sandbox=False, where="coins.ETH")
-    with pytest.raises(ConfigError, match="coins.USDT.contract"):
+    with pytest.raises(ConfigError, match=r"coins\.USDT\.contract"):
         TetherErc20.from_settings({"xpub": SANDBOX_XPUB}, sandbox=False, where="coins.USDT")
     with pytest.raises(ConfigError, match="checksum"):
-        TetherErc20.from_settings({"xpub": SANDBOX_XPUB, "contract": "0xdAC17F958D2ee523a2206206994597C13D831eC7"},
-                                  sandbox=False, where="coins.USDT")
+        TetherErc20.from_settings(
+            {"xpub": SANDBOX_XPUB, "contract": "0xdAC17F958D2ee523a2206206994597C13D831eC7"},
+            sandbox=False,
+            where="coins.USDT",
+        )
 
 
 class TestSandbox:
@@ -100,8 +123,10 @@ def sandbox_addresses(vpsshop_client: TestClient) -> None:
         if code == "ETH":
             assert uri == f"ethereum:{body['deposit_address']}@11155111?value=16666666666666667"
         else:
-            assert uri == (f"ethereum:0xaA8E23Fb1079EA71e0a56F48a2aA51851D8433D0@11155111/transfer?"
-                           f"address={body['deposit_address']}&uint256=50000000")
+            assert uri == (
+                f"ethereum:0xaA8E23Fb1079EA71e0a56F48a2aA51851D8433D0@11155111/transfer?"
+                f"address={body['deposit_address']}&uint256=50000000"
+            )
     ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
     assert not ctx.coins["ETH"].can_scan and not ctx.coins["USDT"].can_scan
 
@@ -121,8 +146,14 @@ def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
 def random_xpub() -> str:
     """A fresh account key per test, so tests sharing one chain never share an address."""
     key = PrivateKey().public_key.format(compressed=True)
-    raw = (bytes.fromhex("0488b21e") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
-           + secrets.token_bytes(32) + key)
+    raw = (
+        bytes.fromhex("0488b21e")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + key
+    )
     return b58check_encode(raw)
 
 
@@ -130,12 +161,10 @@ def random_xpub() -> str:
 def vpsshop_overrides(evm_chain: EvmChain) -> dict[str, Any]:
     xpub = random_xpub()
     common = {"xpub": xpub, "network": "anvil", "chain_id": CHAIN_ID, "rpc_url": evm_chain.url, "confirmations": 3}
-    return {"coins": {"ETH": dict(common), "USDT": {**common, "contract": evm_chain.token.address, "decimals": 6}},
-            "topups": {"poll_min_seconds": 0, "expiry_minutes": 60}}
-
-
-
-
+    return {
+        "coins": {"ETH": dict(common), "USDT": {**common, "contract": evm_chain.token.address, "decimals": 6}},
+        "topups": {"poll_min_seconds": 0, "expiry_minutes": 60},
+    }
 
 
 def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: int = 50) -> dict[str, Any]:
@@ -146,8 +175,6 @@ def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: in
     assert parse_address(body["deposit_address"]) == body["deposit_address"]
     assert body["confirmations_required"] == 3
     return body
-
-
 
 
 def atomic(amount: str, decimals: int) -> int:
@@ -216,8 +243,12 @@ def test_scan_tags_each_payment_with_the_coin_that_arrived(vpsshop_client: TestC
     cursor = f"{start['number']}:{start['hash'].to_0x_hex()}"
     result = vpsshop_client.portal.call(ctx.coins["USDT"].scan, cursor, watched)  # type: ignore[union-attr]
     found = sorted((code, p.txid, p.watch_key, p.amount_atomic) for code, p in result.payments)
-    assert found == sorted([("ETH", to_usdt_address.lower(), usdt["deposit_address"].lower(), 10**16),
-                            ("USDT", to_eth_address.lower(), eth["deposit_address"].lower(), 7_000_000)])
+    assert found == sorted(
+        [
+            ("ETH", to_usdt_address.lower(), usdt["deposit_address"].lower(), 10**16),
+            ("USDT", to_eth_address.lower(), eth["deposit_address"].lower(), 7_000_000),
+        ]
+    )
     assert result.cursor == f"{start['number'] + 1}:{evm_chain.w3.eth.get_block('latest')['hash'].to_0x_hex()}"
 
 
@@ -250,8 +281,9 @@ def test_reorg_before_confirmations_credits_nothing(vpsshop_client: TestClient, 
 
 
 @pytest.mark.slow
-def test_reorg_that_mines_the_eth_payment_again_credits_it_once(vpsshop_client: TestClient,
-                                                                 evm_chain: EvmChain) -> None:
+def test_reorg_that_mines_the_eth_payment_again_credits_it_once(
+    vpsshop_client: TestClient, evm_chain: EvmChain
+) -> None:
     """``anvil_reorg`` replaces the last 2 blocks and re-includes the payment in the new ones."""
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)
@@ -262,8 +294,17 @@ def test_reorg_that_mines_the_eth_payment_again_credits_it_once(vpsshop_client: 
     from eth_account import Account
 
     nonce = evm_chain.w3.eth.get_transaction_count(payer.address)
-    signed = Account.sign_transaction({"chainId": CHAIN_ID, "nonce": nonce, "gas": 21_000, "maxFeePerGas": 10**10,
-                                       "maxPriorityFeePerGas": 10**9, **raw_tx}, payer.key)
+    signed = Account.sign_transaction(
+        {
+            "chainId": CHAIN_ID,
+            "nonce": nonce,
+            "gas": 21_000,
+            "maxFeePerGas": 10**10,
+            "maxPriorityFeePerGas": 10**9,
+            **raw_tx,
+        },
+        payer.key,
+    )
     evm_chain.w3.eth.send_raw_transaction(signed.raw_transaction)
     evm_chain.anvil.mine(1)
     old_block = evm_chain.w3.eth.get_block("latest")
@@ -287,9 +328,13 @@ def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient
     token, batch = evm_chain.token, evm_chain.batch
     token.functions.approve(batch.address, 70_000_000).transact({"from": evm_chain.deployer})
     evm_chain.anvil.mine(1)
-    txid = batch.functions.transferMany(
-        token.address, [first["deposit_address"], second["deposit_address"]], [30_000_000, 40_000_000]
-    ).transact({"from": evm_chain.deployer}).to_0x_hex()
+    txid = (
+        batch.functions.transferMany(
+            token.address, [first["deposit_address"], second["deposit_address"]], [30_000_000, 40_000_000]
+        )
+        .transact({"from": evm_chain.deployer})
+        .to_0x_hex()
+    )
     evm_chain.anvil.mine(3)
     receipt = evm_chain.receipt(txid)
     assert receipt["status"] == 1 and len(receipt["logs"]) == 2
@@ -326,13 +371,21 @@ class TestProviderRefusingWideLogRanges:
 
     @pytest.fixture
     def vpsshop_overrides(self, evm_chain: EvmChain, front: Any) -> dict[str, Any]:
-        common = {"xpub": random_xpub(), "network": "anvil", "chain_id": CHAIN_ID, "rpc_url": front.url,
-                  "confirmations": 3}
-        return {"coins": {"ETH": dict(common), "USDT": {**common, "contract": evm_chain.token.address}},
-                "topups": {"poll_min_seconds": 0}}
+        common = {
+            "xpub": random_xpub(),
+            "network": "anvil",
+            "chain_id": CHAIN_ID,
+            "rpc_url": front.url,
+            "confirmations": 3,
+        }
+        return {
+            "coins": {"ETH": dict(common), "USDT": {**common, "contract": evm_chain.token.address}},
+            "topups": {"poll_min_seconds": 0},
+        }
 
-    def test_payments_in_several_blocks_are_all_found(self, vpsshop_client: TestClient, evm_chain: EvmChain,
-                                                      front: Any) -> None:
+    def test_payments_in_several_blocks_are_all_found(
+        self, vpsshop_client: TestClient, evm_chain: EvmChain, front: Any
+    ) -> None:
         h = create_test_account(vpsshop_client).headers
         run_pass(vpsshop_client)
         first = new_topup(vpsshop_client, h, "USDT", 25)
@@ -353,13 +406,23 @@ def test_health_checks_chain_id_and_token_decimals(vpsshop_client: TestClient, e
     assert health["ETH"]["ready"] and health["ETH"]["detail"].startswith("anvil at block ")
     assert health["USDT"]["ready"], health["USDT"]
     ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
-    wrong = TetherErc20.from_settings({"xpub": random_xpub(), "network": "anvil", "chain_id": CHAIN_ID,
-                                       "rpc_url": evm_chain.url, "contract": evm_chain.token.address, "decimals": 18},
-                                      sandbox=False, where="coins.USDT")
+    wrong = TetherErc20.from_settings(
+        {
+            "xpub": random_xpub(),
+            "network": "anvil",
+            "chain_id": CHAIN_ID,
+            "rpc_url": evm_chain.url,
+            "contract": evm_chain.token.address,
+            "decimals": 18,
+        },
+        sandbox=False,
+        where="coins.USDT",
+    )
     readiness = vpsshop_client.portal.call(wrong.check_ready)  # type: ignore[union-attr]
     assert not readiness.ok and "6 decimals" in readiness.detail
-    other_chain = Ether.from_settings({"xpub": random_xpub(), "network": "sepolia", "rpc_url": evm_chain.url},
-                                      sandbox=False, where="coins.ETH")
+    other_chain = Ether.from_settings(
+        {"xpub": random_xpub(), "network": "sepolia", "rpc_url": evm_chain.url}, sandbox=False, where="coins.ETH"
+    )
     readiness = vpsshop_client.portal.call(other_chain.check_ready)  # type: ignore[union-attr]
     assert not readiness.ok and "chain id 31337" in readiness.detail
     for coin in (wrong, other_chain):
@@ -386,8 +449,11 @@ def test_node_urls_never_reach_logs_or_the_database() -> None:
     """A provider URL may carry an API key: scan group names (stored, logged) and errors hide it."""
     from vpsshop.errors import PluginError
 
-    coin = Ether.from_settings({"xpub": SANDBOX_XPUB, "rpc_url": "http://127.0.0.1:9/v3/SECRETKEY?key=SECRET2"},
-                               sandbox=False, where="coins.ETH")
+    coin = Ether.from_settings(
+        {"xpub": SANDBOX_XPUB, "rpc_url": "http://127.0.0.1:9/v3/SECRETKEY?key=SECRET2"},
+        sandbox=False,
+        where="coins.ETH",
+    )
     assert "SECRET" not in coin.scan_group and len(coin.scan_group) <= 40
     import asyncio
 

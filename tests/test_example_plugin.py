@@ -38,8 +38,17 @@ def test_example_shows_in_vpsshop_plugins(installed_example, tmp_path):
 
 def test_example_serves_its_catalog_and_route(installed_example, tmp_path):
     catalog = {
-        "plans": [{"id": "mini", "name": "Mini", "vcpu": 1, "memory_mib": 512, "disk_gib": 10, "bandwidth_tb": 1,
-                   "base_price_cents": 250}],
+        "plans": [
+            {
+                "id": "mini",
+                "name": "Mini",
+                "vcpu": 1,
+                "memory_mib": 512,
+                "disk_gib": 10,
+                "bandwidth_tb": 1,
+                "base_price_cents": 250,
+            }
+        ],
         "locations": [{"id": "is", "name": "Reykjavik", "country": "IS", "price_modifier": "2"}],
         "operating_systems": [{"id": "debian-12", "name": "Debian 12", "family": "debian", "image": "d.qcow2"}],
     }

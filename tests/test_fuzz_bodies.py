@@ -11,14 +11,30 @@ import hypothesis
 import hypothesis.strategies as st
 import sqlalchemy as sa
 
-JSON_TYPES = ["application/json", "application/json; charset=utf-8", "text/plain", None,
-              "application/x-www-form-urlencoded", "application/merge-patch+json"]
+JSON_TYPES = [
+    "application/json",
+    "application/json; charset=utf-8",
+    "text/plain",
+    None,
+    "application/x-www-form-urlencoded",
+    "application/merge-patch+json",
+]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=40), st.sampled_from(["", " " * 12, "false", "0", "25.000000000000000001",
-                                                            "a\x00b", "x\u202ey", "vpsl_x.y", "LTC", "pup"]))
-json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+    st.sampled_from(
+        ["", " " * 12, "false", "0", "25.000000000000000001", "a\x00b", "x\u202ey", "vpsl_x.y", "LTC", "pup"]
+    ),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def _field_bodies(route) -> st.SearchStrategy[Any]:
@@ -38,8 +54,18 @@ def bodies(route) -> st.SearchStrategy[bytes]:
         st.binary(max_size=64),
         st.integers(min_value=1, max_value=3000).map(lambda n: b'{"a":' + b"[" * n + b"]" * n + b"}"),
         st.integers(min_value=30, max_value=6000).map(lambda n: b'{"amount": ' + b"9" * n + b"}"),
-        st.sampled_from([b'{"name": "a", "name": "b"}', b'{"amount": 1e999999}', b'{"amount": NaN}',
-                         b'{"auto_renew": "false"}', b"\xef\xbb\xbf{}", b"{", b"null", b"[]"]),
+        st.sampled_from(
+            [
+                b'{"name": "a", "name": "b"}',
+                b'{"amount": 1e999999}',
+                b'{"amount": NaN}',
+                b'{"auto_renew": "false"}',
+                b"\xef\xbb\xbf{}",
+                b"{",
+                b"null",
+                b"[]",
+            ]
+        ),
     )
 
 
@@ -54,15 +80,21 @@ def test_no_body_gets_a_5xx_or_moves_the_ledger_on_a_4xx(vpsshop_client, vpsshop
     ctx = vpsshop_client.app.state.ctx
     vpsshop_account.credit("500")
     headers = vpsshop_account.headers
-    server = vpsshop_client.post("/v1/servers", headers=headers,
-                                 json={"plan": "pup", "location": "nl", "os": "ubuntu-24.04"}).json()["server"]
+    server = vpsshop_client.post(
+        "/v1/servers", headers=headers, json={"plan": "pup", "location": "nl", "os": "ubuntu-24.04"}
+    ).json()["server"]
     topup = vpsshop_client.post("/v1/topups", headers=headers, json={"amount": 30, "coin": "LTC"}).json()
     ids = {"{id}": str(server["id"]), "{ref}": topup["ref"]}
     routes = [r for r in ctx.extras["routes"] if r.body is not None]
     assert len(routes) >= 6, [r.path for r in routes]
 
-    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None,
-                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.settings(
+        max_examples=300,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
     @hypothesis.given(data=st.data())
     def one(data: st.DataObject) -> None:
         route = data.draw(st.sampled_from(routes), label="route")

@@ -41,10 +41,16 @@ def test_deeply_nested_json_is_400_without_a_traceback(vpsshop_client, vpsshop_a
     caplog.set_level(logging.INFO)
     for depth in (40, 1_000, 30_000):  # 30,000: deepest under the 64 KiB body limit
         deep = b"[" * depth + b"]" * depth
-        error_body(vpsshop_client.post("/v1/login", content=b'{"login_token": ' + deep + b"}", headers=JSON),
-                   400, "too_deep")
-        error_body(vpsshop_client.post("/v1/keys", content=b'{"name": ' + deep + b"}",
-                                       headers={**vpsshop_account.headers, **JSON}), 400, "too_deep")
+        error_body(
+            vpsshop_client.post("/v1/login", content=b'{"login_token": ' + deep + b"}", headers=JSON), 400, "too_deep"
+        )
+        error_body(
+            vpsshop_client.post(
+                "/v1/keys", content=b'{"name": ' + deep + b"}", headers={**vpsshop_account.headers, **JSON}
+            ),
+            400,
+            "too_deep",
+        )
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
@@ -70,10 +76,16 @@ def test_booleans_are_strict(vpsshop_client, vpsshop_account):
     vpsshop_account.credit("10")
     server = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers, json=ORDER).json()["server"]
     for value in ("false", 0, 1, "true", None):
-        error_body(vpsshop_client.patch(f"/v1/servers/{server['id']}", headers=vpsshop_account.headers,
-                                        json={"auto_renew": value}), 400, "invalid_auto_renew")
-    done = vpsshop_client.patch(f"/v1/servers/{server['id']}", headers=vpsshop_account.headers,
-                                json={"auto_renew": False})
+        error_body(
+            vpsshop_client.patch(
+                f"/v1/servers/{server['id']}", headers=vpsshop_account.headers, json={"auto_renew": value}
+            ),
+            400,
+            "invalid_auto_renew",
+        )
+    done = vpsshop_client.patch(
+        f"/v1/servers/{server['id']}", headers=vpsshop_account.headers, json={"auto_renew": False}
+    )
     assert done.status_code == 200 and done.json()["auto_renew"] is False
 
 
@@ -82,35 +94,43 @@ def test_a_body_must_be_sent_as_json(vpsshop_client, vpsshop_account):
         headers = dict(vpsshop_account.headers)
         if content_type:
             headers["Content-Type"] = content_type
-        body = error_body(vpsshop_client.post("/v1/keys", headers=headers, content=b'{"name": "k"}'),
-                          415, "unsupported_media_type")
+        body = error_body(
+            vpsshop_client.post("/v1/keys", headers=headers, content=b'{"name": "k"}'), 415, "unsupported_media_type"
+        )
         assert "application/json" in body["message"]
     error_body(vpsshop_client.post("/v1/login", content=b'{"login_token": "x"}'), 415, "unsupported_media_type")
-    sent = vpsshop_client.post("/v1/keys", headers={**vpsshop_account.headers,
-                                                    "Content-Type": "application/json; charset=utf-8"},
-                               content=b'{"name": "k"}')
+    sent = vpsshop_client.post(
+        "/v1/keys",
+        headers={**vpsshop_account.headers, "Content-Type": "application/json; charset=utf-8"},
+        content=b'{"name": "k"}',
+    )
     assert sent.status_code == 201, sent.text
     assert vpsshop_client.post("/v1/keys", headers=vpsshop_account.headers).status_code == 201  # no body at all
 
 
 def test_duplicate_keys_and_odd_numbers_are_refused(vpsshop_client, vpsshop_account):
     h = {**vpsshop_account.headers, **JSON}
-    error_body(vpsshop_client.post("/v1/keys", headers=h, content=b'{"name": "a", "name": "b"}'),
-               400, "duplicate_key")
-    error_body(vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": 25.000000000000000001}'),
-               400, "invalid_amount")
-    error_body(vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": ' + b"9" * 5000 + b"}"),
-               400, "number_too_large")
-    error_body(vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": 1e999999}'),
-               400, "number_too_large")
+    error_body(vpsshop_client.post("/v1/keys", headers=h, content=b'{"name": "a", "name": "b"}'), 400, "duplicate_key")
+    error_body(
+        vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": 25.000000000000000001}'),
+        400,
+        "invalid_amount",
+    )
+    error_body(
+        vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": ' + b"9" * 5000 + b"}"),
+        400,
+        "number_too_large",
+    )
+    error_body(vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": 1e999999}'), 400, "number_too_large")
     error_body(vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": NaN}'), 400, "invalid_json")
     error_body(vpsshop_client.post("/v1/topups", headers=h, content=b'{"amount": Infinity}'), 400, "invalid_json")
 
 
 def test_labels_refuse_control_and_bidi_characters(vpsshop_client, vpsshop_account):
     for name in ("a\x00b", "evil\u202etxt.exe", "line\nbreak", "\u2066x\u2069", "zero\u200bwidth", "\x7f"):
-        error_body(vpsshop_client.post("/v1/keys", headers=vpsshop_account.headers, json={"name": name}),
-                   400, "invalid_name")
+        error_body(
+            vpsshop_client.post("/v1/keys", headers=vpsshop_account.headers, json={"name": name}), 400, "invalid_name"
+        )
     made = vpsshop_client.post("/v1/keys", headers=vpsshop_account.headers, json={"name": "café ☕ laptop"})
     assert made.status_code == 201 and made.json()["name"] == "café ☕ laptop"
 
@@ -118,10 +138,16 @@ def test_labels_refuse_control_and_bidi_characters(vpsshop_client, vpsshop_accou
 def test_a_root_password_of_spaces_is_refused(vpsshop_client, vpsshop_account):
     vpsshop_account.credit("10")
     for password in (" " * 12, " " * 128):
-        error_body(vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers,
-                                       json={**ORDER, "root_password": password}), 400, "invalid_root_password")
-    ok = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers,
-                             json={**ORDER, "root_password": "  spaced out  "})
+        error_body(
+            vpsshop_client.post(
+                "/v1/servers", headers=vpsshop_account.headers, json={**ORDER, "root_password": password}
+            ),
+            400,
+            "invalid_root_password",
+        )
+    ok = vpsshop_client.post(
+        "/v1/servers", headers=vpsshop_account.headers, json={**ORDER, "root_password": "  spaced out  "}
+    )
     assert ok.status_code == 201, ok.text
 
 
@@ -129,9 +155,11 @@ def test_a_root_password_of_spaces_is_refused(vpsshop_client, vpsshop_account):
 
 
 def test_401_carries_a_bearer_challenge(vpsshop_client):
-    for response in (vpsshop_client.get("/v1/account"),
-                     vpsshop_client.get("/v1/account", headers={"Authorization": "Bearer vpsk_" + "x" * 43}),
-                     vpsshop_client.post("/v1/login", json={"login_token": "vpsl_nope"})):
+    for response in (
+        vpsshop_client.get("/v1/account"),
+        vpsshop_client.get("/v1/account", headers={"Authorization": "Bearer vpsk_" + "x" * 43}),
+        vpsshop_client.post("/v1/login", json={"login_token": "vpsl_nope"}),
+    ):
         error_body(response, 401, response.json()["error"])
         assert response.headers["www-authenticate"].startswith("Bearer")
 
@@ -170,12 +198,20 @@ def test_production_health_shows_status_and_readiness_only(tmp_path):
     from vpsshop.app import create_app
     from vpsshop.settings import load_settings
 
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "production", "database_url": f"sqlite:///{tmp_path}/shop.db", "secret_key": "s3cret-for-the-test",
-        "encryption_key": TEST_ENCRYPTION_KEY, "public_url": "https://shop.example/v1",
-        "hypervisor": {"backend": "simulator"},
-        "rates": {"source": "fixed", "fixed": {"prices": {"BTC": "60000"}}},
-        "server": {"background": False, "access_log": False}})
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "production",
+            "database_url": f"sqlite:///{tmp_path}/shop.db",
+            "secret_key": "s3cret-for-the-test",
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "public_url": "https://shop.example/v1",
+            "hypervisor": {"backend": "simulator"},
+            "rates": {"source": "fixed", "fixed": {"prices": {"BTC": "60000"}}},
+            "server": {"background": False, "access_log": False},
+        },
+    )
     with TestClient(create_app(settings, background=False, check=False)) as client:
         response = client.get("/v1/health")
     body = response.json()
@@ -193,11 +229,19 @@ def test_sandbox_health_keeps_its_details(vpsshop_client):
 
 
 def test_every_response_says_nosniff(vpsshop_client, vpsshop_account):
-    for response in (vpsshop_client.get("/v1/catalog"), vpsshop_client.get("/v1/nope"),
-                     vpsshop_client.get("/v1/account"),
-                     vpsshop_client.get("/v1/account", headers=vpsshop_account.headers),
-                     vpsshop_client.post("/v1/keys", headers=vpsshop_account.headers, content=b"{", ),
-                     vpsshop_client.get("/dashboard/"), vpsshop_client.get("/v1/openapi.json")):
+    for response in (
+        vpsshop_client.get("/v1/catalog"),
+        vpsshop_client.get("/v1/nope"),
+        vpsshop_client.get("/v1/account"),
+        vpsshop_client.get("/v1/account", headers=vpsshop_account.headers),
+        vpsshop_client.post(
+            "/v1/keys",
+            headers=vpsshop_account.headers,
+            content=b"{",
+        ),
+        vpsshop_client.get("/dashboard/"),
+        vpsshop_client.get("/v1/openapi.json"),
+    ):
         assert response.headers["x-content-type-options"] == "nosniff", (response.url, response.headers)
 
 
@@ -208,8 +252,11 @@ def test_every_response_says_nosniff(vpsshop_client, vpsshop_account):
 def shop(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("hardening")
     # 200 account creations from one address below: the sign-up limit (issue 12) would stop them.
-    env = shop_env(f"sqlite:///{cwd}/shop.db", VPSSHOP__SERVER__BODY_TIMEOUT_SECONDS="1",
-                   VPSSHOP__RATELIMIT__SIGNUPS_PER_CLIENT="100000")
+    env = shop_env(
+        f"sqlite:///{cwd}/shop.db",
+        VPSSHOP__SERVER__BODY_TIMEOUT_SECONDS="1",
+        VPSSHOP__RATELIMIT__SIGNUPS_PER_CLIENT="100000",
+    )
     with serve(cwd, env, "--no-worker") as served:
         served.cwd = cwd
         yield served
@@ -240,8 +287,11 @@ def _status_and_body(raw: bytes) -> tuple[int, dict[str, str], bytes]:
 def test_unparsable_http_gets_the_error_body(shop):
     import json
 
-    for request in (b"GARBAGE\r\n\r\n", b"GET /v1/catalog HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
-                    b"GET /v1/catalog HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"):
+    for request in (
+        b"GARBAGE\r\n\r\n",
+        b"GET /v1/catalog HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+        b"GET /v1/catalog HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    ):
         status, headers, body = _status_and_body(_raw(shop, request))
         assert status == 400 and headers["content-type"] == "application/json", (request, headers, body)
         assert headers["x-content-type-options"] == "nosniff"
@@ -257,8 +307,11 @@ def test_trailing_slash_does_not_redirect_to_the_host_header(shop):
 
 def test_a_slow_body_is_cut_off_with_408(shop):
     started = time.monotonic()
-    raw = _raw(shop, b"POST /v1/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"login_token\"")
+    raw = _raw(
+        shop,
+        b"POST /v1/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"login_token"',
+    )
     status, _headers, body = _status_and_body(raw)
     assert status == 408 and b'"body_timeout"' in body, raw
     assert time.monotonic() - started < 5
@@ -266,12 +319,15 @@ def test_a_slow_body_is_cut_off_with_408(shop):
 
 def test_a_client_leaving_mid_body_is_one_log_line(shop):
     before = shop.output()
-    _raw(shop, b"POST /v1/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               b"Content-Length: 100\r\n\r\n{\"a\"", close_after_send=True)
+    _raw(
+        shop,
+        b'POST /v1/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a"',
+        close_after_send=True,
+    )
     deadline = time.monotonic() + 5
-    while "client disconnected" not in shop.output()[len(before):] and time.monotonic() < deadline:
+    while "client disconnected" not in shop.output()[len(before) :] and time.monotonic() < deadline:
         time.sleep(0.05)
-    new = shop.output()[len(before):]
+    new = shop.output()[len(before) :]
     assert new.count("client disconnected before sending the whole body") == 1, new
     assert "Traceback" not in new and "Exception" not in new, new
 
@@ -305,6 +361,7 @@ def test_account_creation_memory_is_bounded(shop):
     async def burst() -> None:
         limit = asyncio.Semaphore(40)
         async with httpx.AsyncClient(timeout=60) as client:
+
             async def one() -> None:
                 async with limit:
                     assert (await client.post(f"{shop.base}/account")).status_code == 201
@@ -320,6 +377,8 @@ def test_rate_unavailable_names_the_coin_only(vpsshop_client, caplog):
     from vpsshop.payments.rates import RateUnavailable
 
     error = RateUnavailable("BTC", "GET https://user:pw@rates.internal/ticker failed: 500")
-    assert error.body() == {"error": "rate_unavailable",
-                            "message": "No current BTC/USD exchange rate; try again shortly."}
+    assert error.body() == {
+        "error": "rate_unavailable",
+        "message": "No current BTC/USD exchange rate; try again shortly.",
+    }
     assert "rates.internal" in caplog.text

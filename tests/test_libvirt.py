@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import libvirt
 import pytest
@@ -109,13 +109,15 @@ def _settings(pool: str) -> dict:
     return {
         "domain_type": "qemu",
         "shutdown_grace_seconds": 2,
-        "locations": {"nl": {
-            "hosts": [{"uri": URI, "name": "local", "max_memory_mib": 4096}],
-            "pool": pool,
-            "network": "user",
-            "addresses": "198.51.100.10-198.51.100.20",
-            "gateway": "198.51.100.1",
-        }},
+        "locations": {
+            "nl": {
+                "hosts": [{"uri": URI, "name": "local", "max_memory_mib": 4096}],
+                "pool": pool,
+                "network": "user",
+                "addresses": "198.51.100.10-198.51.100.20",
+                "gateway": "198.51.100.1",
+            }
+        },
     }
 
 
@@ -127,9 +129,20 @@ def test_domain_lives_through_its_whole_life_on_real_libvirtd(storage_pool):
     pool_name, directory = storage_pool
     backend = LibvirtBackend.from_settings(_settings(pool_name), sandbox=False, where="hypervisor.libvirt")
     name = f"vps-t-{uuid.uuid4().hex[:6]}"
-    spec = ServerSpec(name=name, hostname="web-1", location="nl", vcpu=1, memory_mib=256, disk_gib=5,
-                      os_id="debian-12", os_image=BASE_IMAGE, root_password="s3cret-Pass-42", ip="198.51.100.10",
-                      gateway="198.51.100.1", nameservers=("9.9.9.9",))
+    spec = ServerSpec(
+        name=name,
+        hostname="web-1",
+        location="nl",
+        vcpu=1,
+        memory_mib=256,
+        disk_gib=5,
+        os_id="debian-12",
+        os_image=BASE_IMAGE,
+        root_password="s3cret-Pass-42",
+        ip="198.51.100.10",
+        gateway="198.51.100.1",
+        nameservers=("9.9.9.9",),
+    )
     handle = asyncio.run(backend.create(spec))
     try:
         assert (handle.host, handle.domain, handle.ip) == ("local", name, "198.51.100.10")
@@ -141,8 +154,14 @@ def test_domain_lives_through_its_whole_life_on_real_libvirtd(storage_pool):
         assert "bus='virtio'" in xml and "<model type='virtio'/>" in xml and "type='qemu'" in xml
 
         # The disk: a qcow2 overlay of the base image, sized to the plan.
-        info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", "-U", str(directory / f"{name}.qcow2")],
-                                         capture_output=True, text=True, check=True).stdout)
+        info = json.loads(
+            subprocess.run(
+                ["qemu-img", "info", "--output=json", "-U", str(directory / f"{name}.qcow2")],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         assert info["format"] == "qcow2" and info["virtual-size"] == 5 * 1024**3
         assert info["backing-filename"] == str(directory / BASE_IMAGE)
 
@@ -191,18 +210,28 @@ def test_order_becomes_active_on_real_libvirtd(storage_pool, tmp_path):
     from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, create_test_account
 
     pool_name, directory = storage_pool
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
-        "encryption_key": TEST_ENCRYPTION_KEY, "hypervisor": {"backend": "libvirt", "libvirt": _settings(pool_name)},
-        "servers": {"grace_days": 0},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": f"sqlite:///{tmp_path / 'shop.db'}",
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "hypervisor": {"backend": "libvirt", "libvirt": _settings(pool_name)},
+            "servers": {"grace_days": 0},
+        },
+    )
     clock = FrozenClock()
     with TestClient(create_app(settings, clock=clock, background=False)) as client:
         ctx = client.app.state.ctx
         account = create_test_account(client)
         account.credit("10")
-        order = client.post("/v1/servers", headers=account.headers,
-                            json={"plan": "pup", "location": "nl", "os": "debian-12", "hostname": "api-test"})
+        order = client.post(
+            "/v1/servers",
+            headers=account.headers,
+            json={"plan": "pup", "location": "nl", "os": "debian-12", "hostname": "api-test"},
+        )
         assert order.status_code == 201, order.text
         sid, password = order.json()["server"]["id"], order.json()["root_password"]
         assert asyncio.run(run_jobs(ctx))["done"] == 1
@@ -231,18 +260,36 @@ def test_domain_xml_units_and_devices():
 
     cfg = LibvirtConfig.model_validate(_settings("p") | {"domain_type": "kvm"})
     loc: LocationConfig = cfg.locations["nl"]
-    spec = ServerSpec(name="vps-1-ab", hostname="h", location="nl", vcpu=2, memory_mib=4096, disk_gib=60,
-                      os_id="debian-12", os_image=BASE_IMAGE, root_password="x" * 12)
+    spec = ServerSpec(
+        name="vps-1-ab",
+        hostname="h",
+        location="nl",
+        vcpu=2,
+        memory_mib=4096,
+        disk_gib=60,
+        os_id="debian-12",
+        os_image=BASE_IMAGE,
+        root_password="x" * 12,
+    )
     xml = domain_xml(spec, cfg, loc, "/p/vps-1-ab.qcow2", "/p/vps-1-ab-seed.iso")
-    assert "<memory unit=\"MiB\">4096</memory>" in xml and "<vcpu placement=\"static\">2</vcpu>" in xml
-    assert "<target dev=\"vda\" bus=\"virtio\" />" in xml and "<model type=\"virtio\" />" in xml
+    assert '<memory unit="MiB">4096</memory>' in xml and '<vcpu placement="static">2</vcpu>' in xml
+    assert '<target dev="vda" bus="virtio" />' in xml and '<model type="virtio" />' in xml
     assert "<loader" not in xml and "firmware" not in xml  # BIOS: no firmware auto-selection
     assert "host-passthrough" in xml
 
 
 def _contract_spec(name: str, location: str = "nl") -> ServerSpec:
-    return ServerSpec(name=name, hostname="contract", location=location, vcpu=1, memory_mib=256, disk_gib=5,
-                      os_id="debian-12", os_image=BASE_IMAGE, root_password="contract-pass-1")
+    return ServerSpec(
+        name=name,
+        hostname="contract",
+        location=location,
+        vcpu=1,
+        memory_mib=256,
+        disk_gib=5,
+        os_id="debian-12",
+        os_image=BASE_IMAGE,
+        root_password="contract-pass-1",
+    )
 
 
 def test_contract_on_real_libvirtd(storage_pool):

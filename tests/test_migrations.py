@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
+
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from importlib.resources import files
 
 from vpsshop.db import Database
 
@@ -25,12 +26,18 @@ def test_upgrade_from_first_revision_keeps_accounts_and_ledger(vpsshop_database_
             conn.commit()
             command.upgrade(_alembic(conn), "0001")
             conn.commit()
-            conn.execute(sa.text(
-                "INSERT INTO accounts (id, balance_micros, totp_enabled, login_selector, login_hash, created_at) "
-                "VALUES (7, 1500000, false, 'sel', 'hash', '2026-01-01 00:00:00')"))
-            conn.execute(sa.text(
-                "INSERT INTO ledger_entries (account_id, amount_micros, balance_after_micros, reason, created_at) "
-                "VALUES (7, 1500000, 1500000, 'admin_credit', '2026-01-01 00:00:00')"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO accounts (id, balance_micros, totp_enabled, login_selector, login_hash, created_at) "
+                    "VALUES (7, 1500000, false, 'sel', 'hash', '2026-01-01 00:00:00')"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO ledger_entries (account_id, amount_micros, balance_after_micros, reason, created_at) "
+                    "VALUES (7, 1500000, 1500000, 'admin_credit', '2026-01-01 00:00:00')"
+                )
+            )
             conn.commit()
         db.migrate()  # to every head
         with db.engine.connect() as conn:
@@ -48,11 +55,13 @@ def test_balance_cannot_go_negative_even_bypassing_the_ledger(vpsshop_database_u
     db = Database(vpsshop_database_url)
     db.migrate()
     try:
-        with pytest.raises(IntegrityError):
-            with db.engine.begin() as conn:
-                conn.execute(sa.text(
+        with pytest.raises(IntegrityError), db.engine.begin() as conn:
+            conn.execute(
+                sa.text(
                     "INSERT INTO accounts (balance_micros, totp_enabled, login_selector, login_hash, created_at) "
-                    "VALUES (-1, false, 'neg', 'hash', '2026-01-01 00:00:00')"))
+                    "VALUES (-1, false, 'neg', 'hash', '2026-01-01 00:00:00')"
+                )
+            )
     finally:
         db.dispose()
 
@@ -62,9 +71,12 @@ def test_dashboard_migration_0008_adds_and_removes_its_tables_keeping_accounts(v
     try:
         db.migrate()
         with db.engine.connect() as conn:
-            conn.execute(sa.text(
-                "INSERT INTO accounts (id, balance_micros, totp_enabled, login_selector, login_hash, created_at, "
-                "totp_secret_enc) VALUES (9, 5, true, 'sel9', 'hash', '2026-01-01 00:00:00', 'gAAAA-enc')"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO accounts (id, balance_micros, totp_enabled, login_selector, login_hash, created_at, "
+                    "totp_secret_enc) VALUES (9, 5, true, 'sel9', 'hash', '2026-01-01 00:00:00', 'gAAAA-enc')"
+                )
+            )
             conn.commit()
             command.downgrade(_alembic(conn), "0003")  # below the dashboard revision
             conn.commit()
@@ -73,10 +85,12 @@ def test_dashboard_migration_0008_adds_and_removes_its_tables_keeping_accounts(v
             assert "totp_secret_enc" not in {c["name"] for c in sa.inspect(conn).get_columns("accounts")}
         db.migrate()
         with db.engine.connect() as conn:
-            row = conn.execute(sa.text(
-                "SELECT balance_micros, totp_secret_enc, totp_enabled FROM accounts WHERE id = 9")).one()
+            row = conn.execute(
+                sa.text("SELECT balance_micros, totp_secret_enc, totp_enabled FROM accounts WHERE id = 9")
+            ).one()
             assert tuple(row) == (5, None, False)  # no secret left, so two-factor is off, not unpassable
             assert {"dashboard_sessions", "recovery_codes", "rate_limit_counters"} <= set(
-                sa.inspect(conn).get_table_names())
+                sa.inspect(conn).get_table_names()
+            )
     finally:
         db.dispose()

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from chain_nodes import MoneroRegtest, balance, eventually, get, peer_workdir, remove_workdir, run_pass
 from starlette.testclient import TestClient
 
-from chain_nodes import MoneroRegtest, balance, eventually, get, peer_workdir, remove_workdir, run_pass
 from vpsshop.testing import create_test_account
 
 
@@ -37,8 +38,10 @@ def confirmations() -> int:
 
 @pytest.fixture
 def vpsshop_overrides(monero: MoneroRegtest, xmr_account: int, confirmations: int) -> dict[str, Any]:
-    return {"coins": {"XMR": {**monero.settings(confirmations=confirmations), "account_index": xmr_account}},
-            "topups": {"poll_min_seconds": 0}}
+    return {
+        "coins": {"XMR": {**monero.settings(confirmations=confirmations), "account_index": xmr_account}},
+        "topups": {"poll_min_seconds": 0},
+    }
 
 
 def xmr_topup(client: TestClient, headers: dict[str, str], amount: int = 30) -> dict[str, Any]:
@@ -53,8 +56,9 @@ def atomic(xmr: str) -> int:
     return int(Decimal(xmr) * 10**12)
 
 
-def test_derived_subaddresses_match_the_wallet(vpsshop_client: TestClient, monero: MoneroRegtest,
-                                               xmr_account: int) -> None:
+def test_derived_subaddresses_match_the_wallet(
+    vpsshop_client: TestClient, monero: MoneroRegtest, xmr_account: int
+) -> None:
     account = create_test_account(vpsshop_client)
     topups = [xmr_topup(vpsshop_client, account.headers) for _ in range(3)]
     answer = monero.call(monero.shop_url, "get_address", account_index=xmr_account, address_index=[1, 2, 3])
@@ -122,28 +126,36 @@ def test_late_payment_after_expiry(vpsshop_client: TestClient, monero: MoneroReg
 
 
 def test_config_refuses_a_view_key_of_another_wallet() -> None:
+    from vpsshop.errors import ConfigError
     from vpsshop_monero import SANDBOX_ADDRESS, SANDBOX_VIEW_KEY, Monero
     from vpsshop_monero.addresses import hash_to_scalar, keys_from_spend_secret
 
-    from vpsshop.errors import ConfigError
-
-    other_address, other_view = keys_from_spend_secret(hash_to_scalar(b"another wallet").to_bytes(32, "little"),
-                                                       "stagenet")
+    other_address, other_view = keys_from_spend_secret(
+        hash_to_scalar(b"another wallet").to_bytes(32, "little"), "stagenet"
+    )
     with pytest.raises(ConfigError, match="does not belong"):
-        Monero.from_settings({"address": SANDBOX_ADDRESS, "view_key": other_view, "network": "stagenet"},
-                             sandbox=False, where="coins.XMR")
+        Monero.from_settings(
+            {"address": SANDBOX_ADDRESS, "view_key": other_view, "network": "stagenet"},
+            sandbox=False,
+            where="coins.XMR",
+        )
     with pytest.raises(ConfigError, match="stagenet address"):
-        Monero.from_settings({"address": SANDBOX_ADDRESS, "view_key": SANDBOX_VIEW_KEY, "network": "mainnet"},
-                             sandbox=False, where="coins.XMR")
-    coin = Monero.from_settings({"address": other_address, "view_key": other_view, "network": "stagenet"},
-                                sandbox=False, where="coins.XMR")
+        Monero.from_settings(
+            {"address": SANDBOX_ADDRESS, "view_key": SANDBOX_VIEW_KEY, "network": "mainnet"},
+            sandbox=False,
+            where="coins.XMR",
+        )
+    coin = Monero.from_settings(
+        {"address": other_address, "view_key": other_view, "network": "stagenet"}, sandbox=False, where="coins.XMR"
+    )
     assert coin.derive_address(1).address.startswith("7") and coin.derive_address(1).watch_key == "1"
     assert SANDBOX_VIEW_KEY not in repr(coin.config)
 
 
 @pytest.mark.parametrize("confirmations", [3])
-def test_payment_dropped_before_confirmations_credits_nothing(vpsshop_client: TestClient,
-                                                              monero: MoneroRegtest) -> None:
+def test_payment_dropped_before_confirmations_credits_nothing(
+    vpsshop_client: TestClient, monero: MoneroRegtest
+) -> None:
     """The block holding the payment is popped and the transaction flushed from the pool
     (monerod's pop_blocks and flush_txpool): the payment is dropped and nothing is credited."""
     account = create_test_account(vpsshop_client)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hypothesis
 import pytest
 import schemathesis
-from schemathesis.specs.openapi.checks import positive_data_acceptance
 from openapi_spec_validator import validate
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 from starlette.testclient import TestClient
 
 from vpsshop import create_app, hookspecs
@@ -34,9 +34,13 @@ def _build_app():
             "signin": {"failures_per_client": 10_000},
             # thousands of generated requests from one address, many with made-up keys, many writes:
             # the limits stay on but far away (tests/test_limits.py tests them)
-            "ratelimit": {"signups_per_client": 1_000_000, "auth_failures_per_client": 1_000_000,
-                          "writes_per_account": 1_000_000, "max_servers_per_account": 100_000,
-                          "max_open_topups_per_account": 100_000},
+            "ratelimit": {
+                "signups_per_client": 1_000_000,
+                "auth_failures_per_client": 1_000_000,
+                "writes_per_account": 1_000_000,
+                "max_servers_per_account": 100_000,
+                "max_open_topups_per_account": 100_000,
+            },
         },
     )
     return create_app(settings, background=False)
@@ -94,7 +98,10 @@ def test_document_schemas_are_the_validating_models(vpsshop_client):
     schemas = vpsshop_client.get("/v1/openapi.json").json()["components"]["schemas"]
     assert set(schemas["AccountOut"]["required"]) == set(AccountOut.model_fields) - {"currency"}
     assert schemas["NewKeyBody"]["additionalProperties"] is False
-    assert schemas["NewKeyBody"]["properties"]["name"]["anyOf"][0]["maxLength"] == NewKeyBody.model_fields["name"].metadata[1].max_length
+    assert (
+        schemas["NewKeyBody"]["properties"]["name"]["anyOf"][0]["maxLength"]
+        == NewKeyBody.model_fields["name"].metadata[1].max_length
+    )
 
 
 @schema.parametrize()
@@ -109,8 +116,12 @@ def test_api_keeps_to_its_schema(case, live_app):
         # "valid string" is rightly refused with 400 invalid_payment (tests/test_x402*.py cover it).
         excluded.append(positive_data_acceptance)
     body = case.body if isinstance(case.body, dict) else {}
-    if body.get("public_key") is not None or body.get("user_data") is not None or body.get("ssh_keys") \
-            or (isinstance(body.get("periods"), int) and body["periods"] > 1):
+    if (
+        body.get("public_key") is not None
+        or body.get("user_data") is not None
+        or body.get("ssh_keys")
+        or (isinstance(body.get("periods"), int) and body["periods"] > 1)
+    ):
         # An SSH public key and cloud-init user data are checked for what they contain (key type and
         # size, YAML), ssh_keys name stored keys, periods meet the prepay horizon of the server's
         # expiry: a random schema-valid value is rightly a 400 (tests/test_server_access.py covers them).

@@ -21,29 +21,54 @@ expected-statuses = ["2xx", "3xx", 401, 402, 403, 404, 409, 429]
 
 
 def test_schemathesis_all_checks_all_phases(tmp_path):
-    env = shop_env(f"sqlite:///{tmp_path}/shop.db", VPSSHOP__SIGNIN__FAILURES_PER_CLIENT="10000",
-                   VPSSHOP__SERVER__ACCESS_LOG="false")
+    env = shop_env(
+        f"sqlite:///{tmp_path}/shop.db",
+        VPSSHOP__SIGNIN__FAILURES_PER_CLIENT="10000",
+        VPSSHOP__SERVER__ACCESS_LOG="false",
+    )
     (tmp_path / "schemathesis.toml").write_text(CONFIG)
     with serve(tmp_path, env, "--no-worker") as shop:
         account = httpx.post(f"{shop.base}/account").json()
-        subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "100000", "--reason", "schemathesis"],
-                       cwd=tmp_path, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [VPSSHOP, "admin", "credit", str(account["user_id"]), "100000", "--reason", "schemathesis"],
+            cwd=tmp_path,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         headers = {"Authorization": f"Bearer {account['api_key']}"}
         # Generated DELETE /keys/{id} revoke small ids: authenticate with a key whose id none of them hits.
         key = account["api_key"]
         for _ in range(300):
             key = httpx.post(f"{shop.base}/keys", headers=headers).json()["api_key"]
-        base = [SCHEMATHESIS, "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{shop.base}/openapi.json",
-                "--checks", "all", "--phases", "examples,coverage,fuzzing", "--max-examples", "10",
-                "--generation-deterministic", "--workers", "1", "-H", f"Authorization: Bearer {key}"]
+        base = [
+            SCHEMATHESIS,
+            "--config-file",
+            str(tmp_path / "schemathesis.toml"),
+            "run",
+            f"{shop.base}/openapi.json",
+            "--checks",
+            "all",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "10",
+            "--generation-deterministic",
+            "--workers",
+            "1",
+            "-H",
+            f"Authorization: Bearer {key}",
+        ]
         # The operations that take an x402 payment header (a top-up, an order, a renewal) run without
         # positive_data_acceptance: the header is base64 of a signed JSON payload, which no schema can
         # describe, so a random "valid string" is rightly refused with 400 invalid_payment
         # (tests/test_x402*.py cover it). Every other check runs on them too.
         paid = ["createTopup", "orderServer", "renewServer"]
         only_paid = [arg for op in paid for arg in ("--include-operation-id", op)]
-        for args in ([arg for op in paid for arg in ("--exclude-operation-id", op)],
-                     [*only_paid, "--exclude-checks", "positive_data_acceptance"]):
+        for args in (
+            [arg for op in paid for arg in ("--exclude-operation-id", op)],
+            [*only_paid, "--exclude-checks", "positive_data_acceptance"],
+        ):
             result = subprocess.run(base + args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
             output = result.stdout + result.stderr
             assert result.returncode == 0, output[-8000:]

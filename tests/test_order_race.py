@@ -22,10 +22,16 @@ ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}  # 3.99
 async def _fire(app, headers, count: int, per_request_headers=None) -> list[httpx.Response]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://shop", timeout=120) as client:
-        return await asyncio.gather(*(
-            client.post("/v1/servers", headers={**headers, **(per_request_headers(i) if per_request_headers else {})}, json=ORDER)
-            for i in range(count)
-        ))
+        return await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/servers",
+                    headers={**headers, **(per_request_headers(i) if per_request_headers else {})},
+                    json=ORDER,
+                )
+                for i in range(count)
+            )
+        )
 
 
 def test_200_concurrent_orders_against_a_balance_for_50(vpsshop_client, vpsshop_account):

@@ -62,9 +62,14 @@ def test_blocked_plugin_is_not_loaded(tmp_path):
     assert pm.get_plugin("rates") is None
     assert pm.is_blocked("rates")
     # Without a rate source the production config that names one fails, naming what is offered.
-    settings = _settings(tmp_path, mode="production", public_url="https://x/v1", rates={"source": "fixed"},
-                         hypervisor={"backend": "libvirt"})
-    with pytest.raises(StartupError, match="rates.source"):
+    settings = _settings(
+        tmp_path,
+        mode="production",
+        public_url="https://x/v1",
+        rates={"source": "fixed"},
+        hypervisor={"backend": "libvirt"},
+    )
+    with pytest.raises(StartupError, match=r"rates\.source"):
         AppContext.build(settings, pm=pm)
 
 
@@ -105,8 +110,9 @@ def test_class_without_identifier_is_refused(tmp_path):
     class Nameless(RateSource):
         pass
 
-    pm = build_plugin_manager(extra=[_plugin("nameless", vpsshop_register_rate_sources=lambda: [Nameless])],
-                              entry_points=False)
+    pm = build_plugin_manager(
+        extra=[_plugin("nameless", vpsshop_register_rate_sources=lambda: [Nameless])], entry_points=False
+    )
     with pytest.raises(StartupError, match="without a 'name'"):
         AppContext.build(_settings(tmp_path), pm=pm)
 
@@ -120,24 +126,36 @@ def test_installed_plugin_wins_over_default_catalog(tmp_path):
         def load(self) -> CatalogData:
             return CatalogData.model_validate(
                 {
-                    "plans": [{"id": "one", "name": "One", "vcpu": 1, "memory_mib": 512, "disk_gib": 10,
-                               "bandwidth_tb": 1, "base_price_cents": 100}],
+                    "plans": [
+                        {
+                            "id": "one",
+                            "name": "One",
+                            "vcpu": 1,
+                            "memory_mib": 512,
+                            "disk_gib": 10,
+                            "bandwidth_tb": 1,
+                            "base_price_cents": 100,
+                        }
+                    ],
                     "locations": [{"id": "nl", "name": "Amsterdam", "country": "NL", "price_modifier": "1.5"}],
-                    "operating_systems": [{"id": "debian-12", "name": "Debian 12", "family": "debian",
-                                           "image": "d12.qcow2"}],
+                    "operating_systems": [
+                        {"id": "debian-12", "name": "Debian 12", "family": "debian", "image": "d12.qcow2"}
+                    ],
                 }
             )
 
-    pm = build_plugin_manager(extra=[_plugin("tiny", vpsshop_register_catalog_sources=lambda: [TinyCatalog])],
-                              entry_points=False)
+    pm = build_plugin_manager(
+        extra=[_plugin("tiny", vpsshop_register_catalog_sources=lambda: [TinyCatalog])], entry_points=False
+    )
     ctx = AppContext.build(_settings(tmp_path, catalog={"source": "tiny"}), pm=pm)
     assert [p.id for p in ctx.catalog.plans] == ["one"]
     assert str(ctx.catalog.pricing[0].monthly_usd) == "1.50"
 
 
 def test_coin_plugin_appears_in_catalog_payment_options(tmp_path):
-    pm = build_plugin_manager(extra=[_plugin("fake_coins", vpsshop_register_coins=lambda: [FakeCoin])],
-                              entry_points=False)
+    pm = build_plugin_manager(
+        extra=[_plugin("fake_coins", vpsshop_register_coins=lambda: [FakeCoin])], entry_points=False
+    )
     ctx = AppContext.build(_settings(tmp_path), pm=pm)
     assert ctx.coins["FAKE"].network == "fake-testnet"
     assert {"coin": "FAKE", "name": "Fake coin", "network": "fake-testnet", "method": "deposit"} in [

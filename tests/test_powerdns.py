@@ -13,16 +13,17 @@ import socket
 import sqlite3
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
+from vpsshop_powerdns import PowerDnsProvider
 
 from vpsshop import PluginError
 from vpsshop.servers.jobs import run_jobs
 from vpsshop.servers.lifecycle import run_lifecycle
-from vpsshop_powerdns import PowerDnsProvider
 
 SCHEMA = Path("/usr/share/doc/pdns-backend-sqlite3/schema.sqlite3.sql")
 ZONE = "100.51.198.in-addr.arpa."
@@ -43,11 +44,28 @@ def pdns_api(tmp_path_factory) -> Iterator[dict[str, str]]:
         db.executescript(SCHEMA.read_text())
     key, port = secrets.token_hex(16), _free_port()
     process = subprocess.Popen(
-        ["pdns_server", "--no-config", "--launch=gsqlite3", f"--gsqlite3-database={database}", "--api=yes",
-         f"--api-key={key}", "--webserver=yes", "--webserver-address=127.0.0.1", f"--webserver-port={port}",
-         "--webserver-allow-from=127.0.0.1", f"--local-address=127.0.0.1:{_free_port()}", f"--socket-dir={directory}",
-         "--guardian=no", "--daemon=no", "--disable-syslog", "--write-pid=no", "--loglevel=3"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            "pdns_server",
+            "--no-config",
+            "--launch=gsqlite3",
+            f"--gsqlite3-database={database}",
+            "--api=yes",
+            f"--api-key={key}",
+            "--webserver=yes",
+            "--webserver-address=127.0.0.1",
+            f"--webserver-port={port}",
+            "--webserver-allow-from=127.0.0.1",
+            f"--local-address=127.0.0.1:{_free_port()}",
+            f"--socket-dir={directory}",
+            "--guardian=no",
+            "--daemon=no",
+            "--disable-syslog",
+            "--write-pid=no",
+            "--loglevel=3",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     headers = {"X-API-Key": key}
     for _ in range(100):
@@ -58,8 +76,11 @@ def pdns_api(tmp_path_factory) -> Iterator[dict[str, str]]:
             pass
         assert process.poll() is None, process.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
         time.sleep(0.1)
-    created = httpx.post(f"{url}/api/v1/servers/localhost/zones", headers=headers,
-                         json={"name": ZONE, "kind": "Native", "nameservers": ["ns1.example.com."]})
+    created = httpx.post(
+        f"{url}/api/v1/servers/localhost/zones",
+        headers=headers,
+        json={"name": ZONE, "kind": "Native", "nameservers": ["ns1.example.com."]},
+    )
     assert created.status_code == 201, created.text
     yield {"api_url": url, "api_key": key}
     process.terminate()
@@ -67,15 +88,23 @@ def pdns_api(tmp_path_factory) -> Iterator[dict[str, str]]:
 
 
 def ptr_records(pdns: dict[str, str], owner: str) -> list[str]:
-    zone = httpx.get(f"{pdns['api_url']}/api/v1/servers/localhost/zones/{ZONE}",
-                     headers={"X-API-Key": pdns["api_key"]}).json()
-    return [r["content"] for rrset in zone["rrsets"] if rrset["name"] == owner and rrset["type"] == "PTR"
-            for r in rrset["records"]]
+    zone = httpx.get(
+        f"{pdns['api_url']}/api/v1/servers/localhost/zones/{ZONE}", headers={"X-API-Key": pdns["api_key"]}
+    ).json()
+    return [
+        r["content"]
+        for rrset in zone["rrsets"]
+        if rrset["name"] == owner and rrset["type"] == "PTR"
+        for r in rrset["records"]
+    ]
 
 
 def _provider(pdns: dict[str, str]) -> PowerDnsProvider:
-    return PowerDnsProvider.from_settings({**pdns, "zones": [ZONE.rstrip(".")]}, sandbox=False,  # type: ignore[return-value]
-                                          where="dns.powerdns")
+    return PowerDnsProvider.from_settings(
+        {**pdns, "zones": [ZONE.rstrip(".")]},
+        sandbox=False,  # type: ignore[return-value]
+        where="dns.powerdns",
+    )
 
 
 def test_set_replace_and_clear_a_ptr_record(pdns_api):
@@ -93,7 +122,7 @@ def test_set_replace_and_clear_a_ptr_record(pdns_api):
 
 def test_refusals_name_the_setting_or_the_api(pdns_api):
     provider = _provider(pdns_api)
-    with pytest.raises(PluginError, match="dns.powerdns.zones"):
+    with pytest.raises(PluginError, match=r"dns\.powerdns\.zones"):
         asyncio.run(provider.set_ptr("203.0.113.5", "x.example.com"))
     wrong_key = _provider({**pdns_api, "api_key": "wrong"})
     with pytest.raises(PluginError, match="PowerDNS refused"):
@@ -103,8 +132,9 @@ def test_refusals_name_the_setting_or_the_api(pdns_api):
 @pytest.fixture
 def vpsshop_overrides(pdns_api) -> dict[str, Any]:
     return {
-        "hypervisor": {"simulator": {"boot_seconds": 0, "addresses": "198.51.100.10-198.51.100.20",
-                                     "gateway": "198.51.100.1"}},
+        "hypervisor": {
+            "simulator": {"boot_seconds": 0, "addresses": "198.51.100.10-198.51.100.20", "gateway": "198.51.100.1"}
+        },
         "dns": {"provider": "powerdns", "powerdns": {**pdns_api, "zones": [ZONE]}},
         "servers": {"grace_days": 0},
     }
@@ -148,11 +178,18 @@ def test_without_a_dns_provider_reverse_dns_is_not_supported(tmp_path):
     from vpsshop.settings import load_settings
     from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, create_test_account
 
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
-        "encryption_key": TEST_ENCRYPTION_KEY, "hypervisor": {"simulator": {"boot_seconds": 0}},
-        "server": {"background": False, "access_log": False},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": f"sqlite:///{tmp_path / 'shop.db'}",
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "hypervisor": {"simulator": {"boot_seconds": 0}},
+            "server": {"background": False, "access_log": False},
+        },
+    )
     with TestClient(create_app(settings, clock=FrozenClock(), background=False)) as client:
         assert client.app.state.ctx.dns is None
         account = create_test_account(client)

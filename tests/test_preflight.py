@@ -13,8 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from served import VPSSHOP, TEST_ENCRYPTION_KEY, free_port, serve
+from served import TEST_ENCRYPTION_KEY, VPSSHOP, free_port, serve
 
 SANDBOX_VPUB = __import__("vpsshop_bitcoin").SANDBOX_VPUB
 
@@ -30,9 +29,11 @@ def production_config(tmp_path: Path, body: str, mode: str = "production") -> Pa
 
 
 def libvirt_table(uri: str = "test:///default", domain_type: str = "test") -> str:
-    return (f'[hypervisor]\nbackend = "libvirt"\n[hypervisor.libvirt]\ndomain_type = "{domain_type}"\n'
-            f'[hypervisor.libvirt.locations.nl]\npool = "default-pool"\naddresses = "10.0.0.0/24"\n'
-            f'[[hypervisor.libvirt.locations.nl.hosts]]\nuri = "{uri}"\n')
+    return (
+        f'[hypervisor]\nbackend = "libvirt"\n[hypervisor.libvirt]\ndomain_type = "{domain_type}"\n'
+        f'[hypervisor.libvirt.locations.nl]\npool = "default-pool"\naddresses = "10.0.0.0/24"\n'
+        f'[[hypervisor.libvirt.locations.nl.hosts]]\nuri = "{uri}"\n'
+    )
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -43,8 +44,7 @@ def start(tmp_path: Path, config: Path, command: str, **env: str) -> subprocess.
     args = [VPSSHOP, command, "--config", str(config)]
     if command == "serve":
         args += ["--port", str(free_port())]
-    return subprocess.run(args, cwd=tmp_path, env=clean_env(**env),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(args, cwd=tmp_path, env=clean_env(**env), capture_output=True, text=True, timeout=60)
 
 
 def refused(result: subprocess.CompletedProcess[str]) -> str:

@@ -69,5 +69,8 @@ def test_database_limiter_is_shared_by_every_process(vpsshop_database_url, monke
 def test_rate_limited_is_a_429_with_retry_after():
     error = RateLimited("Too many tries.", 125)
     assert error.status == 429 and error.headers == {"Retry-After": "125"}
-    assert error.body() == {"error": "rate_limited", "message": "Too many tries. Try again in 3 minutes.",
-                            "retry_after": 125}
+    assert error.body() == {
+        "error": "rate_limited",
+        "message": "Too many tries. Try again in 3 minutes.",
+        "retry_after": 125,
+    }

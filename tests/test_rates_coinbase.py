@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -28,7 +29,7 @@ class CoinbasePriceDouble:
         double = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 double.requests.append(self.path)
                 parts = self.path.strip("/").split("/")
                 if double.failing:
@@ -36,8 +37,9 @@ class CoinbasePriceDouble:
                 if len(parts) == 4 and parts[:2] == ["v2", "prices"] and parts[3] == "spot":
                     base, _, quote = parts[2].partition("-")
                     if quote == "USD" and base in double.prices:
-                        return self._send(200, {"data": {"amount": double.prices[base], "base": base,
-                                                         "currency": "USD"}})
+                        return self._send(
+                            200, {"data": {"amount": double.prices[base], "base": base, "currency": "USD"}}
+                        )
                 return self._send(404, {"errors": [{"id": "not_found", "message": "Invalid currency"}]})
 
             def _send(self, status: int, body: dict[str, Any]) -> None:
@@ -72,8 +74,14 @@ def coinbase() -> Iterator[CoinbasePriceDouble]:
 
 @pytest.fixture
 def vpsshop_overrides(coinbase: CoinbasePriceDouble) -> dict[str, Any]:
-    return {"rates": {"source": "coinbase", "refresh_seconds": 60, "max_age_seconds": 300,
-                      "coinbase": {"base_url": coinbase.url}}}
+    return {
+        "rates": {
+            "source": "coinbase",
+            "refresh_seconds": 60,
+            "max_age_seconds": 300,
+            "coinbase": {"base_url": coinbase.url},
+        }
+    }
 
 
 def test_source_reads_the_documented_format(coinbase: CoinbasePriceDouble) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Iterator
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -33,16 +34,24 @@ class KrakenTickerDouble:
         double = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 url = urlparse(self.path)
                 pair = parse_qs(url.query).get("pair", [""])[0]
                 double.requests.append(pair)
                 if url.path != "/0/public/Ticker" or pair not in double.last:
                     return self._send({"error": ["EQuery:Unknown asset pair"]})
                 price = double.last[pair]
-                ticker = {"a": [price, "1", "1.000"], "b": [price, "2", "2.000"], "c": [price, "0.01"],
-                          "v": ["10", "20"], "p": [price, price], "t": [5, 9], "l": [price, price],
-                          "h": [price, price], "o": price}
+                ticker = {
+                    "a": [price, "1", "1.000"],
+                    "b": [price, "2", "2.000"],
+                    "c": [price, "0.01"],
+                    "v": ["10", "20"],
+                    "p": [price, price],
+                    "t": [5, 9],
+                    "l": [price, price],
+                    "h": [price, price],
+                    "o": price,
+                }
                 return self._send({"error": [], "result": {KRAKEN_NAMES[pair]: ticker}})
 
             def _send(self, body: dict[str, Any]) -> None:

@@ -15,11 +15,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from served import TEST_ENCRYPTION_KEY, free_port, serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +31,39 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with `pip install .` of this checkout: what `pip install vpsshop` gives a user."""
     tmp = tmp_path_factory.mktemp("plain")
     source = tmp / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".venv", ".peers", ".git", "node_modules", "__pycache__", "build", "*.egg-info", "*.db", "*.db-*", "*.keys",
-        ".pytest_cache"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".peers",
+            ".git",
+            "node_modules",
+            "__pycache__",
+            "build",
+            "*.egg-info",
+            "*.db",
+            "*.db-*",
+            "*.keys",
+            ".pytest_cache",
+        ),
+    )
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # pip reuses its cache, so in CI (after scripts/test.sh installed the same pins) this is quick.
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-c",
-                    str(ROOT / "constraints.txt"), str(source)], check=True, timeout=900)
+    subprocess.run(
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-c",
+            str(ROOT / "constraints.txt"),
+            str(source),
+        ],
+        check=True,
+        timeout=900,
+    )
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import libvirt"], capture_output=True)
     assert check.returncode != 0, "a plain install must not bring libvirt-python"
     return venv
@@ -68,11 +93,13 @@ def test_readme_walkthrough_on_a_plain_install(plain_venv: Path, tmp_path: Path)
         base = served.base.removesuffix("/v1")
         script = ["set +e"]
         for number, step in enumerate(steps):
-            command = step.replace("http://127.0.0.1:8000", base).replace(".venv/bin/vpsshop",
-                                                                          str(plain_venv / "bin" / "vpsshop"))
+            command = step.replace("http://127.0.0.1:8000", base).replace(
+                ".venv/bin/vpsshop", str(plain_venv / "bin" / "vpsshop")
+            )
             script += [command, f'printf "\\n@@STEP {number} $? $(date +%s.%N)@@\\n"']
-        result = subprocess.run(["bash", "-c", "\n".join(script)], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=120)
+        result = subprocess.run(
+            ["bash", "-c", "\n".join(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
         outputs = re.split(r"\n@@STEP (\d+) (\d+) ([\d.]+)@@\n", "\n" + result.stdout)
     banner = served.output()
     assert "running as a SANDBOX" in banner and "simulator" in banner, banner
@@ -120,7 +147,8 @@ def _health(step: str, output: str, cwd: Path, seen: dict[str, Any], when: float
     body = _json(output)
     assert body["status"] == "ok", body
     assert {"kind": "hypervisor", "id": "simulator"}.items() <= next(
-        c for c in body["components"] if c["kind"] == "hypervisor").items()
+        c for c in body["components"] if c["kind"] == "hypervisor"
+    ).items()
 
 
 def _topup(step: str, output: str, cwd: Path, seen: dict[str, Any], when: float) -> None:
@@ -189,8 +217,14 @@ def test_production_without_libvirt_python_names_the_remedy(plain_venv: Path, tm
     env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")}
     for command in (["worker"], ["serve", "--port", str(free_port())]):
         started = time.monotonic()
-        result = subprocess.run([str(plain_venv / "bin" / "vpsshop"), *command, "--config", str(config)], cwd=tmp_path,
-                                env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [str(plain_venv / "bin" / "vpsshop"), *command, "--config", str(config)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 2, (result.stdout, result.stderr)
         assert "needs libvirt-python, which is not installed" in result.stderr
         assert "pip install 'vpsshop[libvirt]'" in result.stderr and "libvirt-dev" in result.stderr

@@ -19,8 +19,8 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import libvirt
 import pytest
@@ -36,8 +36,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="session")
 def test_guest() -> Path:
     """The cached guest image directory (built now if this script version has none yet)."""
-    out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True,
-                         timeout=1800)
+    out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
     path = Path(out.stdout.strip().splitlines()[-1])
     assert (path / "rootfs.raw").is_file() and (path / "vmlinuz").is_file()
@@ -57,7 +56,8 @@ def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]
     name = f"vpsshop-guest-{uuid.uuid4().hex[:8]}"
     conn = libvirt.open(libvirtd_uri)
     pool = conn.storagePoolCreateXML(
-        f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0)
+        f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0
+    )
     yield name, directory
     pool.destroy()
     conn.close()
@@ -71,13 +71,16 @@ def guest_network(libvirtd_uri: str) -> Iterator[tuple[str, str]]:  # noqa: F811
     # only the dnsmasq-base package would make the directory.
     Path("/var/lib/libvirt/dnsmasq").mkdir(parents=True, exist_ok=True)
     conn = libvirt.open(libvirtd_uri)
-    used = {line.split()[3].rsplit(".", 1)[0] for line in
-            subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()}
+    used = {
+        line.split()[3].rsplit(".", 1)[0]
+        for line in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()
+    }
     prefix = next(p for p in (f"10.213.{random.randrange(1, 250)}" for _ in range(100)) if p not in used)
     tag = uuid.uuid4().hex[:6]
     net = conn.networkCreateXML(
         f"<network><name>vpsshop-guest-{tag}</name><bridge name='vpsg{tag}' stp='off'/><dns enable='no'/>"
-        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>")
+        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
+    )
     yield f"vpsshop-guest-{tag}", prefix
     net.destroy()
     conn.close()
@@ -87,16 +90,24 @@ def _libvirt_settings(pool: str, network: str, prefix: str, boot_dir: Path, cmdl
     return {
         "domain_type": "qemu",  # TCG: KVM is nested here and the guest crashes under it
         "shutdown_grace_seconds": 5,
-        "kernel_boot": {IMAGE: {"kernel": str(boot_dir / "vmlinuz"), "initrd": str(boot_dir / "initrd.img"),
-                                "cmdline": cmdline, "format": "raw"}},
-        "locations": {"nl": {
-            "hosts": [{"uri": URI, "name": "local", "max_memory_mib": 4096}],
-            "pool": pool,
-            "network": f"network:{network}",
-            "addresses": f"{prefix}.10-{prefix}.20",
-            "gateway": f"{prefix}.1",
-            "nameservers": [f"{prefix}.1"],
-        }},
+        "kernel_boot": {
+            IMAGE: {
+                "kernel": str(boot_dir / "vmlinuz"),
+                "initrd": str(boot_dir / "initrd.img"),
+                "cmdline": cmdline,
+                "format": "raw",
+            }
+        },
+        "locations": {
+            "nl": {
+                "hosts": [{"uri": URI, "name": "local", "max_memory_mib": 4096}],
+                "pool": pool,
+                "network": f"network:{network}",
+                "addresses": f"{prefix}.10-{prefix}.20",
+                "gateway": f"{prefix}.1",
+                "nameservers": [f"{prefix}.1"],
+            }
+        },
     }
 
 
@@ -109,15 +120,39 @@ def _keypair(directory: Path) -> tuple[Path, str]:
 
 def _ssh_options(known_hosts: Path) -> list[str]:
     # A reinstalled guest has new host keys; remembering the old ones would disable password login.
-    return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
-            "-o", "BatchMode=no", "-o", "LogLevel=ERROR"]
+    return [
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "BatchMode=no",
+        "-o",
+        "LogLevel=ERROR",
+    ]
 
 
 def ssh_with_key(ip: str, key: Path, command: str, tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["ssh", *_ssh_options(tmp / "known_hosts"), "-o", "PasswordAuthentication=no", "-o", "IdentitiesOnly=yes",
-         "-i", str(key), f"root@{ip}", command],
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        [
+            "ssh",
+            *_ssh_options(tmp / "known_hosts"),
+            "-o",
+            "PasswordAuthentication=no",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-i",
+            str(key),
+            f"root@{ip}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def ssh_with_password(ip: str, password: str, command: str, tmp: Path) -> subprocess.CompletedProcess:
@@ -125,13 +160,32 @@ def ssh_with_password(ip: str, password: str, command: str, tmp: Path) -> subpro
     askpass = tmp / "askpass.sh"
     askpass.write_text("#!/bin/sh\nprintf '%s\\n' \"$VPSSHOP_TEST_PASSWORD\"\n")
     askpass.chmod(0o700)
-    env = {**os.environ, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
-           "VPSSHOP_TEST_PASSWORD": password, "DISPLAY": ":0"}
+    env = {
+        **os.environ,
+        "SSH_ASKPASS": str(askpass),
+        "SSH_ASKPASS_REQUIRE": "force",
+        "VPSSHOP_TEST_PASSWORD": password,
+        "DISPLAY": ":0",
+    }
     return subprocess.run(
-        ["ssh", *_ssh_options(tmp / "known_hosts"), "-o", "PubkeyAuthentication=no",
-         "-o", "PreferredAuthentications=password,keyboard-interactive", "-o", "NumberOfPasswordPrompts=1",
-         f"root@{ip}", command],
-        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+        [
+            "ssh",
+            *_ssh_options(tmp / "known_hosts"),
+            "-o",
+            "PubkeyAuthentication=no",
+            "-o",
+            "PreferredAuthentications=password,keyboard-interactive",
+            "-o",
+            "NumberOfPasswordPrompts=1",
+            f"root@{ip}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def wait_for_login(ip: str, key: Path, tmp: Path, timeout: float = BOOT_SECONDS) -> str:
@@ -147,8 +201,13 @@ def wait_for_login(ip: str, key: Path, tmp: Path, timeout: float = BOOT_SECONDS)
             time.sleep(3)
             continue
         try:  # cloud-init's last stage may still be running: wait for it inside the guest
-            done = ssh_with_key(ip, key, "cloud-init status --wait >/dev/null 2>&1; hostname", tmp,
-                                timeout=max(10.0, deadline - time.monotonic()))
+            done = ssh_with_key(
+                ip,
+                key,
+                "cloud-init status --wait >/dev/null 2>&1; hostname",
+                tmp,
+                timeout=max(10.0, deadline - time.monotonic()),
+            )
         except subprocess.TimeoutExpired:
             last = "cloud-init did not finish"
             continue
@@ -171,14 +230,28 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
     pool_name, directory = guest_pool
     network, prefix = guest_network
     catalog = tmp_path / "catalog.toml"
-    catalog.write_text((REPO / "plugins" / "vpsshop_catalog" / "catalog.toml").read_text()
-                       .replace("debian-12-genericcloud-amd64.qcow2", IMAGE))
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
-        "encryption_key": TEST_ENCRYPTION_KEY, "catalog": {"file": {"path": str(catalog)}},
-        "hypervisor": {"backend": "libvirt", "libvirt": _libvirt_settings(pool_name, network, prefix, directory,
-                                                                   (test_guest / "cmdline").read_text().strip())},
-    })
+    catalog.write_text(
+        (REPO / "plugins" / "vpsshop_catalog" / "catalog.toml")
+        .read_text()
+        .replace("debian-12-genericcloud-amd64.qcow2", IMAGE)
+    )
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": f"sqlite:///{tmp_path / 'shop.db'}",
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "catalog": {"file": {"path": str(catalog)}},
+            "hypervisor": {
+                "backend": "libvirt",
+                "libvirt": _libvirt_settings(
+                    pool_name, network, prefix, directory, (test_guest / "cmdline").read_text().strip()
+                ),
+            },
+        },
+    )
     key, public = _keypair(tmp_path)
     with TestClient(create_app(settings, clock=FrozenClock(), background=False)) as client:
         ctx = client.app.state.ctx
@@ -186,19 +259,27 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
         account.credit("50")
         stored = client.post("/v1/ssh-keys", headers=account.headers, json={"name": "laptop", "public_key": public})
         assert stored.status_code == 201, stored.text
-        order = client.post("/v1/servers", headers=account.headers, json={
-            "plan": "pup", "location": "nl", "os": "debian-12", "hostname": "guest-one",
-            "ssh_keys": [stored.json()["id"]],
-            "user_data": "#cloud-config\nwrite_files:\n- path: /etc/vpsshop-user-data\n  content: hello\n",
-        })
+        order = client.post(
+            "/v1/servers",
+            headers=account.headers,
+            json={
+                "plan": "pup",
+                "location": "nl",
+                "os": "debian-12",
+                "hostname": "guest-one",
+                "ssh_keys": [stored.json()["id"]],
+                "user_data": "#cloud-config\nwrite_files:\n- path: /etc/vpsshop-user-data\n  content: hello\n",
+            },
+        )
         assert order.status_code == 201, order.text
         sid, password = order.json()["server"]["id"], order.json()["root_password"]
         assert asyncio.run(run_jobs(ctx))["done"] == 1
         server = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
         assert server["status"] == "active" and server["ip"] == f"{prefix}.10"
         ip = server["ip"]
-        domain = libvirt.open(URI).lookupByName(next(
-            p.name for p in directory.iterdir() if p.name.endswith("-seed.iso"))[: -len("-seed.iso")])
+        domain = libvirt.open(URI).lookupByName(
+            next(p.name for p in directory.iterdir() if p.name.endswith("-seed.iso"))[: -len("-seed.iso")]
+        )
         try:
             assert "<kernel>" in domain.XMLDesc() and domain.isActive()
             assert wait_for_login(ip, key, tmp_path) == "guest-one"
@@ -213,10 +294,14 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
 
             # Reinstall with a second key and a generated password: a new disk, the old file gone.
             key2, public2 = _keypair(tmp_path / "second")
-            stored2 = client.post("/v1/ssh-keys", headers=account.headers,
-                                  json={"name": "second", "public_key": public2}).json()
-            again = client.post(f"/v1/servers/{sid}/reinstall", headers=account.headers,
-                                json={"os": "debian-12", "ssh_keys": [stored2["id"]]})
+            stored2 = client.post(
+                "/v1/ssh-keys", headers=account.headers, json={"name": "second", "public_key": public2}
+            ).json()
+            again = client.post(
+                f"/v1/servers/{sid}/reinstall",
+                headers=account.headers,
+                json={"os": "debian-12", "ssh_keys": [stored2["id"]]},
+            )
             assert again.status_code == 202, again.text
             new_password = again.json()["root_password"]
             assert new_password and new_password != password

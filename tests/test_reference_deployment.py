@@ -41,10 +41,14 @@ def test_up_walk_down() -> None:
     admin, db = pg.replace("+psycopg", "").rsplit("/", 1)
     state = Path(tempfile.mkdtemp(prefix="vpsshop-refdeploy-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VPSSHOP", "REFDEPLOY"))}
-    env.update(REFDEPLOY_STATE=str(state), REFDEPLOY_SKIP_APT="1",
-               REFDEPLOY_VENV=str(Path(sys.executable).parent.parent),
-               REFDEPLOY_NPM_DIR=str(ROOT / ".peers" / "npm"), REFDEPLOY_PG_ADMIN_URL=f"{admin}/{db}",
-               REFDEPLOY_DB_NAME=f"{db}_refdeploy")
+    env.update(
+        REFDEPLOY_STATE=str(state),
+        REFDEPLOY_SKIP_APT="1",
+        REFDEPLOY_VENV=str(Path(sys.executable).parent.parent),
+        REFDEPLOY_NPM_DIR=str(ROOT / ".peers" / "npm"),
+        REFDEPLOY_PG_ADMIN_URL=f"{admin}/{db}",
+        REFDEPLOY_DB_NAME=f"{db}_refdeploy",
+    )
     deployment: dict = {"pool_dir": str(state / "no-pool")}
     try:
         subprocess.run([str(DEPLOY / "down")], env=env, capture_output=True, timeout=120)  # nothing there: refuses
@@ -54,10 +58,19 @@ def test_up_walk_down() -> None:
         for ready in ("coin USDCBASE: ready", "coin LTC: ready", "coin XMR: ready", "hypervisor libvirt: ready"):
             assert ready in up.stdout
         deployment = json.loads((state / "deployment.json").read_text())
-        status = subprocess.run(["supervisorctl", "-c", deployment["supervisord_conf"], "status"],
-                                capture_output=True, text=True).stdout
-        for program in ("nginx", "prometheus", "vpsshop-worker", "anvil", "litecoind", "monerod",
-                        f"vpsshop-api-{deployment['ports']['api1']}", f"vpsshop-api-{deployment['ports']['api2']}"):
+        status = subprocess.run(
+            ["supervisorctl", "-c", deployment["supervisord_conf"], "status"], capture_output=True, text=True
+        ).stdout
+        for program in (
+            "nginx",
+            "prometheus",
+            "vpsshop-worker",
+            "anvil",
+            "litecoind",
+            "monerod",
+            f"vpsshop-api-{deployment['ports']['api1']}",
+            f"vpsshop-api-{deployment['ports']['api2']}",
+        ):
             assert any(line.startswith(program) and "RUNNING" in line for line in status.splitlines()), status
 
         walk = subprocess.run([str(DEPLOY / "walk")], env=env, capture_output=True, text=True, timeout=1200)

@@ -28,44 +28,53 @@ def openssh(key) -> str:
 def ssh_keygen_fingerprint(line: str, tmp_path) -> str:
     path = tmp_path / "k.pub"
     path.write_text(line + "\n")
-    return subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(path)], capture_output=True, text=True,
-                          check=True).stdout.split()[1]
+    return subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", str(path)], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
 
 
-@pytest.mark.parametrize("make, kind, bits", [
-    (lambda: ed25519.Ed25519PrivateKey.generate(), "ed25519", 256),
-    (lambda: ec.generate_private_key(ec.SECP256R1()), "ecdsa", 256),
-    (lambda: ec.generate_private_key(ec.SECP384R1()), "ecdsa", 384),
-    (lambda: rsa.generate_private_key(65537, 2048), "rsa", 2048),
-])
-def test_accepted_keys_are_stored_with_openssh_fingerprint(vpsshop_client, vpsshop_account, tmp_path, make, kind,
-                                                            bits):
+@pytest.mark.parametrize(
+    "make, kind, bits",
+    [
+        (lambda: ed25519.Ed25519PrivateKey.generate(), "ed25519", 256),
+        (lambda: ec.generate_private_key(ec.SECP256R1()), "ecdsa", 256),
+        (lambda: ec.generate_private_key(ec.SECP384R1()), "ecdsa", 384),
+        (lambda: rsa.generate_private_key(65537, 2048), "rsa", 2048),
+    ],
+)
+def test_accepted_keys_are_stored_with_openssh_fingerprint(vpsshop_client, vpsshop_account, tmp_path, make, kind, bits):
     line = openssh(make())
-    response = vpsshop_client.post("/v1/ssh-keys", headers=vpsshop_account.headers,
-                                   json={"name": "laptop", "public_key": line + " me@laptop"})
+    response = vpsshop_client.post(
+        "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": "laptop", "public_key": line + " me@laptop"}
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     assert (body["key_type"], body["bits"], body["public_key"]) == (kind, bits, line)
     assert body["fingerprint"] == ssh_keygen_fingerprint(line, tmp_path)
     listed = vpsshop_client.get("/v1/ssh-keys", headers=vpsshop_account.headers).json()["ssh_keys"]
     assert listed == [body]
-    again = vpsshop_client.post("/v1/ssh-keys", headers=vpsshop_account.headers,
-                                json={"name": "same", "public_key": line})
+    again = vpsshop_client.post(
+        "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": "same", "public_key": line}
+    )
     assert again.status_code == 409 and again.json()["error"] == "ssh_key_exists"
 
 
-@pytest.mark.parametrize("public_key, says", [
-    (lambda: openssh(rsa.generate_private_key(65537, 1024)), "1024 bits"),
-    (lambda: "ssh-dss AAAAB3NzaC1kc3MAAACBAP", "ssh-dss"),
-    (lambda: "ssh-ed25519 AAAAnotbase64!", "not an OpenSSH public key"),
-    (lambda: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB", "does not decode"),
-    (lambda: 'command="rm -rf /" ' + openssh(ed25519.Ed25519PrivateKey.generate()), "without options"),
-    (lambda: openssh(ed25519.Ed25519PrivateKey.generate()) + "\nssh-rsa AAAA", "not an OpenSSH public key"),
-    (lambda: "sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29t", "not accepted"),
-])
+@pytest.mark.parametrize(
+    "public_key, says",
+    [
+        (lambda: openssh(rsa.generate_private_key(65537, 1024)), "1024 bits"),
+        (lambda: "ssh-dss AAAAB3NzaC1kc3MAAACBAP", "ssh-dss"),
+        (lambda: "ssh-ed25519 AAAAnotbase64!", "not an OpenSSH public key"),
+        (lambda: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB", "does not decode"),
+        (lambda: 'command="rm -rf /" ' + openssh(ed25519.Ed25519PrivateKey.generate()), "without options"),
+        (lambda: openssh(ed25519.Ed25519PrivateKey.generate()) + "\nssh-rsa AAAA", "not an OpenSSH public key"),
+        (lambda: "sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29t", "not accepted"),
+    ],
+)
 def test_other_keys_are_a_clear_400(vpsshop_client, vpsshop_account, public_key, says):
-    response = vpsshop_client.post("/v1/ssh-keys", headers=vpsshop_account.headers,
-                                   json={"name": "bad", "public_key": public_key()})
+    response = vpsshop_client.post(
+        "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": "bad", "public_key": public_key()}
+    )
     assert response.status_code == 400
     assert response.json()["error"] == "invalid_public_key" and says in response.json()["message"]
     assert vpsshop_client.get("/v1/ssh-keys", headers=vpsshop_account.headers).json()["ssh_keys"] == []
@@ -73,8 +82,9 @@ def test_other_keys_are_a_clear_400(vpsshop_client, vpsshop_account, public_key,
 
 def test_keys_are_per_account_and_deletable(vpsshop_client, vpsshop_account):
     line = openssh(ed25519.Ed25519PrivateKey.generate())
-    key = vpsshop_client.post("/v1/ssh-keys", headers=vpsshop_account.headers,
-                              json={"name": "a", "public_key": line}).json()
+    key = vpsshop_client.post(
+        "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": "a", "public_key": line}
+    ).json()
     other = create_test_account(vpsshop_client)
     assert vpsshop_client.get("/v1/ssh-keys", headers=other.headers).json()["ssh_keys"] == []
     assert vpsshop_client.delete(f"/v1/ssh-keys/{key['id']}", headers=other.headers).status_code == 404
@@ -89,11 +99,16 @@ def test_keys_are_per_account_and_deletable(vpsshop_client, vpsshop_account):
 def test_order_keys_and_user_data_reach_the_spec(vpsshop_client, vpsshop_account):
     vpsshop_account.credit("10")
     lines = [openssh(ed25519.Ed25519PrivateKey.generate()) for _ in range(2)]
-    ids = [vpsshop_client.post("/v1/ssh-keys", headers=vpsshop_account.headers,
-                               json={"name": f"k{i}", "public_key": line}).json()["id"] for i, line in enumerate(lines)]
+    ids = [
+        vpsshop_client.post(
+            "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": f"k{i}", "public_key": line}
+        ).json()["id"]
+        for i, line in enumerate(lines)
+    ]
     user_data = "#cloud-config\npackages: [htop]\nssh_authorized_keys: [ssh-ed25519 AAAAextra]\n"
-    order = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers,
-                                json={**ORDER, "ssh_keys": ids, "user_data": user_data})
+    order = vpsshop_client.post(
+        "/v1/servers", headers=vpsshop_account.headers, json={**ORDER, "ssh_keys": ids, "user_data": user_data}
+    )
     assert order.status_code == 201, order.text
     assert order.json()["root_password"]  # a password is still generated and returned once
     sid = order.json()["server"]["id"]
@@ -108,31 +123,50 @@ def test_order_keys_and_user_data_reach_the_spec(vpsshop_client, vpsshop_account
     assert spec.root_password == order.json()["root_password"]
 
 
-@pytest.mark.parametrize("user_data, says", [
-    ("echo hi", "must start with"),
-    ("#cloud-config\n- a list\n", "YAML mapping"),
-    ("#cloud-config\nkey: [unclosed\n", "not valid YAML"),
-    ("#!/bin/sh\n" + "x" * 17000, "at most"),
-])
+@pytest.mark.parametrize(
+    "user_data, says",
+    [
+        ("echo hi", "must start with"),
+        ("#cloud-config\n- a list\n", "YAML mapping"),
+        ("#cloud-config\nkey: [unclosed\n", "not valid YAML"),
+        ("#!/bin/sh\n" + "x" * 17000, "at most"),
+    ],
+)
 def test_bad_user_data_is_400_before_any_charge(vpsshop_client, vpsshop_account, user_data, says):
     vpsshop_account.credit("10")
-    response = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers,
-                                   json={**ORDER, "user_data": user_data})
+    response = vpsshop_client.post(
+        "/v1/servers", headers=vpsshop_account.headers, json={**ORDER, "user_data": user_data}
+    )
     assert response.status_code == 400 and response.json()["error"] == "invalid_user_data"
     assert says in response.json()["message"]
     assert vpsshop_client.get("/v1/servers", headers=vpsshop_account.headers).json()["servers"] == []
 
 
 def _spec(**values) -> ServerSpec:
-    return ServerSpec(name="vps-1-ab", hostname="web", location="nl", vcpu=1, memory_mib=512, disk_gib=10,
-                      os_id="debian-12", os_image="img", root_password="Secret-pass-123", ip="10.0.0.5",
-                      gateway="10.0.0.1", **values)
+    return ServerSpec(
+        name="vps-1-ab",
+        hostname="web",
+        location="nl",
+        vcpu=1,
+        memory_mib=512,
+        disk_gib=10,
+        os_id="debian-12",
+        os_image="img",
+        root_password="Secret-pass-123",
+        ip="10.0.0.5",
+        gateway="10.0.0.1",
+        **values,
+    )
 
 
 def test_user_data_cannot_drop_keys_password_or_network():
-    spec = _spec(ssh_keys=("ssh-ed25519 AAAAours",), user_data=(
-        "#cloud-config\nhostname: evil\nchpasswd: {users: []}\nssh_pwauth: false\n"
-        "ssh_authorized_keys: [ssh-ed25519 AAAAtheirs]\nwrite_files: [{path: /x, content: y}]\npackages: [htop]\n"))
+    spec = _spec(
+        ssh_keys=("ssh-ed25519 AAAAours",),
+        user_data=(
+            "#cloud-config\nhostname: evil\nchpasswd: {users: []}\nssh_pwauth: false\n"
+            "ssh_authorized_keys: [ssh-ed25519 AAAAtheirs]\nwrite_files: [{path: /x, content: y}]\npackages: [htop]\n"
+        ),
+    )
     files = seed_files(spec)
     user = yaml.safe_load(files["user-data"])
     assert files["user-data"].startswith("#cloud-config\n")
@@ -192,8 +226,7 @@ def test_renewal_for_several_periods_quote_equals_charge(vpsshop_client, vpsshop
         row = session.get(Server, sid)
         row.status = "active"
         session.add(row)
-    quote = vpsshop_client.post(f"/v1/servers/{sid}/renew/quote", headers=vpsshop_account.headers,
-                                json={"periods": 3})
+    quote = vpsshop_client.post(f"/v1/servers/{sid}/renew/quote", headers=vpsshop_account.headers, json={"periods": 3})
     assert quote.status_code == 200, quote.text
     q = quote.json()
     assert q["periods"] == 3 and q["price_usd"] == pytest.approx(3 * 3.99) and q["period_price_usd"] == 3.99

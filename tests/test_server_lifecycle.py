@@ -59,7 +59,12 @@ def _domain_state(client, server_id) -> DomainState:
 
 def _events(client, server_id) -> list[str]:
     with _ctx(client).db.session() as session:
-        return [e.kind for e in session.exec(select(ServerEvent).where(ServerEvent.server_id == server_id).order_by(ServerEvent.id))]
+        return [
+            e.kind
+            for e in session.exec(
+                select(ServerEvent).where(ServerEvent.server_id == server_id).order_by(ServerEvent.id)
+            )
+        ]
 
 
 def test_provisioning_job_makes_the_server_active(vpsshop_client, vpsshop_account):
@@ -162,8 +167,17 @@ def test_full_lifecycle_renew_suspend_resume_terminate(vpsshop_client, vpsshop_a
     assert vpsshop_client.get(f"/v1/servers/{sid}/credentials", headers=h).status_code == 410
     assert vpsshop_client.post(f"/v1/servers/{sid}/renew", headers=h).json()["error"] == "server_not_renewable"
     assert _events(vpsshop_client, sid) == [
-        "ordered", "provisioned", "renewal_failed", "suspended", "renewed", "resumed", "renewed",
-        "renewal_failed", "suspended", "terminated", "destroyed",
+        "ordered",
+        "provisioned",
+        "renewal_failed",
+        "suspended",
+        "renewed",
+        "resumed",
+        "renewed",
+        "renewal_failed",
+        "suspended",
+        "terminated",
+        "destroyed",
     ]
 
 
@@ -222,8 +236,8 @@ def test_failed_provisioning_retries_then_refunds(vpsshop_client, vpsshop_accoun
 
 
 def test_placement_picks_a_host_with_room(tmp_path: Path):
-    from vpsshop_libvirt import HostConfig, LibvirtBackend
     from vpsshop.hypervisor import ServerSpec
+    from vpsshop_libvirt import HostConfig, LibvirtBackend
 
     node = tmp_path / "node.xml"
     node.write_text(
@@ -231,14 +245,35 @@ def test_placement_picks_a_host_with_room(tmp_path: Path):
         f"<pool type='dir'><name>vms</name><target><path>{tmp_path}</path></target></pool></node>"
     )
     uri = f"test://{node}"
-    backend = LibvirtBackend.from_settings({"domain_type": "test", "locations": {"nl": {
-        "hosts": [{"uri": uri, "name": "kvm1", "max_memory_mib": 2048}, {"uri": uri + "?b", "name": "kvm2", "max_memory_mib": 3072}],
-        "pool": "vms",
-    }}}, sandbox=False, where="hypervisor.libvirt")
+    backend = LibvirtBackend.from_settings(
+        {
+            "domain_type": "test",
+            "locations": {
+                "nl": {
+                    "hosts": [
+                        {"uri": uri, "name": "kvm1", "max_memory_mib": 2048},
+                        {"uri": uri + "?b", "name": "kvm2", "max_memory_mib": 3072},
+                    ],
+                    "pool": "vms",
+                }
+            },
+        },
+        sandbox=False,
+        where="hypervisor.libvirt",
+    )
 
     def spec(n: int) -> ServerSpec:
-        return ServerSpec(name=f"vps-{n}", hostname=f"h{n}", location="nl", vcpu=1, memory_mib=1024, disk_gib=20,
-                          os_id="debian-12", os_image="debian.qcow2", root_password="x" * 12)
+        return ServerSpec(
+            name=f"vps-{n}",
+            hostname=f"h{n}",
+            location="nl",
+            vcpu=1,
+            memory_mib=1024,
+            disk_gib=20,
+            os_id="debian-12",
+            os_image="debian.qcow2",
+            root_password="x" * 12,
+        )
 
     placed = [asyncio.run(backend.create(spec(n))).host for n in range(5)]
     # kvm2 has more room first, then they alternate by free memory; a sixth does not fit anywhere.
@@ -278,7 +313,9 @@ def test_claims_are_exclusive_and_survive_a_dead_worker(vpsshop_client, vpsshop_
     with ctx.db.session() as session:
         jobs = session.exec(select(ServerJob)).all()
         assert {(j.status, j.attempts) for j in jobs} == {("done", 2)}
-    assert {s["status"] for s in vpsshop_client.get("/v1/servers", headers=vpsshop_account.headers).json()["servers"]} == {"active"}
+    assert {
+        s["status"] for s in vpsshop_client.get("/v1/servers", headers=vpsshop_account.headers).json()["servers"]
+    } == {"active"}
 
 
 def test_parallel_workers_provision_each_server_once_with_distinct_addresses(vpsshop_client, vpsshop_account):
@@ -342,8 +379,9 @@ def test_background_tasks_of_serve_provision_on_their_own(vpsshop_settings, tmp_
     from vpsshop.app import create_app
     from vpsshop.testing import create_test_account
 
-    settings = vpsshop_settings.model_copy(update={"servers": vpsshop_settings.servers.model_copy(
-        update={"jobs_interval_seconds": 0.1})})
+    settings = vpsshop_settings.model_copy(
+        update={"servers": vpsshop_settings.servers.model_copy(update={"jobs_interval_seconds": 0.1})}
+    )
     with TestClient(create_app(settings, background=True)) as client:
         account = create_test_account(client)
         account.credit("5")

@@ -41,21 +41,30 @@ def _active_server(client, account) -> int:
 def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account):
     sid = _active_server(vpsshop_client, vpsshop_account)
     ctx = vpsshop_client.app.state.ctx
-    line = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
-    key = vpsshop_client.post("/v1/ssh-keys", headers=vpsshop_account.headers,
-                              json={"name": "k", "public_key": line}).json()
+    line = (
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    key = vpsshop_client.post(
+        "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": "k", "public_key": line}
+    ).json()
     old = vpsshop_client.get(f"/v1/servers/{sid}/credentials", headers=vpsshop_account.headers).json()["password"]
     balance = vpsshop_client.get("/v1/account", headers=vpsshop_account.headers).json()["balance_usd"]
-    response = vpsshop_client.post(f"/v1/servers/{sid}/reinstall", headers=vpsshop_account.headers,
-                                   json={"os": "debian-13", "ssh_keys": [key["id"]]})
+    response = vpsshop_client.post(
+        f"/v1/servers/{sid}/reinstall",
+        headers=vpsshop_account.headers,
+        json={"os": "debian-13", "ssh_keys": [key["id"]]},
+    )
     assert response.status_code == 202, response.text
     assert response.headers["cache-control"] == "no-store"
     body = response.json()
     new = body["root_password"]
     assert new and new != old and body["server"]["os"] == "debian-13" and body["server"]["status"] == "active"
-    again = vpsshop_client.post(f"/v1/servers/{sid}/reinstall", headers=vpsshop_account.headers,
-                                json={"os": "debian-13"})
+    again = vpsshop_client.post(
+        f"/v1/servers/{sid}/reinstall", headers=vpsshop_account.headers, json={"os": "debian-13"}
+    )
     assert again.status_code == 409 and again.json()["error"] == "reinstall_in_progress"
     assert asyncio.run(run_jobs(ctx))["done"] == 1
     record = asyncio.run(ctx.hypervisor._state().get(_prepare(ctx, sid, "active")[1].name))
@@ -69,8 +78,11 @@ def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account)
         kinds = [e.kind for e in session.exec(select(ServerEvent).where(ServerEvent.server_id == sid))]
     assert kinds[-2:] == ["reinstall", "reinstalled"]
     # A given password is not echoed back.
-    given = vpsshop_client.post(f"/v1/servers/{sid}/reinstall", headers=vpsshop_account.headers,
-                                json={"os": "debian-12", "root_password": "Chosen-pass-123"})
+    given = vpsshop_client.post(
+        f"/v1/servers/{sid}/reinstall",
+        headers=vpsshop_account.headers,
+        json={"os": "debian-12", "root_password": "Chosen-pass-123"},
+    )
     assert given.status_code == 202 and given.json()["root_password"] is None
 
 
@@ -82,8 +94,9 @@ def test_reinstall_refusals(vpsshop_client, vpsshop_account):
     theirs = vpsshop_client.post(f"/v1/servers/{sid}/reinstall", headers=other.headers, json={"os": "debian-12"})
     assert theirs.status_code == 404
     order = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers, json=ORDER).json()["server"]["id"]
-    pending = vpsshop_client.post(f"/v1/servers/{order}/reinstall", headers=vpsshop_account.headers,
-                                  json={"os": "debian-12"})
+    pending = vpsshop_client.post(
+        f"/v1/servers/{order}/reinstall", headers=vpsshop_account.headers, json={"os": "debian-12"}
+    )
     assert pending.status_code == 409 and pending.json()["error"] == "server_not_active"
 
 
@@ -121,8 +134,11 @@ def test_console_ticket_expires_and_is_bound_to_its_server(vpsshop_client, vpssh
     assert vpsshop_client.post(f"/v1/servers/{sid}/console", headers=other.headers).status_code == 404
     ticket = _ticket(vpsshop_client, vpsshop_account, sid)
     second = _active_server(vpsshop_client, vpsshop_account)
-    for url in (f"/v1/servers/{second}/console/ws?ticket={ticket['ticket']}",  # another server
-                f"/v1/servers/{sid}/console/ws?ticket=forged", f"/v1/servers/{sid}/console/ws"):
+    for url in (
+        f"/v1/servers/{second}/console/ws?ticket={ticket['ticket']}",  # another server
+        f"/v1/servers/{sid}/console/ws?ticket=forged",
+        f"/v1/servers/{sid}/console/ws",
+    ):
         with vpsshop_client.websocket_connect(url) as ws:
             with pytest.raises(WebSocketDisconnect) as closed:
                 ws.receive_bytes()
@@ -141,11 +157,18 @@ def test_a_backend_without_console_says_so(tmp_path):
     from vpsshop.settings import load_settings
     from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
 
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": f"sqlite:///{tmp_path / 'shop.db'}", "secret_key": TEST_SECRET_KEY,
-        "encryption_key": TEST_ENCRYPTION_KEY, "hypervisor": {"backend": "libvirt"},
-        "server": {"background": False, "access_log": False},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": f"sqlite:///{tmp_path / 'shop.db'}",
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "hypervisor": {"backend": "libvirt"},
+            "server": {"background": False, "access_log": False},
+        },
+    )
     with TestClient(create_app(settings, clock=FrozenClock(), background=False)) as client:
         assert "console" not in client.app.state.ctx.hypervisor.capabilities
         account = create_test_account(client)

@@ -65,14 +65,23 @@ def test_order_charges_catalog_price_and_returns_password_once(vpsshop_client, v
 def test_annual_price_and_customer_password(vpsshop_client, vpsshop_account):
     vpsshop_account.credit("100")
     response = vpsshop_client.post(
-        "/v1/servers", headers=vpsshop_account.headers,
-        json={"plan": "terrier", "location": "ro", "os": "ubuntu-24.04", "cycle": "annual", "root_password": "correct horse 1"},
+        "/v1/servers",
+        headers=vpsshop_account.headers,
+        json={
+            "plan": "terrier",
+            "location": "ro",
+            "os": "ubuntu-24.04",
+            "cycle": "annual",
+            "root_password": "correct horse 1",
+        },
     )
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["root_password"] is None
     assert body["server"]["price_usd"] == 58.40  # 649 x 0.90 = 584.1 -> 584 cents monthly; x 10
-    creds = vpsshop_client.get(f"/v1/servers/{body['server']['id']}/credentials", headers=vpsshop_account.headers).json()
+    creds = vpsshop_client.get(
+        f"/v1/servers/{body['server']['id']}/credentials", headers=vpsshop_account.headers
+    ).json()
     assert creds["password"] == "correct horse 1"
 
 
@@ -126,7 +135,9 @@ def test_idempotency_key_returns_the_first_server(vpsshop_client, vpsshop_accoun
     other.credit("5")
     theirs = vpsshop_client.post("/v1/servers", headers={**other.headers, "Idempotency-Key": "order-7f3a"}, json=ORDER)
     assert theirs.status_code == 201 and theirs.json()["server"]["id"] != first.json()["server"]["id"]
-    bad = vpsshop_client.post("/v1/servers", headers={**vpsshop_account.headers, "Idempotency-Key": "x" * 201}, json=ORDER)
+    bad = vpsshop_client.post(
+        "/v1/servers", headers={**vpsshop_account.headers, "Idempotency-Key": "x" * 201}, json=ORDER
+    )
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key"
 
 
@@ -147,8 +158,15 @@ def test_another_accounts_server_is_404(vpsshop_client, vpsshop_account):
 def test_openapi_documents_the_server_endpoints(vpsshop_client):
     doc = vpsshop_client.get("/v1/openapi.json").json()
     paths = doc["paths"]
-    for path in ("/servers", "/servers/{id}", "/servers/{id}/credentials", "/servers/{id}/renew",
-                 "/servers/{id}/start", "/servers/{id}/stop", "/servers/{id}/reboot"):
+    for path in (
+        "/servers",
+        "/servers/{id}",
+        "/servers/{id}/credentials",
+        "/servers/{id}/renew",
+        "/servers/{id}/start",
+        "/servers/{id}/stop",
+        "/servers/{id}/reboot",
+    ):
         assert path in paths, path
     assert "Idempotency-Key" in paths["/servers"]["post"]["description"]
     assert "monthly" in paths["/servers"]["post"]["description"]

@@ -61,7 +61,7 @@ def test_production_component_settings_do_not_fall_back(tmp_path):
     settings = load_settings(config, environ={})
     assert settings.mode == "production"
     # The fixed source has sandbox prices, but production must write them.
-    with pytest.raises(ConfigError, match="missing setting 'rates.fixed.prices'"):
+    with pytest.raises(ConfigError, match=r"missing\ setting\ 'rates\.fixed\.prices'"):
         AppContext.build(settings, environ={})
 
 
@@ -71,7 +71,7 @@ def test_production_requires_rate_source_and_hypervisor(tmp_path):
         f'database_url = "sqlite:///{tmp_path}/p.db"\nsecret_key = "s"\nencryption_key = "e"\n'
         'public_url = "https://shop.example/v1"\n'
     )
-    with pytest.raises(ConfigError, match="missing setting 'rates.source'"):
+    with pytest.raises(ConfigError, match=r"missing\ setting\ 'rates\.source'"):
         AppContext.build(load_settings(config, environ={}), environ={})
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
+from served import serve, shop_env, worker
 
 from vpsshop import DomainState, PluginState, ServerHandle
 from vpsshop.context import AppContext
@@ -20,16 +22,21 @@ from vpsshop.servers.models import ServerJob
 from vpsshop.settings import load_settings
 from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, HypervisorContract, contract_spec
 
-from served import serve, shop_env, worker
-
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
 
 
 def _context(database_url: str, **simulator: Any) -> AppContext:
-    settings = load_settings(None, environ={}, overrides={
-        "mode": "sandbox", "database_url": database_url, "secret_key": TEST_SECRET_KEY,
-        "encryption_key": TEST_ENCRYPTION_KEY, "hypervisor": {"simulator": simulator},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": database_url,
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "hypervisor": {"simulator": simulator},
+        },
+    )
     ctx = AppContext.build(settings)
     ctx.db.migrate()
     return ctx
@@ -193,8 +200,11 @@ def test_a_domain_that_never_boots_counts_as_a_failed_attempt(vpsshop_client, vp
 
 
 def test_two_serve_processes_and_a_worker_share_the_simulated_servers(vpsshop_database_url, tmp_path: Path):
-    env = shop_env(vpsshop_database_url, VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
-                   VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="1")
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="1",
+    )
     with serve(tmp_path, env, "--no-worker", name="a") as a, serve(tmp_path, env, "--no-worker", name="b") as b:
         created = httpx.post(f"{a.base}/account").json()
         headers = {"Authorization": f"Bearer {created['api_key']}"}
@@ -206,8 +216,12 @@ def test_two_serve_processes_and_a_worker_share_the_simulated_servers(vpsshop_da
         time.sleep(1)
         assert httpx.get(f"{b.base}/servers/{sid}", headers=headers).json()["status"] == "provisioning"  # no worker yet
         with worker(tmp_path, env) as w:
-            server = _wait(lambda: httpx.get(f"{b.base}/servers/{sid}", headers=headers).json(),
-                           lambda s: s["status"] == "active", 30, w)
+            server = _wait(
+                lambda: httpx.get(f"{b.base}/servers/{sid}", headers=headers).json(),
+                lambda s: s["status"] == "active",
+                30,
+                w,
+            )
             assert server["ip"].startswith("10.99.")
             assert httpx.post(f"{b.base}/servers/{sid}/stop", headers=headers).status_code == 202
             with AppContextOn(vpsshop_database_url) as ctx:

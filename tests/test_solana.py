@@ -23,13 +23,29 @@ from solders.system_program import TransferParams, transfer
 from solders.transaction import Transaction
 from starlette.testclient import TestClient
 from topup_helpers import balance, decode_qr, get, payments, run_pass
-from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
 
 from vpsshop.errors import ConfigError
 from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account
+from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
 
-WORDS = ["abandon", "ability", "able", "about", "above", "absent", "absorb", "abstract", "absurd", "abuse", "access",
-         "accident", "account", "accuse", "achieve", "acid"]
+WORDS = [
+    "abandon",
+    "ability",
+    "able",
+    "about",
+    "above",
+    "absent",
+    "absorb",
+    "abstract",
+    "absurd",
+    "abuse",
+    "access",
+    "accident",
+    "account",
+    "accuse",
+    "achieve",
+    "acid",
+]
 
 
 def random_mnemonic() -> str:
@@ -45,7 +61,8 @@ def test_deposit_keys_follow_phantom_derivation() -> None:
         expected = Keypair.from_seed_and_derivation_path(seed, f"m/44'/501'/{index}'/0'").pubkey()
         assert coin.derive_address(index).address == str(expected)
     assert coin.payment_uri(coin.derive_address(1).address, 333_333_334, "tp") == (
-        f"solana:{coin.derive_address(1).address}?amount=0.333333334")
+        f"solana:{coin.derive_address(1).address}?amount=0.333333334"
+    )
 
 
 def test_mnemonic_is_encrypted_at_rest_and_required_in_production() -> None:
@@ -101,17 +118,27 @@ def collector() -> str:
 
 @pytest.fixture
 def vpsshop_overrides(solana_node: SolanaRpcDouble, collector: str) -> dict[str, Any]:
-    return {"coins": {"SOL": {"seed_encrypted": encrypt_mnemonic(TEST_ENCRYPTION_KEY, random_mnemonic()),
-                              "network": "solana-double", "rpc_url": solana_node.url, "confirmations": 3,
-                              "sweep_to": collector}},
-            "topups": {"poll_min_seconds": 0, "expiry_minutes": 60}}
+    return {
+        "coins": {
+            "SOL": {
+                "seed_encrypted": encrypt_mnemonic(TEST_ENCRYPTION_KEY, random_mnemonic()),
+                "network": "solana-double",
+                "rpc_url": solana_node.url,
+                "confirmations": 3,
+                "sweep_to": collector,
+            }
+        },
+        "topups": {"poll_min_seconds": 0, "expiry_minutes": 60},
+    }
 
 
 def pay(node: SolanaRpcDouble, payer: Keypair, *transfers: tuple[str, int]) -> str:
     """One transaction of System Program transfers from ``payer``, signed with solders."""
     chain = node.chain
-    instructions = [transfer(TransferParams(from_pubkey=payer.pubkey(), to_pubkey=Pubkey.from_string(to), lamports=n))
-                    for to, n in transfers]
+    instructions = [
+        transfer(TransferParams(from_pubkey=payer.pubkey(), to_pubkey=Pubkey.from_string(to), lamports=n))
+        for to, n in transfers
+    ]
     tx = Transaction([payer], Message(instructions, payer.pubkey()), chain.svm.latest_blockhash())
     return chain.send(bytes(tx))
 
@@ -122,10 +149,6 @@ def funded_payer(node: SolanaRpcDouble) -> Keypair:
     return payer
 
 
-
-
-
-
 def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> dict[str, Any]:
     response = client.post("/v1/topups", json={"amount": amount, "coin": "SOL"}, headers=headers)
     assert response.status_code == 201, response.text
@@ -133,12 +156,9 @@ def new_topup(client: TestClient, headers: dict[str, str], amount: int = 50) -> 
     return response.json()
 
 
-
-
-
-
-def test_sol_paid_confirmed_credited_once_then_swept(vpsshop_client: TestClient, solana_node: SolanaRpcDouble,
-                                                     collector: str) -> None:
+def test_sol_paid_confirmed_credited_once_then_swept(
+    vpsshop_client: TestClient, solana_node: SolanaRpcDouble, collector: str
+) -> None:
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)
     topup = new_topup(vpsshop_client, h)
@@ -168,14 +188,17 @@ def test_sol_paid_confirmed_credited_once_then_swept(vpsshop_client: TestClient,
     assert len(payments(vpsshop_client)) == 1  # the sweep's outflow is no deposit
 
 
-def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient,
-                                                      solana_node: SolanaRpcDouble) -> None:
+def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient, solana_node: SolanaRpcDouble) -> None:
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)
     first = new_topup(vpsshop_client, h, 30)
     second = new_topup(vpsshop_client, h, 45)
-    pay(solana_node, funded_payer(solana_node), (first["deposit_address"], 200_000_000),
-        (second["deposit_address"], 300_000_000))
+    pay(
+        solana_node,
+        funded_payer(solana_node),
+        (first["deposit_address"], 200_000_000),
+        (second["deposit_address"], 300_000_000),
+    )
     for _ in range(3):
         solana_node.chain.produce_block()
     run_pass(vpsshop_client)
@@ -205,8 +228,7 @@ def test_health_reports_the_node(vpsshop_client: TestClient, solana_node: Solana
     assert health["SOL"]["ready"] and health["SOL"]["detail"] == f"solana-double at slot {solana_node.chain.slot} (ok)"
 
 
-def test_payment_on_an_abandoned_fork_credits_nothing(vpsshop_client: TestClient,
-                                                      solana_node: SolanaRpcDouble) -> None:
+def test_payment_on_an_abandoned_fork_credits_nothing(vpsshop_client: TestClient, solana_node: SolanaRpcDouble) -> None:
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)
     topup = new_topup(vpsshop_client, h)
@@ -224,8 +246,9 @@ def test_payment_on_an_abandoned_fork_credits_nothing(vpsshop_client: TestClient
     assert balance(vpsshop_client, h) == 0
 
 
-def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestClient,
-                                                         solana_node: SolanaRpcDouble) -> None:
+def test_recheck_keeps_payments_above_a_lagging_node_tip(
+    vpsshop_client: TestClient, solana_node: SolanaRpcDouble
+) -> None:
     from vpsshop.coins import DetectedPayment
 
     coin = vpsshop_client.app.state.ctx.coins["SOL"]  # type: ignore[attr-defined]
@@ -236,9 +259,9 @@ def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestCli
     assert [(c.present, c.confirmations) for c in checks] == [(True, 0), (False, 0)]
 
 
-def test_reseller_tools_encrypt_the_mnemonic_and_sweep(tmp_path: Path, solana_node: SolanaRpcDouble,
-                                                       monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_reseller_tools_encrypt_the_mnemonic_and_sweep(
+    tmp_path: Path, solana_node: SolanaRpcDouble, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``python -m vpsshop_solana encrypt-mnemonic`` then ``sweep``, as a reseller runs them."""
     import io
 
@@ -246,16 +269,19 @@ def test_reseller_tools_encrypt_the_mnemonic_and_sweep(tmp_path: Path, solana_no
     from vpsshop_solana.__main__ import main
 
     config = tmp_path / "vpsshop.toml"
-    base = (f'mode = "sandbox"\nsecret_key = "s"\nencryption_key = "{TEST_ENCRYPTION_KEY}"\n'
-            f'database_url = "sqlite:///{tmp_path / "db.sqlite"}"\n')
+    base = (
+        f'mode = "sandbox"\nsecret_key = "s"\nencryption_key = "{TEST_ENCRYPTION_KEY}"\n'
+        f'database_url = "sqlite:///{tmp_path / "db.sqlite"}"\n'
+    )
     config.write_text(base)
     mnemonic = random_mnemonic()
     monkeypatch.setattr("sys.stdin", io.StringIO(mnemonic + "\n"))
     assert main(["--config", str(config), "encrypt-mnemonic"]) == 0
     token = capsys.readouterr().out.strip()
     collector = str(Keypair().pubkey())
-    config.write_text(base + f'[coins.SOL]\nseed_encrypted = "{token}"\nrpc_url = "{solana_node.url}"\n'
-                             f'sweep_to = "{collector}"\n')
+    config.write_text(
+        base + f'[coins.SOL]\nseed_encrypted = "{token}"\nrpc_url = "{solana_node.url}"\nsweep_to = "{collector}"\n'
+    )
     seed = mnemonic_to_seed(mnemonic)
     funded = [deposit_key(seed, i).address for i in (1, 3)]
     pay(solana_node, funded_payer(solana_node), (funded[0], 2_000_000), (funded[1], 3_000_000))
@@ -269,8 +295,9 @@ def test_reseller_tools_encrypt_the_mnemonic_and_sweep(tmp_path: Path, solana_no
     assert capsys.readouterr().out.strip() == ""
 
 
-def test_a_block_the_node_cannot_serve_yet_is_read_later(vpsshop_client: TestClient,
-                                                          solana_node: SolanaRpcDouble) -> None:
+def test_a_block_the_node_cannot_serve_yet_is_read_later(
+    vpsshop_client: TestClient, solana_node: SolanaRpcDouble
+) -> None:
     """getBlock answers -32004 for a block getBlocks listed: the scan stops before it and reads it later."""
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)

@@ -22,7 +22,7 @@ def decode_qr(data_uri: str, tmp_path: Path) -> str:
     prefix = "data:image/png;base64,"
     assert data_uri.startswith(prefix)
     image = tmp_path / "qr.png"
-    image.write_bytes(base64.b64decode(data_uri[len(prefix):]))
+    image.write_bytes(base64.b64decode(data_uri[len(prefix) :]))
     zbarimg = shutil.which("zbarimg")
     assert zbarimg, "zbar-tools is listed in scripts/deps/apt-topups.txt"
     out = subprocess.run([zbarimg, "--raw", "-q", str(image)], capture_output=True, text=True, check=True)
@@ -47,8 +47,18 @@ def test_sandbox_topup_per_classic_coin(
     response = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": coin}, headers=account.headers)
     assert response.status_code == 201, response.text
     body = response.json()
-    assert set(body) >= {"ref", "status", "amount_usd", "coin", "deposit_address", "deposit_amount", "deposit_coin",
-                         "deposit_network", "qr_data_uri", "expires_at"}
+    assert set(body) >= {
+        "ref",
+        "status",
+        "amount_usd",
+        "coin",
+        "deposit_address",
+        "deposit_amount",
+        "deposit_coin",
+        "deposit_network",
+        "qr_data_uri",
+        "expires_at",
+    }
     assert (body["status"], body["coin"], body["deposit_coin"], body["amount_usd"]) == ("pending", coin, coin, 50)
     assert body["deposit_network"] == network
     address = body["deposit_address"]
@@ -109,7 +119,12 @@ def test_bounds_are_inclusive_and_auth_required(vpsshop_client: TestClient) -> N
     for amount in (25, 2000):
         assert vpsshop_client.post("/v1/topups", json={"amount": amount}, headers=account.headers).status_code == 201
     assert vpsshop_client.post("/v1/topups", json={"amount": 30}).status_code == 401
-    assert vpsshop_client.post("/v1/topups", content=b"[", headers={**account.headers, "Content-Type": "application/json"}).json()["error"] == "invalid_json"
+    assert (
+        vpsshop_client.post(
+            "/v1/topups", content=b"[", headers={**account.headers, "Content-Type": "application/json"}
+        ).json()["error"]
+        == "invalid_json"
+    )
 
 
 def test_idempotency_key_returns_the_first_topup(vpsshop_client: TestClient) -> None:
@@ -124,8 +139,9 @@ def test_idempotency_key_returns_the_first_topup(vpsshop_client: TestClient) -> 
     assert clash.status_code == 409 and clash.json()["error"] == "idempotency_key_reused"
     # Keys are per account: another account's same key makes its own top-up.
     other = create_test_account(vpsshop_client)
-    theirs = vpsshop_client.post("/v1/topups", json={"amount": 40, "coin": "LTC"},
-                                 headers={**other.headers, "Idempotency-Key": "order-42"})
+    theirs = vpsshop_client.post(
+        "/v1/topups", json={"amount": 40, "coin": "LTC"}, headers={**other.headers, "Idempotency-Key": "order-42"}
+    )
     assert theirs.json()["ref"] != first.json()["ref"]
 
 
@@ -134,9 +150,11 @@ def test_another_accounts_topup_is_404(vpsshop_client: TestClient) -> None:
     theirs = create_test_account(vpsshop_client)
     ref = vpsshop_client.post("/v1/topups", json={"amount": 30}, headers=mine.headers).json()["ref"]
     assert vpsshop_client.get(f"/v1/topups/{ref}", headers=mine.headers).status_code == 200
-    for response in (vpsshop_client.get(f"/v1/topups/{ref}", headers=theirs.headers),
-                     vpsshop_client.post(f"/v1/topups/{ref}/cancel", headers=theirs.headers),
-                     vpsshop_client.get("/v1/topups/tp_doesnotexist", headers=mine.headers)):
+    for response in (
+        vpsshop_client.get(f"/v1/topups/{ref}", headers=theirs.headers),
+        vpsshop_client.post(f"/v1/topups/{ref}/cancel", headers=theirs.headers),
+        vpsshop_client.get("/v1/topups/tp_doesnotexist", headers=mine.headers),
+    ):
         assert response.status_code == 404 and response.json()["error"] == "not_found"
 
 
@@ -195,13 +213,25 @@ def test_node_down_never_breaks_reads(vpsshop_database_url: str, vpsshop_clock: 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    settings = load_settings(None, environ={}, overrides={
-        "database_url": vpsshop_database_url, "secret_key": TEST_SECRET_KEY, "encryption_key": TEST_ENCRYPTION_KEY,
-        "topups": {"poll_min_seconds": 0},
-        "coins": {"LTC": {"xpub": "vpub5YvMuJNjRSYon44z9QmCfdf8SqJRVNvz6m55Qy5iVjZQxDfUgtiQjnc7CC1fAbED2tAGCZRERUf"
-                                  "vtn2DstZGU6HMns6dXXH2wujSc2wfi2x", "network": "regtest",
-                          "rpc_url": f"http://127.0.0.1:{closed}/", "timeout_seconds": 2}},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "database_url": vpsshop_database_url,
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "topups": {"poll_min_seconds": 0},
+            "coins": {
+                "LTC": {
+                    "xpub": "vpub5YvMuJNjRSYon44z9QmCfdf8SqJRVNvz6m55Qy5iVjZQxDfUgtiQjnc7CC1fAbED2tAGCZRERUf"
+                    "vtn2DstZGU6HMns6dXXH2wujSc2wfi2x",
+                    "network": "regtest",
+                    "rpc_url": f"http://127.0.0.1:{closed}/",
+                    "timeout_seconds": 2,
+                }
+            },
+        },
+    )
     with TestClient(create_app(settings, clock=vpsshop_clock, background=False)) as client:
         account = create_test_account(client)
         created = client.post("/v1/topups", json={"amount": 30, "coin": "LTC"}, headers=account.headers)
@@ -224,8 +254,10 @@ def test_watch_set_picks_up_out_of_order_commits(vpsshop_client: TestClient) -> 
     from vpsshop.payments.watcher import KeySet
 
     account = create_test_account(vpsshop_client)
-    refs = [vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "LTC"}, headers=account.headers).json()
-            for _ in range(3)]
+    refs = [
+        vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "LTC"}, headers=account.headers).json()
+        for _ in range(3)
+    ]
     engine = engine_for(vpsshop_client.app.state.ctx)  # type: ignore[attr-defined]
     with engine.ctx.db.session() as session:
         middle = session.execute(sa.select(Topup).where(Topup.ref == refs[1]["ref"])).scalar_one()

@@ -24,21 +24,28 @@ from tron_api_double import TronApiDouble, TronChainDouble
 from tronpy import Tron
 from tronpy.contract import Contract
 from tronpy.keys import PrivateKey, to_base58check_address, to_hex_address
-from vpsshop_tron import SANDBOX_XPUB, TetherTrc20, Tronix, address_to_hex
 
 from vpsshop.errors import ConfigError
 from vpsshop.hdkeys import b58check_encode
 from vpsshop.testing import create_test_account
+from vpsshop_tron import SANDBOX_XPUB, TetherTrc20, Tronix, address_to_hex
 
-TRC20_TRANSFER_ABI = [{
-    "name": "transfer", "type": "function", "stateMutability": "nonpayable",
-    "inputs": [{"name": "to", "type": "address"}, {"name": "value", "type": "uint256"}],
-    "outputs": [{"name": "", "type": "bool"}],
-}, {
-    "name": "batchTransfer", "type": "function", "stateMutability": "nonpayable",
-    "inputs": [{"name": "to", "type": "address[]"}, {"name": "values", "type": "uint256[]"}],
-    "outputs": [{"name": "", "type": "bool"}],
-}]
+TRC20_TRANSFER_ABI = [
+    {
+        "name": "transfer",
+        "type": "function",
+        "stateMutability": "nonpayable",
+        "inputs": [{"name": "to", "type": "address"}, {"name": "value", "type": "uint256"}],
+        "outputs": [{"name": "", "type": "bool"}],
+    },
+    {
+        "name": "batchTransfer",
+        "type": "function",
+        "stateMutability": "nonpayable",
+        "inputs": [{"name": "to", "type": "address[]"}, {"name": "values", "type": "uint256[]"}],
+        "outputs": [{"name": "", "type": "bool"}],
+    },
+]
 
 
 def test_bip44_tron_vector_and_sandbox_key() -> None:
@@ -53,8 +60,10 @@ def test_bip44_tron_vector_and_sandbox_key() -> None:
         assert derived.watch_key == key.public_key.to_hex_address()
     token = TetherTrc20.from_settings({"xpub": SANDBOX_XPUB}, sandbox=False, where="coins.USDTTRC")
     assert token.contract == "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t"
-    assert token.derive_address(1).address == PrivateKey(
-        account_node("m/44'/195'/0'/1/1").key).public_key.to_base58check_address()
+    assert (
+        token.derive_address(1).address
+        == PrivateKey(account_node("m/44'/195'/0'/1/1").key).public_key.to_base58check_address()
+    )
     assert (coin.network, coin.confirmations, token.decimals) == ("tron", 20, 6)
 
 
@@ -63,12 +72,17 @@ def test_payment_uris_and_settings() -> None:
     token = TetherTrc20.from_settings({"xpub": SANDBOX_XPUB}, sandbox=False, where="coins.USDTTRC")
     addr = coin.derive_address(1).address
     assert coin.payment_uri(addr, 200_000_000, "tp") == f"tron:{addr}?amount=200"
-    assert token.payment_uri(addr, 25_500_000, "tp") == f"tron:{addr}?token=TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t&amount=25.5"
+    assert (
+        token.payment_uri(addr, 25_500_000, "tp") == f"tron:{addr}?token=TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t&amount=25.5"
+    )
     with pytest.raises(ConfigError, match="set contract"):
         TetherTrc20.from_settings({"xpub": SANDBOX_XPUB, "network": "shasta"}, sandbox=False, where="coins.USDTTRC")
-    with pytest.raises(ConfigError, match="coins.USDTTRC"):
-        TetherTrc20.from_settings({"xpub": SANDBOX_XPUB, "contract": "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6T"},
-                                  sandbox=False, where="coins.USDTTRC")
+    with pytest.raises(ConfigError, match=r"coins\.USDTTRC"):
+        TetherTrc20.from_settings(
+            {"xpub": SANDBOX_XPUB, "contract": "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6T"},
+            sandbox=False,
+            where="coins.USDTTRC",
+        )
 
 
 class TestSandbox:
@@ -85,8 +99,10 @@ class TestSandbox:
             assert body["deposit_network"] == "nile"
             assert body["deposit_address"].startswith("T")
             assert address_to_hex(body["deposit_address"]).startswith("41")
-            expected = {"TRX": f"tron:{body['deposit_address']}?amount=200",
-                        "USDTTRC": f"tron:{body['deposit_address']}?token=TXYZopYRdj2D9XRtbG411XZZ3kM5VkAeBf&amount=50"}
+            expected = {
+                "TRX": f"tron:{body['deposit_address']}?amount=200",
+                "USDTTRC": f"tron:{body['deposit_address']}?token=TXYZopYRdj2D9XRtbG411XZZ3kM5VkAeBf&amount=50",
+            }
             assert decode_qr(body["qr_data_uri"]) == expected[code]
         ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
         assert not ctx.coins["TRX"].can_scan and not ctx.coins["USDTTRC"].can_scan
@@ -109,17 +125,24 @@ def tron_node() -> Iterator[TronApiDouble]:
 
 def random_xpub() -> str:
     key = CurveKey().public_key.format(compressed=True)
-    raw = (bytes.fromhex("0488b21e") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
-           + secrets.token_bytes(32) + key)
+    raw = (
+        bytes.fromhex("0488b21e")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + key
+    )
     return b58check_encode(raw)
 
 
 @pytest.fixture
 def vpsshop_overrides(tron_node: TronApiDouble) -> dict[str, Any]:
     common = {"xpub": random_xpub(), "network": "tron-double", "api_url": tron_node.url, "confirmations": 3}
-    return {"coins": {"TRX": dict(common),
-                      "USDTTRC": {**common, "contract": to_base58check_address(USDT_HEX)}},
-            "topups": {"poll_min_seconds": 0, "expiry_minutes": 60}}
+    return {
+        "coins": {"TRX": dict(common), "USDTTRC": {**common, "contract": to_base58check_address(USDT_HEX)}},
+        "topups": {"poll_min_seconds": 0, "expiry_minutes": 60},
+    }
 
 
 class Payer:
@@ -147,7 +170,6 @@ class Payer:
         contract = Contract(to_base58check_address(contract_hex), abi=TRC20_TRANSFER_ABI, client=self.client)
         return self._send(contract.functions.transfer.with_owner(self.address)(to, units).fee_limit(30_000_000))
 
-
     def pay_token_batch(self, payments: list[tuple[str, int]]) -> str:
         contract = Contract(to_base58check_address(USDT_HEX), abi=TRC20_TRANSFER_ABI, client=self.client)
         method = contract.functions.batchTransfer.with_owner(self.address)
@@ -160,20 +182,12 @@ def post(url: str, path: str, body: dict[str, Any]) -> Any:
         return json.loads(resp.read())
 
 
-
-
-
-
 def new_topup(client: TestClient, headers: dict[str, str], coin: str, amount: int = 50) -> dict[str, Any]:
     response = client.post("/v1/topups", json={"amount": amount, "coin": coin}, headers=headers)
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["deposit_network"] == "tron-double"
     return body
-
-
-
-
 
 
 def test_double_refuses_a_transaction_signed_by_another_key(tron_node: TronApiDouble) -> None:
@@ -244,8 +258,9 @@ def test_reorg_before_confirmations_credits_nothing(vpsshop_client: TestClient, 
     assert balance(vpsshop_client, h) == 0
 
 
-def test_reorg_that_mines_the_payments_again_credits_them_once(vpsshop_client: TestClient,
-                                                               tron_node: TronApiDouble) -> None:
+def test_reorg_that_mines_the_payments_again_credits_them_once(
+    vpsshop_client: TestClient, tron_node: TronApiDouble
+) -> None:
     h = create_test_account(vpsshop_client).headers
     run_pass(vpsshop_client)
     trx = new_topup(vpsshop_client, h, "TRX")
@@ -274,8 +289,9 @@ def test_two_transfers_in_one_transaction_credit_both(vpsshop_client: TestClient
     run_pass(vpsshop_client)
     first = new_topup(vpsshop_client, h, "USDTTRC", 30)
     second = new_topup(vpsshop_client, h, "USDTTRC", 40)
-    txid = Payer(tron_node).pay_token_batch([(first["deposit_address"], 30_000_000),
-                                             (second["deposit_address"], 40_000_000)])
+    txid = Payer(tron_node).pay_token_batch(
+        [(first["deposit_address"], 30_000_000), (second["deposit_address"], 40_000_000)]
+    )
     tron_node.chain.mine(3)
     run_pass(vpsshop_client)
     assert get(vpsshop_client, h, first["ref"])["credited_usd"] == 30
@@ -296,8 +312,9 @@ def test_recheck_keeps_payments_above_a_lagging_node_tip(vpsshop_client: TestCli
     assert [(c.present, c.confirmations) for c in checks] == [(True, 0), (False, 0)]
 
 
-def test_scan_tags_each_payment_with_the_coin_that_arrived(vpsshop_client: TestClient,
-                                                           tron_node: TronApiDouble) -> None:
+def test_scan_tags_each_payment_with_the_coin_that_arrived(
+    vpsshop_client: TestClient, tron_node: TronApiDouble
+) -> None:
     """TRX sent to a USDTTRC top-up's address is reported as TRX, USDT sent to a TRX one as USDTTRC."""
     h = create_test_account(vpsshop_client).headers
     trx = new_topup(vpsshop_client, h, "TRX")

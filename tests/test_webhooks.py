@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from sqlmodel import select
 from starlette.testclient import TestClient
+from webhook_receiver import Receiver
 
 from vpsshop import hookimpl
 from vpsshop.events import delivery, dispatch, outbox, signing
@@ -20,7 +22,6 @@ from vpsshop.events.models import WebhookDelivery, WebhookEndpoint
 from vpsshop.events.sender import InvalidUrl, normalize_url, post
 from vpsshop.events.settings import build_settings
 from vpsshop.testing import create_test_account
-from webhook_receiver import Receiver
 
 
 @pytest.fixture
@@ -32,8 +33,16 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def vpsshop_overrides() -> dict[str, Any]:
-    return {"events": {"retry_base_seconds": 10, "retry_max_delay_seconds": 600, "retry_window_hours": 1,
-                       "disable_after_hours": 2, "timeout_seconds": 5, "max_endpoints_per_account": 3}}
+    return {
+        "events": {
+            "retry_base_seconds": 10,
+            "retry_max_delay_seconds": 600,
+            "retry_window_hours": 1,
+            "disable_after_hours": 2,
+            "timeout_seconds": 5,
+            "max_endpoints_per_account": 3,
+        }
+    }
 
 
 def run(client: TestClient) -> dict[str, int]:
@@ -58,8 +67,10 @@ def test_register_and_receive_signed_events(vpsshop_client: TestClient, receiver
     assert created.headers["cache-control"] == "no-store"
     client.delete(f"/v1/webhooks/{created.json()['id']}", headers=account.headers)
     listed = client.get("/v1/webhooks", headers=account.headers).json()["webhooks"]
-    assert [(w["id"], w["event_types"], w["status"]) for w in listed] == [(a["id"], ["api_key.*"], "enabled"),
-                                                                         (b["id"], ["*"], "enabled")]
+    assert [(w["id"], w["event_types"], w["status"]) for w in listed] == [
+        (a["id"], ["api_key.*"], "enabled"),
+        (b["id"], ["*"], "enabled"),
+    ]
     assert "secret" not in json.dumps(listed)
     with client.app.state.ctx.db.session() as session:  # encrypted at rest, with the shop's encryption key
         row = session.get(WebhookEndpoint, a["id"])
@@ -73,8 +84,10 @@ def test_register_and_receive_signed_events(vpsshop_client: TestClient, receiver
     got = receiver.wait_for(lambda r: len(r) == 5)
     assert all(r.verified for r in got), [r.error for r in got]
     by_path = {p: sorted(r.json()["type"] for r in got if r.path == p) for p in ("/a", "/b")}  # sent concurrently
-    assert by_path == {"/a": ["api_key.created", "api_key.revoked"],
-                       "/b": ["api_key.created", "api_key.revoked", "ledger.credit"]}  # account.created predates /b
+    assert by_path == {
+        "/a": ["api_key.created", "api_key.revoked"],
+        "/b": ["api_key.created", "api_key.revoked", "ledger.credit"],
+    }  # account.created predates /b
     listed_events = client.get("/v1/events", headers=account.headers).json()["events"]
     for r in got:
         assert r.headers["webhook-id"] == r.json()["id"]
@@ -83,12 +96,14 @@ def test_register_and_receive_signed_events(vpsshop_client: TestClient, receiver
     assert run(client)["succeeded"] == 0  # accepted once: never sent again
     log = client.get(f"/v1/webhooks/{b['id']}/deliveries", headers=account.headers).json()
     assert [d["event_type"] for d in log["deliveries"]] == ["ledger.credit", "api_key.revoked", "api_key.created"]
-    assert all(d["status"] == "succeeded" and [x["outcome"] for x in d["log"]] == ["accepted"]
-               for d in log["deliveries"])
+    assert all(
+        d["status"] == "succeeded" and [x["outcome"] for x in d["log"]] == ["accepted"] for d in log["deliveries"]
+    )
 
 
-def test_failures_back_off_give_up_and_disable_the_endpoint(vpsshop_client: TestClient, receiver: Receiver,
-                                                           vpsshop_clock: Any) -> None:
+def test_failures_back_off_give_up_and_disable_the_endpoint(
+    vpsshop_client: TestClient, receiver: Receiver, vpsshop_clock: Any
+) -> None:
     client = vpsshop_client
     receiver.plan = lambda path, msg_id, seen: (500, {}, 0.0)
     account = create_test_account(client)
@@ -142,34 +157,49 @@ def test_410_disables_then_redeliver_after_reenabling(vpsshop_client: TestClient
     client.post("/v1/keys", headers=account.headers)
     run(client)
     assert client.get(f"/v1/webhooks/{hook['id']}", headers=account.headers).json()["disabled_reason"] == (
-        "The endpoint answered 410 Gone.")
+        "The endpoint answered 410 Gone."
+    )
     event_id = receiver.received[0].id
     redo = client.post(f"/v1/webhooks/{hook['id']}/redeliver", headers=account.headers, json={"event_id": event_id})
     assert (redo.status_code, redo.json()["error"]) == (409, "webhook_disabled")
     client.patch(f"/v1/webhooks/{hook['id']}", headers=account.headers, json={"enabled": True})
     their_event = client.get("/v1/events", headers=other.headers).json()["events"][0]["id"]
-    assert client.post(f"/v1/webhooks/{hook['id']}/redeliver", headers=account.headers,
-                       json={"event_id": their_event}).status_code == 404
-    assert client.post(f"/v1/webhooks/{hook['id']}/redeliver", headers=other.headers,
-                       json={"event_id": event_id}).status_code == 404
+    assert (
+        client.post(
+            f"/v1/webhooks/{hook['id']}/redeliver", headers=account.headers, json={"event_id": their_event}
+        ).status_code
+        == 404
+    )
+    assert (
+        client.post(
+            f"/v1/webhooks/{hook['id']}/redeliver", headers=other.headers, json={"event_id": event_id}
+        ).status_code
+        == 404
+    )
     redo = client.post(f"/v1/webhooks/{hook['id']}/redeliver", headers=account.headers, json={"event_id": event_id})
     assert redo.status_code == 202 and redo.json()["status"] == "pending" and redo.json()["redelivery"]
     assert run(client)["succeeded"] == 1
     assert [(r.id, r.status) for r in receiver.received] == [(event_id, 410), (event_id, 204)]
     log = client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=account.headers, params={"limit": 1}).json()
     assert log["has_more"] and log["deliveries"][0]["redelivery"] and log["deliveries"][0]["status"] == "succeeded"
-    older = client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=account.headers,
-                       params={"before": log["cursor"]}).json()["deliveries"]
+    older = client.get(
+        f"/v1/webhooks/{hook['id']}/deliveries", headers=account.headers, params={"before": log["cursor"]}
+    ).json()["deliveries"]
     assert [(d["status"], d["log"][0]["status_code"], d["log"][0]["outcome"]) for d in older] == [
-        ("pending", 410, "rejected")]  # the first delivery waits for its retry: at least once
+        ("pending", 410, "rejected")
+    ]  # the first delivery waits for its retry: at least once
 
 
 def test_endpoint_validation_limits_and_ownership(vpsshop_client: TestClient, receiver: Receiver) -> None:
     client = vpsshop_client
     account, other = create_test_account(client), create_test_account(client)
-    for url, code in (("ftp://example.com/x", "invalid_request"), ("https://user:pw@example.com/x", "invalid_url"),
-                      ("http://169.254.169.254/latest/meta-data", "invalid_url"), ("http://10.0.0.8/x", "invalid_url"),
-                      ("https://intranet/x", "invalid_url")):
+    for url, code in (
+        ("ftp://example.com/x", "invalid_request"),
+        ("https://user:pw@example.com/x", "invalid_url"),
+        ("http://169.254.169.254/latest/meta-data", "invalid_url"),
+        ("http://10.0.0.8/x", "invalid_url"),
+        ("https://intranet/x", "invalid_url"),
+    ):
         bad = client.post("/v1/webhooks", headers=account.headers, json={"url": url})
         assert bad.status_code == 400 and bad.json()["error"] in (code, "invalid_url"), bad.text
     bad = client.post("/v1/webhooks", headers=account.headers, json={"url": receiver.url(), "event_types": ["nope"]})
@@ -179,8 +209,11 @@ def test_endpoint_validation_limits_and_ownership(vpsshop_client: TestClient, re
     assert (full.status_code, full.json()["error"]) == (409, "too_many_webhooks")
     for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/deliveries")):
         assert client.request(method, f"/v1/webhooks/{hooks[0]['id']}{path}", headers=other.headers).status_code == 404
-    changed = client.patch(f"/v1/webhooks/{hooks[0]['id']}", headers=account.headers,
-                           json={"url": "https://hooks.example.com/v1", "event_types": ["topup.*", "topup.completed"]})
+    changed = client.patch(
+        f"/v1/webhooks/{hooks[0]['id']}",
+        headers=account.headers,
+        json={"url": "https://hooks.example.com/v1", "event_types": ["topup.*", "topup.completed"]},
+    )
     assert changed.json()["url"] == "https://hooks.example.com/v1"
     assert changed.json()["event_types"] == ["topup.*", "topup.completed"]
     client.post("/v1/keys", headers=account.headers)
@@ -200,8 +233,10 @@ PRODUCTION = build_settings({"timeout_seconds": 2}, sandbox=False)
 SANDBOX = build_settings({"timeout_seconds": 2}, sandbox=True)
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "[::ffff:127.0.0.1]", "169.254.169.254",
-                                  "0.0.0.0", "10.1.2.3", "100.64.0.1"])
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1", "localhost", "[::1]", "[::ffff:127.0.0.1]", "169.254.169.254", "0.0.0.0", "10.1.2.3", "100.64.0.1"],
+)
 def test_production_refuses_private_loopback_and_link_local(receiver: Receiver, host: str) -> None:
     result = asyncio.run(post(f"http://{host}:{receiver.port}/x", {}, b"{}", PRODUCTION))
     assert result.outcome == "refused", result
@@ -234,8 +269,9 @@ def test_the_connection_goes_to_the_checked_address(receiver: Receiver) -> None:
         asked.append(host)
         return answers[len(asked) - 1]
 
-    result = asyncio.run(post(f"http://rebind.test:{receiver.port}/pinned", {"webhook-id": "evt_x"}, b"{}", SANDBOX,
-                              rebinding))
+    result = asyncio.run(
+        post(f"http://rebind.test:{receiver.port}/pinned", {"webhook-id": "evt_x"}, b"{}", SANDBOX, rebinding)
+    )
     assert result.outcome == "accepted" and asked == ["rebind.test"]
     assert receiver.received[0].headers["host"] == f"rebind.test:{receiver.port}"  # the name, on the checked address
 
@@ -244,7 +280,8 @@ def test_redirects_are_not_followed_and_reads_are_bounded(receiver: Receiver) ->
     target = Receiver()
     try:
         receiver.plan = lambda path, msg_id, seen: (
-            (302, {"Location": target.url("/internal")}, 0.0) if path == "/redirect" else (200, {}, 3.0))
+            (302, {"Location": target.url("/internal")}, 0.0) if path == "/redirect" else (200, {}, 3.0)
+        )
         result = asyncio.run(post(receiver.url("/redirect"), {}, b"{}", SANDBOX))
         assert (result.outcome, result.status_code) == ("rejected", 302)
         assert "not followed" in result.error and target.received == []
@@ -302,16 +339,26 @@ class Broken:
         raise ValueError("always")
 
 
-def test_plugins_see_events_and_a_failing_plugin_blocks_nobody(vpsshop_settings: Any, vpsshop_clock: Any,
-                                                               receiver: Receiver) -> None:
+def test_plugins_see_events_and_a_failing_plugin_blocks_nobody(
+    vpsshop_settings: Any, vpsshop_clock: Any, receiver: Receiver
+) -> None:
     from vpsshop import create_app
     from vpsshop.plugins import build_plugin_manager
     from vpsshop.settings import _merge, load_settings
 
-    settings = load_settings(None, environ={}, overrides=_merge(vpsshop_settings.model_dump(mode="json") | {
-        "secret_key": vpsshop_settings.secret_key.get_secret_value(),
-        "encryption_key": vpsshop_settings.encryption_key.get_secret_value(), "config_path": None},
-        {"events": {"hook_retry_seconds": 30, "hook_max_attempts": 3}}))
+    settings = load_settings(
+        None,
+        environ={},
+        overrides=_merge(
+            vpsshop_settings.model_dump(mode="json")
+            | {
+                "secret_key": vpsshop_settings.secret_key.get_secret_value(),
+                "encryption_key": vpsshop_settings.encryption_key.get_secret_value(),
+                "config_path": None,
+            },
+            {"events": {"hook_retry_seconds": 30, "hook_max_attempts": 3}},
+        ),
+    )
     recorder, flaky, broken = Recorder(), Flaky(), Broken()
     pm = build_plugin_manager()
     for name, plugin in (("recorder", recorder), ("flaky", flaky), ("broken", broken)):
@@ -337,8 +384,13 @@ def test_plugins_see_events_and_a_failing_plugin_blocks_nobody(vpsshop_settings:
         assert flaky.calls == ["account.created", "api_key.created", "api_key.created"]
         vpsshop_clock.advance(seconds=61)
         hooks()
-        assert flaky.calls == ["account.created", "api_key.created", "api_key.created", "api_key.created",
-                               "api_key.created"]
+        assert flaky.calls == [
+            "account.created",
+            "api_key.created",
+            "api_key.created",
+            "api_key.created",
+            "api_key.created",
+        ]
         assert broken.calls == 3 + 1  # account.created given up after 3 calls, the next event tried at once
         for _ in range(4):
             vpsshop_clock.advance(minutes=10)

@@ -12,19 +12,20 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
-
 from chain_nodes import Litecoind, free_port
 from test_bitcoin import litecoind, random_tpub  # noqa: F401 - litecoind -regtest, the session fixture
+from webhook_receiver import Receiver
+
 from vpsshop.db import Database
 from vpsshop.events.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
-from webhook_receiver import Receiver
 
 pytestmark = pytest.mark.slow
 VPSSHOP = str(Path(sys.executable).with_name("vpsshop"))
@@ -45,9 +46,13 @@ def toml_value(value: Any) -> str:
 
 
 def write_config(path: Path, database_url: str, mode: str = "sandbox", **sections: dict[str, Any]) -> Path:
-    lines = [f'mode = "{mode}"', f"database_url = {json.dumps(database_url)}",
-             f'secret_key = "{TEST_SECRET_KEY}"', f'encryption_key = "{TEST_ENCRYPTION_KEY}"',
-             'public_url = "https://shop.example/v1"']
+    lines = [
+        f'mode = "{mode}"',
+        f"database_url = {json.dumps(database_url)}",
+        f'secret_key = "{TEST_SECRET_KEY}"',
+        f'encryption_key = "{TEST_ENCRYPTION_KEY}"',
+        'public_url = "https://shop.example/v1"',
+    ]
     for name, table in sections.items():
         lines.append(f"[{name}]")
         lines += [f"{key} = {toml_value(value)}" for key, value in table.items()]
@@ -55,8 +60,13 @@ def write_config(path: Path, database_url: str, mode: str = "sandbox", **section
     return path
 
 
-FAST = {"interval_seconds": 0.2, "retry_base_seconds": 0.2, "retry_max_delay_seconds": 2, "timeout_seconds": 5,
-        "lease_seconds": 6}
+FAST = {
+    "interval_seconds": 0.2,
+    "retry_base_seconds": 0.2,
+    "retry_max_delay_seconds": 2,
+    "timeout_seconds": 5,
+    "lease_seconds": 6,
+}
 
 
 class Process:
@@ -67,8 +77,7 @@ class Process:
         environ.update(env or {})
         self.log = cwd / f"{name}.log"
         self.out = self.log.open("w")
-        self.proc = subprocess.Popen([VPSSHOP, *args], cwd=cwd, env=environ, stdout=self.out,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([VPSSHOP, *args], cwd=cwd, env=environ, stdout=self.out, stderr=subprocess.STDOUT)
 
     def text(self) -> str:
         return self.log.read_text()
@@ -116,8 +125,14 @@ def worker(processes: list[Process], config: Path, name: str = "worker") -> Proc
     return process
 
 
-def seed(database_url: str, receiver: Receiver, path: str, keys: int, types: str = '["api_key.created"]',
-         url: str | None = None) -> tuple[int, int]:
+def seed(
+    database_url: str,
+    receiver: Receiver,
+    path: str,
+    keys: int,
+    types: str = '["api_key.created"]',
+    url: str | None = None,
+) -> tuple[int, int]:
     """An account with an endpoint at ``path`` and ``keys`` api_key.created events after it, written
     through the app (in this process); the worker processes deliver them. Returns (account, endpoint)."""
     from starlette.testclient import TestClient
@@ -125,20 +140,29 @@ def seed(database_url: str, receiver: Receiver, path: str, keys: int, types: str
     from vpsshop import create_app
     from vpsshop.settings import load_settings
 
-    settings = load_settings(None, environ={}, overrides={
-        "database_url": database_url, "secret_key": TEST_SECRET_KEY, "encryption_key": TEST_ENCRYPTION_KEY,
-        "server": {"background": False}})
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "database_url": database_url,
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "server": {"background": False},
+        },
+    )
     with TestClient(create_app(settings, background=False)) as client:
         created = client.post("/v1/account").json()
         headers = {"Authorization": f"Bearer {created['api_key']}"}
-        hook = client.post("/v1/webhooks", headers=headers,
-                           json={"url": receiver.url(path), "event_types": json.loads(types)})
+        hook = client.post(
+            "/v1/webhooks", headers=headers, json={"url": receiver.url(path), "event_types": json.loads(types)}
+        )
         assert hook.status_code == 201, hook.text
         receiver.secrets[path] = hook.json()["secret"]
         if url is not None:  # written past the API's checks, as if the name had resolved elsewhere then
             with client.app.state.ctx.db.session() as session:
-                session.execute(sa.update(WebhookEndpoint).where(WebhookEndpoint.id == hook.json()["id"])
-                                .values(url=url))
+                session.execute(
+                    sa.update(WebhookEndpoint).where(WebhookEndpoint.id == hook.json()["id"]).values(url=url)
+                )
         for _ in range(keys):
             assert client.post("/v1/keys", headers=headers).status_code == 201
     return created["user_id"], hook.json()["id"]
@@ -154,7 +178,8 @@ def rows(database_url: str, model: Any) -> list[Any]:
 
 
 def test_a_receiver_failing_n_times_gets_each_event_accepted_exactly_once(
-        vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process]) -> None:
+    vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process]
+) -> None:
     fails = 3
     receiver.plan = lambda path, msg_id, seen: (503 if seen < fails else 200, {}, 0.0)
     Database(vpsshop_database_url).migrate()
@@ -174,8 +199,9 @@ def test_a_receiver_failing_n_times_gets_each_event_accepted_exactly_once(
     assert Counter(a.outcome for a in attempts) == {"rejected": 5 * fails, "accepted": 5}
 
 
-def test_a_worker_killed_mid_delivery_redelivers(vpsshop_database_url: str, tmp_path: Path, receiver: Receiver,
-                                                 processes: list[Process]) -> None:
+def test_a_worker_killed_mid_delivery_redelivers(
+    vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process]
+) -> None:
     receiver.plan = lambda path, msg_id, seen: (200, {}, 30.0 if seen == 0 else 0.0)  # holds the first request
     Database(vpsshop_database_url).migrate()
     seed(vpsshop_database_url, receiver, "/slow", keys=1)
@@ -198,14 +224,16 @@ def test_a_worker_killed_mid_delivery_redelivers(vpsshop_database_url: str, tmp_
     assert [(a.number, a.outcome) for a in rows(vpsshop_database_url, WebhookAttempt)] == [(2, "accepted")]
 
 
-def test_two_workers_never_deliver_one_attempt_twice(vpsshop_database_url: str, tmp_path: Path, receiver: Receiver,
-                                                    processes: list[Process]) -> None:
+def test_two_workers_never_deliver_one_attempt_twice(
+    vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process]
+) -> None:
     receiver.plan = lambda path, msg_id, seen: (200, {}, 0.05)
     Database(vpsshop_database_url).migrate()
     events = 60
     seed(vpsshop_database_url, receiver, "/many", keys=events)
-    config = write_config(tmp_path / "shop.toml", vpsshop_database_url,
-                          events={**FAST, "concurrency": 3, "batch_size": 6})
+    config = write_config(
+        tmp_path / "shop.toml", vpsshop_database_url, events={**FAST, "concurrency": 3, "batch_size": 6}
+    )
     a = Process(["worker", "--config", str(config)], tmp_path, "worker-a")
     b = Process(["worker", "--config", str(config)], tmp_path, "worker-b")
     processes += [a, b]
@@ -220,25 +248,47 @@ def test_two_workers_never_deliver_one_attempt_twice(vpsshop_database_url: str, 
 
 PRODUCTION = {
     "rates": {"source": "fixed", "fixed": {"prices": {"BTC": "60000"}}},
-    "hypervisor": {"backend": "libvirt", "libvirt": {"domain_type": "test", "locations": {"*": {
-        "hosts": [{"uri": "test:///default", "name": "test", "max_memory_mib": 1048576}],
-        "pool": "default-pool", "network": "network:default", "addresses": "10.99.0.0/16", "gateway": "10.99.0.1"}}}},
+    "hypervisor": {
+        "backend": "libvirt",
+        "libvirt": {
+            "domain_type": "test",
+            "locations": {
+                "*": {
+                    "hosts": [{"uri": "test:///default", "name": "test", "max_memory_mib": 1048576}],
+                    "pool": "default-pool",
+                    "network": "network:default",
+                    "addresses": "10.99.0.0/16",
+                    "gateway": "10.99.0.1",
+                }
+            },
+        },
+    },
 }
 
 
 def test_a_production_worker_refuses_internal_destinations_and_redirects(
-        vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process]) -> None:
+    vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process]
+) -> None:
     """Endpoints written straight to the database (as if their name resolved elsewhere when they were
     registered): the production worker resolves and checks each one at delivery and refuses it."""
     Database(vpsshop_database_url).migrate()
     port = receiver.port
-    internal = {"/loopback": f"http://127.0.0.1:{port}/loopback", "/name": f"http://localhost:{port}/name",
-                "/v6": f"http://[::1]:{port}/v6", "/metadata": "http://169.254.169.254/latest/meta-data/"}
+    internal = {
+        "/loopback": f"http://127.0.0.1:{port}/loopback",
+        "/name": f"http://localhost:{port}/name",
+        "/v6": f"http://[::1]:{port}/v6",
+        "/metadata": "http://169.254.169.254/latest/meta-data/",
+    }
     endpoints = []
     for path, url in internal.items():
         endpoints.append(seed(vpsshop_database_url, receiver, path, keys=1, url=url)[1])
-    strict = write_config(tmp_path / "strict.toml", vpsshop_database_url, mode="production",
-                          events={**FAST, "require_https": False}, **PRODUCTION)
+    strict = write_config(
+        tmp_path / "strict.toml",
+        vpsshop_database_url,
+        mode="production",
+        events={**FAST, "require_https": False},
+        **PRODUCTION,
+    )
     first = worker(processes, strict, "strict")
     deadline = time.monotonic() + 60
     while len({a.endpoint_id for a in rows(vpsshop_database_url, WebhookAttempt)}) < len(internal):
@@ -259,9 +309,13 @@ def test_a_production_worker_refuses_internal_destinations_and_redirects(
             session.execute(sa.update(WebhookEndpoint).values(deleted_at=sa.func.now()))
         db.dispose()
         seed(vpsshop_database_url, receiver, "/redirect", keys=1)
-        allowing = write_config(tmp_path / "allowing.toml", vpsshop_database_url, mode="production",
-                                events={**FAST, "require_https": False, "allowed_networks": ["127.0.0.1/32"]},
-                                **PRODUCTION)
+        allowing = write_config(
+            tmp_path / "allowing.toml",
+            vpsshop_database_url,
+            mode="production",
+            events={**FAST, "require_https": False, "allowed_networks": ["127.0.0.1/32"]},
+            **PRODUCTION,
+        )
         worker(processes, allowing, "allowing")
         receiver.wait_for(lambda got: len(got) >= 1)
         time.sleep(1)
@@ -290,12 +344,18 @@ def vpsshop_event(event):
 
 
 def test_customer_gets_signed_events_for_a_topup_and_an_order_and_a_plugin_sees_them(
-        vpsshop_database_url: str, tmp_path: Path, receiver: Receiver, processes: list[Process],
-        litecoind: Litecoind) -> None:  # noqa: F811 - the imported fixture
+    vpsshop_database_url: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    processes: list[Process],
+    litecoind: Litecoind,  # noqa: F811
+) -> None:
     (tmp_path / "reseller_log.py").write_text(textwrap.dedent(RESELLER_PLUGIN))
     seen_file = tmp_path / "reseller-events.jsonl"
     config = write_config(
-        tmp_path / "shop.toml", vpsshop_database_url, events=FAST,
+        tmp_path / "shop.toml",
+        vpsshop_database_url,
+        events=FAST,
         plugins={"modules": ["reseller_log"]},
         coins={"LTC": litecoind.settings(random_tpub(), confirmations=2)},
         topups={"watch_interval_seconds": 0.5, "poll_min_seconds": 0},
@@ -325,8 +385,16 @@ def test_customer_gets_signed_events_for_a_topup_and_an_order_and_a_plugin_sees_
     order = api.post("/servers", headers=headers, json={"plan": "pup", "location": "nl", "os": "debian-12"})
     assert order.status_code == 201, order.text
     server_id = order.json()["server"]["id"]
-    expected = ["topup.created", "topup.payment_seen", "topup.payment_confirmed", "ledger.credit", "topup.completed",
-                "server.provisioning", "ledger.debit", "server.active"]
+    expected = [
+        "topup.created",
+        "topup.payment_seen",
+        "topup.payment_confirmed",
+        "ledger.credit",
+        "topup.completed",
+        "server.provisioning",
+        "ledger.debit",
+        "server.active",
+    ]
     receiver.wait_for(lambda got: set(expected) <= {r.json()["type"] for r in got}, seconds=90)
     time.sleep(1)  # nothing else, and nothing twice, arrives
     got = list(receiver.received)

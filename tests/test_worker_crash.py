@@ -20,8 +20,10 @@ ORDER = {"plan": "pup", "location": "nl", "os": "ubuntu-24.04"}
 
 def _job(engine: sa.Engine, server_id: int) -> tuple[str, str | None, int]:
     with engine.connect() as conn:
-        row = conn.execute(sa.text("SELECT status, locked_by, attempts FROM server_jobs WHERE server_id = :s "
-                                   "AND kind = 'provision'"), {"s": server_id}).one()
+        row = conn.execute(
+            sa.text("SELECT status, locked_by, attempts FROM server_jobs WHERE server_id = :s AND kind = 'provision'"),
+            {"s": server_id},
+        ).one()
     return row[0], row[1], row[2]
 
 
@@ -48,13 +50,19 @@ def _kill_while_running(proc: subprocess.Popen[str], engine: sa.Engine, server_i
 
 
 def test_sigkilled_worker_job_is_taken_over_within_seconds(tmp_path, vpsshop_database_url):
-    env = shop_env(vpsshop_database_url, VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="6",
-                   VPSSHOP__SERVER__ACCESS_LOG="false")
+    env = shop_env(
+        vpsshop_database_url, VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="6", VPSSHOP__SERVER__ACCESS_LOG="false"
+    )
     engine = sa.create_engine(vpsshop_database_url)
     with serve(tmp_path, env, "--no-worker") as shop:
         account = httpx.post(f"{shop.base}/account").json()
-        subprocess.run([VPSSHOP, "admin", "credit", str(account["user_id"]), "10", "--reason", "test"],
-                       cwd=tmp_path, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [VPSSHOP, "admin", "credit", str(account["user_id"]), "10", "--reason", "test"],
+            cwd=tmp_path,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         headers = {"Authorization": f"Bearer {account['api_key']}"}
         first = _start_worker(tmp_path, env, "worker-1")
         try:
@@ -74,8 +82,11 @@ def test_sigkilled_worker_job_is_taken_over_within_seconds(tmp_path, vpsshop_dat
                 server = httpx.get(f"{shop.base}/servers/{server_id}", headers=headers).json()
                 if server["status"] == "active":
                     break
-                assert time.monotonic() - killed_at < 20, (server, _job(engine, server_id),
-                                                           (tmp_path / "worker-2.log").read_text())
+                assert time.monotonic() - killed_at < 20, (
+                    server,
+                    _job(engine, server_id),
+                    (tmp_path / "worker-2.log").read_text(),
+                )
                 time.sleep(0.2)
             taken_over = time.monotonic() - killed_at
         finally:
@@ -86,10 +97,20 @@ def test_sigkilled_worker_job_is_taken_over_within_seconds(tmp_path, vpsshop_dat
         assert server["ip"], server
         # Exactly once: one provisioning recorded, one order charge, one domain, the job done.
         with engine.connect() as conn:
-            provisioned = conn.execute(sa.text("SELECT count(*) FROM server_events WHERE server_id = :s AND "
-                                               "kind = 'provisioned'"), {"s": server_id}).scalar()
-            charges = conn.execute(sa.text("SELECT amount_micros FROM ledger_entries WHERE account_id = :a AND "
-                                           "reason != 'admin_credit'"), {"a": account["user_id"]}).scalars().all()
+            provisioned = conn.execute(
+                sa.text("SELECT count(*) FROM server_events WHERE server_id = :s AND kind = 'provisioned'"),
+                {"s": server_id},
+            ).scalar()
+            charges = (
+                conn.execute(
+                    sa.text(
+                        "SELECT amount_micros FROM ledger_entries WHERE account_id = :a AND reason != 'admin_credit'"
+                    ),
+                    {"a": account["user_id"]},
+                )
+                .scalars()
+                .all()
+            )
         assert provisioned == 1
         assert charges == [-3_990_000]
         assert _job(engine, server_id)[0] == "done"

@@ -14,8 +14,9 @@ import base64
 import json
 import secrets
 import time
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any
 
 import pytest
 from eth_account import Account
@@ -30,9 +31,12 @@ ASSET = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
 DOMAIN = {"name": "USDC", "version": "2", "chainId": 84532, "verifyingContract": ASSET}
 TYPES = {
     "TransferWithAuthorization": [
-        {"name": "from", "type": "address"}, {"name": "to", "type": "address"},
-        {"name": "value", "type": "uint256"}, {"name": "validAfter", "type": "uint256"},
-        {"name": "validBefore", "type": "uint256"}, {"name": "nonce", "type": "bytes32"},
+        {"name": "from", "type": "address"},
+        {"name": "to", "type": "address"},
+        {"name": "value", "type": "uint256"},
+        {"name": "validAfter", "type": "uint256"},
+        {"name": "validBefore", "type": "uint256"},
+        {"name": "nonce", "type": "bytes32"},
     ]
 }
 
@@ -70,9 +74,18 @@ class SignedUsdcStandIn(X402Coin):
         return "base-sepolia"
 
     def payment_requirements(self, amount_atomic: int, resource: str, description: str) -> dict[str, Any]:
-        return {"scheme": "exact", "network": "base-sepolia", "maxAmountRequired": str(amount_atomic),
-                "resource": resource, "description": description, "mimeType": "application/json",
-                "payTo": PAY_TO, "maxTimeoutSeconds": 60, "asset": ASSET, "extra": {"name": "USDC", "version": "2"}}
+        return {
+            "scheme": "exact",
+            "network": "base-sepolia",
+            "maxAmountRequired": str(amount_atomic),
+            "resource": resource,
+            "description": description,
+            "mimeType": "application/json",
+            "payTo": PAY_TO,
+            "maxTimeoutSeconds": 60,
+            "asset": ASSET,
+            "extra": {"name": "USDC", "version": "2"},
+        }
 
     def decode_payment(self, header_value: str, version: int = 1) -> X402Payment:
         try:
@@ -84,8 +97,13 @@ class SignedUsdcStandIn(X402Coin):
 
     async def settle(self, payment: X402Payment, requirements: dict[str, Any]) -> X402Settlement:
         auth = payment.raw["payload"]["authorization"]
-        message = {**auth, "value": int(auth["value"]), "validAfter": int(auth["validAfter"]),
-                   "validBefore": int(auth["validBefore"]), "nonce": bytes.fromhex(auth["nonce"][2:])}
+        message = {
+            **auth,
+            "value": int(auth["value"]),
+            "validAfter": int(auth["validAfter"]),
+            "validBefore": int(auth["validBefore"]),
+            "nonce": bytes.fromhex(auth["nonce"][2:]),
+        }
         signable = encode_typed_data(DOMAIN, TYPES, message)
         signer = Account.recover_message(signable, signature=payment.raw["payload"]["signature"])
         if signer.lower() != payment.payer:
@@ -99,8 +117,11 @@ class SignedUsdcStandIn(X402Coin):
 
     async def settlement_status(self, payment: X402Payment) -> X402Settlement | None:
         tx = BOOK.used.get((payment.payer, payment.nonce))
-        return None if tx is None else X402Settlement(payment.payer, payment.nonce, tx, "base-sepolia",
-                                                      payment.value_atomic)
+        return (
+            None
+            if tx is None
+            else X402Settlement(payment.payer, payment.nonce, tx, "base-sepolia", payment.value_atomic)
+        )
 
 
 class StandInPlugin:
@@ -121,14 +142,28 @@ def vpsshop_app(vpsshop_settings: Any, vpsshop_clock: Any) -> Any:
 
 def sign(requirements: dict[str, Any], value: int | None = None, key: Any = None) -> str:
     key = key or Account.create()
-    auth = {"from": key.address, "to": requirements["payTo"], "value": str(value or requirements["maxAmountRequired"]),
-            "validAfter": str(int(time.time()) - 5), "validBefore": str(int(time.time()) + 60),
-            "nonce": "0x" + secrets.token_hex(32)}
-    message = {**auth, "value": int(auth["value"]), "validAfter": int(auth["validAfter"]),
-               "validBefore": int(auth["validBefore"]), "nonce": bytes.fromhex(auth["nonce"][2:])}
+    auth = {
+        "from": key.address,
+        "to": requirements["payTo"],
+        "value": str(value or requirements["maxAmountRequired"]),
+        "validAfter": str(int(time.time()) - 5),
+        "validBefore": str(int(time.time()) + 60),
+        "nonce": "0x" + secrets.token_hex(32),
+    }
+    message = {
+        **auth,
+        "value": int(auth["value"]),
+        "validAfter": int(auth["validAfter"]),
+        "validBefore": int(auth["validBefore"]),
+        "nonce": bytes.fromhex(auth["nonce"][2:]),
+    }
     signature = Account.sign_typed_data(key.key, DOMAIN, TYPES, message).signature.hex()
-    payload = {"x402Version": 1, "scheme": "exact", "network": "base-sepolia",
-               "payload": {"signature": "0x" + signature.removeprefix("0x"), "authorization": auth}}
+    payload = {
+        "x402Version": 1,
+        "scheme": "exact",
+        "network": "base-sepolia",
+        "payload": {"signature": "0x" + signature.removeprefix("0x"), "authorization": auth},
+    }
     return base64.b64encode(json.dumps(payload).encode()).decode()
 
 
@@ -146,8 +181,9 @@ def test_402_then_settle_and_credit_once(vpsshop_client: TestClient) -> None:
     assert req["maxAmountRequired"] == "40000000" and req["payTo"] == PAY_TO
     assert req["resource"].endswith("/topups")
     header = sign(req)
-    paid = vpsshop_client.post("/v1/topups", json={"amount": 40, "coin": "USDCTEST"},
-                               headers={**account.headers, "X-PAYMENT": header})
+    paid = vpsshop_client.post(
+        "/v1/topups", json={"amount": 40, "coin": "USDCTEST"}, headers={**account.headers, "X-PAYMENT": header}
+    )
     assert paid.status_code == 201, paid.text
     topup = paid.json()
     assert (topup["status"], topup["coin"], topup["credited_usd"]) == ("completed", "USDCTEST", 40)
@@ -157,34 +193,44 @@ def test_402_then_settle_and_credit_once(vpsshop_client: TestClient) -> None:
     assert (read["status"], read["payment_status"], read["credited_usd"]) == ("completed", "confirmed", 40)
     assert (read["deposit_amount"], read["deposit_address"], read["qr_data_uri"]) == ("40.000000", PAY_TO, None)
     # Replaying the same header returns the same top-up and credits nothing more.
-    again = vpsshop_client.post("/v1/topups", json={"amount": 40, "coin": "USDCTEST"},
-                                headers={**account.headers, "X-PAYMENT": header})
+    again = vpsshop_client.post(
+        "/v1/topups", json={"amount": 40, "coin": "USDCTEST"}, headers={**account.headers, "X-PAYMENT": header}
+    )
     assert again.status_code == 201 and again.json()["ref"] == topup["ref"]
     assert balance(vpsshop_client, account.headers) == 40
     # Another account cannot claim the same authorization.
     thief = create_test_account(vpsshop_client)
-    stolen = vpsshop_client.post("/v1/topups", json={"amount": 40, "coin": "USDCTEST"},
-                                 headers={**thief.headers, "X-PAYMENT": header})
+    stolen = vpsshop_client.post(
+        "/v1/topups", json={"amount": 40, "coin": "USDCTEST"}, headers={**thief.headers, "X-PAYMENT": header}
+    )
     assert stolen.status_code == 409 and stolen.json()["error"] == "nonce_used"
     assert balance(vpsshop_client, thief.headers) == 0
 
 
 def test_payment_mode_header_selects_x402(vpsshop_client: TestClient) -> None:
     account = create_test_account(vpsshop_client)
-    response = vpsshop_client.post("/v1/topups", json={"amount": 25}, headers={**account.headers,
-                                                                                "X-Payment-Mode": "x402"})
+    response = vpsshop_client.post(
+        "/v1/topups", json={"amount": 25}, headers={**account.headers, "X-Payment-Mode": "x402"}
+    )
     assert response.status_code == 402 and response.json()["accepts"][0]["maxAmountRequired"] == "25000000"
 
 
 def test_rejections_credit_nothing(vpsshop_client: TestClient) -> None:
     account = create_test_account(vpsshop_client)
-    req = vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "USDCTEST"},
-                              headers=account.headers).json()["accepts"][0]
-    wrong = vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "USDCTEST"},
-                                headers={**account.headers, "X-PAYMENT": sign(req, value=29_000_000)})
+    req = vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "USDCTEST"}, headers=account.headers).json()[
+        "accepts"
+    ][0]
+    wrong = vpsshop_client.post(
+        "/v1/topups",
+        json={"amount": 30, "coin": "USDCTEST"},
+        headers={**account.headers, "X-PAYMENT": sign(req, value=29_000_000)},
+    )
     assert wrong.status_code == 402 and wrong.json()["error"] == "wrong_amount"
-    garbage = vpsshop_client.post("/v1/topups", json={"amount": 30, "coin": "USDCTEST"},
-                                  headers={**account.headers, "X-PAYMENT": "not base64 json"})
+    garbage = vpsshop_client.post(
+        "/v1/topups",
+        json={"amount": 30, "coin": "USDCTEST"},
+        headers={**account.headers, "X-PAYMENT": "not base64 json"},
+    )
     assert garbage.status_code == 400 and garbage.json()["error"] == "invalid_payment"
     assert balance(vpsshop_client, account.headers) == 0
 
@@ -193,12 +239,14 @@ def test_unknown_outcome_is_resolved_once_later(vpsshop_client: TestClient) -> N
     from vpsshop.x402.hooks import settlement_task
 
     account = create_test_account(vpsshop_client)
-    req = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": "USDCTEST"},
-                              headers=account.headers).json()["accepts"][0]
+    req = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": "USDCTEST"}, headers=account.headers).json()[
+        "accepts"
+    ][0]
     header = sign(req)
     BOOK.fail_after_transfer = True
-    unknown = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": "USDCTEST"},
-                                  headers={**account.headers, "X-PAYMENT": header})
+    unknown = vpsshop_client.post(
+        "/v1/topups", json={"amount": 50, "coin": "USDCTEST"}, headers={**account.headers, "X-PAYMENT": header}
+    )
     assert unknown.status_code == 503 and unknown.json()["error"] == "settlement_pending"
     assert balance(vpsshop_client, account.headers) == 0
     BOOK.fail_after_transfer = False
@@ -206,7 +254,8 @@ def test_unknown_outcome_is_resolved_once_later(vpsshop_client: TestClient) -> N
     assert task is not None and task.name == "x402-settlements"  # its own background task, not the watcher's
     assert vpsshop_client.portal.call(task.run)["credited"] == 1  # type: ignore[union-attr]
     assert balance(vpsshop_client, account.headers) == 50
-    retry = vpsshop_client.post("/v1/topups", json={"amount": 50, "coin": "USDCTEST"},
-                                headers={**account.headers, "X-PAYMENT": header})
+    retry = vpsshop_client.post(
+        "/v1/topups", json={"amount": 50, "coin": "USDCTEST"}, headers={**account.headers, "X-PAYMENT": header}
+    )
     assert retry.status_code == 201 and retry.json()["status"] == "completed"
     assert balance(vpsshop_client, account.headers) == 50

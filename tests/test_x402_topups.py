@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,13 @@ def rpc_front(topup_chain: Chain) -> Iterator[StallingRpcFront]:
 @pytest.fixture
 def vpsshop_overrides(request: pytest.FixtureRequest, topup_chain: Chain, shop: Any, relayer: Any) -> dict[str, Any]:
     section = {
-        "network": "base", "mode": "direct", "pay_to": shop.address, "asset": topup_chain.asset,
-        "rpc_url": topup_chain.url, "relayer_key_env": RELAYER_ENV, "max_timeout_seconds": 120,
+        "network": "base",
+        "mode": "direct",
+        "pay_to": shop.address,
+        "asset": topup_chain.asset,
+        "rpc_url": topup_chain.url,
+        "relayer_key_env": RELAYER_ENV,
+        "max_timeout_seconds": 120,
         "facilitator_url": None,
     }
     if "rpc_front" in request.fixturenames:  # the unknown-outcome tests
@@ -254,15 +260,25 @@ def send_unknown_outcome(
     from vpsshop.payments.models import Topup, X402Record
 
     with app.state.ctx.db.session() as session:
-        [(ref, status)] = session.exec(select(Topup.ref, X402Record.status).join(  # type: ignore[call-overload]
-            X402Record, X402Record.topup_id == Topup.id).where(Topup.status == "pending")).all()
+        [(ref, status)] = session.exec(
+            select(Topup.ref, X402Record.status)
+            .join(  # type: ignore[call-overload]
+                X402Record, X402Record.topup_id == Topup.id
+            )
+            .where(Topup.status == "pending")
+        ).all()
     assert status == "settling"
     return str(ref)
 
 
 def test_open_record_outlives_abandon_after_while_the_authorization_is_valid(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
-    vpsshop_app: Any, vpsshop_clock: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    rpc_front: StallingRpcFront,
+    vpsshop_app: Any,
+    vpsshop_clock: Any,
 ) -> None:
     """An authorization valid for 3 hours whose transaction was lost stays open past 30 minutes; when
     someone else gets it mined later, the watcher credits it (once)."""
@@ -283,8 +299,15 @@ def test_open_record_outlives_abandon_after_while_the_authorization_is_valid(
     raw = json.loads(base64.b64decode(header))
     authorization, sig = raw["payload"]["authorization"], bytes.fromhex(raw["payload"]["signature"][2:])
     tx = topup_chain.token.functions.transferWithAuthorization(
-        authorization["from"], authorization["to"], int(authorization["value"]), int(authorization["validAfter"]),
-        int(authorization["validBefore"]), bytes.fromhex(authorization["nonce"][2:]), sig[64], sig[:32], sig[32:64],
+        authorization["from"],
+        authorization["to"],
+        int(authorization["value"]),
+        int(authorization["validAfter"]),
+        int(authorization["validBefore"]),
+        bytes.fromhex(authorization["nonce"][2:]),
+        sig[64],
+        sig[:32],
+        sig[32:64],
     ).transact({"from": topup_chain.deployer})
     assert topup_chain.w3.eth.wait_for_transaction_receipt(tx, timeout=30)["status"] == 1
     wait_until(lambda: topup_chain.used(payer.address, authorization["nonce"]), what="the authorization to be used")
@@ -300,8 +323,13 @@ def test_open_record_outlives_abandon_after_while_the_authorization_is_valid(
 
 
 def test_open_record_is_closed_only_after_valid_before(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
-    vpsshop_app: Any, vpsshop_clock: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    rpc_front: StallingRpcFront,
+    vpsshop_app: Any,
+    vpsshop_clock: Any,
 ) -> None:
     from vpsshop.x402.settlement import SETTLE_GRACE
 
@@ -315,13 +343,13 @@ def test_open_record_is_closed_only_after_valid_before(
     retry = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
     assert retry.status_code == 503 and retry.json()["error"] == "settlement_pending"  # still usable: not closed
 
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    vpsshop_clock.set(datetime.fromtimestamp(valid_before, timezone.utc) + SETTLE_GRACE / 2)
+    vpsshop_clock.set(datetime.fromtimestamp(valid_before, UTC) + SETTLE_GRACE / 2)
     assert run_watcher(vpsshop_app) == 0
     assert http.get(f"/topups/{ref}", headers=auth).json()["status"] == "pending"  # blocks may still come
 
-    vpsshop_clock.set(datetime.fromtimestamp(valid_before, timezone.utc) + SETTLE_GRACE * 2)
+    vpsshop_clock.set(datetime.fromtimestamp(valid_before, UTC) + SETTLE_GRACE * 2)
     assert run_watcher(vpsshop_app) == 0
     closed = http.get(f"/topups/{ref}", headers=auth).json()
     assert closed["status"] == "cancelled" and closed["payment_status"] == "awaiting_payment"
@@ -332,8 +360,13 @@ def test_open_record_is_closed_only_after_valid_before(
 
 
 def test_retry_after_valid_before_closes_the_record(
-    topup_chain: Chain, http: httpx.Client, auth: dict[str, str], shop: Any, rpc_front: StallingRpcFront,
-    vpsshop_app: Any, vpsshop_clock: Any,
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    rpc_front: StallingRpcFront,
+    vpsshop_app: Any,
+    vpsshop_clock: Any,
 ) -> None:
     from vpsshop.x402.settlement import SETTLE_GRACE
 
@@ -341,9 +374,9 @@ def test_retry_after_valid_before_closes_the_record(
     header = sign_v1_header(payer, ask_402(http, auth)["accepts"][0])
     valid_before = int(json.loads(base64.b64decode(header))["payload"]["authorization"]["validBefore"])
     ref = send_unknown_outcome(vpsshop_app, http, auth, rpc_front, header)
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    vpsshop_clock.set(datetime.fromtimestamp(valid_before, timezone.utc) + SETTLE_GRACE * 2)
+    vpsshop_clock.set(datetime.fromtimestamp(valid_before, UTC) + SETTLE_GRACE * 2)
     expired = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "X-PAYMENT": header})
     assert expired.status_code == 402 and expired.json()["error"] == "authorization_expired", expired.text
     assert http.get(f"/topups/{ref}", headers=auth).json()["status"] == "cancelled"
@@ -353,8 +386,9 @@ def test_retry_after_valid_before_closes_the_record(
 # ---- x402 v2: PAYMENT-REQUIRED, PAYMENT-SIGNATURE, PAYMENT-RESPONSE ---------------------------
 
 
-def test_402_carries_the_v2_requirements_header(http: httpx.Client, auth: dict[str, str], shop: Any,
-                                                 topup_chain: Chain) -> None:
+def test_402_carries_the_v2_requirements_header(
+    http: httpx.Client, auth: dict[str, str], shop: Any, topup_chain: Chain
+) -> None:
     first = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth)
     assert first.status_code == 402 and first.json()["x402Version"] == 1  # the body stays v1
     from x402.http.utils import decode_payment_required_header
@@ -362,12 +396,22 @@ def test_402_carries_the_v2_requirements_header(http: httpx.Client, auth: dict[s
     required = decode_header(first.headers["PAYMENT-REQUIRED"])
     assert required["x402Version"] == 2 and required["error"]
     v1 = first.json()["accepts"][0]
-    assert required["resource"] == {"url": v1["resource"], "description": v1["description"],
-                                    "mimeType": "application/json"}
-    assert required["accepts"] == [{
-        "scheme": "exact", "network": "eip155:8453", "amount": str(25 * USDC_UNIT), "asset": topup_chain.asset,
-        "payTo": shop.address, "maxTimeoutSeconds": 120, "extra": {"name": "USD Coin", "version": "2"},
-    }]
+    assert required["resource"] == {
+        "url": v1["resource"],
+        "description": v1["description"],
+        "mimeType": "application/json",
+    }
+    assert required["accepts"] == [
+        {
+            "scheme": "exact",
+            "network": "eip155:8453",
+            "amount": str(25 * USDC_UNIT),
+            "asset": topup_chain.asset,
+            "payTo": shop.address,
+            "maxTimeoutSeconds": 120,
+            "extra": {"name": "USD Coin", "version": "2"},
+        }
+    ]
     parsed = decode_payment_required_header(first.headers["PAYMENT-REQUIRED"])  # the x402 package reads it
     assert parsed.x402_version == 2 and parsed.accepts[0].amount == str(25 * USDC_UNIT)
 
@@ -381,7 +425,9 @@ def test_v2_payment_signature_settles_and_credits_once(
     first = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers=auth)
     required = decode_header(first.headers["PAYMENT-REQUIRED"])
     signature = sign_v2_header(payer, required["accepts"][0], required["resource"]["url"])
-    paid = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": signature})
+    paid = http.post(
+        "/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": signature}
+    )
     assert paid.status_code == 201, paid.text
     assert paid.json()["status"] == "completed" and "X-PAYMENT-RESPONSE" not in paid.headers
     response = decode_header(paid.headers["PAYMENT-RESPONSE"])
@@ -391,7 +437,9 @@ def test_v2_payment_signature_settles_and_credits_once(
     assert balance(http, auth) == 40
     assert topup_chain.usdc(payer.address) == 60 * USDC_UNIT and topup_chain.usdc(shop.address) == 40 * USDC_UNIT
 
-    again = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": signature})
+    again = http.post(
+        "/topups", json={"amount": 40, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": signature}
+    )
     assert again.status_code == 201 and again.json()["ref"] == paid.json()["ref"]
     assert decode_header(again.headers["PAYMENT-RESPONSE"])["transaction"] == response["transaction"]
     assert balance(http, auth) == 40 and topup_chain.usdc(shop.address) == 40 * USDC_UNIT
@@ -399,10 +447,17 @@ def test_v2_payment_signature_settles_and_credits_once(
     # v2 signed for 40 USD, sent for a 25 USD top-up: refused, nothing moves
     other = topup_chain.new_account(usdc=100 * USDC_UNIT)
     wrong = sign_v2_header(other, required["accepts"][0], required["resource"]["url"])
-    refused = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": wrong})
-    assert refused.status_code in (400, 402) and refused.json()["error"] in ("wrong_amount", "wrong_asset"), refused.text
-    both = http.post("/topups", json={"amount": 40, "coin": "USDCBASE"},
-                     headers={**auth, "PAYMENT-SIGNATURE": wrong, "X-PAYMENT": wrong})
+    refused = http.post(
+        "/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": wrong}
+    )
+    assert refused.status_code in (400, 402) and refused.json()["error"] in ("wrong_amount", "wrong_asset"), (
+        refused.text
+    )
+    both = http.post(
+        "/topups",
+        json={"amount": 40, "coin": "USDCBASE"},
+        headers={**auth, "PAYMENT-SIGNATURE": wrong, "X-PAYMENT": wrong},
+    )
     assert both.status_code == 400 and both.json()["error"] == "invalid_payment"
     assert balance(http, auth) == 40 and topup_chain.usdc(other.address) == 100 * USDC_UNIT
 
@@ -423,8 +478,14 @@ def test_x402_httpx_client_pays_the_topup_in_v2(
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
     client = x402Client()
-    client.set_spend_controls({"allowed_assets": [{"network": "eip155:8453", "asset": topup_chain.asset},
-                                                  {"network": "base", "asset": topup_chain.asset}]})
+    client.set_spend_controls(
+        {
+            "allowed_assets": [
+                {"network": "eip155:8453", "asset": topup_chain.asset},
+                {"network": "base", "asset": topup_chain.asset},
+            ]
+        }
+    )
     client.register("eip155:8453", ExactEvmClientScheme(payer))
     client.register_v1("base", ExactEvmSchemeV1(payer))
 
@@ -465,8 +526,9 @@ def test_example_script_pays_through_the_api() -> None:
     from x402_peers import ROOT, npm_bin
 
     npm_bin()  # anvil and solcjs on PATH for the script
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "x402_anvil.py"), "--api"],
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "x402_anvil.py"), "--api"], capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "POST /v1/topups: 402" in done.stdout and "re-send with X-PAYMENT: 201" in done.stdout
     assert "'balance_usd': 25.0" in done.stdout and "customer now holds 75.0 USDC, the shop 25.0 USDC" in done.stdout
@@ -483,16 +545,18 @@ def test_v2_payment_without_max_timeout_seconds_is_a_400_that_leaves_nothing(
     from vpsshop.payments.models import Topup, X402Record
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
-    required = decode_header(http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
-                                       headers=auth).headers["PAYMENT-REQUIRED"])
+    required = decode_header(
+        http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth).headers["PAYMENT-REQUIRED"]
+    )
     signed = json.loads(base64.b64decode(sign_v2_header(payer, required["accepts"][0], required["resource"]["url"])))
     for field in ("maxTimeoutSeconds", "payTo"):
         broken = json.loads(json.dumps(signed))
         del broken["accepted"][field]
         header = base64.b64encode(json.dumps(broken).encode()).decode()
         for _ in range(2):
-            answer = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
-                               headers={**auth, "PAYMENT-SIGNATURE": header})
+            answer = http.post(
+                "/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "PAYMENT-SIGNATURE": header}
+            )
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"] == "invalid_payment" and field in answer.json()["message"]
     with vpsshop_app.state.ctx.db.session() as session:
@@ -505,9 +569,13 @@ def test_x402_topup_402_has_a_message_and_a_bad_idempotency_key_is_a_400(
 ) -> None:
     first = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers=auth)
     assert first.status_code == 402 and "X-PAYMENT" in first.json()["message"], first.text
-    bad = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
-                    headers={**auth, "Idempotency-Key": "has spaces"})
+    bad = http.post(
+        "/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={**auth, "Idempotency-Key": "has spaces"}
+    )
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key", bad.text
-    bad = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"},
-                    headers={**auth, "Idempotency-Key": "has spaces", "X-PAYMENT": "e30="})
+    bad = http.post(
+        "/topups",
+        json={"amount": 25, "coin": "USDCBASE"},
+        headers={**auth, "Idempotency-Key": "has spaces", "X-PAYMENT": "e30="},
+    )
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key", bad.text

@@ -48,6 +48,6 @@ def decode_qr(data_uri: str) -> str:
     assert data_uri.startswith(prefix)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "qr.png"
-        path.write_bytes(base64.b64decode(data_uri[len(prefix):]))
+        path.write_bytes(base64.b64decode(data_uri[len(prefix) :]))
         out = subprocess.run(["zbarimg", "--quiet", "--raw", str(path)], capture_output=True, text=True, check=True)
     return out.stdout.strip()

@@ -132,8 +132,7 @@ class TronChainDouble:
         block_id = number.to_bytes(8, "big").hex() + header_hash[8:].hex()
         block: dict[str, Any] = {
             "blockID": block_id,
-            "block_header": {"raw_data": raw,
-                             "witness_signature": self.witness.sign_msg_hash(header_hash).hex()},
+            "block_header": {"raw_data": raw, "witness_signature": self.witness.sign_msg_hash(header_hash).hex()},
         }
         if executed:
             block["transactions"] = executed
@@ -175,11 +174,19 @@ class TronChainDouble:
                 for to, amount in moves:
                     self.tokens[(token, owner)] -= amount
                     self.tokens[(token, to)] = self.tokens.get((token, to), 0) + amount
-                    logs.append({"address": token[2:], "topics": [TRANSFER_TOPIC, "0" * 24 + owner[2:],
-                                                                   "0" * 24 + to[2:]], "data": f"{amount:064x}"})
+                    logs.append(
+                        {
+                            "address": token[2:],
+                            "topics": [TRANSFER_TOPIC, "0" * 24 + owner[2:], "0" * 24 + to[2:]],
+                            "data": f"{amount:064x}",
+                        }
+                    )
             info["contractResult"] = ["0" * 63 + "1" if result == "SUCCESS" else ""]
-            info["receipt"] = {"energy_usage_total": 13_000 if result == "SUCCESS" else 0, "net_usage": 345,
-                               "result": result}
+            info["receipt"] = {
+                "energy_usage_total": 13_000 if result == "SUCCESS" else 0,
+                "net_usage": 345,
+                "result": result,
+            }
             if logs:
                 info["log"] = logs
             if result != "SUCCESS":
@@ -196,7 +203,7 @@ class TronChainDouble:
             recipients, amounts = abi_decode(["address[]", "uint256[]"], bytes.fromhex(data[8:]))
             if len(recipients) != len(amounts):
                 return None
-            return [("41" + r.lower().removeprefix("0x"), int(a)) for r, a in zip(recipients, amounts)]
+            return [("41" + r.lower().removeprefix("0x"), int(a)) for r, a in zip(recipients, amounts, strict=False)]
         return None
 
     # ---- wire ----------------------------------------------------------------------------------------
@@ -221,12 +228,16 @@ class TronChainDouble:
         if signer.to_hex_address() != owner:
             return error("SIGERROR", "the signature is not the owner's")
         with self.lock:
-            known = {t["txID"] for t in self.pending} | {t["txID"] for b in self.blocks for t in b.get("transactions", ())}
+            known = {t["txID"] for t in self.pending} | {
+                t["txID"] for b in self.blocks for t in b.get("transactions", ())
+            }
             if txid in known:
                 return error("DUP_TRANSACTION_ERROR", "dup transaction")
             if contract["type"] == "TransferContract":
                 if self.trx.get(owner, 0) < int(contract["parameter"]["value"]["amount"]):
-                    return error("CONTRACT_VALIDATE_ERROR", "Validate TransferContract error, balance is not sufficient.")
+                    return error(
+                        "CONTRACT_VALIDATE_ERROR", "Validate TransferContract error, balance is not sufficient."
+                    )
             elif contract["type"] != "TriggerSmartContract":
                 return error("CONTRACT_VALIDATE_ERROR", f"{contract['type']} is not served by this double")
             self.pending.append({"signature": signatures, "txID": txid, "raw_data": raw})
@@ -268,7 +279,10 @@ class TronApiDouble:
                 except KeyError:
                     status, payload = 404, b'{"Error": "no such endpoint"}'
                 except (ValueError, TypeError) as exc:
-                    status, payload = 200, json.dumps({"Error": f"class java.lang.IllegalArgumentException : {exc}"}).encode()
+                    status, payload = (
+                        200,
+                        json.dumps({"Error": f"class java.lang.IllegalArgumentException : {exc}"}).encode(),
+                    )
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

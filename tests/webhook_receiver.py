@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -58,7 +59,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 receiver._handle(self, self.path, headers, body)
@@ -111,8 +112,10 @@ class Receiver:
             while not predicate(self.received):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"receiver never saw what was expected; got {len(self.received)}: "
-                                         f"{[(r.path, r.json().get('type'), r.status) for r in self.received]}")
+                    raise AssertionError(
+                        f"receiver never saw what was expected; got {len(self.received)}: "
+                        f"{[(r.path, r.json().get('type'), r.status) for r in self.received]}"
+                    )
                 self.arrived.wait(min(left, 0.5))
             return list(self.received)
 

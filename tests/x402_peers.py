@@ -63,8 +63,17 @@ def compile_test_usdc(out_dir: Path) -> tuple[list[dict[str, Any]], str]:
         raise RuntimeError("solcjs is not installed in .peers/npm (npm solc)")
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [solcjs, "--bin", "--abi", "--optimize", "--base-path", str(ROOT), "-o", str(out_dir),
-         str(CONTRACT.relative_to(ROOT))],
+        [
+            solcjs,
+            "--bin",
+            "--abi",
+            "--optimize",
+            "--base-path",
+            str(ROOT),
+            "-o",
+            str(out_dir),
+            str(CONTRACT.relative_to(ROOT)),
+        ],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -365,7 +374,7 @@ def sign_npm_header(payer: Any, requirements: dict[str, Any], rpc_url: str) -> s
     bin_dir = npm_bin()
     env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
     request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "requirements": requirements}
-    done = subprocess.run(  # noqa: PLW1510 - the return code is checked below
+    done = subprocess.run(
         ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
         input=json.dumps(request).encode(),
         capture_output=True,
@@ -464,18 +473,26 @@ class X402ResourceDouble:
 
 
 def fetch_with_npm_client(
-    payer: Any, url: str, rpc_url: str, headers: dict[str, str] | None = None, body: dict[str, Any] | None = None,
+    payer: Any,
+    url: str,
+    rpc_url: str,
+    headers: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``POST url`` with the npm ``x402-fetch`` wrapper (viem wallet); its status, body and headers.
 
     ``body``: the JSON request body (default: a 25 USD USDCBASE top-up)."""
     bin_dir = npm_bin()
     env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
-    request: dict[str, Any] = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "url": url,
-                               "headers": headers or {}}
+    request: dict[str, Any] = {
+        "privateKey": "0x" + bytes(payer.key).hex(),
+        "rpcUrl": rpc_url,
+        "url": url,
+        "headers": headers or {},
+    }
     if body is not None:
         request["body"] = body
-    done = subprocess.run(  # noqa: PLW1510 - the return code is checked below
+    done = subprocess.run(
         ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
         input=json.dumps(request).encode(),
         capture_output=True,

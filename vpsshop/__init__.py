@@ -48,12 +48,12 @@ from vpsshop.tasks import BackgroundTask
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.app import create_app
+    from vpsshop.cloudinit import compose_user_data, parse_ssh_public_key
     from vpsshop.context import AppContext
-    from vpsshop.plugin_state import PluginRecord, PluginState
     from vpsshop.events import Event
+    from vpsshop.plugin_state import PluginRecord, PluginState
     from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply
     from vpsshop.settings import Settings, load_settings
-    from vpsshop.cloudinit import compose_user_data, parse_ssh_public_key
 
 _LAZY = {
     "create_app": "vpsshop.app",
@@ -112,10 +112,15 @@ __all__ = [
     "ScanResult",
     "ServerHandle",
     "ServerSpec",
-    "ShopSecrets",
     "Settings",
+    "ShopSecrets",
     "StartupError",
     "WatchSet",
+    "X402Coin",
+    "X402Payment",
+    "X402Rejected",
+    "X402Settlement",
+    "__version__",
     "check_address_range",
     "compose_user_data",
     "create_app",
@@ -124,11 +129,6 @@ __all__ = [
     "parse_ssh_public_key",
     "ptr_name",
     "require_reachable",
-    "X402Coin",
-    "X402Payment",
-    "X402Rejected",
-    "X402Settlement",
-    "__version__",
 ]
 
 

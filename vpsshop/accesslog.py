@@ -56,8 +56,17 @@ class AccessLogWriter:
         self._prefix = ""
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, method: str, path: str, status: int, size: int, elapsed: float, rid: str = "",
-            route: str = "", account: int | None = None) -> None:
+    def add(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        size: int,
+        elapsed: float,
+        rid: str = "",
+        route: str = "",
+        account: int | None = None,
+    ) -> None:
         now = time.time()
         second = int(now)
         if second != self._second:
@@ -68,8 +77,7 @@ class AccessLogWriter:
         tail = f',"account":{account}}}\n' if account is not None else "}\n"
         self.lines.append(
             f'{self._prefix}.{int((now - second) * 1000):03d}Z","log":"access","rid":"{rid}","method":"{method}",'
-            f'"path":"{path}","route":"{route}","status":{status},"us":{int(elapsed * 1_000_000)},"bytes":{size}'
-            + tail
+            f'"path":"{path}","route":"{route}","status":{status},"us":{int(elapsed * 1_000_000)},"bytes":{size}' + tail
         )
         if len(self.lines) >= BATCH_LINES:
             self.flush()
@@ -152,7 +160,8 @@ class AccessLog:
             elapsed = time.perf_counter() - started
             route = route_template(scope)
             if self.writer is not None:
-                self.writer.add(scope["method"], scope["path"], status, size, elapsed, rid, route,
-                                scope.get(ACCOUNT_SCOPE_KEY))
+                self.writer.add(
+                    scope["method"], scope["path"], status, size, elapsed, rid, route, scope.get(ACCOUNT_SCOPE_KEY)
+                )
             if self.observe and route != "/metrics":
                 metrics.observe_request(route, scope["method"], status, elapsed)

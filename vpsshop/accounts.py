@@ -17,8 +17,8 @@ from vpsshop import events, twofactor
 from vpsshop.auth import login_token_selector, new_api_key, new_login_token, verify_login_token
 from vpsshop.context import AppContext
 from vpsshop.db import touch_account
-from vpsshop.events.resources import account_data, api_key_data
 from vpsshop.errors import ApiError, NotFound, Unauthorized
+from vpsshop.events.resources import account_data, api_key_data
 from vpsshop.models import Account, ApiKey, LedgerEntry, Server
 from vpsshop.money import UsdAmount, micros_to_usd
 from vpsshop.ratelimit import RateLimited, Rule, limiter_for
@@ -33,9 +33,11 @@ class AccountOut(BaseModel):
     balance_usd: UsdAmount = Field(description="Prepaid balance in USD.")
     currency: str = Field("USD", description="Always USD.")
     servers: int = Field(description="Servers of this account that are not terminated.")
-    totp_enabled: bool = Field(description="Two-factor sign-in is on (turned on in the web dashboard): signing in "
-                               "with the login token, in the dashboard or with POST /login, also needs a TOTP code. "
-                               "API keys are not affected.")
+    totp_enabled: bool = Field(
+        description="Two-factor sign-in is on (turned on in the web dashboard): signing in "
+        "with the login token, in the dashboard or with POST /login, also needs a TOTP code. "
+        "API keys are not affected."
+    )
     created_at: datetime
 
 
@@ -118,10 +120,18 @@ def get_account(ctx: AppContext, account_id: int) -> AccountOut:
         account = session.get(Account, account_id)
         if account is None:
             raise NotFound("account")
-        servers = session.execute(select(sa.func.count()).select_from(Server).where(
-            Server.account_id == account_id, Server.status != "terminated")).scalar()
-        return AccountOut(user_id=account_id, balance_usd=micros_to_usd(account.balance_micros),
-                          servers=int(servers or 0), totp_enabled=account.totp_enabled, created_at=account.created_at)
+        servers = session.execute(
+            select(sa.func.count())
+            .select_from(Server)
+            .where(Server.account_id == account_id, Server.status != "terminated")
+        ).scalar()
+        return AccountOut(
+            user_id=account_id,
+            balance_usd=micros_to_usd(account.balance_micros),
+            servers=int(servers or 0),
+            totp_enabled=account.totp_enabled,
+            created_at=account.created_at,
+        )
 
 
 def list_keys(ctx: AppContext, account_id: int) -> ApiKeyList:
@@ -129,8 +139,12 @@ def list_keys(ctx: AppContext, account_id: int) -> ApiKeyList:
         rows = session.exec(
             select(ApiKey).where(ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None)).order_by(ApiKey.id)  # type: ignore[union-attr]
         ).all()
-        return ApiKeyList(keys=[ApiKeyOut(id=k.id, prefix=k.prefix, name=k.name, created_at=k.created_at)  # type: ignore[arg-type]
-                                for k in rows])
+        return ApiKeyList(
+            keys=[
+                ApiKeyOut(id=k.id, prefix=k.prefix, name=k.name, created_at=k.created_at)  # type: ignore[arg-type]
+                for k in rows
+            ]
+        )
 
 
 def mint_key(ctx: AppContext, account_id: int, name: str | None) -> ApiKeyCreated:
@@ -164,11 +178,21 @@ def revoke_key(ctx: AppContext, account_id: int, key_id: int) -> ApiKeyRevoked:
 def ledger_entries(ctx: AppContext, account_id: int, limit: int = 20) -> list[LedgerEntryOut]:
     """The account's newest balance changes, newest first."""
     with ctx.db.session() as session:
-        rows = session.exec(select(LedgerEntry).where(LedgerEntry.account_id == account_id)
-                            .order_by(LedgerEntry.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
-        return [LedgerEntryOut(id=e.id, amount_usd=micros_to_usd(e.amount_micros),  # type: ignore[arg-type]
-                               balance_after_usd=micros_to_usd(e.balance_after_micros), reason=e.reason, ref=e.ref,
-                               memo=e.memo, created_at=e.created_at) for e in rows]
+        rows = session.exec(
+            select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.id.desc()).limit(limit)
+        ).all()  # type: ignore[union-attr]
+        return [
+            LedgerEntryOut(
+                id=e.id,
+                amount_usd=micros_to_usd(e.amount_micros),  # type: ignore[arg-type]
+                balance_after_usd=micros_to_usd(e.balance_after_micros),
+                reason=e.reason,
+                ref=e.ref,
+                memo=e.memo,
+                created_at=e.created_at,
+            )
+            for e in rows
+        ]
 
 
 # ---- signing in with the login token -------------------------------------------------------------
@@ -204,8 +228,11 @@ def check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, bo
         raise Unauthorized(INVALID_TOKEN)
     if check.upgrade is not None:  # stored as argon2id by an earlier version: keep the fast digest from now on
         with ctx.db.session() as session:
-            session.execute(sa.update(Account).where(Account.id == account.id, Account.login_hash == account.login_hash)
-                            .values(login_hash=check.upgrade))
+            session.execute(
+                sa.update(Account)
+                .where(Account.id == account.id, Account.login_hash == account.login_hash)
+                .values(login_hash=check.upgrade)
+            )
     limiter.refund(rule, client)
     assert account.id is not None
     return account.id, account.totp_enabled
@@ -226,7 +253,11 @@ def login(ctx: AppContext, token: str, totp_code: str | None, client: str) -> Ap
     account_id, totp_enabled = check_login_token(ctx, token, client)
     if totp_enabled:
         if totp_code is None or not totp_code.strip():
-            raise ApiError(401, "totp_required", "This account has two-factor sign-in: send totp_code, the "
-                           "current code of the authenticator app (or a recovery code).")
+            raise ApiError(
+                401,
+                "totp_required",
+                "This account has two-factor sign-in: send totp_code, the "
+                "current code of the authenticator app (or a recovery code).",
+            )
         check_second_factor(ctx, account_id, totp_code, client)
     return mint_key(ctx, account_id, "dashboard")

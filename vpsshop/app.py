@@ -8,7 +8,7 @@ import inspect
 import json
 import logging
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pluggy
 from starlette.applications import Starlette
@@ -68,12 +68,14 @@ def create_app(
         routes.extend(plugin_routes or ())
     _check_unique(routes)
     catalog_ids = {
-        kind: [item.id for item in getattr(ctx.catalog_data, kind)] for kind in ("plans", "locations", "operating_systems")
+        kind: [item.id for item in getattr(ctx.catalog_data, kind)]
+        for kind in ("plans", "locations", "operating_systems")
     }
     catalog_ids["coins"] = list(ctx.coins)
     event_models, webhooks = openapi_webhooks()
-    openapi = build_openapi(routes, extra_models=[InsufficientBalanceBody, *event_models], catalog_ids=catalog_ids,
-                            webhooks=webhooks)
+    openapi = build_openapi(
+        routes, extra_models=[InsufficientBalanceBody, *event_models], catalog_ids=catalog_ids, webhooks=webhooks
+    )
     ctx.extras["openapi"] = openapi
     ctx.extras["openapi_json"] = json.dumps(openapi, separators=(",", ":")).encode()
     ctx.extras["routes"] = routes
@@ -91,10 +93,11 @@ def create_app(
             if access_log is not None:
                 access_log.flush()
 
-    middleware = [Middleware(SecurityHeaders),
-                  Middleware(AccessLog, writer=access_log, observe=settings.metrics.enabled),
-                  Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes,
-                             timeout=settings.server.body_timeout_seconds)]
+    middleware = [
+        Middleware(SecurityHeaders),
+        Middleware(AccessLog, writer=access_log, observe=settings.metrics.enabled),
+        Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes, timeout=settings.server.body_timeout_seconds),
+    ]
     # Routes under /v1, found by a dictionary lookup when the path has no parameters; then the dashboard.
     served: list[BaseRoute] = list(to_starlette_routes(routes, ctx, prefix=BASE_PATH))
     served.append(Route(llms.PATH, llms.llms_txt, methods=["GET", "HEAD"]))  # for agents: what, how to pay
@@ -127,8 +130,9 @@ PREFLIGHT_DONE_ENV = "VPSSHOP_PREFLIGHT_DONE"
 
 def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory`` workers: settings from ``VPSSHOP_CONFIG`` and the environment."""
-    return create_app(load_settings(os.environ.get("VPSSHOP_CONFIG") or None),
-                      check=os.environ.get(PREFLIGHT_DONE_ENV) != "1")
+    return create_app(
+        load_settings(os.environ.get("VPSSHOP_CONFIG") or None), check=os.environ.get(PREFLIGHT_DONE_ENV) != "1"
+    )
 
 
 async def preflight(ctx: AppContext) -> list[str]:
@@ -147,11 +151,13 @@ async def preflight(ctx: AppContext) -> list[str]:
         except StartupError as exc:
             problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): {exc}")
         except Exception as exc:  # noqa: BLE001 - a broken check must not look like a pass
-            problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): preflight failed: "
-                            f"{type(exc).__name__}: {exc}")
+            problems.append(
+                f"{item.kind} {item.key} (plugin {item.plugin}): preflight failed: {type(exc).__name__}: {exc}"
+            )
     if problems and not ctx.settings.sandbox:
-        raise StartupError("configured components cannot work (fix each, then start again):\n  "
-                           + "\n  ".join(problems))
+        raise StartupError(
+            "configured components cannot work (fix each, then start again):\n  " + "\n  ".join(problems)
+        )
     for problem in problems:
         log.warning("sandbox: %s", problem)
     return problems
@@ -182,7 +188,7 @@ async def stop_services(ctx: AppContext, runner: TaskRunner | None) -> None:
             result = impl.function(ctx=ctx)
             if inspect.isawaitable(result):
                 await result
-        except Exception:  # noqa: BLE001 - every plugin gets to shut down
+        except Exception:
             log.exception("vpsshop_shutdown of plugin %s failed", impl.plugin_name)
     await ctx.close()
 
@@ -322,11 +328,16 @@ class BodyLimit:
             remaining = deadline - asyncio.get_running_loop().time()
             try:
                 message = await asyncio.wait_for(receive(), max(remaining, 0.001))
-            except asyncio.TimeoutError:
-                log.warning("%s %s: request body not received within %g s; answered 408",
-                            scope["method"], scope["path"], self.timeout)
-                error = ApiError(408, "body_timeout",
-                                 f"The request body did not arrive within {self.timeout:g} seconds.")
+            except TimeoutError:
+                log.warning(
+                    "%s %s: request body not received within %g s; answered 408",
+                    scope["method"],
+                    scope["path"],
+                    self.timeout,
+                )
+                error = ApiError(
+                    408, "body_timeout", f"The request body did not arrive within {self.timeout:g} seconds."
+                )
                 error.headers["Connection"] = "close"
                 raise error from None
             if message["type"] == "http.disconnect":
@@ -341,8 +352,12 @@ class BodyLimit:
         try:
             await self.app(scope, limited_receive, send)
         except ClientGone:
-            log.info("%s %s: client disconnected before sending the whole body (%d bytes received)",
-                     scope["method"], scope["path"], received)
+            log.info(
+                "%s %s: client disconnected before sending the whole body (%d bytes received)",
+                scope["method"],
+                scope["path"],
+                received,
+            )
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, declared: int) -> None:
         if declared < 0:

@@ -58,7 +58,7 @@ def api_key_digest(secret_key: bytes, value: str) -> str:
     return hashlib.blake2b(value.encode(), key=digest_key(secret_key), digest_size=32).hexdigest()
 
 
-def api_key_digester(secret_key: bytes):  # noqa: ANN201 - a closure over the derived key
+def api_key_digester(secret_key: bytes):
     """:func:`api_key_digest` with the key derived once, for the per-request path."""
     key = digest_key(secret_key)
     blake2b = hashlib.blake2b

@@ -125,8 +125,9 @@ class AuthCache:
         while True:
             conn = None
             try:
-                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
-                                                             application_name=APPLICATION_NAME)
+                conn = await psycopg.AsyncConnection.connect(
+                    self.conninfo, autocommit=True, application_name=APPLICATION_NAME
+                )
                 await conn.execute(f"LISTEN {CHANNEL}")
                 self.evict(None)  # whatever changed while nobody listened
                 self.connected = True

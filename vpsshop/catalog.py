@@ -62,7 +62,7 @@ class CatalogData(BaseModel):
     operating_systems: tuple[OperatingSystem, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "CatalogData":
+    def _unique_ids(self) -> CatalogData:
         for kind in ("plans", "locations", "operating_systems"):
             ids = [item.id for item in getattr(self, kind)]
             dupes = sorted({i for i in ids if ids.count(i) > 1})

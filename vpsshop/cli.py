@@ -11,9 +11,10 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from vpsshop import __version__
 from vpsshop.errors import StartupError
@@ -25,15 +26,24 @@ if TYPE_CHECKING:  # pragma: no cover
 BANNER_RULE = "=" * 78
 
 
-def sandbox_banner(database_url: str, rows: list[tuple[str, str, str, bool, str]], problems: list[str], *,
-                   api: str = "", dashboard: str = "") -> str:
+def sandbox_banner(
+    database_url: str,
+    rows: list[tuple[str, str, str, bool, str]],
+    problems: list[str],
+    *,
+    api: str = "",
+    dashboard: str = "",
+) -> str:
     """What ``vpsshop serve`` prints in the sandbox, computed from what is really loaded.
 
     :param rows: (kind, id, plugin, ready, detail) of every loaded component, as health reports them.
     :param problems: what the components' preflight checks found.
     """
-    lines = [BANNER_RULE, f"  vpsshop {__version__} is running as a SANDBOX: nothing here is for real customers",
-             f"  database    {database_url}"]
+    lines = [
+        BANNER_RULE,
+        f"  vpsshop {__version__} is running as a SANDBOX: nothing here is for real customers",
+        f"  database    {database_url}",
+    ]
     if api:
         lines.append(f"  API         {api}    web dashboard: {dashboard or 'off'}")
     labels = {"coin": "coin", "hypervisor": "hypervisor", "rates": "rates", "catalog": "catalog"}
@@ -44,8 +54,10 @@ def sandbox_banner(database_url: str, rows: list[tuple[str, str, str, bool, str]
         lines.append(_wrapped(f"{label:<11} {key}{where}: {state}{detail}"))
     for problem in problems:
         lines.append(_wrapped(f"{'WARNING':<11} {problem}"))
-    lines += ["  Coins use test networks and accept no real money. `vpsshop init` writes a production config.",
-              BANNER_RULE]
+    lines += [
+        "  Coins use test networks and accept no real money. `vpsshop init` writes a production config.",
+        BANNER_RULE,
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -55,7 +67,7 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, width=100, initial_indent="  ", subsequent_indent=" " * 14)
 
 
-async def _start_checks(ctx: "AppContext") -> tuple[list[str], list[tuple[str, str, str, bool, str]]]:
+async def _start_checks(ctx: AppContext) -> tuple[list[str], list[tuple[str, str, str, bool, str]]]:
     """Preflight, migrate, and (sandbox) the components' readiness for the banner; then close."""
     from vpsshop.api.service import component_readiness
     from vpsshop.app import preflight
@@ -100,15 +112,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     problems, rows = asyncio.run(_start_checks(AppContext.build(settings)))
     if settings.sandbox:
         dashboard = f"http://{host}:{port}{settings.dashboard.path}/" if settings.dashboard.enabled else "off"
-        print(sandbox_banner(settings.database_url, rows, problems, api=f"http://{host}:{port}/v1",
-                             dashboard=dashboard), file=sys.stderr, flush=True)
+        print(
+            sandbox_banner(settings.database_url, rows, problems, api=f"http://{host}:{port}/v1", dashboard=dashboard),
+            file=sys.stderr,
+            flush=True,
+        )
     # X-Forwarded-For/-Proto are believed only from the proxies the settings name.
     trusted = settings.server.forwarded_allow_ips
     proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
     if workers == 1:
         app = create_app(settings, check=False)
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=http_protocol(),
-                    log_config=uvicorn_log_config(settings), **proxy)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+            http=http_protocol(),
+            log_config=uvicorn_log_config(settings),
+            **proxy,
+        )
         return 0
     # Several processes: each worker builds its own app from the same settings.
     if args.config:
@@ -116,17 +139,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_worker:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
     os.environ[PREFLIGHT_DONE_ENV] = "1"
-    uvicorn.run("vpsshop.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info",
-                access_log=False, http=http_protocol(), log_config=uvicorn_log_config(settings), **proxy)
+    uvicorn.run(
+        "vpsshop.app:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="info",
+        access_log=False,
+        http=http_protocol(),
+        log_config=uvicorn_log_config(settings),
+        **proxy,
+    )
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run the background tasks without serving HTTP."""
+    from vpsshop import metrics
     from vpsshop.app import start_services, stop_services
     from vpsshop.context import AppContext
-
-    from vpsshop import metrics
     from vpsshop.logs import configure_logging
 
     settings = _settings(args)
@@ -236,8 +268,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
     except BackupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("The backup holds no keys: keep secret_key and encryption_key (the settings file) backed up "
-          "separately, or the restored shop cannot reveal root passwords.", file=sys.stderr)
+    print(
+        "The backup holds no keys: keep secret_key and encryption_key (the settings file) backed up "
+        "separately, or the restored shop cannot reveal root passwords.",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -254,7 +289,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_ctx(args: argparse.Namespace) -> "AppContext":
+def _admin_ctx(args: argparse.Namespace) -> AppContext:
     from vpsshop.context import AppContext
 
     ctx = AppContext.build(_settings(args))
@@ -304,7 +339,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     except admin.AdminError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # noqa: BLE001 - e.g. InsufficientBalance: say it, do not trace
+    except Exception as exc:
         from vpsshop.errors import ApiError
 
         if isinstance(exc, ApiError):
@@ -332,8 +367,10 @@ def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
         ctx.db.dispose()
     for table, count in counts.items():
         print(f"{table}: {count} secrets re-encrypted with encryption_key")
-    print("Every stored secret now decrypts with encryption_key alone: old_encryption_keys can be removed "
-          "(restart every serve and worker process after removing them).")
+    print(
+        "Every stored secret now decrypts with encryption_key alone: old_encryption_keys can be removed "
+        "(restart every serve and worker process after removing them)."
+    )
     return 0
 
 
@@ -448,7 +485,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     api_key = os.environ.get("VPSSHOP_API_KEY") or None
     if api_key is None:
         logging.getLogger("vpsshop.mcp").warning(
-            "VPSSHOP_API_KEY is not set: only the catalog and quotes work (create an account with POST /v1/account)")
+            "VPSSHOP_API_KEY is not set: only the catalog and quotes work (create an account with POST /v1/account)"
+        )
     mcpserver.run(api_url, api_key, args.transport, args.host, args.port)
     return 0
 
@@ -492,15 +530,24 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--yes", action="store_true", help="replace a database that already holds a shop")
     restore.set_defaults(func=cmd_restore)
 
-    mcp = sub.add_parser("mcp", help="an MCP server for AI agents, using a deployment's API with a customer key",
-                         description="Serve Model Context Protocol tools (catalog, quote, account, top-ups, "
-                         "ordering, server status and power, renewals, credentials) that call a vpsshop "
-                         "deployment's HTTP API with the customer's API key. See docs/mcp.md.")
-    mcp.add_argument("--api-url", default=None,
-                     help=f"the deployment's API base URL ending in /v1 (default: $VPSSHOP_API_URL, else "
-                     f"{DEFAULT_MCP_API_URL})")
-    mcp.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio",
-                     help="stdio (default: the agent starts this command) or streamable-http")
+    mcp = sub.add_parser(
+        "mcp",
+        help="an MCP server for AI agents, using a deployment's API with a customer key",
+        description="Serve Model Context Protocol tools (catalog, quote, account, top-ups, "
+        "ordering, server status and power, renewals, credentials) that call a vpsshop "
+        "deployment's HTTP API with the customer's API key. See docs/mcp.md.",
+    )
+    mcp.add_argument(
+        "--api-url",
+        default=None,
+        help=f"the deployment's API base URL ending in /v1 (default: $VPSSHOP_API_URL, else {DEFAULT_MCP_API_URL})",
+    )
+    mcp.add_argument(
+        "--transport",
+        choices=["stdio", "streamable-http"],
+        default="stdio",
+        help="stdio (default: the agent starts this command) or streamable-http",
+    )
     mcp.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on (default loopback)")
     mcp.add_argument("--port", type=int, default=8765, help="streamable-http: port (default 8765); path /mcp")
     mcp.set_defaults(func=cmd_mcp)
@@ -512,25 +559,35 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("amount", help="USD, e.g. 25 or 12.50")
     credit.add_argument("--reason", required=True, help="why (kept in the ledger entry)")
     credit.set_defaults(func=cmd_admin_credit)
-    rotate = with_config(admin_sub.add_parser("rotate-keys", help="re-encrypt every stored secret with "
-                                              "encryption_key (old keys in old_encryption_keys)"))
+    rotate = with_config(
+        admin_sub.add_parser(
+            "rotate-keys", help="re-encrypt every stored secret with encryption_key (old keys in old_encryption_keys)"
+        )
+    )
     rotate.set_defaults(func=cmd_admin_rotate_keys)
-    lookup = with_config(admin_sub.add_parser("lookup", help="find an account by id, API key prefix, top-up ref, "
-                                              "deposit address or tx hash"))
+    lookup = with_config(
+        admin_sub.add_parser(
+            "lookup", help="find an account by id, API key prefix, top-up ref, deposit address or tx hash"
+        )
+    )
     lookup.add_argument("query")
     debit = with_config(admin_sub.add_parser("debit", help="debit an account through the ledger"))
     debit.add_argument("user_id", type=int)
     debit.add_argument("amount", help="USD, e.g. 25 or 12.50")
-    for name, what in (("suspend", "suspend an active server (job: suspend)"),
-                       ("unsuspend", "resume a suspended server (job: resume)"),
-                       ("terminate", "terminate a server (job: destroy); no refund"),
-                       ("refund", "terminate a server and refund its unused paid time to the balance")):
+    for name, what in (
+        ("suspend", "suspend an active server (job: suspend)"),
+        ("unsuspend", "resume a suspended server (job: resume)"),
+        ("terminate", "terminate a server (job: destroy); no refund"),
+        ("refund", "terminate a server and refund its unused paid time to the balance"),
+    ):
         p = with_config(admin_sub.add_parser(name, help=what))
         p.add_argument("server_id", type=int)
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")
         p.set_defaults(func=cmd_admin)
-    for name, what in (("retry-job", "queue a failed or stuck provisioning job again, now"),
-                       ("cancel-job", "cancel a queued or failed provisioning job")):
+    for name, what in (
+        ("retry-job", "queue a failed or stuck provisioning job again, now"),
+        ("cancel-job", "cancel a queued or failed provisioning job"),
+    ):
         p = with_config(admin_sub.add_parser(name, help=what))
         p.add_argument("job_id", type=int)
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")

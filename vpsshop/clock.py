@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 
 class Clock:
     """The wall clock in aware UTC."""
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
 
 class FrozenClock(Clock):
     """A clock that moves only when told to: ``clock.advance(days=30)``."""
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime.now(timezone.utc)
+        self._now = start or datetime.now(UTC)
 
     def now(self) -> datetime:
         return self._now

@@ -75,13 +75,16 @@ def parse_ssh_public_key(text: str) -> SshPublicKey:
         raise InvalidInput(f"a public key is one line of at most {MAX_PUBLIC_KEY_CHARS} characters")
     match = _LINE.match(line)
     if match is None:
-        raise InvalidInput("not an OpenSSH public key line: expected '<type> <base64> [comment]' on one line, "
-                           "without options")
+        raise InvalidInput(
+            "not an OpenSSH public key line: expected '<type> <base64> [comment]' on one line, without options"
+        )
     algorithm, b64 = match.group(1), match.group(2)
     kind = _KEY_TYPES.get(algorithm)
     if kind is None:
-        raise InvalidInput(f"key type {algorithm!r} is not accepted; use ssh-ed25519, ecdsa-sha2-nistp256/384/521 "
-                           f"or ssh-rsa of at least {MIN_RSA_BITS} bits")
+        raise InvalidInput(
+            f"key type {algorithm!r} is not accepted; use ssh-ed25519, ecdsa-sha2-nistp256/384/521 "
+            f"or ssh-rsa of at least {MIN_RSA_BITS} bits"
+        )
     try:
         blob = base64.b64decode(b64, validate=True)
         key = load_ssh_public_key(f"{algorithm} {b64}".encode())

@@ -6,8 +6,8 @@ A coin plugin subclasses :class:`PaymentCoin` and returns the class from
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -274,7 +274,7 @@ class DepositCoin(PaymentCoin[ConfigT]):
 
     settlement: ClassVar[SettlementMethod] = "deposit"
 
-    scan_members: tuple["DepositCoin[Any]", ...] = ()
+    scan_members: tuple[DepositCoin[Any], ...] = ()
     """The live coins of this coin's scan group (this one included), in registration order: set
     by core when it builds the shop, empty before (a coin built by hand is alone). What
     :meth:`scan` receives as ``members``."""
@@ -322,9 +322,7 @@ class DepositCoin(PaymentCoin[ConfigT]):
         ``monero:<addr>?tx_amount=..``, EIP-681 ...). Default: the bare address."""
         return address
 
-    async def scan(
-        self, cursor: str | None, watched: WatchSet, members: Sequence["DepositCoin[Any]"] = ()
-    ) -> ScanResult:
+    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         """Find payments to ``watched`` keys since ``cursor`` (None: start at the chain's tip,
         nothing older is looked at).
 

@@ -112,7 +112,7 @@ class Component(Generic[ConfigT]):
     @classmethod
     def from_settings(
         cls, section: dict[str, Any] | None, *, sandbox: bool, where: str, secrets: ShopSecrets | None = None
-    ) -> "Component[Any]":
+    ) -> Component[Any]:
         """Validate ``section`` (the TOML table at ``where``) and build the component.
 
         ``secrets`` reaches the constructor only when the class sets :attr:`uses_secrets`.
@@ -128,7 +128,7 @@ class Component(Generic[ConfigT]):
             return cls(config, sandbox=sandbox, secrets=secrets)  # type: ignore[call-arg]
         return cls(config, sandbox=sandbox)
 
-    def bind(self, ctx: "AppContext") -> None:
+    def bind(self, ctx: AppContext) -> None:
         """Called by core once the shop's context exists (after every component is built, before
         start-up hooks, before any other method runs), in every process that builds one: each
         ``vpsshop serve`` worker, ``vpsshop worker``, ``vpsshop plugins``. A component that keeps
@@ -193,13 +193,16 @@ async def require_reachable(url: str, *, setting: str, what: str, timeout: float
         raise StartupError(f"{what}: setting {setting} has no host")
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except asyncio.TimeoutError:
-        raise StartupError(f"{what} at {shown} (setting {setting}) does not answer: no connection within "
-                           f"{timeout:g} s. Start it, or correct {setting}.") from None
+    except TimeoutError:
+        raise StartupError(
+            f"{what} at {shown} (setting {setting}) does not answer: no connection within "
+            f"{timeout:g} s. Start it, or correct {setting}."
+        ) from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise StartupError(f"{what} at {shown} (setting {setting}) does not answer: {reason}. "
-                           f"Start it, or correct {setting}.") from None
+        raise StartupError(
+            f"{what} at {shown} (setting {setting}) does not answer: {reason}. Start it, or correct {setting}."
+        ) from None
     writer.close()
     try:
         await writer.wait_closed()

@@ -15,8 +15,9 @@ Settings layout of the components (``docs/configuration.md``)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pluggy
 
@@ -73,7 +74,7 @@ class AppContext:
         pm: pluggy.PluginManager | None = None,
         clock: Clock | None = None,
         environ: dict[str, str] | None = None,
-    ) -> "AppContext":
+    ) -> AppContext:
         if pm is None:
             pm = build_plugin_manager(
                 blocked=[*settings.plugins.disabled, *blocked_from_env(environ)],
@@ -89,14 +90,23 @@ class AppContext:
         sandbox = settings.sandbox
         loaded: list[LoadedComponent] = []
 
-        secrets = ShopSecrets(settings.encryption_key.get_secret_value(),
-                              tuple(k.get_secret_value() for k in settings.old_encryption_keys))
+        secrets = ShopSecrets(
+            settings.encryption_key.get_secret_value(),
+            tuple(k.get_secret_value() for k in settings.old_encryption_keys),
+        )
         coins = _build_coins(settings, registered["coins"], loaded, secrets)
         link_scan_groups(coins.values())
 
         catalog_source = _build_named(
-            settings.catalog, "source", "catalog", registered["catalog_sources"], sandbox, "catalog source", loaded,
-            default="file", secrets=secrets,
+            settings.catalog,
+            "source",
+            "catalog",
+            registered["catalog_sources"],
+            sandbox,
+            "catalog source",
+            loaded,
+            default="file",
+            secrets=secrets,
         )
         assert isinstance(catalog_source, CatalogSource)
         try:
@@ -105,18 +115,33 @@ class AppContext:
             raise StartupError(f"catalog source {catalog_source.name!r} failed to load: {exc}") from None
 
         rate_source = _build_named(
-            settings.rates, "source", "rates", registered["rate_sources"], sandbox, "rate source", loaded,
-            optional_in_sandbox=True, secrets=secrets,
+            settings.rates,
+            "source",
+            "rates",
+            registered["rate_sources"],
+            sandbox,
+            "rate source",
+            loaded,
+            optional_in_sandbox=True,
+            secrets=secrets,
         )
         hypervisor = _build_named(
-            settings.hypervisor, "backend", "hypervisor", registered["hypervisors"], sandbox, "hypervisor backend",
-            loaded, optional_in_sandbox=True, default=sandbox_choice(registered["hypervisors"]) if sandbox else None,
+            settings.hypervisor,
+            "backend",
+            "hypervisor",
+            registered["hypervisors"],
+            sandbox,
+            "hypervisor backend",
+            loaded,
+            optional_in_sandbox=True,
+            default=sandbox_choice(registered["hypervisors"]) if sandbox else None,
             secrets=secrets,
         )
         dns = None
         if settings.dns.get("provider") is not None:  # optional everywhere: no provider, no reverse DNS
-            dns = _build_named(settings.dns, "provider", "dns", registered["dns_providers"], sandbox, "DNS provider",
-                               loaded)
+            dns = _build_named(
+                settings.dns, "provider", "dns", registered["dns_providers"], sandbox, "DNS provider", loaded
+            )
         options = [PaymentOption(**coin.payment_option()) for coin in coins.values()]
         catalog = build_catalog(catalog_data, options, MIN_TOPUP_CENTS, MAX_TOPUP_CENTS)
         ctx = cls(
@@ -146,7 +171,7 @@ class AppContext:
             if item.component is not None:
                 try:
                     await item.component.close()
-                except Exception:  # noqa: BLE001 - one plugin's failure must not stop the others
+                except Exception:
                     log.exception("closing %s %s failed", item.kind, item.key)
         await self.db.close_readers()
         self.db.dispose()
@@ -159,9 +184,11 @@ def _build_coins(
     if unknown:
         offered = ", ".join(sorted(registered)) or "none"
         raise ConfigError(
-            f"settings configure coins.{unknown[0]} but no loaded plugin offers coin {unknown[0]!r} (offered: {offered})"
+            f"settings configure coins.{unknown[0]} but no loaded plugin offers coin {unknown[0]!r} "
+            f"(offered: {offered})"
         )
     coins: dict[str, PaymentCoin] = {}
+
     # Highest default_priority first (the catalog lists coins in this order), then registration order.
     def rank(item: tuple[str, Registered]) -> tuple[bool, int]:
         priority = getattr(item[1].cls, "default_priority", None)
@@ -176,8 +203,7 @@ def _build_coins(
             enabled = section is not None and section.get("enabled", True)
         if not enabled:
             continue
-        coin = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}",
-                                     secrets=secrets)
+        coin = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}", secrets=secrets)
         coins[code] = coin  # type: ignore[assignment]
         loaded.append(LoadedComponent("coin", code, reg.plugin, coin))
     return coins
@@ -185,8 +211,11 @@ def _build_coins(
 
 def sandbox_choice(registered: dict[str, Registered]) -> str | None:
     """The registered class with the highest ``sandbox_priority`` (None: no class has one)."""
-    ranked = [(reg.cls.sandbox_priority, key) for key, reg in registered.items()
-              if getattr(reg.cls, "sandbox_priority", None) is not None]
+    ranked = [
+        (reg.cls.sandbox_priority, key)
+        for key, reg in registered.items()
+        if getattr(reg.cls, "sandbox_priority", None) is not None
+    ]
     return max(ranked)[1] if ranked else None
 
 
@@ -217,7 +246,9 @@ def _build_named(
             loaded.append(LoadedComponent(where, name, "-", None))
             return None
         offered = ", ".join(sorted(registered)) or "none"
-        raise ConfigError(f"setting '{where}.{selector}' names {label} {name!r}, which no loaded plugin offers (offered: {offered})")
+        raise ConfigError(
+            f"setting '{where}.{selector}' names {label} {name!r}, which no loaded plugin offers (offered: {offered})"
+        )
     options = section.get(name, {})
     if not isinstance(options, dict):
         raise ConfigError(f"setting '{where}.{name}' must be a table")

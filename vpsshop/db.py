@@ -7,9 +7,10 @@ import os
 import re
 import sqlite3
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
-from typing import Any, Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -140,8 +141,9 @@ class Database:
 
     # ---- hot-path reads ------------------------------------------------------------------------
 
-    async def fetch_one(self, sql: str, params: dict[str, Any], *, cache_key: str | None = None,
-                        owner_column: int = 1) -> tuple[Any, ...] | None:
+    async def fetch_one(
+        self, sql: str, params: dict[str, Any], *, cache_key: str | None = None, owner_column: int = 1
+    ) -> tuple[Any, ...] | None:
         """Run a read-only ``sql`` (``:name`` parameters) and return its first row.
 
         SQLite answers an indexed read in microseconds, so it runs inline on a connection of this
@@ -161,7 +163,7 @@ class Database:
             reader = self._local.sqlite = _SqliteReader(self.url.database or "")
         return reader.fetch_one(sql, params)
 
-    def _pg_reader(self) -> "_PgReader":
+    def _pg_reader(self) -> _PgReader:
         loop = asyncio.get_running_loop()
         readers: dict[Any, _PgReader] = self.__dict__.setdefault("_pg_readers", {})
         reader = readers.get(loop)
@@ -215,8 +217,9 @@ class _PgReader:
         self.statements: dict[str, str] = {}
         self.cache = AuthCache(conninfo)
 
-    async def fetch_one(self, sql: str, params: dict[str, Any], cache_key: str | None = None,
-                        owner_column: int = 1) -> tuple[Any, ...] | None:
+    async def fetch_one(
+        self, sql: str, params: dict[str, Any], cache_key: str | None = None, owner_column: int = 1
+    ) -> tuple[Any, ...] | None:
         if cache_key is None:
             return await self._query(sql, params)
         cache = self.cache
@@ -238,7 +241,9 @@ class _PgReader:
         if statement is None:
             statement = self.statements[sql] = self._PARAM.sub(r"%(\1)s", sql)
         async with self.available:
-            conn = self.idle.pop() if self.idle else await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            conn = (
+                self.idle.pop() if self.idle else await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            )
             try:
                 cursor = await conn.execute(statement, params, prepare=True)
                 row = await cursor.fetchone()

@@ -68,8 +68,9 @@ def decrypt_text(ctx: AppContext, token: str, what: str = "secret") -> str:
     try:
         return fernet(ctx).decrypt(token.encode()).decode()
     except InvalidToken:
-        raise ValueError(f"the stored {what} does not decrypt with settings.encryption_key "
-                         "or old_encryption_keys") from None
+        raise ValueError(
+            f"the stored {what} does not decrypt with settings.encryption_key or old_encryption_keys"
+        ) from None
 
 
 def rotate_stored_secrets(ctx: AppContext, batch: int = 500) -> dict[str, int]:
@@ -96,10 +97,12 @@ def rotate_stored_secrets(ctx: AppContext, batch: int = 500) -> dict[str, int]:
                     try:
                         fresh = multi.rotate(token.encode()).decode()
                     except InvalidToken:
-                        raise ValueError(f"{table}.{column} of row {row_id} decrypts with none of the configured "
-                                         "keys") from None
-                    done += conn.execute(sa.update(t).where(t.c[pk] == row_id, t.c[column] == token)
-                                         .values({column: fresh})).rowcount
+                        raise ValueError(
+                            f"{table}.{column} of row {row_id} decrypts with none of the configured keys"
+                        ) from None
+                    done += conn.execute(
+                        sa.update(t).where(t.c[pk] == row_id, t.c[column] == token).values({column: fresh})
+                    ).rowcount
             if len(rows) < batch:
                 break
             last = rows[-1][0]

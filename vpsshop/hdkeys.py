@@ -133,7 +133,7 @@ def _convert_bits(data: bytes | list[int], from_bits: int, to_bits: int, pad: bo
 
 def segwit_v0_address(hrp: str, program: bytes) -> str:
     """A bech32 (BIP-173) address of a version 0 witness program (P2WPKH: 20 bytes)."""
-    data = [0] + _convert_bits(program, 8, 5, True)
+    data = [0, *_convert_bits(program, 8, 5, True)]
     checksum = _polymod(_hrp_expand(hrp) + data + [0] * 6) ^ 1
     data += [(checksum >> 5 * (5 - i)) & 31 for i in range(6)]
     return hrp + "1" + "".join(_BECH32_CHARSET[d] for d in data)
@@ -172,7 +172,7 @@ class ExtendedPublicKey:
     """33-byte compressed secp256k1 point."""
 
     @classmethod
-    def parse(cls, text: str) -> "ExtendedPublicKey":
+    def parse(cls, text: str) -> ExtendedPublicKey:
         """Parse an xpub/ypub/zpub/tpub/upub/vpub/Ltub/Mtub. A private key is refused."""
         try:
             raw = b58check_decode(text.strip())
@@ -210,7 +210,7 @@ class ExtendedPublicKey:
     def fingerprint(self) -> bytes:
         return hash160(self.public_key)[:4]
 
-    def child(self, index: int) -> "ExtendedPublicKey":
+    def child(self, index: int) -> ExtendedPublicKey:
         """CKDpub (BIP-32): the non-hardened child ``index``."""
         if not 0 <= index < HARDENED:
             raise ValueError("public derivation needs a non-hardened index (0 <= index < 2**31)")
@@ -222,7 +222,7 @@ class ExtendedPublicKey:
             self.version, self.depth + 1, self.fingerprint(), index, chain_code, point.format(compressed=True)
         )
 
-    def derive(self, *path: int) -> "ExtendedPublicKey":
+    def derive(self, *path: int) -> ExtendedPublicKey:
         node = self
         for index in path:
             node = node.child(index)

@@ -12,7 +12,8 @@ identifier (two classes with ``code = "BTC"``) are refused at start-up with a me
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -34,7 +35,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def vpsshop_register_coins() -> Iterable[type["PaymentCoin"]]:
+def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
     """Offer payment coin classes.
 
     Called once per :func:`vpsshop.create_app` (and once per ``vpsshop worker``), while the plugin
@@ -51,7 +52,7 @@ def vpsshop_register_coins() -> Iterable[type["PaymentCoin"]]:
 
 
 @hookspec
-def vpsshop_register_hypervisors() -> Iterable[type["HypervisorBackend"]]:
+def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
     """Offer hypervisor backend classes.
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -65,7 +66,7 @@ def vpsshop_register_hypervisors() -> Iterable[type["HypervisorBackend"]]:
 
 
 @hookspec
-def vpsshop_register_catalog_sources() -> Iterable[type["CatalogSource"]]:
+def vpsshop_register_catalog_sources() -> Iterable[type[CatalogSource]]:
     """Offer catalog source classes.
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -80,7 +81,7 @@ def vpsshop_register_catalog_sources() -> Iterable[type["CatalogSource"]]:
 
 
 @hookspec
-def vpsshop_register_rate_sources() -> Iterable[type["RateSource"]]:
+def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
     """Offer exchange-rate source classes.
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -95,7 +96,7 @@ def vpsshop_register_rate_sources() -> Iterable[type["RateSource"]]:
 
 
 @hookspec
-def vpsshop_register_dns_providers() -> Iterable[type["DnsProvider"]]:
+def vpsshop_register_dns_providers() -> Iterable[type[DnsProvider]]:
     """Offer DNS provider classes (reverse DNS of servers' addresses).
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -111,7 +112,7 @@ def vpsshop_register_dns_providers() -> Iterable[type["DnsProvider"]]:
 
 
 @hookspec
-def vpsshop_routes(ctx: "AppContext") -> Iterable["ApiRoute"]:
+def vpsshop_routes(ctx: AppContext) -> Iterable[ApiRoute]:
     """Add HTTP endpoints under the ``/v1`` base path.
 
     Called once per :func:`vpsshop.create_app`, after every registered class has been
@@ -127,7 +128,7 @@ def vpsshop_routes(ctx: "AppContext") -> Iterable["ApiRoute"]:
 
 
 @hookspec
-def vpsshop_startup(ctx: "AppContext") -> Any:
+def vpsshop_startup(ctx: AppContext) -> Any:
     """Run code when the service or a worker starts.
 
     Called in the application's lifespan (or at the start of ``vpsshop worker``) after the database
@@ -142,7 +143,7 @@ def vpsshop_startup(ctx: "AppContext") -> Any:
 
 
 @hookspec
-def vpsshop_shutdown(ctx: "AppContext") -> Any:
+def vpsshop_shutdown(ctx: AppContext) -> Any:
     """Release what :func:`vpsshop_startup` acquired.
 
     Called once when the service or worker stops, after background tasks have been cancelled. May
@@ -156,7 +157,7 @@ def vpsshop_shutdown(ctx: "AppContext") -> Any:
 
 
 @hookspec
-def vpsshop_background_tasks(ctx: "AppContext") -> Iterable["BackgroundTask"]:
+def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
     """Declare periodic work (watching chains, provisioning servers, renewals).
 
     Called once when background work starts: inside ``vpsshop serve`` (unless ``--no-worker``)
@@ -172,7 +173,7 @@ def vpsshop_background_tasks(ctx: "AppContext") -> Iterable["BackgroundTask"]:
 
 
 @hookspec
-def vpsshop_event(ctx: "AppContext", event: "Event") -> Any:
+def vpsshop_event(ctx: AppContext, event: Event) -> Any:
     """Act on an event (a top-up completed, a server suspended...) without polling.
 
     Called by the worker (``vpsshop worker``, or ``vpsshop serve`` with background tasks) after the

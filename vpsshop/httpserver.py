@@ -11,21 +11,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
-INVALID_REQUEST_BODY = json.dumps({
-    "error": "invalid_http_request",
-    "message": "The request is not valid HTTP/1.1 (request line or headers could not be parsed).",
-}).encode()
+INVALID_REQUEST_BODY = json.dumps(
+    {
+        "error": "invalid_http_request",
+        "message": "The request is not valid HTTP/1.1 (request line or headers could not be parsed).",
+    }
+).encode()
 
 
 def _error_response() -> bytes:
-    return b"".join([
-        b"HTTP/1.1 400 Bad Request\r\n",
-        b"content-type: application/json\r\n",
-        b"x-content-type-options: nosniff\r\n",
-        b"content-length: ", str(len(INVALID_REQUEST_BODY)).encode(), b"\r\n",
-        b"connection: close\r\n\r\n",
-        INVALID_REQUEST_BODY,
-    ])
+    return b"".join(
+        [
+            b"HTTP/1.1 400 Bad Request\r\n",
+            b"content-type: application/json\r\n",
+            b"x-content-type-options: nosniff\r\n",
+            b"content-length: ",
+            str(len(INVALID_REQUEST_BODY)).encode(),
+            b"\r\n",
+            b"connection: close\r\n\r\n",
+            INVALID_REQUEST_BODY,
+        ]
+    )
 
 
 try:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, Iterator
+from typing import ClassVar
 
 from vpsshop.component import Component
 
 
-class DomainState(str, enum.Enum):
+class DomainState(str, enum.Enum):  # noqa: UP042 - str() of a member stays "DomainState.X"
     """What the hypervisor reports about a server's virtual machine."""
 
     STARTING = "starting"
@@ -52,7 +53,7 @@ class AddressPool:
     @classmethod
     def from_range(
         cls, pool: str, addresses: str, *, gateway: str | None = None, nameservers: Iterable[str] = ()
-    ) -> "AddressPool":
+    ) -> AddressPool:
         """A pool of ``"203.0.113.0/26"`` (its host addresses) or ``"203.0.113.10-203.0.113.60"``
         (a range, prefix /24), without the gateway. Addresses are produced lazily, so a /16 costs
         nothing until core looks for a free one.
@@ -61,8 +62,13 @@ class AddressPool:
         """
         prefix = check_address_range(addresses)
         skip = {gateway} if gateway else set()
-        return cls(pool=pool, addresses=_addresses(addresses, skip), prefix_length=prefix, gateway=gateway,
-                   nameservers=tuple(nameservers))
+        return cls(
+            pool=pool,
+            addresses=_addresses(addresses, skip),
+            prefix_length=prefix,
+            gateway=gateway,
+            nameservers=tuple(nameservers),
+        )
 
 
 def check_address_range(value: str) -> int:

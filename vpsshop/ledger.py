@@ -116,8 +116,13 @@ def post(
         )
         session.add(entry)
         session.flush()
-        events.emit(session, "ledger.credit" if amount_micros > 0 else "ledger.debit", account_id,
-                    ledger_entry_data(entry), now=entry.created_at)
+        events.emit(
+            session,
+            "ledger.credit" if amount_micros > 0 else "ledger.debit",
+            account_id,
+            ledger_entry_data(entry),
+            now=entry.created_at,
+        )
         if savepoint is not None:
             savepoint.commit()
     except IntegrityError:

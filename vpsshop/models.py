@@ -6,8 +6,8 @@ then add a migration (``docs/development.md``).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
@@ -15,7 +15,7 @@ from sqlmodel import Field, SQLModel
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -24,18 +24,18 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = sa.DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: Optional[datetime], dialect: sa.Dialect) -> Optional[datetime]:
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column")
-        value = value.astimezone(timezone.utc)
+        value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
-    def process_result_value(self, value: Optional[datetime], dialect: sa.Dialect) -> Optional[datetime]:
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _ts(nullable: bool = False, index: bool = False) -> Any:
@@ -46,30 +46,30 @@ class Account(SQLModel, table=True):
     __tablename__ = "accounts"
     __table_args__ = (sa.CheckConstraint("balance_micros >= 0", name="ck_accounts_balance_nonnegative"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     balance_micros: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
     totp_enabled: bool = Field(default=False, nullable=False)
     login_selector: str = Field(max_length=32, unique=True, nullable=False)
     login_hash: str = Field(max_length=200, nullable=False)
     created_at: datetime = _ts()
     # Added by migration 0008 (dashboard issue): two-factor sign-in, see vpsshop/twofactor.py.
-    totp_secret_enc: Optional[str] = Field(default=None, max_length=500)
+    totp_secret_enc: str | None = Field(default=None, max_length=500)
     """The TOTP secret, Fernet-encrypted with ``settings.encryption_key``. Set while enrolling
     (``totp_enabled`` still false) and while enabled; cleared when two-factor is turned off."""
-    totp_last_step: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    totp_last_step: int | None = Field(default=None, sa_type=sa.BigInteger)
     """The 30-second step of the last code accepted: a code is never accepted twice."""
 
 
 class ApiKey(SQLModel, table=True):
     __tablename__ = "api_keys"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     key_hash: str = Field(max_length=64, unique=True, nullable=False)
     prefix: str = Field(max_length=16, nullable=False)
-    name: Optional[str] = Field(default=None, max_length=64)
+    name: str | None = Field(default=None, max_length=64)
     created_at: datetime = _ts()
-    revoked_at: Optional[datetime] = _ts(nullable=True)
+    revoked_at: datetime | None = _ts(nullable=True)
 
 
 class LedgerEntry(SQLModel, table=True):
@@ -77,14 +77,14 @@ class LedgerEntry(SQLModel, table=True):
 
     __tablename__ = "ledger_entries"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     amount_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
     balance_after_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
     reason: str = Field(max_length=32, nullable=False)
-    ref: Optional[str] = Field(default=None, max_length=200)
-    dedupe_key: Optional[str] = Field(default=None, max_length=200, unique=True)
-    memo: Optional[str] = Field(default=None, max_length=500)
+    ref: str | None = Field(default=None, max_length=200)
+    dedupe_key: str | None = Field(default=None, max_length=200, unique=True)
+    memo: str | None = Field(default=None, max_length=500)
     created_at: datetime = _ts()
 
 
@@ -92,7 +92,7 @@ class Server(SQLModel, table=True):
     __tablename__ = "servers"
     __table_args__ = (sa.Index("ux_servers_account_idempotency", "account_id", "idempotency_key", unique=True),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     plan: str = Field(max_length=32, nullable=False)
     location: str = Field(max_length=32, nullable=False)
@@ -101,28 +101,28 @@ class Server(SQLModel, table=True):
     cycle: str = Field(max_length=16, nullable=False)
     price_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
     status: str = Field(max_length=16, nullable=False, index=True)
-    ip: Optional[str] = Field(default=None, max_length=45)
+    ip: str | None = Field(default=None, max_length=45)
     username: str = Field(default="root", max_length=32, nullable=False)
     created_at: datetime = _ts()
     expires_at: datetime = _ts(index=True)
     # Added by migration 0003 (servers issue): see vpsshop/servers/ and docs/servers.md.
-    root_password_enc: Optional[str] = Field(default=None, max_length=500)
+    root_password_enc: str | None = Field(default=None, max_length=500)
     """The root password, Fernet-encrypted with ``settings.encryption_key`` (never stored in clear)."""
-    idempotency_key: Optional[str] = Field(default=None, max_length=200)
-    request_digest: Optional[str] = Field(default=None, max_length=64)
-    domain: Optional[str] = Field(default=None, max_length=64)
-    host: Optional[str] = Field(default=None, max_length=200)
-    status_reason: Optional[str] = Field(default=None, max_length=500)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    request_digest: str | None = Field(default=None, max_length=64)
+    domain: str | None = Field(default=None, max_length=64)
+    host: str | None = Field(default=None, max_length=200)
+    status_reason: str | None = Field(default=None, max_length=500)
     auto_renew: bool = Field(default=True, nullable=False)
-    suspended_at: Optional[datetime] = _ts(nullable=True)
-    terminated_at: Optional[datetime] = _ts(nullable=True)
+    suspended_at: datetime | None = _ts(nullable=True)
+    terminated_at: datetime | None = _ts(nullable=True)
     # Added by migration 0009 (issue 14): access at order time and reverse DNS.
-    ssh_keys: Optional[str] = Field(default=None, sa_type=sa.Text)
+    ssh_keys: str | None = Field(default=None, sa_type=sa.Text)
     """JSON list of the OpenSSH public keys root accepts, copied from the account's key store at order
     (or reinstall), so deleting a stored key later does not change an existing server."""
-    user_data_enc: Optional[str] = Field(default=None, sa_type=sa.Text)
+    user_data_enc: str | None = Field(default=None, sa_type=sa.Text)
     """The customer's cloud-init user data, Fernet-encrypted (it may hold secrets)."""
-    reverse_dns: Optional[str] = Field(default=None, max_length=253)
+    reverse_dns: str | None = Field(default=None, max_length=253)
 
 
 class RecoveryCode(SQLModel, table=True):
@@ -130,11 +130,11 @@ class RecoveryCode(SQLModel, table=True):
 
     __tablename__ = "recovery_codes"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     code_hash: str = Field(max_length=64, unique=True, nullable=False)
     created_at: datetime = _ts()
-    used_at: Optional[datetime] = _ts(nullable=True)
+    used_at: datetime | None = _ts(nullable=True)
 
 
 class DashboardSession(SQLModel, table=True):
@@ -148,15 +148,15 @@ class DashboardSession(SQLModel, table=True):
 
     __tablename__ = "dashboard_sessions"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     token_hash: str = Field(max_length=64, unique=True, nullable=False)
     pending_totp: bool = Field(default=False, nullable=False)
-    user_agent: Optional[str] = Field(default=None, max_length=200)
+    user_agent: str | None = Field(default=None, max_length=200)
     created_at: datetime = _ts()
     last_seen_at: datetime = _ts()
     expires_at: datetime = _ts()
-    ended_at: Optional[datetime] = _ts(nullable=True)
+    ended_at: datetime | None = _ts(nullable=True)
 
 
 class RateLimitCounter(SQLModel, table=True):
@@ -178,10 +178,10 @@ class AdminAudit(SQLModel, table=True):
 
     __tablename__ = "admin_audit"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     created_at: datetime = _ts(index=True)
     actor: str = Field(max_length=64, nullable=False)
     action: str = Field(max_length=32, nullable=False)
     target: str = Field(max_length=100, nullable=False)
     reason: str = Field(max_length=500, nullable=False)
-    detail: Optional[str] = Field(default=None, sa_type=sa.Text)
+    detail: str | None = Field(default=None, sa_type=sa.Text)

@@ -127,12 +127,23 @@ def build_openapi(
             )
         for name in re.findall(r"\{(\w+)\}", route.path):  # other path parameters are strings
             if name != "id":
-                parameters.append({"name": name, "in": "path", "required": True,
-                                   "schema": {"type": "string", "minLength": 1, "maxLength": 64}})
+                parameters.append(
+                    {
+                        "name": name,
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 64},
+                    }
+                )
         for param in route.query:
             parameters.append(
-                {"name": param.name, "in": "query", "required": False, "description": param.description,
-                 "schema": param.schema}
+                {
+                    "name": param.name,
+                    "in": "query",
+                    "required": False,
+                    "description": param.description,
+                    "schema": param.schema,
+                }
             )
         for header in route.headers:
             parameters.append(
@@ -170,12 +181,17 @@ def build_openapi(
             responses.setdefault("400", _error_response("The body is not valid JSON or a field is invalid."))
             responses.setdefault("413", _error_response("The body is larger than the limit (body_too_large)."))
             responses.setdefault("408", _error_response("The body did not arrive in time (body_timeout)."))
-            responses.setdefault("415", _error_response("The body is not sent as application/json "
-                                                        "(unsupported_media_type)."))
+            responses.setdefault(
+                "415", _error_response("The body is not sent as application/json (unsupported_media_type).")
+            )
         if route.auth:
             operation["security"] = [{"bearerAuth": []}]
-            responses.setdefault("401", _error_response("Missing, unknown or revoked API key (unauthorized); "
-                                                        "sent with WWW-Authenticate: Bearer."))
+            responses.setdefault(
+                "401",
+                _error_response(
+                    "Missing, unknown or revoked API key (unauthorized); sent with WWW-Authenticate: Bearer."
+                ),
+            )
         for status, description in route.errors.items():
             responses.setdefault(str(status), _error_response(description))
         limited = limits.describe(route)
@@ -183,13 +199,18 @@ def build_openapi(
             entry = responses.setdefault("429", _error_response(limited))
             entry.setdefault("headers", {})["Retry-After"] = {
                 "description": "Seconds until the limit allows this request again.",
-                "schema": {"type": "integer", "minimum": 1}}
+                "schema": {"type": "integer", "minimum": 1},
+            }
         responses["default"] = _error_response("Any other failure, with the error body.")
         paths.setdefault(route.path, {})[route.method.lower()] = operation
 
     return {
         "openapi": "3.1.0",
-        "info": {"title": "vpsshop: prepaid crypto VPS ordering API", "version": API_VERSION, "description": DESCRIPTION},
+        "info": {
+            "title": "vpsshop: prepaid crypto VPS ordering API",
+            "version": API_VERSION,
+            "description": DESCRIPTION,
+        },
         "servers": [{"url": "/v1", "description": "The base path of this service."}],
         "paths": paths,
         **({"webhooks": webhooks} if webhooks else {}),

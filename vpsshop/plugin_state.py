@@ -30,9 +30,10 @@ plugin's own bookkeeping (simulated domains, cursors, leases of its own): keep e
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from anyio import to_thread
@@ -55,7 +56,7 @@ class PluginRecordRow(SQLModel, table=True):
     __tablename__ = "plugin_records"
     __table_args__ = (sa.UniqueConstraint("namespace", "key", name="uq_plugin_records_namespace_key"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     namespace: str = Field(max_length=MAX_NAMESPACE_LENGTH, nullable=False)
     key: str = Field(max_length=MAX_KEY_LENGTH, nullable=False)
     version: int = Field(default=1, nullable=False)
@@ -82,7 +83,7 @@ class PluginState:
     :param namespace: 1 to 64 characters; two plugins must not share one.
     """
 
-    def __init__(self, ctx: "AppContext", namespace: str) -> None:
+    def __init__(self, ctx: AppContext, namespace: str) -> None:
         if not namespace or len(namespace) > MAX_NAMESPACE_LENGTH:
             raise ValueError(f"namespace must be 1 to {MAX_NAMESPACE_LENGTH} characters")
         self.namespace = namespace
@@ -176,8 +177,9 @@ class PluginState:
         try:
             with self._db.session() as session:
                 session.execute(
-                    sa.insert(t).values(namespace=self.namespace, key=key, version=1, data=data, created_at=now,
-                                        updated_at=now)
+                    sa.insert(t).values(
+                        namespace=self.namespace, key=key, version=1, data=data, created_at=now, updated_at=now
+                    )
                 )
         except IntegrityError:
             return None

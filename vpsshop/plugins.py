@@ -15,8 +15,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 

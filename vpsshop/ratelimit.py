@@ -22,8 +22,9 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
 
@@ -58,8 +59,9 @@ class RateLimited(ApiError):
     """Too many attempts: rendered as 429 ``rate_limited`` with ``Retry-After``."""
 
     def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(429, "rate_limited", f"{message} Try again in {_wait_text(retry_after)}.",
-                         retry_after=retry_after)
+        super().__init__(
+            429, "rate_limited", f"{message} Try again in {_wait_text(retry_after)}.", retry_after=retry_after
+        )
         self.retry_after = retry_after
         self.headers["Retry-After"] = str(retry_after)
 
@@ -142,7 +144,7 @@ class DatabaseRateLimiter:
 
     PURGE_AFTER_SECONDS = 86_400
 
-    def __init__(self, db: "Database", clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
         if db.dialect == "postgresql":
@@ -176,24 +178,32 @@ class DatabaseRateLimiter:
         with self.db.engine.begin() as conn:
             count = int(conn.execute(stmt).scalar_one())
             if random.random() < 0.01:
-                conn.execute(sa.delete(RateLimitCounter).where(
-                    RateLimitCounter.window_start < int(now) - self.PURGE_AFTER_SECONDS))
+                conn.execute(
+                    sa.delete(RateLimitCounter).where(
+                        RateLimitCounter.window_start < int(now) - self.PURGE_AFTER_SECONDS
+                    )
+                )
         return Decision(count <= rule.limit, count, left)
 
     def refund(self, rule: Rule, key: str) -> None:
         start, _ = _window(rule, self.clock())
         with self.db.engine.begin() as conn:
-            conn.execute(sa.update(RateLimitCounter).where(
-                RateLimitCounter.key == self._key(rule, key), RateLimitCounter.window_start == start,
-                RateLimitCounter.count > 0,
-            ).values(count=RateLimitCounter.count - 1))
+            conn.execute(
+                sa.update(RateLimitCounter)
+                .where(
+                    RateLimitCounter.key == self._key(rule, key),
+                    RateLimitCounter.window_start == start,
+                    RateLimitCounter.count > 0,
+                )
+                .values(count=RateLimitCounter.count - 1)
+            )
 
     def reset(self, rule: Rule, key: str) -> None:
         with self.db.engine.begin() as conn:
             conn.execute(sa.delete(RateLimitCounter).where(RateLimitCounter.key == self._key(rule, key)))
 
 
-def limiter_for(ctx: "AppContext") -> RateLimiter:
+def limiter_for(ctx: AppContext) -> RateLimiter:
     """The shop's shared limiter (a :class:`DatabaseRateLimiter`, built once per context)."""
     limiter = ctx.extras.get("ratelimit")
     if limiter is None:

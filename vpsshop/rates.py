@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 from vpsshop.component import Component, ConfigT
 

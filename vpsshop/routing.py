@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -131,7 +132,7 @@ class Call:
     """What an endpoint receives."""
 
     request: Request
-    ctx: "AppContext"
+    ctx: AppContext
     principal: Principal | None
     body: Any
     path: dict[str, Any]
@@ -189,8 +190,7 @@ class ApiRoute:
         return self.path.replace("{id}", "{id:id}")
 
 
-
-def to_starlette_routes(routes: list[ApiRoute], ctx: "AppContext", prefix: str = "") -> list[Route]:
+def to_starlette_routes(routes: list[ApiRoute], ctx: AppContext, prefix: str = "") -> list[Route]:
     """One Starlette route per path, so a wrong method gets 405 with every allowed method in Allow."""
     by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
     for route in routes:
@@ -220,8 +220,11 @@ class ApiRouter(Router):
 
     def __init__(self, routes: list[BaseRoute], **kwargs: Any) -> None:
         super().__init__(routes, **kwargs)
-        self.exact = {route.path: route for route in routes
-                      if isinstance(route, Route) and not route.param_convertors and route.methods}
+        self.exact = {
+            route.path: route
+            for route in routes
+            if isinstance(route, Route) and not route.param_convertors and route.methods
+        }
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not scope.get("root_path"):
@@ -236,7 +239,7 @@ class ApiRouter(Router):
         await super().app(scope, receive, send)
 
 
-def _handler(route: ApiRoute, ctx: "AppContext") -> Callable[[Request], Awaitable[Response]]:
+def _handler(route: ApiRoute, ctx: AppContext) -> Callable[[Request], Awaitable[Response]]:
     digest = api_key_digester(ctx.settings.secret_key_bytes())
     db = ctx.db
     body_model = route.body
@@ -300,8 +303,8 @@ def as_utc(value: Any) -> datetime:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 MAX_JSON_DEPTH = 32
@@ -362,8 +365,13 @@ def parse_json_body(raw: bytes) -> Any:
     :raises BadRequest: ``invalid_json``, ``duplicate_key``, ``number_too_large`` or ``too_deep``.
     """
     try:
-        data = json.loads(raw, object_pairs_hook=_object_without_duplicates, parse_float=_number,
-                          parse_int=_number, parse_constant=_no_constant)
+        data = json.loads(
+            raw,
+            object_pairs_hook=_object_without_duplicates,
+            parse_float=_number,
+            parse_int=_number,
+            parse_constant=_no_constant,
+        )
     except _BodyRefused as exc:
         raise BadRequest(exc.error, exc.message) from None
     except RecursionError:
@@ -390,8 +398,11 @@ async def _read_body(request: Request, model: type[ApiModel], required: bool) ->
             raise BadRequest("invalid_request", "This endpoint needs a JSON object as the request body.")
         raw = b"{}"
     elif not is_json_media_type(request.headers.get("content-type")):
-        raise ApiError(415, "unsupported_media_type",
-                       "The request body must be JSON, sent with the header Content-Type: application/json.")
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "The request body must be JSON, sent with the header Content-Type: application/json.",
+        )
     data = parse_json_body(raw)
     if not isinstance(data, dict):
         raise BadRequest("invalid_request", "The request body must be a JSON object.")

@@ -51,10 +51,17 @@ def start(ctx: AppContext, account_id: int, *, pending_totp: bool, user_agent: s
     # a pending session lives only as long as it takes to type a code
     lifetime = timedelta(minutes=10) if pending_totp else timedelta(hours=limits.session_max_hours)
     with ctx.db.session() as session:
-        session.add(DashboardSession(
-            account_id=account_id, token_hash=token_digest(ctx, token), pending_totp=pending_totp,
-            user_agent=(user_agent or "")[:200] or None, created_at=now, last_seen_at=now, expires_at=now + lifetime,
-        ))
+        session.add(
+            DashboardSession(
+                account_id=account_id,
+                token_hash=token_digest(ctx, token),
+                pending_totp=pending_totp,
+                user_agent=(user_agent or "")[:200] or None,
+                created_at=now,
+                last_seen_at=now,
+                expires_at=now + lifetime,
+            )
+        )
     return token
 
 
@@ -65,17 +72,28 @@ def resolve(ctx: AppContext, token: str | None) -> ActiveSession | None:
     now = ctx.clock.now()
     idle = timedelta(minutes=ctx.settings.dashboard.session_idle_minutes)
     with ctx.db.session() as session:
-        row = session.exec(select(DashboardSession).where(
-            DashboardSession.token_hash == token_digest(ctx, token), DashboardSession.ended_at.is_(None)  # type: ignore[union-attr]
-        )).first()
+        row = session.exec(
+            select(DashboardSession).where(
+                DashboardSession.token_hash == token_digest(ctx, token),
+                DashboardSession.ended_at.is_(None),  # type: ignore[union-attr]
+            )
+        ).first()
         if row is None or row.expires_at <= now or row.last_seen_at + idle <= now:
             return None
         if now - row.last_seen_at >= TOUCH_EVERY:
             row.last_seen_at = now
             session.add(row)
         assert row.id is not None
-        return ActiveSession(row.id, row.account_id, row.pending_totp, row.token_hash, row.created_at,
-                             row.last_seen_at, row.expires_at, row.user_agent)
+        return ActiveSession(
+            row.id,
+            row.account_id,
+            row.pending_totp,
+            row.token_hash,
+            row.created_at,
+            row.last_seen_at,
+            row.expires_at,
+            row.user_agent,
+        )
 
 
 def complete_second_factor(ctx: AppContext, pending: ActiveSession) -> str:
@@ -89,8 +107,11 @@ def end(ctx: AppContext, account_id: int, session_id: int) -> bool:
     with ctx.db.session() as session:
         ended = session.execute(
             sa.update(DashboardSession)
-            .where(DashboardSession.id == session_id, DashboardSession.account_id == account_id,
-                   DashboardSession.ended_at.is_(None))  # type: ignore[union-attr]
+            .where(
+                DashboardSession.id == session_id,
+                DashboardSession.account_id == account_id,
+                DashboardSession.ended_at.is_(None),
+            )  # type: ignore[union-attr]
             .values(ended_at=ctx.clock.now())
         ).rowcount
     return ended == 1
@@ -100,7 +121,8 @@ def end_others(ctx: AppContext, account_id: int, keep_id: int | None) -> int:
     """Sign out every session of the account but ``keep_id``; returns how many ended."""
     with ctx.db.session() as session:
         stmt = sa.update(DashboardSession).where(
-            DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None))  # type: ignore[union-attr]
+            DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None)
+        )  # type: ignore[union-attr]
         if keep_id is not None:
             stmt = stmt.where(DashboardSession.id != keep_id)
         return int(session.execute(stmt.values(ended_at=ctx.clock.now())).rowcount or 0)
@@ -111,10 +133,27 @@ def live(ctx: AppContext, account_id: int) -> list[ActiveSession]:
     now = ctx.clock.now()
     idle = timedelta(minutes=ctx.settings.dashboard.session_idle_minutes)
     with ctx.db.session() as session:
-        rows = session.exec(select(DashboardSession).where(
-            DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None),  # type: ignore[union-attr]
-            DashboardSession.pending_totp.is_(False), DashboardSession.expires_at > now,  # type: ignore[attr-defined]
-            DashboardSession.last_seen_at > now - idle,
-        ).order_by(DashboardSession.id.desc())).all()  # type: ignore[union-attr]
-    return [ActiveSession(r.id, r.account_id, r.pending_totp, r.token_hash, r.created_at, r.last_seen_at,  # type: ignore[arg-type]
-                          r.expires_at, r.user_agent) for r in rows]
+        rows = session.exec(
+            select(DashboardSession)
+            .where(
+                DashboardSession.account_id == account_id,
+                DashboardSession.ended_at.is_(None),  # type: ignore[union-attr]
+                DashboardSession.pending_totp.is_(False),
+                DashboardSession.expires_at > now,  # type: ignore[attr-defined]
+                DashboardSession.last_seen_at > now - idle,
+            )
+            .order_by(DashboardSession.id.desc())
+        ).all()  # type: ignore[union-attr]
+    return [
+        ActiveSession(
+            r.id,
+            r.account_id,
+            r.pending_totp,
+            r.token_hash,
+            r.created_at,
+            r.last_seen_at,  # type: ignore[arg-type]
+            r.expires_at,
+            r.user_agent,
+        )
+        for r in rows
+    ]

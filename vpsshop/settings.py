@@ -22,8 +22,9 @@ import base64
 import os
 import secrets
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
@@ -54,8 +55,13 @@ class ServerSettings(_Section):
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
     max_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
-    body_timeout_seconds: float = Field(10.0, gt=0, le=300, description="A request body must arrive completely "
-                                        "within this many seconds of the request's start; else 408 body_timeout.")
+    body_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A request body must arrive completely "
+        "within this many seconds of the request's start; else 408 body_timeout.",
+    )
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
     access_log: bool = Field(True, description="One JSON line per request on stderr (vpsshop/accesslog.py).")
     forwarded_allow_ips: list[str] = Field(
@@ -78,11 +84,21 @@ class DashboardSettings(_Section):
 class SigninSettings(_Section):
     """Limits on signing in with the login token: the dashboard and ``POST /v1/login`` share them."""
 
-    failures_per_client: int = Field(10, ge=1, le=10_000, description="Failed sign-ins one client address may "
-                                     "make per window; then every attempt from it is refused until the window ends.")
+    failures_per_client: int = Field(
+        10,
+        ge=1,
+        le=10_000,
+        description="Failed sign-ins one client address may "
+        "make per window; then every attempt from it is refused until the window ends.",
+    )
     client_window_seconds: int = Field(600, ge=1, le=86_400)
-    totp_failures_per_account: int = Field(5, ge=1, le=1_000, description="Wrong two-factor codes per account "
-                                           "per window; then that account's codes are refused until it ends.")
+    totp_failures_per_account: int = Field(
+        5,
+        ge=1,
+        le=1_000,
+        description="Wrong two-factor codes per account "
+        "per window; then that account's codes are refused until it ends.",
+    )
     totp_window_seconds: int = Field(900, ge=1, le=86_400)
 
 
@@ -96,8 +112,11 @@ class LoggingSettings(_Section):
 class TopupSettings(_Section):
     """``[topups]``: the payment engine (docs/payments.md)."""
 
-    default_coin: str | None = Field(None, description="Coin used when POST /topups names none (default: the "
-                                     "enabled coin with the highest default_priority, BTC among the default plugins).")
+    default_coin: str | None = Field(
+        None,
+        description="Coin used when POST /topups names none (default: the "
+        "enabled coin with the highest default_priority, BTC among the default plugins).",
+    )
     expiry_minutes: int = Field(60, ge=5, le=7 * 24 * 60, description="How long a top-up's rate is locked.")
     watch_interval_seconds: float = Field(15, ge=0.5, le=3600, description="Watcher pass interval.")
     poll_min_seconds: float = Field(10, ge=0, le=3600, description="A GET checks the chain at most this often.")
@@ -110,18 +129,27 @@ class ServersSettings(_Section):
     renew_lead_hours: float = Field(72, ge=0, le=24 * 31, description="Renew this long before expiry.")
     grace_days: float = Field(7, ge=0, le=365, description="Suspended this long, then terminated.")
     max_prepay_days: int = Field(
-        1100, ge=31, le=3660,
+        1100,
+        ge=31,
+        le=3660,
         description="Prepay horizon: a renewal for several periods may not move expires_at further than this "
-        "many days past now (default 1100: three annual or 36 monthly periods).")
+        "many days past now (default 1100: three annual or 36 monthly periods).",
+    )
     provision_attempts: int = Field(5, ge=1, le=50, description="Attempts before an order is refunded.")
     retry_seconds: float = Field(30, ge=0, le=3600, description="First retry delay; doubles each attempt.")
     job_lease_seconds: float = Field(
-        15, ge=3, le=86400,
+        15,
+        ge=3,
+        le=86400,
         description="A running job's lease. The worker renews it every third of this while the job runs, so it "
-        "runs out only when the worker is gone; then another worker takes the job over.")
+        "runs out only when the worker is gone; then another worker takes the job over.",
+    )
     boot_timeout_seconds: float = Field(
-        900, ge=1, le=86400,
-        description="A new server whose domain still reports starting this long after the order: a failed attempt.")
+        900,
+        ge=1,
+        le=86400,
+        description="A new server whose domain still reports starting this long after the order: a failed attempt.",
+    )
     jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
     job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
     lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
@@ -142,8 +170,10 @@ class Settings(BaseModel):
     secret_key: SecretStr = Field(description="Keys the digest (keyed BLAKE2b) under which API keys are stored.")
     encryption_key: SecretStr = Field(description="Fernet key encrypting root passwords at rest.")
     old_encryption_keys: list[SecretStr] = Field(
-        default_factory=list, description="Earlier encryption keys, newest first: still decrypt what they "
-        "encrypted until `vpsshop admin rotate-keys` has re-encrypted it with encryption_key.")
+        default_factory=list,
+        description="Earlier encryption keys, newest first: still decrypt what they "
+        "encrypted until `vpsshop admin rotate-keys` has re-encrypted it with encryption_key.",
+    )
     public_url: str = Field(description="Public base URL of the API, ending in /v1.")
     server: ServerSettings = Field(default_factory=ServerSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)

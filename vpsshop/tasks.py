@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 log = logging.getLogger("vpsshop.tasks")
 
@@ -32,11 +33,11 @@ async def run_forever(task: BackgroundTask, stop: asyncio.Event) -> None:
                 await result
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - one failing pass must not stop the worker
+        except Exception:
             log.exception("background task %s failed; it runs again in %ss", task.name, task.interval)
         try:
             await asyncio.wait_for(stop.wait(), timeout=task.interval)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

@@ -33,10 +33,11 @@ or call :func:`check_hypervisor` on a backend and a :func:`contract_spec`.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,10 @@ def reset_postgres(url: str) -> None:
             tables = [
                 row[0]
                 for row in conn.execute(
-                    sa.text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename != 'alembic_version'")
+                    sa.text(
+                        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                        "AND tablename != 'alembic_version'"
+                    )
                 )
             ]
             if tables:

@@ -47,8 +47,11 @@ _RECOVERY_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: read of
 class InvalidCode(ApiError):
     """A two-factor code that is wrong, used already or from another step: 401 ``invalid_totp_code``."""
 
-    def __init__(self, message: str = "The two-factor code is not right. Use the current code from your "
-                 "authenticator app, or one of your recovery codes.") -> None:
+    def __init__(
+        self,
+        message: str = "The two-factor code is not right. Use the current code from your "
+        "authenticator app, or one of your recovery codes.",
+    ) -> None:
         super().__init__(401, "invalid_totp_code", message)
 
 
@@ -121,16 +124,20 @@ def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
     if step is not None:
         _refund_attempt(ctx, account_id)  # after the commit: SQLite has one writer at a time
         return codes
-    raise InvalidCode("That code does not match. Check that the app shows the account you just added, and type "
-                      "the code it shows now.")
+    raise InvalidCode(
+        "That code does not match. Check that the app shows the account you just added, and type the code it shows now."
+    )
 
 
 def disable(ctx: AppContext, account_id: int, code: str) -> None:
     """Turn two-factor off; needs a current code or a recovery code. Clears the secret and codes."""
     verify(ctx, account_id, code)
     with ctx.db.session() as session:
-        session.execute(sa.update(Account).where(Account.id == account_id).values(
-            totp_enabled=False, totp_secret_enc=None, totp_last_step=None))
+        session.execute(
+            sa.update(Account)
+            .where(Account.id == account_id)
+            .values(totp_enabled=False, totp_secret_enc=None, totp_last_step=None)
+        )
         touch_account(session, account_id)
         session.execute(sa.delete(RecoveryCode).where(RecoveryCode.account_id == account_id))
 
@@ -144,8 +151,14 @@ def regenerate_recovery_codes(ctx: AppContext, account_id: int, code: str) -> li
 
 def recovery_codes_left(ctx: AppContext, account_id: int) -> int:
     with ctx.db.session() as session:
-        return int(session.execute(select(sa.func.count()).select_from(RecoveryCode).where(
-            RecoveryCode.account_id == account_id, RecoveryCode.used_at.is_(None))).scalar() or 0)  # type: ignore[union-attr]
+        return int(
+            session.execute(
+                select(sa.func.count())
+                .select_from(RecoveryCode)
+                .where(RecoveryCode.account_id == account_id, RecoveryCode.used_at.is_(None))
+            ).scalar()
+            or 0
+        )  # type: ignore[union-attr]
 
 
 def verify(ctx: AppContext, account_id: int, code: str | None) -> str:
@@ -157,8 +170,10 @@ def verify(ctx: AppContext, account_id: int, code: str | None) -> str:
     :raises RateLimited: too many wrong codes for this account.
     """
     if code is None or not code.strip():
-        raise BadRequest("totp_required", "This account has two-factor sign-in: give the code from your "
-                         "authenticator app (or a recovery code).")
+        raise BadRequest(
+            "totp_required",
+            "This account has two-factor sign-in: give the code from your authenticator app (or a recovery code).",
+        )
     code = _normalise(code)
     _count_attempt(ctx, account_id)
     kind = _check(ctx, account_id, code)
@@ -181,8 +196,10 @@ def _check(ctx: AppContext, account_id: int, code: str) -> str | None:
             if step is not None:
                 used = session.execute(
                     sa.update(Account)
-                    .where(Account.id == account_id,
-                           sa.or_(Account.totp_last_step.is_(None), Account.totp_last_step < step))  # type: ignore[union-attr]
+                    .where(
+                        Account.id == account_id,
+                        sa.or_(Account.totp_last_step.is_(None), Account.totp_last_step < step),
+                    )  # type: ignore[union-attr]
                     .values(totp_last_step=step)
                 ).rowcount
                 if used == 1:
@@ -191,8 +208,11 @@ def _check(ctx: AppContext, account_id: int, code: str) -> str | None:
             digest = keyed_digest(ctx.settings.secret_key_bytes(), "recovery code", code)
             used = session.execute(
                 sa.update(RecoveryCode)
-                .where(RecoveryCode.account_id == account_id, RecoveryCode.code_hash == digest,
-                       RecoveryCode.used_at.is_(None))  # type: ignore[union-attr]
+                .where(
+                    RecoveryCode.account_id == account_id,
+                    RecoveryCode.code_hash == digest,
+                    RecoveryCode.used_at.is_(None),
+                )  # type: ignore[union-attr]
                 .values(used_at=now)
             ).rowcount
             if used == 1:
@@ -250,7 +270,8 @@ def _new_recovery_codes(ctx: AppContext, session: Session, account_id: int) -> l
     for _ in range(RECOVERY_CODE_COUNT):
         raw = "".join(secrets.choice(_RECOVERY_ALPHABET) for _ in range(10))
         codes.append(f"{raw[:5]}-{raw[5:]}")
-        session.add(RecoveryCode(account_id=account_id, code_hash=keyed_digest(key, "recovery code", raw),
-                                 created_at=now))
+        session.add(
+            RecoveryCode(account_id=account_id, code_hash=keyed_digest(key, "recovery code", raw), created_at=now)
+        )
     session.flush()
     return codes

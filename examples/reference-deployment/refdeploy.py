@@ -35,8 +35,20 @@ CHAIN_ID = 8453
 LTC_USD, XMR_USD = "80", "150"
 APT_FILE = HERE / "apt.txt"
 NPM_PACKAGES = ("@foundry-rs/anvil", "solc")
-PORT_NAMES = ("https", "api1", "api2", "prometheus", "anvil", "ltc_rpc", "ltc_p2p", "xmr_rpc", "xmr_p2p",
-              "xmr_zmq", "xmr_sender", "xmr_shop")
+PORT_NAMES = (
+    "https",
+    "api1",
+    "api2",
+    "prometheus",
+    "anvil",
+    "ltc_rpc",
+    "ltc_p2p",
+    "xmr_rpc",
+    "xmr_p2p",
+    "xmr_zmq",
+    "xmr_sender",
+    "xmr_shop",
+)
 
 
 # ---- settings -------------------------------------------------------------------------------------
@@ -106,8 +118,9 @@ def post_json(url: str, body: dict[str, Any], auth: tuple[str, str] | None = Non
 
 def ltc_rpc(state: dict[str, Any], method: str, *params: Any, wallet: str | None = None) -> Any:
     url = f"http://127.0.0.1:{state['ports']['ltc_rpc']}/" + (f"wallet/{wallet}" if wallet else "")
-    body = post_json(url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)},
-                     ("vpsshop", state["ltc_password"]))
+    body = post_json(
+        url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)}, ("vpsshop", state["ltc_password"])
+    )
     if body.get("error"):
         raise RuntimeError(f"litecoind {method}: {body['error']}")
     return body["result"]
@@ -122,8 +135,11 @@ def xmr_call(url: str, method: str, **params: Any) -> Any:
 
 def xmr_urls(state: dict[str, Any]) -> tuple[str, str, str]:
     p = state["ports"]
-    return (f"http://127.0.0.1:{p['xmr_rpc']}", f"http://127.0.0.1:{p['xmr_sender']}/json_rpc",
-            f"http://127.0.0.1:{p['xmr_shop']}/json_rpc")
+    return (
+        f"http://127.0.0.1:{p['xmr_rpc']}",
+        f"http://127.0.0.1:{p['xmr_sender']}/json_rpc",
+        f"http://127.0.0.1:{p['xmr_shop']}/json_rpc",
+    )
 
 
 def supervisorctl(state: dict[str, Any], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -142,8 +158,15 @@ def install_system_packages() -> None:
         packages.append("npm")
     say("- Debian packages")
     run("apt-get", "update", "-q")
-    run("apt-get", "install", "-y", "-q", "--no-install-recommends", *packages,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    run(
+        "apt-get",
+        "install",
+        "-y",
+        "-q",
+        "--no-install-recommends",
+        *packages,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
 
 
 def make_venv(state_root: Path) -> Path:
@@ -180,8 +203,18 @@ def up() -> None:
         sys.exit("run ./up as root: it installs Debian packages and talks to the system libvirtd")
     say(f"vpsshop reference deployment in {root}")
     install_system_packages()
-    for sub in ("logs", "supervisor", "nginx/tmp", "prometheus/data", "chain/litecoin", "chain/monero",
-                "chain/wallets-sender", "chain/wallets-shop", "tls", "run"):
+    for sub in (
+        "logs",
+        "supervisor",
+        "nginx/tmp",
+        "prometheus/data",
+        "chain/litecoin",
+        "chain/monero",
+        "chain/wallets-sender",
+        "chain/wallets-shop",
+        "tls",
+        "run",
+    ):
         (root / sub).mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     venv = make_venv(root)
@@ -189,12 +222,18 @@ def up() -> None:
     tag = env("NAME", "ref-" + secrets.token_hex(3))
     ports = {name: int(env(f"PORT_{name.upper()}", "0")) or free_port() for name in PORT_NAMES}
     state: dict[str, Any] = {
-        "root": str(root), "name": tag, "venv": str(venv), "npm_bin": str(bin_dir), "ports": ports,
+        "root": str(root),
+        "name": tag,
+        "venv": str(venv),
+        "npm_bin": str(bin_dir),
+        "ports": ports,
         "listen": env("LISTEN", "127.0.0.1"),
         "pg_admin_url": env("PG_ADMIN_URL", ""),
         "db_name": env("DB_NAME", "vpsshop_" + tag.replace("-", "_")),
-        "ltc_password": secrets.token_hex(16), "supervisord_conf": str(root / "supervisor" / "supervisord.conf"),
-        "pool": f"vpsshop-{tag}", "pool_dir": f"{env('IMAGES', '/var/lib/libvirt/images')}/vpsshop-{tag}",
+        "ltc_password": secrets.token_hex(16),
+        "supervisord_conf": str(root / "supervisor" / "supervisord.conf"),
+        "pool": f"vpsshop-{tag}",
+        "pool_dir": f"{env('IMAGES', '/var/lib/libvirt/images')}/vpsshop-{tag}",
         "libvirt_uri": env("LIBVIRT_URI", "qemu:///system"),
     }
     save_state(state)
@@ -211,14 +250,24 @@ def supervisord_conf(state: dict[str, Any], own_libvirtd: bool) -> str:
     chain = f"{root}/chain"
 
     def program(name: str, command: str, **extra: str) -> str:
-        lines = [f"[program:{name}]", f"command={command}", "autostart=false", "autorestart=true",
-                 "startsecs=2", "stopasgroup=true", "killasgroup=true", "stopwaitsecs=30",
-                 f"stdout_logfile={root}/logs/{name}.log", "redirect_stderr=true",
-                 "stdout_logfile_maxbytes=10MB"]
+        lines = [
+            f"[program:{name}]",
+            f"command={command}",
+            "autostart=false",
+            "autorestart=true",
+            "startsecs=2",
+            "stopasgroup=true",
+            "killasgroup=true",
+            "stopwaitsecs=30",
+            f"stdout_logfile={root}/logs/{name}.log",
+            "redirect_stderr=true",
+            "stdout_logfile_maxbytes=10MB",
+        ]
         lines += [f"{k}={v}" for k, v in extra.items()]
         return "\n".join(lines) + "\n"
 
-    parts = [f"""[unix_http_server]
+    parts = [
+        f"""[unix_http_server]
 file={root}/run/supervisor.sock
 chmod=0700
 
@@ -226,46 +275,81 @@ chmod=0700
 logfile={root}/logs/supervisord.log
 pidfile={root}/run/supervisord.pid
 childlogdir={root}/logs
-identifier=vpsshop-{state['name']}
+identifier=vpsshop-{state["name"]}
 
 [rpcinterface:supervisor]
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 
 [supervisorctl]
 serverurl=unix://{root}/run/supervisor.sock
-"""]
-    parts.append(program("anvil", f"{b}/anvil --host 127.0.0.1 --port {p['anvil']} --chain-id {CHAIN_ID} "
-                                  f"--block-time 1 --state {chain}/anvil-state.json --silent"))
-    parts.append(program("litecoind", f"/usr/bin/litecoind -regtest -datadir={chain}/litecoin -rpcport={p['ltc_rpc']} "
-                                      f"-port={p['ltc_p2p']} -rpcbind=127.0.0.1 -rpcallowip=127.0.0.1 -rpcuser=vpsshop "
-                                      f"-rpcpassword={state['ltc_password']} -listen=0 -server -fallbackfee=0.0002 "
-                                      "-printtoconsole=1"))
-    parts.append(program("monerod", f"/usr/bin/monerod --regtest --offline --fixed-difficulty 1 --non-interactive "
-                                    f"--no-igd --data-dir {chain}/monero --p2p-bind-ip 127.0.0.1 "
-                                    f"--p2p-bind-port {p['xmr_p2p']} --rpc-bind-ip 127.0.0.1 "
-                                    f"--rpc-bind-port {p['xmr_rpc']} "
-                                    f"--zmq-rpc-bind-port {p['xmr_zmq']} --log-level 0"))
+"""
+    ]
+    parts.append(
+        program(
+            "anvil",
+            f"{b}/anvil --host 127.0.0.1 --port {p['anvil']} --chain-id {CHAIN_ID} "
+            f"--block-time 1 --state {chain}/anvil-state.json --silent",
+        )
+    )
+    parts.append(
+        program(
+            "litecoind",
+            f"/usr/bin/litecoind -regtest -datadir={chain}/litecoin -rpcport={p['ltc_rpc']} "
+            f"-port={p['ltc_p2p']} -rpcbind=127.0.0.1 -rpcallowip=127.0.0.1 -rpcuser=vpsshop "
+            f"-rpcpassword={state['ltc_password']} -listen=0 -server -fallbackfee=0.0002 "
+            "-printtoconsole=1",
+        )
+    )
+    parts.append(
+        program(
+            "monerod",
+            f"/usr/bin/monerod --regtest --offline --fixed-difficulty 1 --non-interactive "
+            f"--no-igd --data-dir {chain}/monero --p2p-bind-ip 127.0.0.1 "
+            f"--p2p-bind-port {p['xmr_p2p']} --rpc-bind-ip 127.0.0.1 "
+            f"--rpc-bind-port {p['xmr_rpc']} "
+            f"--zmq-rpc-bind-port {p['xmr_zmq']} --log-level 0",
+        )
+    )
     for wallet in ("sender", "shop"):
-        parts.append(program(f"monero-wallet-{wallet}",
-                             f"/usr/bin/monero-wallet-rpc --daemon-address 127.0.0.1:{p['xmr_rpc']} --trusted-daemon "
-                             f"--disable-rpc-login --wallet-dir {chain}/wallets-{wallet} --rpc-bind-ip 127.0.0.1 "
-                             f"--rpc-bind-port {p[f'xmr_{wallet}']} --non-interactive --log-level 0"))
+        parts.append(
+            program(
+                f"monero-wallet-{wallet}",
+                f"/usr/bin/monero-wallet-rpc --daemon-address 127.0.0.1:{p['xmr_rpc']} --trusted-daemon "
+                f"--disable-rpc-login --wallet-dir {chain}/wallets-{wallet} --rpc-bind-ip 127.0.0.1 "
+                f"--rpc-bind-port {p[f'xmr_{wallet}']} --non-interactive --log-level 0",
+            )
+        )
     if own_libvirtd:
         parts.append(program("virtlogd", "/usr/sbin/virtlogd", priority="10"))
         parts.append(program("libvirtd", "/usr/sbin/libvirtd", priority="20"))
     config = f"{root}/vpsshop.toml"
     # the vpsshop programs: the same shape as supervisor/vpsshop.conf beside this file
     for name in ("api1", "api2"):
-        parts.append(program(f"vpsshop-api-{p[name]}",
-                             f"{venv_bin}/vpsshop serve --config {config} --no-worker --host 127.0.0.1 "
-                             f"--port {p[name]}",
-                             directory=root, environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"'))
-    parts.append(program("vpsshop-worker", f"{venv_bin}/vpsshop worker --config {config}", directory=root,
-                         environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"'))
+        parts.append(
+            program(
+                f"vpsshop-api-{p[name]}",
+                f"{venv_bin}/vpsshop serve --config {config} --no-worker --host 127.0.0.1 --port {p[name]}",
+                directory=root,
+                environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"',
+            )
+        )
+    parts.append(
+        program(
+            "vpsshop-worker",
+            f"{venv_bin}/vpsshop worker --config {config}",
+            directory=root,
+            environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"',
+        )
+    )
     parts.append(program("nginx", f"/usr/sbin/nginx -c {root}/nginx/nginx.conf -p {root}/nginx -g 'daemon off;'"))
-    parts.append(program("prometheus", f"/usr/bin/prometheus --config.file={root}/prometheus/prometheus.yml "
-                                       f"--storage.tsdb.path={root}/prometheus/data "
-                                       f"--web.listen-address=127.0.0.1:{p['prometheus']}"))
+    parts.append(
+        program(
+            "prometheus",
+            f"/usr/bin/prometheus --config.file={root}/prometheus/prometheus.yml "
+            f"--storage.tsdb.path={root}/prometheus/data "
+            f"--web.listen-address=127.0.0.1:{p['prometheus']}",
+        )
+    )
     return "\n".join(parts)
 
 
@@ -284,12 +368,12 @@ http {{
     uwsgi_temp_path {root}/nginx/tmp/uwsgi;
     scgi_temp_path {root}/nginx/tmp/scgi;
     upstream vpsshop_api {{
-        server 127.0.0.1:{p['api1']} max_fails=0;
-        server 127.0.0.1:{p['api2']} max_fails=0;
+        server 127.0.0.1:{p["api1"]} max_fails=0;
+        server 127.0.0.1:{p["api2"]} max_fails=0;
         keepalive 16;
     }}
     server {{
-        listen {state['listen']}:{p['https']} ssl;
+        listen {state["listen"]}:{p["https"]} ssl;
         ssl_certificate {root}/tls/cert.pem;
         ssl_certificate_key {root}/tls/key.pem;
         client_max_body_size 128k;
@@ -321,7 +405,7 @@ global:
   scrape_interval: 2s
 scrape_configs:
   - job_name: vpsshop
-    metrics_path: {state['metrics_path']}
+    metrics_path: {state["metrics_path"]}
     static_configs:
       - targets: [{targets}]
 """
@@ -330,15 +414,15 @@ scrape_configs:
 def shop_toml(state: dict[str, Any]) -> str:
     p = state["ports"]
     return f"""# vpsshop reference deployment (production mode on local regtest peers); written by ./up
-database_url = "{state['database_url']}"
-secret_key = "{state['secret_key']}"
-encryption_key = "{state['encryption_key']}"
-public_url = "https://127.0.0.1:{p['https']}/v1"
+database_url = "{state["database_url"]}"
+secret_key = "{state["secret_key"]}"
+encryption_key = "{state["encryption_key"]}"
+public_url = "https://127.0.0.1:{p["https"]}/v1"
 
 [server]
 forwarded_allow_ips = ["127.0.0.1"]
 
-{state['metrics_toml']}
+{state["metrics_toml"]}
 [topups]
 watch_interval_seconds = 2
 poll_min_seconds = 1
@@ -350,26 +434,26 @@ source = "fixed"
 prices = {{ LTC = "{LTC_USD}", XMR = "{XMR_USD}", USDCBASE = "1" }}
 
 [coins.LTC]
-xpub = "{state['ltc_xpub']}"
+xpub = "{state["ltc_xpub"]}"
 network = "regtest"
-rpc_url = "http://127.0.0.1:{p['ltc_rpc']}/"
+rpc_url = "http://127.0.0.1:{p["ltc_rpc"]}/"
 rpc_user = "vpsshop"
-rpc_password = "{state['ltc_password']}"
+rpc_password = "{state["ltc_password"]}"
 confirmations = 2
 
 [coins.XMR]
-address = "{state['xmr_address']}"
-view_key = "{state['xmr_view_key']}"
+address = "{state["xmr_address"]}"
+view_key = "{state["xmr_view_key"]}"
 network = "regtest"
-wallet_rpc_url = "http://127.0.0.1:{p['xmr_shop']}/json_rpc"
+wallet_rpc_url = "http://127.0.0.1:{p["xmr_shop"]}/json_rpc"
 confirmations = 2
 
 [coins.USDCBASE]
 mode = "direct"
 network = "base"
-pay_to = "{state['pay_to']}"
-asset = "{state['usdc']}"
-rpc_url = "http://127.0.0.1:{p['anvil']}"
+pay_to = "{state["pay_to"]}"
+asset = "{state["usdc"]}"
+rpc_url = "http://127.0.0.1:{p["anvil"]}"
 relayer_key_env = "VPSSHOP_X402_RELAYER_KEY"
 max_timeout_seconds = 120
 
@@ -381,8 +465,8 @@ domain_type = "qemu"
 shutdown_grace_seconds = 2
 
 [hypervisor.libvirt.locations.nl]
-hosts = [{{ uri = "{state['libvirt_uri']}", name = "local", max_memory_mib = 8192 }}]
-pool = "{state['pool']}"
+hosts = [{{ uri = "{state["libvirt_uri"]}", name = "local", max_memory_mib = 8192 }}]
+pool = "{state["pool"]}"
 network = "user"
 addresses = "198.51.100.10-198.51.100.200"
 gateway = "198.51.100.1"
@@ -410,8 +494,14 @@ def random_tpub() -> str:
 
     from vpsshop.hdkeys import b58check_encode
 
-    raw = (bytes.fromhex("043587cf") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
-           + secrets.token_bytes(32) + PrivateKey().public_key.format(compressed=True))
+    raw = (
+        bytes.fromhex("043587cf")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + PrivateKey().public_key.format(compressed=True)
+    )
     return b58check_encode(raw)
 
 
@@ -440,8 +530,12 @@ def ensure_postgres(state: dict[str, Any]) -> None:
         state["database_url"] = f"{base}/{name}"
         say(f"- PostgreSQL database {name} (at REFDEPLOY_PG_ADMIN_URL)")
         return
-    if subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-c", "SELECT 1"], capture_output=True,
-                      cwd="/").returncode != 0:
+    if (
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", "psql", "-c", "SELECT 1"], capture_output=True, cwd="/"
+        ).returncode
+        != 0
+    ):
         say("- PostgreSQL: starting Debian's cluster")
         clusters = sorted(Path("/etc/postgresql").glob("*/main"))
         if not clusters:
@@ -467,8 +561,19 @@ def compile_and_deploy_usdc(state: dict[str, Any]) -> None:
     url = f"http://127.0.0.1:{state['ports']['anvil']}"
     out = Path(state["root"]) / "chain" / "solc"
     out.mkdir(exist_ok=True)
-    run(f"{state['npm_bin']}/solcjs", "--bin", "--abi", "--optimize", "--base-path", str(ROOT), "-o", str(out),
-        str(CONTRACT.relative_to(ROOT)), cwd=ROOT, quiet=True)
+    run(
+        f"{state['npm_bin']}/solcjs",
+        "--bin",
+        "--abi",
+        "--optimize",
+        "--base-path",
+        str(ROOT),
+        "-o",
+        str(out),
+        str(CONTRACT.relative_to(ROOT)),
+        cwd=ROOT,
+        quiet=True,
+    )
     abi = json.loads(next(out.glob("*TestUSDC.abi")).read_text())
     bytecode = next(out.glob("*TestUSDC.bin")).read_text().strip()
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 30}))
@@ -482,10 +587,18 @@ def compile_and_deploy_usdc(state: dict[str, Any]) -> None:
     w3.provider.make_request("anvil_setBalance", [relayer.address, hex(10**19)])
     tx = token.functions.mint(customer.address, 1000 * 10**6).transact({"from": deployer})
     w3.eth.wait_for_transaction_receipt(tx, timeout=60, poll_latency=0.2)
-    state.update(usdc=str(token.address), usdc_abi=str(out), relayer_key=bytes(relayer.key).hex(),
-                 pay_to=shop.address, customer_key=bytes(customer.key).hex(), customer_address=customer.address)
-    say(f"- Base (anvil, chain {CHAIN_ID}): test USDC at {token.address}; customer wallet {customer.address} "
-        "holds 1000 USDC")
+    state.update(
+        usdc=str(token.address),
+        usdc_abi=str(out),
+        relayer_key=bytes(relayer.key).hex(),
+        pay_to=shop.address,
+        customer_key=bytes(customer.key).hex(),
+        customer_address=customer.address,
+    )
+    say(
+        f"- Base (anvil, chain {CHAIN_ID}): test USDC at {token.address}; customer wallet {customer.address} "
+        "holds 1000 USDC"
+    )
 
 
 def init_litecoin(state: dict[str, Any]) -> None:
@@ -508,8 +621,15 @@ def init_monero(state: dict[str, Any]) -> None:
     address = xmr_call(shop, "get_address", account_index=0)["address"]
     view_key = xmr_call(shop, "query_key", key_type="view_key")["key"]
     xmr_call(shop, "close_wallet")
-    xmr_call(shop, "generate_from_keys", filename="shop-view-only", address=address, viewkey=view_key,
-             password="", restore_height=0)
+    xmr_call(
+        shop,
+        "generate_from_keys",
+        filename="shop-view-only",
+        address=address,
+        viewkey=view_key,
+        password="",
+        restore_height=0,
+    )
     xmr_call(f"{daemon}/json_rpc", "generateblocks", amount_of_blocks=80, wallet_address=state["xmr_sender_address"])
     state.update(xmr_address=address, xmr_view_key=view_key)
     say("- monerod regtest: sender wallet funded (80 blocks); the shop holds a view-only wallet")
@@ -530,9 +650,25 @@ def init_libvirt(state: dict[str, Any]) -> None:
 
 
 def make_cert(root: Path) -> None:
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=127.0.0.1",
-        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(root / "tls" / "key.pem"),
-        "-out", str(root / "tls" / "cert.pem"), quiet=True)
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-addext",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        "-keyout",
+        str(root / "tls" / "key.pem"),
+        "-out",
+        str(root / "tls" / "cert.pem"),
+        quiet=True,
+    )
     (root / "tls" / "key.pem").chmod(0o600)
 
 
@@ -601,10 +737,10 @@ def up_in_venv() -> None:
         say(f"    {component['kind']} {component['id']}: {'ready' if component['ready'] else 'NOT READY'}{detail}")
     say(f"""
 The shop is up:
-  API          https://127.0.0.1:{state['ports']['https']}/v1  (self-signed: {root}/tls/cert.pem)
-  dashboard    https://127.0.0.1:{state['ports']['https']}/dashboard/
-  Prometheus   http://127.0.0.1:{state['ports']['prometheus']}/
-  processes    supervisorctl -c {state['supervisord_conf']} status
+  API          https://127.0.0.1:{state["ports"]["https"]}/v1  (self-signed: {root}/tls/cert.pem)
+  dashboard    https://127.0.0.1:{state["ports"]["https"]}/dashboard/
+  Prometheus   http://127.0.0.1:{state["ports"]["prometheus"]}/
+  processes    supervisorctl -c {state["supervisord_conf"]} status
 Next: ./walk, then ./down""")
 
 
@@ -617,8 +753,7 @@ class Walk:
 
         self.state = state
         self.base = f"https://127.0.0.1:{state['ports']['https']}/v1"
-        self.http = httpx.Client(base_url=self.base, verify=str(Path(state["root"]) / "tls" / "cert.pem"),
-                                 timeout=60)
+        self.http = httpx.Client(base_url=self.base, verify=str(Path(state["root"]) / "tls" / "cert.pem"), timeout=60)
         self.results: dict[str, Any] = {}
         self.step_no = 0
 
@@ -681,49 +816,76 @@ class Walk:
         created = self.http.post("/account")
         assert created.status_code == 201, created.text
         self.auth = {"Authorization": f"Bearer {created.json()['api_key']}"}
-        self.ok("account", created.json()["user_id"], f"201, user {created.json()['user_id']}, balance "
-                f"{self.balance()} USD; the api_key and login_token are shown once")
+        self.ok(
+            "account",
+            created.json()["user_id"],
+            f"201, user {created.json()['user_id']}, balance "
+            f"{self.balance()} USD; the api_key and login_token are shown once",
+        )
 
         self.step("Top up 25 USD in USDC on Base with the official x402 client (PyPI x402)")
         body = {"amount": 25, "coin": "USDCBASE"}
         first = self.http.post("/topups", json=body, headers=self.auth)
-        self.ok("x402_required", first.status_code,
-                f"POST /v1/topups: {first.status_code} with the payment requirements")
+        self.ok(
+            "x402_required", first.status_code, f"POST /v1/topups: {first.status_code} with the payment requirements"
+        )
         header = sign_x402(s, first.json()["accepts"][0])
         paid = self.http.post("/topups", json=body, headers={**self.auth, "X-PAYMENT": header})
         settled = json.loads(base64.b64decode(paid.headers.get("X-PAYMENT-RESPONSE", "e30=")))
-        self.ok("x402", paid.json().get("status"), f"re-sent with X-PAYMENT: {paid.status_code}, status "
-                f"{paid.json().get('status')}, settled in {settled.get('transaction')}; balance {self.balance()} USD")
+        self.ok(
+            "x402",
+            paid.json().get("status"),
+            f"re-sent with X-PAYMENT: {paid.status_code}, status "
+            f"{paid.json().get('status')}, settled in {settled.get('transaction')}; balance {self.balance()} USD",
+        )
 
         self.step("Pay 25 USD in LTC from the regtest wallet and mine until credited")
         topup = self.http.post("/topups", json={"amount": 25, "coin": "LTC"}, headers=self.auth).json()
         txid = ltc_rpc(s, "sendtoaddress", topup["deposit_address"], topup["deposit_amount"], wallet="miner")
         say(f"   sent {topup['deposit_amount']} LTC to {topup['deposit_address']} (tx {txid[:16]}...)")
-        done = self.wait_topup(topup["ref"],
-                               lambda: ltc_rpc(s, "generatetoaddress", 1, s["ltc_mine_to"], wallet="miner"))
-        self.ok("ltc", done["status"], f"top-up {done['status']}, credited {done.get('credited_usd')} USD; "
-                f"balance {self.balance()} USD")
+        done = self.wait_topup(
+            topup["ref"], lambda: ltc_rpc(s, "generatetoaddress", 1, s["ltc_mine_to"], wallet="miner")
+        )
+        self.ok(
+            "ltc",
+            done["status"],
+            f"top-up {done['status']}, credited {done.get('credited_usd')} USD; balance {self.balance()} USD",
+        )
 
         self.step("Pay 25 USD in XMR from the regtest wallet and mine until credited")
         daemon, sender, _shop = xmr_urls(s)
         topup = self.http.post("/topups", json={"amount": 25, "coin": "XMR"}, headers=self.auth).json()
         atomic = int(Decimal(topup["deposit_amount"]) * 10**12)
         xmr_call(sender, "refresh")
-        sent = xmr_call(sender, "transfer", destinations=[{"address": topup["deposit_address"], "amount": atomic}],
-                        account_index=0, priority=0)
+        sent = xmr_call(
+            sender,
+            "transfer",
+            destinations=[{"address": topup["deposit_address"], "amount": atomic}],
+            account_index=0,
+            priority=0,
+        )
         say(f"   sent {topup['deposit_amount']} XMR (tx {sent['tx_hash'][:16]}...)")
-        done = self.wait_topup(topup["ref"], lambda: xmr_call(f"{daemon}/json_rpc", "generateblocks",
-                                                              amount_of_blocks=1,
-                                                              wallet_address=s["xmr_sender_address"]))
-        self.ok("xmr", done["status"], f"top-up {done['status']}, credited {done.get('credited_usd')} USD; "
-                f"balance {self.balance()} USD")
+        done = self.wait_topup(
+            topup["ref"],
+            lambda: xmr_call(
+                f"{daemon}/json_rpc", "generateblocks", amount_of_blocks=1, wallet_address=s["xmr_sender_address"]
+            ),
+        )
+        self.ok(
+            "xmr",
+            done["status"],
+            f"top-up {done['status']}, credited {done.get('credited_usd')} USD; balance {self.balance()} USD",
+        )
 
         self.step("Order a server: POST /v1/servers (plan pup, location nl, debian-12)")
         order = self.http.post("/servers", json={"plan": "pup", "location": "nl", "os": "debian-12"}, headers=self.auth)
         assert order.status_code == 201, order.text
         server_id = order.json()["server"]["id"]
-        self.ok("order", order.status_code, f"201, server {server_id} {order.json()['server']['status']}; balance "
-                f"{self.balance()} USD")
+        self.ok(
+            "order",
+            order.status_code,
+            f"201, server {server_id} {order.json()['server']['status']}; balance {self.balance()} USD",
+        )
 
         self.step("Watch it become active (libvirt, QEMU)")
         deadline = time.monotonic() + 600
@@ -732,21 +894,32 @@ class Walk:
             if server["status"] == "active" or time.monotonic() > deadline:
                 break
             time.sleep(2)
-        self.ok("active", server["status"], f"status {server['status']}, ip {server.get('ip')}, expires "
-                f"{server.get('expires_at')}")
+        self.ok(
+            "active",
+            server["status"],
+            f"status {server['status']}, ip {server.get('ip')}, expires {server.get('expires_at')}",
+        )
 
         self.step("Read its credentials: GET /v1/servers/{id}/credentials")
         creds = self.http.get(f"/servers/{server_id}/credentials", headers=self.auth)
-        self.ok("credentials", creds.status_code, f"{creds.status_code}, user {creds.json().get('username')}, a "
-                f"password of {len(creds.json().get('password') or '')} characters "
-                f"(Cache-Control: {creds.headers.get('cache-control')})")
+        self.ok(
+            "credentials",
+            creds.status_code,
+            f"{creds.status_code}, user {creds.json().get('username')}, a "
+            f"password of {len(creds.json().get('password') or '')} characters "
+            f"(Cache-Control: {creds.headers.get('cache-control')})",
+        )
 
         self.step("Renew it for one more cycle: POST /v1/servers/{id}/renew")
         renewed = self.http.post(f"/servers/{server_id}/renew", headers=self.auth)
         body = renewed.json()
-        self.ok("renew", renewed.status_code, f"{renewed.status_code}, charged {body.get('charged_usd')} USD, "
-                f"now expires "
-                f"{(body.get('server') or {}).get('expires_at')}; balance {self.balance()} USD")
+        self.ok(
+            "renew",
+            renewed.status_code,
+            f"{renewed.status_code}, charged {body.get('charged_usd')} USD, "
+            f"now expires "
+            f"{(body.get('server') or {}).get('expires_at')}; balance {self.balance()} USD",
+        )
 
         self.step("See the figures move in /metrics (each API process, and Prometheus)")
         time.sleep(1)
@@ -755,18 +928,24 @@ class Walk:
             self.ok("metrics", 0, f"{s['metrics_path']} is not served by this vpsshop")
         else:
             moved = {k: (before.get(k, 0.0), v) for k, v in after.items() if v != before.get(k, 0.0)}
-            first = ("vpsshop_credited_usd_total", "vpsshop_orders_total", "vpsshop_renewals_total", "vpsshop_topups",
-                     "vpsshop_x402_settlements_total")
+            first = (
+                "vpsshop_credited_usd_total",
+                "vpsshop_orders_total",
+                "vpsshop_renewals_total",
+                "vpsshop_topups",
+                "vpsshop_x402_settlements_total",
+            )
             shown = sorted(moved.items(), key=lambda item: (not item[0].startswith(first), item[0]))[:16]
             for series, (old, new) in shown:
                 say(f"   {series}: {old:g} -> {new:g}")
             for name in ("credited_usd_total", "orders_total", "renewals_total"):
-                delta = sum(new - old for series, (old, new) in moved.items()
-                            if series.split("{")[0] == f"vpsshop_{name}")
+                delta = sum(
+                    new - old for series, (old, new) in moved.items() if series.split("{")[0] == f"vpsshop_{name}"
+                )
                 self.results[f"metrics_{name}"] = delta
             self.ok("metrics", len(moved), f"{len(moved)} series moved")
             up_series = prometheus_query(s, 'up{job="vpsshop"}')
-            self.ok("prometheus_up", up_series, f"Prometheus: up{{job=\"vpsshop\"}} = {up_series}")
+            self.ok("prometheus_up", up_series, f'Prometheus: up{{job="vpsshop"}} = {up_series}')
         say("\nThe walk is done.")
         return self.results
 
@@ -776,8 +955,9 @@ def prometheus_query(state: dict[str, Any], query: str) -> list[str]:
 
     deadline = time.monotonic() + 30
     while True:
-        answer = httpx.get(f"http://127.0.0.1:{state['ports']['prometheus']}/api/v1/query", params={"query": query},
-                           timeout=10).json()
+        answer = httpx.get(
+            f"http://127.0.0.1:{state['ports']['prometheus']}/api/v1/query", params={"query": query}, timeout=10
+        ).json()
         values = sorted(r["value"][1] for r in answer["data"]["result"])
         if values.count("1") == 2 or time.monotonic() > deadline:
             return values

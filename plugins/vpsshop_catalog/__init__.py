@@ -12,9 +12,9 @@ names another, so a reseller can replace the catalog without writing code::
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
-from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict
 

@@ -62,8 +62,9 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -155,8 +156,9 @@ class KernelBoot(BaseModel):
     kernel: str = Field(description="Path of the kernel (vmlinuz) on the libvirt host.")
     initrd: str | None = Field(None, description="Path of the initrd on the libvirt host.")
     cmdline: str = Field("root=/dev/vda rw console=ttyS0", max_length=1000, description="Kernel command line.")
-    format: Literal["qcow2", "raw"] | None = Field(None, description="Format of this base image; default "
-                                                   "base_image_format.")
+    format: Literal["qcow2", "raw"] | None = Field(
+        None, description="Format of this base image; default base_image_format."
+    )
 
 
 class LibvirtConfig(BaseModel):
@@ -166,7 +168,8 @@ class LibvirtConfig(BaseModel):
     machine: str = Field("pc", description="QEMU machine type (pc boots with BIOS, no firmware auto-selection).")
     base_image_format: Literal["qcow2", "raw"] = "qcow2"
     kernel_boot: dict[str, KernelBoot] = Field(
-        default_factory=dict, description="Base image file name -> direct kernel boot settings for that image.")
+        default_factory=dict, description="Base image file name -> direct kernel boot settings for that image."
+    )
     shutdown_grace_seconds: float = Field(
         SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown, then power off."
     )
@@ -270,8 +273,13 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
         "chpasswd": {"expire": False, "users": [{"name": "root", "password": spec.root_password, "type": "text"}]},
         # Debian and Ubuntu ship "PermitRootLogin prohibit-password": the customer logs in as root with
         # this password, so allow it; set_passwords restarts sshd after write_files has run.
-        "write_files": [{"path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
-                         "content": "PermitRootLogin yes\nPasswordAuthentication yes\n", "permissions": "0644"}],
+        "write_files": [
+            {
+                "path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
+                "content": "PermitRootLogin yes\nPasswordAuthentication yes\n",
+                "permissions": "0644",
+            }
+        ],
     }
     if spec.ssh_keys:
         # With disable_root false, cloud-init writes these to root's authorized_keys (and the image's
@@ -279,8 +287,11 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
         user["ssh_authorized_keys"] = list(spec.ssh_keys)
     files = {"meta-data": json.dumps(meta) + "\n", "user-data": compose_user_data(user, spec.user_data)}
     if spec.ip is not None:
-        eth: dict[str, Any] = {"match": {"macaddress": mac_address(spec.name)}, "set-name": "eth0",
-                               "addresses": [f"{spec.ip}/{spec.prefix_length}"]}
+        eth: dict[str, Any] = {
+            "match": {"macaddress": mac_address(spec.name)},
+            "set-name": "eth0",
+            "addresses": [f"{spec.ip}/{spec.prefix_length}"],
+        }
         if spec.gateway:
             # "0.0.0.0/0", not "default": cloud-init before 23.x (Debian 12 ships 22.4) rejects "default".
             eth["routes"] = [{"to": "0.0.0.0/0", "via": spec.gateway}]
@@ -305,7 +316,17 @@ def build_seed_iso(spec: ServerSpec, out: Path) -> None:
             if "network-config" in paths:
                 cmd += ["--network-config", paths["network-config"]]
         elif shutil.which("genisoimage"):
-            cmd = ["genisoimage", "-quiet", "-output", str(out), "-volid", "cidata", "-joliet", "-rock", *paths.values()]
+            cmd = [
+                "genisoimage",
+                "-quiet",
+                "-output",
+                str(out),
+                "-volid",
+                "cidata",
+                "-joliet",
+                "-rock",
+                *paths.values(),
+            ]
         else:
             raise PluginError("neither cloud-localds nor genisoimage is installed on the vpsshop host")
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -429,8 +450,9 @@ class LibvirtBackend(HypervisorBackend):
         if loc.addresses is None:
             return None
         name = location if location in self.cfg.locations else "*"
-        return AddressPool.from_range(f"libvirt:{name}", loc.addresses, gateway=loc.gateway,
-                                      nameservers=loc.nameservers)
+        return AddressPool.from_range(
+            f"libvirt:{name}", loc.addresses, gateway=loc.gateway, nameservers=loc.nameservers
+        )
 
     # ---- connections ----------------------------------------------------------------------------
 
@@ -519,7 +541,9 @@ class LibvirtBackend(HypervisorBackend):
             try:
                 vol = pool.createXML(xml, 0)
             except LibvirtError as exc:
-                raise PluginError(f"creating disk {name} on base image {spec.os_image}: {exc.get_error_message()}") from None
+                raise PluginError(
+                    f"creating disk {name} on base image {spec.os_image}: {exc.get_error_message()}"
+                ) from None
         return vol
 
     def _seed(self, conn: Any, pool: Any, spec: ServerSpec) -> Any:
@@ -714,28 +738,33 @@ class LibvirtBackend(HypervisorBackend):
         """Refuse to start without the binding, without a seed-ISO tool, or with a host that does
         not answer at all (each message names the remedy)."""
         if libvirt is None:
-            raise StartupError(f"hypervisor backend 'libvirt' needs libvirt-python, which is not installed: "
-                               f"{INSTALL_BINDING}")
+            raise StartupError(
+                f"hypervisor backend 'libvirt' needs libvirt-python, which is not installed: {INSTALL_BINDING}"
+            )
         if not (shutil.which("cloud-localds") or shutil.which("genisoimage")):
-            raise StartupError("hypervisor backend 'libvirt' builds each server's first-boot (NoCloud) seed image "
-                               f"with genisoimage or cloud-localds, and neither is installed: {INSTALL_SEED_TOOL}")
+            raise StartupError(
+                "hypervisor backend 'libvirt' builds each server's first-boot (NoCloud) seed image "
+                f"with genisoimage or cloud-localds, and neither is installed: {INSTALL_SEED_TOOL}"
+            )
         problems = []
         for name, loc in self.cfg.locations.items():
             for index, host in enumerate(loc.hosts):
                 try:
-                    await asyncio.wait_for(asyncio.to_thread(self._preflight_host, host.uri),
-                                           PREFLIGHT_CONNECT_SECONDS)
-                except asyncio.TimeoutError:
+                    await asyncio.wait_for(asyncio.to_thread(self._preflight_host, host.uri), PREFLIGHT_CONNECT_SECONDS)
+                except TimeoutError:
                     problem = f"no answer within {PREFLIGHT_CONNECT_SECONDS:g} s"
                 except PluginError as exc:
                     problem = str(exc)
                 else:
                     continue
-                problems.append(f"host {host.uri} (setting hypervisor.libvirt.locations.{name}.hosts[{index}].uri) "
-                                f"does not answer: {problem}")
+                problems.append(
+                    f"host {host.uri} (setting hypervisor.libvirt.locations.{name}.hosts[{index}].uri) "
+                    f"does not answer: {problem}"
+                )
         if problems:
-            raise StartupError("; ".join(problems) + ". Is libvirtd running there, and can this user reach it "
-                               "(virsh -c URI version)?")
+            raise StartupError(
+                "; ".join(problems) + ". Is libvirtd running there, and can this user reach it (virsh -c URI version)?"
+            )
 
     def _preflight_host(self, uri: str) -> None:
         try:

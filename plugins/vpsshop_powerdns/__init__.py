@@ -19,7 +19,7 @@ It imports only ``vpsshop``'s public API, like a third-party plugin.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -43,7 +43,7 @@ class PowerDnsConfig(BaseModel):
     def _canonical(cls, value: list[str]) -> list[str]:
         zones = [z.strip().lower().rstrip(".") + "." for z in value]
         for zone in zones:
-            if not (zone.endswith(".in-addr.arpa.") or zone.endswith(".ip6.arpa.")):
+            if not (zone.endswith((".in-addr.arpa.", ".ip6.arpa."))):
                 raise ValueError(f"{zone!r} is not a reverse zone (in-addr.arpa or ip6.arpa)")
         return zones
 
@@ -83,10 +83,16 @@ class PowerDnsProvider(DnsProvider):
 
     async def set_ptr(self, ip: str, hostname: str) -> None:
         owner, zone = self._zone(ip)
-        await self._patch(zone, {
-            "name": owner, "type": "PTR", "ttl": self.config.ttl, "changetype": "REPLACE",
-            "records": [{"content": hostname.rstrip(".") + ".", "disabled": False}],
-        })
+        await self._patch(
+            zone,
+            {
+                "name": owner,
+                "type": "PTR",
+                "ttl": self.config.ttl,
+                "changetype": "REPLACE",
+                "records": [{"content": hostname.rstrip(".") + ".", "disabled": False}],
+            },
+        )
 
     async def clear_ptr(self, ip: str) -> None:
         owner, zone = self._zone(ip)

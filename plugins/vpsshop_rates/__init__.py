@@ -10,8 +10,9 @@ production it needs ``[rates.fixed] prices`` and suits a shop that sets its rate
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -7,8 +7,9 @@ price) and implements :meth:`PublicPriceApi.price`; its ``Config`` extends :clas
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,8 +33,11 @@ class PublicPriceApi(RateSource[PublicApiConfig]):
     def __init__(self, config: PublicApiConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
         cfg = config
-        self.client = httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), timeout=cfg.timeout_seconds,
-                                        headers={"Accept": "application/json", "User-Agent": "vpsshop"})
+        self.client = httpx.AsyncClient(
+            base_url=cfg.base_url.rstrip("/"),
+            timeout=cfg.timeout_seconds,
+            headers={"Accept": "application/json", "User-Agent": "vpsshop"},
+        )
 
     async def price(self, symbol: str) -> Decimal | None:
         """USD per unit of ``symbol``; None when the exchange does not price it. Must be
@@ -49,7 +53,7 @@ class PublicPriceApi(RateSource[PublicApiConfig]):
     async def fetch(self, symbols: Iterable[str]) -> dict[str, Decimal]:
         symbols = list(symbols)
         prices = await asyncio.gather(*(self.price(s) for s in symbols))
-        return {s: p for s, p in zip(symbols, prices) if p is not None and p.is_finite() and p > 0}
+        return {s: p for s, p in zip(symbols, prices, strict=False) if p is not None and p.is_finite() and p > 0}
 
     async def check_ready(self) -> Readiness:
         try:

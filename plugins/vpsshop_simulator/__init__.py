@@ -26,8 +26,9 @@ Settings (``[hypervisor] backend = "simulator"``)::
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -77,7 +78,7 @@ class SimulatedBackend(HypervisorBackend):
 
     config: SimulatorConfig
 
-    def bind(self, ctx: "AppContext") -> None:
+    def bind(self, ctx: AppContext) -> None:
         self.records = PluginState(ctx, "simulator")
         self.clock = ctx.clock
 
@@ -112,11 +113,18 @@ class SimulatedBackend(HypervisorBackend):
     # ---- the verbs ------------------------------------------------------------------------------
 
     async def create(self, spec: ServerSpec) -> ServerHandle:
-        data = self._powered_on({
-            "hostname": spec.hostname, "location": spec.location, "ip": spec.ip, "vcpu": spec.vcpu,
-            "memory_mib": spec.memory_mib, "disk_gib": spec.disk_gib, "os": spec.os_id,
-            "created_at": self.clock.now().isoformat(),
-        })
+        data = self._powered_on(
+            {
+                "hostname": spec.hostname,
+                "location": spec.location,
+                "ip": spec.ip,
+                "vcpu": spec.vcpu,
+                "memory_mib": spec.memory_mib,
+                "disk_gib": spec.disk_gib,
+                "os": spec.os_id,
+                "created_at": self.clock.now().isoformat(),
+            }
+        )
         if await self._state().create(spec.name, data) is None:  # an earlier attempt made it
             await self._power(ServerHandle(HOST, spec.name), self._start_data, must_exist=True)
         return ServerHandle(host=HOST, domain=spec.name, ip=spec.ip, location=spec.location)
@@ -145,9 +153,16 @@ class SimulatedBackend(HypervisorBackend):
 
     async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
         """A new (simulated) disk: the record's OS changes and the domain boots again."""
+
         def change(data: dict[str, Any]) -> dict[str, Any]:
-            return self._powered_on({**data, "os": spec.os_id, "ssh_keys": len(spec.ssh_keys),
-                                     "reinstalled_at": self.clock.now().isoformat()})
+            return self._powered_on(
+                {
+                    **data,
+                    "os": spec.os_id,
+                    "ssh_keys": len(spec.ssh_keys),
+                    "reinstalled_at": self.clock.now().isoformat(),
+                }
+            )
 
         await self._power(handle, change, must_exist=True)
         return ServerHandle(host=HOST, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
@@ -170,9 +185,11 @@ class SimulatedBackend(HypervisorBackend):
 
     async def preflight(self) -> None:
         if not self.sandbox:
-            raise StartupError("the simulator makes no real servers, so a production shop cannot sell them: set "
-                               "hypervisor.backend to a real backend (\"libvirt\"), or run this config as a sandbox "
-                               "(mode = \"sandbox\")")
+            raise StartupError(
+                "the simulator makes no real servers, so a production shop cannot sell them: set "
+                'hypervisor.backend to a real backend ("libvirt"), or run this config as a sandbox '
+                '(mode = "sandbox")'
+            )
 
     async def check_ready(self) -> Readiness:
         boot = self.config.boot_seconds

@@ -45,12 +45,12 @@ from vpsshop import (
     PaymentCoin,
     PluginError,
     Readiness,
-    require_reachable,
     X402Coin,
     X402Payment,
     X402Rejected,
     X402Settlement,
     hookimpl,
+    require_reachable,
 )
 from vpsshop_x402.chain import (
     BaseChain,
@@ -113,7 +113,7 @@ class USDCBaseConfig(BaseModel):
     pay_to: str = Field(description="The shop's address receiving USDC (an account you hold the key of).")
     asset: str | None = Field(None, description="USDC contract; default: Circle's USDC of the network.")
     eip712_name: str | None = Field(None, description="EIP-712 domain name of the token; default per network.")
-    eip712_version: str | None = Field(None, description="EIP-712 domain version of the token; default \"2\".")
+    eip712_version: str | None = Field(None, description='EIP-712 domain version of the token; default "2".')
     max_timeout_seconds: int = Field(300, ge=30, le=86_400, description="x402 maxTimeoutSeconds.")
     mode: Literal["direct", "facilitator"] = Field(description="Who verifies and settles authorizations.")
     facilitator_url: str | None = Field(None, description="Facilitator base URL (mode facilitator).")
@@ -466,12 +466,16 @@ class USDCBASE(X402Coin):
         except X402Rejected:
             raise
         except Exception as exc:  # noqa: BLE001 - nothing was sent: report and let core retry
-            raise PluginError(f"USDCBASE: the Base RPC endpoint failed during verification: {type(exc).__name__}") from None
+            raise PluginError(
+                f"USDCBASE: the Base RPC endpoint failed during verification: {type(exc).__name__}"
+            ) from None
         try:
             tx_hash = chain.send_transfer(self.asset, auth, signature, self.config.gas_limit)
         except Exception as exc:  # noqa: BLE001
             # A time-out may hide a transaction that was broadcast: the outcome is unknown.
-            raise PluginError(f"USDCBASE: sending the settlement failed ({type(exc).__name__}); outcome unknown") from None
+            raise PluginError(
+                f"USDCBASE: sending the settlement failed ({type(exc).__name__}); outcome unknown"
+            ) from None
         log.info("x402 settlement sent: payer=%s nonce=%s tx=%s", payment.payer, payment.nonce, tx_hash)
         try:
             receipt = chain.receipt(tx_hash, self.config.receipt_timeout_seconds)
@@ -495,7 +499,11 @@ class USDCBASE(X402Coin):
 
         auth = payment.raw["payload"]["authorization"]
         if not verify_eip3009_transfer_event(
-            list(receipt["logs"]), self.asset, from_address=auth["from"], to=self.config.pay_to, value=int(auth["value"])
+            list(receipt["logs"]),
+            self.asset,
+            from_address=auth["from"],
+            to=self.config.pay_to,
+            value=int(auth["value"]),
         ):
             raise PluginError(f"USDCBASE: transaction {tx_hash} has no Transfer to payTo of the authorized value")
         return X402Settlement(
@@ -530,7 +538,9 @@ class USDCBASE(X402Coin):
         try:
             result = await client.settle(payload, reqs)
         except (httpx.HTTPError, ValueError) as exc:
-            raise PluginError(f"USDCBASE: the facilitator's /settle failed ({type(exc).__name__}); outcome unknown") from None
+            raise PluginError(
+                f"USDCBASE: the facilitator's /settle failed ({type(exc).__name__}); outcome unknown"
+            ) from None
         if not result.success:
             code = _REASONS.get(result.error_reason or "")
             if code is None or code == "settlement_reverted":
@@ -590,7 +600,9 @@ class USDCBASE(X402Coin):
             from x402.http import FacilitatorConfig, HTTPFacilitatorClient
 
             self._facilitator = HTTPFacilitatorClient(
-                FacilitatorConfig(url=self.config.facilitator_url or "", timeout=self.config.facilitator_timeout_seconds)
+                FacilitatorConfig(
+                    url=self.config.facilitator_url or "", timeout=self.config.facilitator_timeout_seconds
+                )
             )
         return self._facilitator
 
@@ -614,7 +626,9 @@ class USDCBASE(X402Coin):
         """Blocking look-up behind :meth:`settlement_status` (any transaction that paid us counts)."""
         if not chain.authorization_used(self.asset, payment.payer, payment.nonce):
             return None
-        tx_hash = chain.find_authorization_use(self.asset, payment.payer, payment.nonce, self.config.status_lookback_blocks)
+        tx_hash = chain.find_authorization_use(
+            self.asset, payment.payer, payment.nonce, self.config.status_lookback_blocks
+        )
         if tx_hash is None:
             return None
         try:
@@ -631,15 +645,20 @@ class USDCBASE(X402Coin):
         if self.config.mode == "direct" and self.config.rpc_url:
             await require_reachable(self.config.rpc_url, setting="coins.USDCBASE.rpc_url", what="USDCBASE Base node")
         elif self.config.mode == "facilitator" and self.config.facilitator_url:
-            await require_reachable(self.config.facilitator_url, setting="coins.USDCBASE.facilitator_url",
-                                    what="USDCBASE x402 facilitator")
+            await require_reachable(
+                self.config.facilitator_url, setting="coins.USDCBASE.facilitator_url", what="USDCBASE x402 facilitator"
+            )
 
     async def check_ready(self) -> Readiness:
         """Ready when payments can be settled now: says what is missing otherwise."""
         if self.config.pay_to.lower() == SANDBOX_PAY_TO.lower():
             # Not ready for real use; enough for a sandbox: the 402 and its payment requirements work.
-            return Readiness(False, "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address "
-                             "(payment requirements are served; nothing settles to you)", sandbox_ok=self.sandbox)
+            return Readiness(
+                False,
+                "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address "
+                "(payment requirements are served; nothing settles to you)",
+                sandbox_ok=self.sandbox,
+            )
         if self.config.mode == "direct":
             chain = self._chain
             if chain is None or chain.relayer is None:
@@ -662,7 +681,9 @@ class USDCBASE(X402Coin):
         for kind in supported.kinds:
             if kind.scheme == "exact" and kind.network in (self.config.network, self.base_network.caip2):
                 return Readiness(True, f"facilitator {self.config.facilitator_url} settles {self.config.network}")
-        return Readiness(False, f"facilitator {self.config.facilitator_url} does not support exact on {self.config.network}")
+        return Readiness(
+            False, f"facilitator {self.config.facilitator_url} does not support exact on {self.config.network}"
+        )
 
     async def close(self) -> None:
         if self._facilitator is not None:
@@ -687,5 +708,11 @@ def vpsshop_startup(ctx: AppContext) -> None:
 
 
 __all__ = [
-    "NETWORKS", "USDCBASE", "BaseChain", "RelayerKey", "USDCBaseConfig", "decrypt_relayer_key", "encrypt_relayer_key",
+    "NETWORKS",
+    "USDCBASE",
+    "BaseChain",
+    "RelayerKey",
+    "USDCBaseConfig",
+    "decrypt_relayer_key",
+    "encrypt_relayer_key",
 ]

@@ -91,7 +91,11 @@ def _rpc_timeout(exc: BaseException) -> bool:
 
 def _nonce_clash(exc: BaseException) -> bool:
     text = str(exc).lower()
-    return "nonce too low" in text or "replacement transaction underpriced" in text or "nonce has already been used" in text
+    return (
+        "nonce too low" in text
+        or "replacement transaction underpriced" in text
+        or "nonce has already been used" in text
+    )
 
 
 # ---- the chain ------------------------------------------------------------------------------
@@ -139,7 +143,9 @@ class BaseChain:
     def token(self, address: str) -> Any:
         contract = self._contracts.get(address)
         if contract is None:
-            contract = self._contracts[address] = self.w3.eth.contract(address=checksum_address(address), abi=usdc_abi())
+            contract = self._contracts[address] = self.w3.eth.contract(
+                address=checksum_address(address), abi=usdc_abi()
+            )
         return contract
 
     # FacilitatorEvmSigner (the parts the exact-scheme verifier uses)
@@ -181,7 +187,9 @@ class BaseChain:
 
     # what the shop does itself
     def authorization_used(self, asset: str, payer: str, nonce: str) -> bool:
-        return bool(self.token(asset).functions.authorizationState(checksum_address(payer), bytes.fromhex(nonce[2:])).call())
+        return bool(
+            self.token(asset).functions.authorizationState(checksum_address(payer), bytes.fromhex(nonce[2:])).call()
+        )
 
     def send_transfer(self, asset: str, auth: dict[str, str], signature: bytes, gas_limit: int) -> str:
         """Sign and send ``transferWithAuthorization`` from the relayer; the transaction hash."""

@@ -68,17 +68,17 @@ async def _readiness(component: object | None) -> Readiness:
         return Readiness(False, "no plugin loaded for this")
     try:
         return await asyncio.wait_for(component.check_ready(), HEALTH_CHECK_TIMEOUT)  # type: ignore[attr-defined]
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Readiness(False, f"no answer within {HEALTH_CHECK_TIMEOUT:g}s")
     except Exception as exc:  # noqa: BLE001 - a failing check is reported, never raised
         return Readiness(False, f"check failed: {type(exc).__name__}")
 
 
-async def component_readiness(ctx: "AppContext") -> list[tuple["LoadedComponent", Readiness]]:
+async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Readiness]]:
     """Every loaded component with its readiness, checked concurrently, each within the time limit."""
     items = list(ctx.components())
     readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
-    return list(zip(items, readiness))
+    return list(zip(items, readiness, strict=False))
 
 
 def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:
@@ -97,8 +97,12 @@ async def get_health(call: Call) -> Reply:
     # Anyone may call /health: in production it names each component and whether it is ready, and
     # nothing else (no error text, node address, plugin or version); the log has the details.
     components = [
-        ComponentHealth(kind=item.kind, id=item.key, ready=ready_in_mode(r, sandbox),
-                        **({"plugin": item.plugin, "detail": r.detail} if sandbox else {}))
+        ComponentHealth(
+            kind=item.kind,
+            id=item.key,
+            ready=ready_in_mode(r, sandbox),
+            **({"plugin": item.plugin, "detail": r.detail} if sandbox else {}),
+        )
         for item, r in checked
     ]
     if not sandbox:
@@ -132,14 +136,26 @@ class OpenApiDocument(BaseModel):
 def routes() -> list[ApiRoute]:
     return [
         ApiRoute(
-            "GET", "/catalog", get_catalog, "Plans, locations, operating systems, prices, payment options", Catalog,
-            auth=False, tags=("catalog",), operation_id="getCatalog",
+            "GET",
+            "/catalog",
+            get_catalog,
+            "Plans, locations, operating systems, prices, payment options",
+            Catalog,
+            auth=False,
+            tags=("catalog",),
+            operation_id="getCatalog",
             description="Prices follow one rule: monthly = plan base price x location modifier (rounded to a "
             "cent); annual = 10 x monthly. `pricing` lists every plan at every location. `payment_options` lists "
             "the coins this service accepts right now.",
         ),
         ApiRoute(
-            "GET", "/health", get_health, "Service health", Health, auth=False, tags=("service",),
+            "GET",
+            "/health",
+            get_health,
+            "Service health",
+            Health,
+            auth=False,
+            tags=("service",),
             operation_id="getHealth",
             description="The database and each loaded component (coins, hypervisor backend, catalog, rates). "
             "200 while the database answers, even when a component is not ready (status degraded); 503 when the "
@@ -149,7 +165,13 @@ def routes() -> list[ApiRoute]:
             responses={503: ("The database does not answer.", Health)},
         ),
         ApiRoute(
-            "GET", "/openapi.json", get_openapi, "This description", OpenApiDocument, auth=False, tags=("service",),
+            "GET",
+            "/openapi.json",
+            get_openapi,
+            "This description",
+            OpenApiDocument,
+            auth=False,
+            tags=("service",),
             operation_id="getOpenApi",
         ),
     ]

@@ -33,13 +33,24 @@ class TopupBody(ApiModel):
 
     amount: Annotated[
         Decimal,
-        WithJsonSchema({"type": "number", "minimum": 25, "maximum": 2000, "multipleOf": 0.01,
-                        "description": "USD to add to the balance: 25 to 2000, at most two decimals (a JSON number)."}),
+        WithJsonSchema(
+            {
+                "type": "number",
+                "minimum": 25,
+                "maximum": 2000,
+                "multipleOf": 0.01,
+                "description": "USD to add to the balance: 25 to 2000, at most two decimals (a JSON number).",
+            }
+        ),
     ] = Field(ge=MIN_USD, le=MAX_USD, decimal_places=2, allow_inf_nan=False)
-    coin: str | None = Field(None, min_length=1, max_length=16,
-                             description="Coin code (BTC, XMR, ETH, LTC, TRX, USDT, USDTTRC, SOL, USDCBASE). "
-                             "Default: BTC (the shop's `topups.default_coin` setting may change it).",
-                             json_schema_extra={"x-catalog": "coins"})
+    coin: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="Coin code (BTC, XMR, ETH, LTC, TRX, USDT, USDTTRC, SOL, USDCBASE). "
+        "Default: BTC (the shop's `topups.default_coin` setting may change it).",
+        json_schema_extra={"x-catalog": "coins"},
+    )
 
     @field_validator("amount", mode="before")
     @classmethod
@@ -67,16 +78,23 @@ class TopupOut(BaseModel):
     amount_usd: UsdAmount = Field(description="USD amount requested.")
     coin: str = Field(description="Coin code requested.")
     deposit_address: str = Field(description="Where to pay. Unique to this top-up; never reused.")
-    deposit_amount: str = Field(description="Amount to pay, in the deposit coin's units, at the rate locked until "
-                                "expires_at.")
+    deposit_amount: str = Field(
+        description="Amount to pay, in the deposit coin's units, at the rate locked until expires_at."
+    )
     deposit_coin: str
     deposit_network: str | None = Field(description="Chain and network of the deposit (bitcoin, litecoin-testnet...).")
-    qr_data_uri: str | None = Field(description="PNG QR code (data URI) of the payment URI: BIP-21 for BTC and LTC, "
-                                    "monero: for XMR. Null for x402 top-ups.")
-    expires_at: datetime | None = Field(description="End of the locked rate. Payments after it are still credited, "
-                                        "valued at the rate of the moment they are credited.")
-    payment_status: str = Field(description="awaiting_payment (nothing seen), seen (a payment is on chain or in the "
-                                "mempool, waiting for confirmations), confirmed (every payment seen is credited).")
+    qr_data_uri: str | None = Field(
+        description="PNG QR code (data URI) of the payment URI: BIP-21 for BTC and LTC, "
+        "monero: for XMR. Null for x402 top-ups."
+    )
+    expires_at: datetime | None = Field(
+        description="End of the locked rate. Payments after it are still credited, "
+        "valued at the rate of the moment they are credited."
+    )
+    payment_status: str = Field(
+        description="awaiting_payment (nothing seen), seen (a payment is on chain or in the "
+        "mempool, waiting for confirmations), confirmed (every payment seen is credited)."
+    )
     amount_received: str = Field(description="Sum of the payments seen or credited, in the deposit coin's units.")
     credited_usd: UsdAmount = Field(description="USD credited to the balance by this top-up so far.")
     confirmations: int | None = Field(description="Confirmations of the least confirmed payment still waiting.")
@@ -130,11 +148,16 @@ async def create_topup(call: Call) -> Reply | Response:
     if headers.sends_payment(call.request):
         # a client that sends a payment means to pay by x402
         if mode == "deposit":
-            raise BadRequest("invalid_payment_mode",
-                             "X-PAYMENT and PAYMENT-SIGNATURE belong to the x402 flow, not X-Payment-Mode: deposit.")
+            raise BadRequest(
+                "invalid_payment_mode",
+                "X-PAYMENT and PAYMENT-SIGNATURE belong to the x402 flow, not X-Payment-Mode: deposit.",
+            )
         mode = "x402"
-    coin = engine.x402_coin() if mode == "x402" and not isinstance(engine.coin(body.coin), X402Coin) \
+    coin = (
+        engine.x402_coin()
+        if mode == "x402" and not isinstance(engine.coin(body.coin), X402Coin)
         else engine.coin(body.coin)
+    )
     if isinstance(coin, X402Coin):
         return await _x402_topup(call, coin, amount_micros)
     if not isinstance(coin, DepositCoin):
@@ -158,8 +181,9 @@ async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply |
     if sent is None:
         body = headers.payment_required_body(call.ctx, coin, amount_micros, "X-PAYMENT header is required")
         response = json_response(body, 402)
-        required = headers.payment_required_header(call.ctx, coin, amount_micros,
-                                                   extensions=discovery.extensions(call.ctx, "/topups"))
+        required = headers.payment_required_header(
+            call.ctx, coin, amount_micros, extensions=discovery.extensions(call.ctx, "/topups")
+        )
         if required is not None:
             response.headers["PAYMENT-REQUIRED"] = required
             response.headers["Access-Control-Expose-Headers"] = "PAYMENT-REQUIRED"
@@ -170,8 +194,9 @@ async def _x402_topup(call: Call, coin: X402Coin, amount_micros: int) -> Reply |
 
     out = render(call.ctx, x402_view(topup, "settled" if topup.status == "completed" else None))
     name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
-    return Reply(out, 201, {name: headers.response_header(coin, settled, version),
-                            "Access-Control-Expose-Headers": name})
+    return Reply(
+        out, 201, {name: headers.response_header(coin, settled, version), "Access-Control-Expose-Headers": name}
+    )
 
 
 async def read_topup(ctx: AppContext, account_id: int, ref: str) -> TopupOut:
@@ -215,7 +240,13 @@ class X402RequirementsOut(BaseModel):
 def routes() -> list[ApiRoute]:
     return [
         ApiRoute(
-            "POST", "/topups", create_topup, "Start a top-up", TopupOut, status=201, body=TopupBody,
+            "POST",
+            "/topups",
+            create_topup,
+            "Start a top-up",
+            TopupOut,
+            status=201,
+            body=TopupBody,
             description="Creates a pending top-up of `amount` USD paid in `coin` (default BTC). A classic coin "
             "answers 201 with a deposit address unique to this top-up, the amount to pay at a rate locked until "
             "`expires_at`, and a QR code of the payment URI. USDCBASE, or the header `X-Payment-Mode: x402`, "
@@ -244,35 +275,57 @@ def routes() -> list[ApiRoute]:
             responses={402: ("x402 payment requirements", X402RequirementsOut)},
             headers=(
                 idempotency_header("A client-chosen key: a retry returns the first top-up."),
-                Header("X-Payment-Mode", "`x402` asks for the x402 flow whatever the coin.",
-                       schema={"type": "string", "enum": ["x402", "deposit"]}),
-                Header("X-PAYMENT", "base64 JSON x402 v1 payment payload (re-sent request); the 201 then carries "
-                       "X-PAYMENT-RESPONSE. Its presence selects the x402 flow (with X-Payment-Mode: deposit it is "
-                       "a 400 invalid_payment_mode).",
-                       schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"}),
-                Header("PAYMENT-SIGNATURE", "base64 JSON x402 v2 payment payload (re-sent request, instead of "
-                       "X-PAYMENT); the 201 then carries PAYMENT-RESPONSE. Selects the x402 flow like X-PAYMENT.",
-                       schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"}),
+                Header(
+                    "X-Payment-Mode",
+                    "`x402` asks for the x402 flow whatever the coin.",
+                    schema={"type": "string", "enum": ["x402", "deposit"]},
+                ),
+                Header(
+                    "X-PAYMENT",
+                    "base64 JSON x402 v1 payment payload (re-sent request); the 201 then carries "
+                    "X-PAYMENT-RESPONSE. Its presence selects the x402 flow (with X-Payment-Mode: deposit it is "
+                    "a 400 invalid_payment_mode).",
+                    schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"},
+                ),
+                Header(
+                    "PAYMENT-SIGNATURE",
+                    "base64 JSON x402 v2 payment payload (re-sent request, instead of "
+                    "X-PAYMENT); the 201 then carries PAYMENT-RESPONSE. Selects the x402 flow like X-PAYMENT.",
+                    schema={"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/=_-]+$"},
+                ),
             ),
             response_headers={},
-            tags=TAG, operation_id="createTopup",
+            tags=TAG,
+            operation_id="createTopup",
         ),
         ApiRoute(
-            "GET", "/topups/{ref}", get_topup, "Read a top-up", TopupOut,
+            "GET",
+            "/topups/{ref}",
+            get_topup,
+            "Read a top-up",
+            TopupOut,
             description="The top-up and the progress of its payment. Polling checks the chain (at most every few "
             "seconds per coin; a background watcher also does) and credits the balance once a payment has its "
             "confirmations: status becomes completed. A pending top-up past expires_at with nothing seen becomes "
             "expired. A top-up of another account is a 404.",
             errors={404: "No top-up with this ref on this account."},
-            tags=TAG, operation_id="getTopup",
+            tags=TAG,
+            operation_id="getTopup",
         ),
         ApiRoute(
-            "POST", "/topups/{ref}/cancel", cancel_topup, "Cancel a pending top-up", TopupOut,
+            "POST",
+            "/topups/{ref}/cancel",
+            cancel_topup,
+            "Cancel a pending top-up",
+            TopupOut,
             description="Stops a pending top-up: status becomes cancelled. Its address stays watched, so a "
             "payment that still arrives is credited (valued at the rate of that moment) and the top-up then "
             "becomes completed. Cancelling a cancelled or expired top-up returns it unchanged.",
-            errors={404: "No top-up with this ref on this account.",
-                    409: "payment_in_progress (a payment waits for confirmations) or topup_completed."},
-            tags=TAG, operation_id="cancelTopup",
+            errors={
+                404: "No top-up with this ref on this account.",
+                409: "payment_in_progress (a payment waits for confirmations) or topup_completed.",
+            },
+            tags=TAG,
+            operation_id="cancelTopup",
         ),
     ]

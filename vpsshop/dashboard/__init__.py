@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
 
 
-def mount(ctx: "AppContext") -> "Mount | None":
+def mount(ctx: AppContext) -> Mount | None:
     """The dashboard mounted at ``[dashboard] path``, or None when ``[dashboard] enabled`` is false."""
     settings = ctx.settings.dashboard
     if not settings.enabled:

@@ -28,8 +28,16 @@ LEDGER_REASONS = {
     "renewal": "Server renewal",
     "refund": "Refund",
 }
-FIELD_NAMES = {"plan": "Plan", "location": "Location", "os": "Operating system", "cycle": "Billing cycle",
-               "hostname": "Hostname", "root_password": "Root password", "amount": "Amount", "coin": "Coin"}
+FIELD_NAMES = {
+    "plan": "Plan",
+    "location": "Location",
+    "os": "Operating system",
+    "cycle": "Billing cycle",
+    "hostname": "Hostname",
+    "root_password": "Root password",
+    "amount": "Amount",
+    "coin": "Coin",
+}
 FRIENDLY = {
     "amount_too_low": "The smallest top-up is $25.",
     "amount_too_high": "The largest top-up is $2,000.",
@@ -62,13 +70,19 @@ async def signin(page: Page) -> Response:
     except RateLimited as exc:
         return page.render("signin.html", 429, exc.headers, title="Sign in", error=exc.message)
     except Unauthorized as exc:
-        message = exc.message if not token else ("That login token is not valid. It starts with vpsl_ and was shown "
-                                                 "once, when the account was created.")
+        message = (
+            exc.message
+            if not token
+            else (
+                "That login token is not valid. It starts with vpsl_ and was shown once, when the account was created."
+            )
+        )
         return page.render("signin.html", 401, title="Sign in", error=message)
     if page.session is not None:  # a browser signing in again leaves no older session behind
         await page.shop.end_session(page.session.account_id, page.session.id)
-    session_token = await page.shop.start_session(account_id, pending_totp=totp,
-                                                  user_agent=page.request.headers.get("user-agent"))
+    session_token = await page.shop.start_session(
+        account_id, pending_totp=totp, user_agent=page.request.headers.get("user-agent")
+    )
     response = page.redirect("signin/code" if totp else "")
     page.dash.sign_in(response, session_token)
     return response
@@ -105,8 +119,9 @@ async def create_account(page: Page) -> Response:
     created = await page.shop.create_account()
     if page.session is not None:
         await page.shop.end_session(page.session.account_id, page.session.id)
-    session_token = await page.shop.start_session(created.user_id, pending_totp=False,
-                                                  user_agent=page.request.headers.get("user-agent"))
+    session_token = await page.shop.start_session(
+        created.user_id, pending_totp=False, user_agent=page.request.headers.get("user-agent")
+    )
     page.adopt(session_token)
     response = page.render("created.html", 201, title="Your new account", created=created)
     page.dash.sign_in(response, session_token)
@@ -120,23 +135,40 @@ async def overview(page: Page) -> Response:
     account = await page.shop.account(page.account_id)
     servers = await page.shop.servers(page.account_id)
     ledger = await page.shop.ledger(page.account_id)
-    return page.render("overview.html", title="Overview", account=account, servers=servers.servers, ledger=ledger,
-                       reasons=LEDGER_REASONS)
+    return page.render(
+        "overview.html",
+        title="Overview",
+        account=account,
+        servers=servers.servers,
+        ledger=ledger,
+        reasons=LEDGER_REASONS,
+    )
 
 
 # ---- top-ups --------------------------------------------------------------------------------------------
 
 
-async def topup_form(page: Page, *, error: str | None = None, status: int = 200,
-                     headers: dict[str, str] | None = None) -> Response:
+async def topup_form(
+    page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     account = await page.shop.account(page.account_id)
     recent = await page.shop.recent_topups(page.account_id)
     catalog = page.shop.catalog
     default_coin = page.shop.topup_coin(None).code if catalog.payment_options else None
-    return page.render("topups.html", status, headers, title="Top up", account=account, recent=recent,
-                       options=catalog.payment_options, limits=catalog.topup_limits, error=error,
-                       form=page.form, default_coin=page.form.get("coin") or default_coin,
-                       idempotency_key=secrets.token_urlsafe(16))
+    return page.render(
+        "topups.html",
+        status,
+        headers,
+        title="Top up",
+        account=account,
+        recent=recent,
+        options=catalog.payment_options,
+        limits=catalog.topup_limits,
+        error=error,
+        form=page.form,
+        default_coin=page.form.get("coin") or default_coin,
+        idempotency_key=secrets.token_urlsafe(16),
+    )
 
 
 async def topup_page(page: Page) -> Response:
@@ -149,8 +181,9 @@ async def start_topup(page: Page) -> Response:
         coin = page.shop.topup_coin(body.coin)
         if isinstance(coin, X402Coin):
             requirements = page.shop.x402_requirements(coin, body)
-            return page.render("topup_x402.html", title="Pay with x402", coin=coin, amount=body.amount,
-                               requirements=requirements)
+            return page.render(
+                "topup_x402.html", title="Pay with x402", coin=coin, amount=body.amount, requirements=requirements
+            )
         if not isinstance(coin, DepositCoin):
             raise ApiError(400, "invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
         key = page.form.get("idempotency_key") or None
@@ -165,18 +198,28 @@ async def start_topup(page: Page) -> Response:
 async def show_topup(page: Page) -> Response:
     topup = await page.shop.topup(page.account_id, _ref(page))
     coin = page.shop.ctx.coins.get(topup.coin)
-    return page.render("topup.html", title=f"Top-up of {topup.amount_usd} USD", topup=topup,
-                       coin_name=getattr(coin, "name", topup.coin))
+    return page.render(
+        "topup.html",
+        title=f"Top-up of {topup.amount_usd} USD",
+        topup=topup,
+        coin_name=getattr(coin, "name", topup.coin),
+    )
 
 
 async def topup_status(page: Page) -> Response:
     topup = await page.shop.topup(page.account_id, _ref(page))
-    return JSONResponse({
-        "status": topup.status, "payment_status": topup.payment_status, "amount_received": topup.amount_received,
-        "confirmations": topup.confirmations, "confirmations_required": topup.confirmations_required,
-        "credited_usd": str(topup.credited_usd),
-        "expires_at": topup.expires_at.isoformat() if topup.expires_at else None,
-    }, headers={"Cache-Control": "no-store"})
+    return JSONResponse(
+        {
+            "status": topup.status,
+            "payment_status": topup.payment_status,
+            "amount_received": topup.amount_received,
+            "confirmations": topup.confirmations,
+            "confirmations_required": topup.confirmations_required,
+            "credited_usd": str(topup.credited_usd),
+            "expires_at": topup.expires_at.isoformat() if topup.expires_at else None,
+        },
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def cancel_topup(page: Page) -> Response:
@@ -201,20 +244,37 @@ async def servers_page(page: Page) -> Response:
 
 
 def _pricing(page: Page) -> dict[str, dict[str, str]]:
-    return {f"{p.plan}:{p.location}": {"monthly": str(p.monthly_usd), "annual": str(p.annual_usd)}
-            for p in page.shop.catalog.pricing}
+    return {
+        f"{p.plan}:{p.location}": {"monthly": str(p.monthly_usd), "annual": str(p.annual_usd)}
+        for p in page.shop.catalog.pricing
+    }
 
 
 async def order_form(page: Page, *, error: str | None = None, deficit: Any = None, status: int = 200) -> Response:
     account = await page.shop.account(page.account_id)
     catalog = page.shop.catalog
-    form = {"plan": catalog.plans[0].id, "location": catalog.locations[0].id,
-            "os": catalog.operating_systems[0].id, "cycle": "monthly", **page.form}
+    form = {
+        "plan": catalog.plans[0].id,
+        "location": catalog.locations[0].id,
+        "os": catalog.operating_systems[0].id,
+        "cycle": "monthly",
+        **page.form,
+    }
     price = next((p for p in catalog.pricing if p.plan == form["plan"] and p.location == form["location"]), None)
     shown = None if price is None else price.annual_usd if form.get("cycle") == "annual" else price.monthly_usd
-    return page.render("order.html", status, title="Order a server", account=account, catalog=catalog, form=form,
-                       error=error, deficit=deficit, pricing=_pricing(page), price=shown,
-                       idempotency_key=page.form.get("idempotency_key") or secrets.token_urlsafe(16))
+    return page.render(
+        "order.html",
+        status,
+        title="Order a server",
+        account=account,
+        catalog=catalog,
+        form=form,
+        error=error,
+        deficit=deficit,
+        pricing=_pricing(page),
+        price=shown,
+        idempotency_key=page.form.get("idempotency_key") or secrets.token_urlsafe(16),
+    )
 
 
 async def order_page(page: Page) -> Response:
@@ -223,8 +283,12 @@ async def order_page(page: Page) -> Response:
 
 async def place_order(page: Page) -> Response:
     form = page.form
-    data: dict[str, Any] = {"plan": form.get("plan", ""), "location": form.get("location", ""),
-                            "os": form.get("os", ""), "cycle": form.get("cycle") or "monthly"}
+    data: dict[str, Any] = {
+        "plan": form.get("plan", ""),
+        "location": form.get("location", ""),
+        "os": form.get("os", ""),
+        "cycle": form.get("cycle") or "monthly",
+    }
     if form.get("hostname", "").strip():
         data["hostname"] = form["hostname"].strip()
     if form.get("root_password", ""):
@@ -235,8 +299,10 @@ async def place_order(page: Page) -> Response:
         done = await page.shop.order(page.account_id, body, f"dashboard:{key}" if key else None)
     except InsufficientBalance as exc:
         page.form.pop("root_password", None)
-        message = (f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
-                   f"{format_usd(exc.extra['price'])}. Nothing was charged.")
+        message = (
+            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
+            f"{format_usd(exc.extra['price'])}. Nothing was charged."
+        )
         return await order_form(page, error=message, deficit=exc.extra.get("deficit"), status=402)
     except ApiError as exc:
         if exc.status >= 500:
@@ -259,8 +325,11 @@ async def show_server(page: Page) -> Response:
 
 def _names(page: Page) -> dict[str, str]:
     data = page.shop.ctx.catalog_data
-    return {**{p.id: p.name for p in data.plans}, **{f"loc:{loc.id}": loc.name for loc in data.locations},
-            **{f"os:{o.id}": o.name for o in data.operating_systems}}
+    return {
+        **{p.id: p.name for p in data.plans},
+        **{f"loc:{loc.id}": loc.name for loc in data.locations},
+        **{f"os:{o.id}": o.name for o in data.operating_systems},
+    }
 
 
 async def server_status(page: Page) -> Response:
@@ -300,13 +369,27 @@ async def credentials(page: Page) -> Response:
             if exc.status >= 500:
                 raise
             server = await page.shop.server(page.account_id, server_id)
-            return page.render("server.html", 429 if isinstance(exc, RateLimited) else 401, exc.headers,
-                               title=f"Server {server.hostname}", server=server, account=account, names=_names(page),
-                               credentials_error=exc.message)
+            return page.render(
+                "server.html",
+                429 if isinstance(exc, RateLimited) else 401,
+                exc.headers,
+                title=f"Server {server.hostname}",
+                server=server,
+                account=account,
+                names=_names(page),
+                credentials_error=exc.message,
+            )
     creds = await page.shop.credentials(page.account_id, server_id)
     server = await page.shop.server(page.account_id, server_id)
-    return page.render("server.html", title=f"Server {server.hostname}", server=server, account=account,
-                       names=_names(page), credentials=creds, headers={"Pragma": "no-cache"})
+    return page.render(
+        "server.html",
+        title=f"Server {server.hostname}",
+        server=server,
+        account=account,
+        names=_names(page),
+        credentials=creds,
+        headers={"Pragma": "no-cache"},
+    )
 
 
 # ---- API keys ---------------------------------------------------------------------------------------------
@@ -321,8 +404,9 @@ async def mint_key(page: Page) -> Response:
     name = page.form.get("name", "").strip() or None
     if name is not None and len(name) > 64:
         keys = await page.shop.keys(page.account_id)
-        return page.render("keys.html", 400, title="API keys", keys=keys.keys,
-                           error="A key name is at most 64 characters.")
+        return page.render(
+            "keys.html", 400, title="API keys", keys=keys.keys, error="A key name is at most 64 characters."
+        )
     created = await page.shop.mint_key(page.account_id, name)
     keys = await page.shop.keys(page.account_id)
     return page.render("keys.html", 201, title="API keys", keys=keys.keys, created=created)
@@ -336,17 +420,27 @@ async def revoke_key(page: Page) -> Response:
 # ---- security: two-factor and sessions ---------------------------------------------------------------
 
 
-async def security_page(page: Page, *, error: str | None = None, status: int = 200,
-                        headers: dict[str, str] | None = None) -> Response:
+async def security_page(
+    page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     account = await page.shop.account(page.account_id)
     left = await page.shop.recovery_codes_left(page.account_id) if account.totp_enabled else 0
     live = await page.shop.live_sessions(page.account_id)
     limits = page.shop.ctx.settings.dashboard
     idle = limits.session_idle_minutes
-    return page.render("security.html", status, headers, title="Security", account=account, codes_left=left,
-                       sessions=live, current_id=page.session.id if page.session else None, error=error,
-                       settings_idle=f"{idle // 60} hours" if idle % 60 == 0 and idle > 60 else f"{idle} minutes",
-                       settings_max=f"{limits.session_max_hours} hours")
+    return page.render(
+        "security.html",
+        status,
+        headers,
+        title="Security",
+        account=account,
+        codes_left=left,
+        sessions=live,
+        current_id=page.session.id if page.session else None,
+        error=error,
+        settings_idle=f"{idle // 60} hours" if idle % 60 == 0 and idle > 60 else f"{idle} minutes",
+        settings_max=f"{limits.session_max_hours} hours",
+    )
 
 
 async def security(page: Page) -> Response:
@@ -358,14 +452,16 @@ async def totp_start(page: Page) -> Response:
     return page.redirect("security/totp")
 
 
-async def totp_enrol(page: Page, *, error: str | None = None, status: int = 200,
-                     headers: dict[str, str] | None = None) -> Response:
+async def totp_enrol(
+    page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     account = await page.shop.account(page.account_id)
     if account.totp_enabled:
         return page.redirect("security")
     enrolment = await page.shop.begin_totp(page.account_id)
-    return page.render("totp.html", status, headers, title="Set up two-factor sign-in", enrolment=enrolment,
-                       error=error)
+    return page.render(
+        "totp.html", status, headers, title="Set up two-factor sign-in", enrolment=enrolment, error=error
+    )
 
 
 async def totp_enrol_page(page: Page) -> Response:
@@ -427,8 +523,14 @@ def static_endpoint(dash: Dashboard):  # type: ignore[no-untyped-def]
         body = dash.static.get(name)
         if body is None:
             raise NotFound("file")
-        return Response(body, headers={"Content-Type": types[name.rsplit(".", 1)[1]],
-                                       "Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"})
+        return Response(
+            body,
+            headers={
+                "Content-Type": types[name.rsplit(".", 1)[1]],
+                "Cache-Control": "public, max-age=86400",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
 
     return static
 
@@ -471,4 +573,3 @@ def routes(dash: Dashboard) -> list[BaseRoute]:
         Route("/security/sessions/end-others", e(end_other_sessions), methods=["POST"]),
         Route("/static/{name}", static_endpoint(dash), methods=["GET"]),
     ]
-

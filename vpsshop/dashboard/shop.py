@@ -65,8 +65,9 @@ class Shop:
     # ---- sessions ----------------------------------------------------------------------------------
 
     async def start_session(self, account_id: int, *, pending_totp: bool, user_agent: str | None) -> str:
-        return await run_in_threadpool(lambda: sessions.start(self.ctx, account_id, pending_totp=pending_totp,
-                                                              user_agent=user_agent))
+        return await run_in_threadpool(
+            lambda: sessions.start(self.ctx, account_id, pending_totp=pending_totp, user_agent=user_agent)
+        )
 
     async def resolve_session(self, token: str | None) -> sessions.ActiveSession | None:
         return await run_in_threadpool(sessions.resolve, self.ctx, token)

@@ -17,11 +17,12 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from importlib.resources import files
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -37,8 +38,10 @@ from vpsshop.sessions import ActiveSession, token_digest
 
 log = logging.getLogger("vpsshop.dashboard")
 
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
 PAGE_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
@@ -75,7 +78,7 @@ class Page:
     """One dashboard request: the session, the parsed form and what templates need."""
 
     request: Request
-    dash: "Dashboard"
+    dash: Dashboard
     session: ActiveSession | None
     form: dict[str, str] = field(default_factory=dict)
     csrf: str = ""
@@ -101,8 +104,9 @@ class Page:
     def client(self) -> str:
         return self.request.client.host if self.request.client else "unknown"
 
-    def render(self, template: str, status: int = 200, headers: dict[str, str] | None = None,
-               **context: Any) -> Response:
+    def render(
+        self, template: str, status: int = 200, headers: dict[str, str] | None = None, **context: Any
+    ) -> Response:
         return self.dash.render(self, template, status, headers, **context)
 
     def redirect(self, path: str, notice: str | None = None) -> Response:
@@ -123,25 +127,45 @@ class Dashboard:
         prefix = "__Host-" if self.secure else ""
         self.session_cookie = f"{prefix}vpsshop_session"
         self.csrf_cookie = f"{prefix}vpsshop_csrf"
-        self.env = Environment(loader=PackageLoader("vpsshop.dashboard", "templates"),
-                               autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
-        self.env.filters.update(usd=format_usd, when=format_when, relative=self.relative, signed=format_signed,
-                                micros=lambda value: format_usd(micros_to_usd(int(value))))
-        self.static = {name: (files("vpsshop.dashboard") / "static" / name).read_bytes()
-                       for name in ("dashboard.css", "dashboard.js")}
+        self.env = Environment(
+            loader=PackageLoader("vpsshop.dashboard", "templates"),
+            autoescape=select_autoescape(["html"]),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(
+            usd=format_usd,
+            when=format_when,
+            relative=self.relative,
+            signed=format_signed,
+            micros=lambda value: format_usd(micros_to_usd(int(value))),
+        )
+        self.static = {
+            name: (files("vpsshop.dashboard") / "static" / name).read_bytes()
+            for name in ("dashboard.css", "dashboard.js")
+        }
         self.static_version = hashlib.sha256(b"".join(self.static.values())).hexdigest()[:12]
-        self.env.globals.update(base=base, static_version=self.static_version, mode=ctx.settings.mode,
-                                shop_name=ctx.settings.dashboard.shop_name)
+        self.env.globals.update(
+            base=base,
+            static_version=self.static_version,
+            mode=ctx.settings.mode,
+            shop_name=ctx.settings.dashboard.shop_name,
+        )
 
     # ---- responses --------------------------------------------------------------------------------
 
-    def render(self, page: Page, template: str, status: int = 200, headers: dict[str, str] | None = None,
-               **context: Any) -> Response:
+    def render(
+        self, page: Page, template: str, status: int = 200, headers: dict[str, str] | None = None, **context: Any
+    ) -> Response:
         notice = NOTICES.get(page.request.query_params.get("notice", ""))
         signed_in = page.signed_in_now or (page.session is not None and not page.session.pending_totp)
         html = self.env.get_template(template).render(
-            csrf=page.csrf, signed_in=signed_in, notice=notice, path=page.request.url.path,
-            api_base=self.api_base(page.request), **context,
+            csrf=page.csrf,
+            signed_in=signed_in,
+            notice=notice,
+            path=page.request.url.path,
+            api_base=self.api_base(page.request),
+            **context,
         )
         return HTMLResponse(html, status, headers=headers)
 
@@ -164,8 +188,7 @@ class Dashboard:
         secure_headers(response, self.secure)
 
     def set_cookie(self, response: Response, name: str, value: str, max_age: int | None) -> None:
-        response.set_cookie(name, value, max_age=max_age, path="/", secure=self.secure, httponly=True,
-                            samesite="lax")
+        response.set_cookie(name, value, max_age=max_age, path="/", secure=self.secure, httponly=True, samesite="lax")
 
     def sign_in(self, response: Response, token: str) -> None:
         hours = self.ctx.settings.dashboard.session_max_hours
@@ -196,8 +219,9 @@ class Dashboard:
     def csrf_for_digest(self, token_hash: str) -> str:
         return keyed_digest(self.ctx.settings.secret_key_bytes(), "dashboard csrf", token_hash)[:43]
 
-    def endpoint(self, handler: Handler, *, auth: bool = True, pending: bool = False) -> Callable[[Request],
-                                                                                                   Awaitable[Response]]:
+    def endpoint(
+        self, handler: Handler, *, auth: bool = True, pending: bool = False
+    ) -> Callable[[Request], Awaitable[Response]]:
         """A Starlette endpoint running ``handler`` with the session, CSRF and header rules.
 
         :param auth: the page needs a signed-in session (else: to the sign-in page).
@@ -244,8 +268,9 @@ class Dashboard:
         except PluginError as exc:
             log.error("plugin failure on %s %s: %s", request.method, request.url.path, exc)
             # The plugin's text (node addresses, setting names) stays in the operator's log.
-            return self.error_page(page, 503, "A service this page needs is not available right now. "
-                                   "Try again in a minute.")
+            return self.error_page(
+                page, 503, "A service this page needs is not available right now. Try again in a minute."
+            )
         except Exception:
             log.exception("dashboard failure on %s %s", request.method, request.url.path)
             return self.error_page(page, 500, "The server failed; try again shortly.")
@@ -264,28 +289,49 @@ class Dashboard:
             pairs = parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=50, strict_parsing=False)
         except (UnicodeDecodeError, ValueError):
             return self.error_page(page, 400, "The form could not be read.")
-        page.form = {key: value for key, value in pairs}
+        page.form = dict(pairs)
         sent = page.form.pop("csrf", "")
         if not page.csrf or not hmac.compare_digest(sent.encode(), page.csrf.encode()):
-            return self.error_page(page, 403, "This form has expired or did not come from this dashboard, so nothing "
-                                   "was done. Reload the page and send it again.")
+            return self.error_page(
+                page,
+                403,
+                "This form has expired or did not come from this dashboard, so nothing "
+                "was done. Reload the page and send it again.",
+            )
         return None
 
     def http_error_page(self, request: Request, status: int) -> Response:
         """The page for a path or method the dashboard does not have (the app's 404 and 405)."""
         page = Page(request, self, None)
-        message = {404: f"There is no page at {request.url.path}.",
-                   405: "That address does not take this kind of request."}.get(status, "The request was refused.")
+        message = {
+            404: f"There is no page at {request.url.path}.",
+            405: "That address does not take this kind of request.",
+        }.get(status, "The request was refused.")
         response = self.error_page(page, status, message)
         secure_headers(response, self.secure)
         return response
 
     def error_page(self, page: Page, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        titles = {400: "That did not work", 401: "Not signed in", 402: "Balance too low", 403: "Refused",
-                  404: "Not found", 409: "Not possible now", 410: "Gone", 429: "Too many attempts",
-                  503: "Temporarily unavailable"}
-        return self.render(page, "error.html", status, headers, title=titles.get(status, "Something went wrong"),
-                           message=message, code=status)
+        titles = {
+            400: "That did not work",
+            401: "Not signed in",
+            402: "Balance too low",
+            403: "Refused",
+            404: "Not found",
+            409: "Not possible now",
+            410: "Gone",
+            429: "Too many attempts",
+            503: "Temporarily unavailable",
+        }
+        return self.render(
+            page,
+            "error.html",
+            status,
+            headers,
+            title=titles.get(status, "Something went wrong"),
+            message=message,
+            code=status,
+        )
 
 
 def secure_headers(response: Response, secure: bool) -> None:
@@ -312,4 +358,4 @@ def format_signed(value: Decimal) -> str:
 def format_when(value: datetime | None) -> str:
     if value is None:
         return ""
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -31,7 +31,7 @@ from vpsshop.events.models import StoredEvent
 from vpsshop.events.types import EVENT_TYPES
 from vpsshop.models import utcnow
 
-__all__ = ["Event", "emit", "EVENT_TYPES"]
+__all__ = ["EVENT_TYPES", "Event", "emit"]
 
 
 def new_event_id() -> str:
@@ -69,8 +69,12 @@ def emit(
     resource_id = next((str(data[k]) for k in ("ref", "id", "user_id") if data.get(k) is not None), "")
     public_id = new_event_id()
     values: dict[str, Any] = dict(
-        public_id=public_id, type=type, account_id=account_id, resource_type=info.object,
-        resource_id=resource_id[:64], data=json.dumps(data, separators=(",", ":"), ensure_ascii=False),
+        public_id=public_id,
+        type=type,
+        account_id=account_id,
+        resource_type=info.object,
+        resource_id=resource_id[:64],
+        data=json.dumps(data, separators=(",", ":"), ensure_ascii=False),
         created_at=now or utcnow(),
     )
     # a Core insert of the table with bound parameters: compiled once, cheap on the order hot path
@@ -99,16 +103,31 @@ class Event:
     """Position in the published order of the outbox (increasing); internal, not shown to customers."""
 
     @classmethod
-    def from_row(cls, row: StoredEvent) -> "Event":
+    def from_row(cls, row: StoredEvent) -> Event:
         assert row.seq is not None
         timestamp = to_jsonable_python(row.created_at)
         body = (
-            '{"id":' + json.dumps(row.public_id) + ',"type":' + json.dumps(row.type)
-            + ',"timestamp":' + json.dumps(timestamp) + ',"account_id":' + str(row.account_id)
-            + ',"data":' + row.data + "}"
+            '{"id":'
+            + json.dumps(row.public_id)
+            + ',"type":'
+            + json.dumps(row.type)
+            + ',"timestamp":'
+            + json.dumps(timestamp)
+            + ',"account_id":'
+            + str(row.account_id)
+            + ',"data":'
+            + row.data
+            + "}"
         ).encode()
-        return cls(id=row.public_id, type=row.type, timestamp=row.created_at, account_id=row.account_id,
-                   data=json.loads(row.data), body=body, seq=row.seq)
+        return cls(
+            id=row.public_id,
+            type=row.type,
+            timestamp=row.created_at,
+            account_id=row.account_id,
+            data=json.loads(row.data),
+            body=body,
+            seq=row.seq,
+        )
 
     def payload(self) -> dict[str, Any]:
         """The body as a dict."""

@@ -61,7 +61,7 @@ def _envelope(obj: str) -> type[BaseModel]:
 
 
 ENVELOPES: dict[str, type[BaseModel]] = {obj: _envelope(obj) for obj in DATA_MODELS}
-AnyData = Union[tuple(DATA_MODELS.values())]  # type: ignore[valid-type]
+AnyData = Union[tuple(DATA_MODELS.values())]  # type: ignore[valid-type]  # noqa: UP007 - built at run time
 
 
 class EventOut(BaseModel):
@@ -79,8 +79,10 @@ class EventList(BaseModel):
 
     events: list[EventOut] = Field(description="The events, oldest first (newest first with `before`).")  # type: ignore[valid-type]
     has_more: bool = Field(description="More events follow this page.")
-    cursor: str | None = Field(description="The last event's id: pass it as `after` (or `before`) for the next "
-                               "page. With `after` and no new event, the `after` given.")
+    cursor: str | None = Field(
+        description="The last event's id: pass it as `after` (or `before`) for the next "
+        "page. With `after` and no new event, the `after` given."
+    )
 
 
 URL_PATTERN = r"^https?://[^\s/?#@]+(?:[/?#]\S*)?$"
@@ -91,23 +93,38 @@ such as private addresses, is checked when the endpoint is registered and at eve
 class WebhookBody(ApiModel):
     """Body of ``POST /webhooks``."""
 
-    url: str = Field(min_length=1, max_length=2000, pattern=URL_PATTERN, json_schema_extra={"format": "uri"},
-                     description="Where to POST events. https (the sandbox also allows http and loopback); no "
-                     "user name or password; a private, loopback or link-local address is refused (invalid_url).")
-    event_types: list[str] = Field(["*"], min_length=1, max_length=50,
-                                   json_schema_extra={"items": {"type": "string", "enum": PATTERNS}},
-                                   description="Event types to receive: names, `<resource>.*` or `*` (default).")
-    description: str | None = Field(None, max_length=200, pattern=LABEL_PATTERN,
-                                    description="A label for the endpoint (no control or bidirectional-override characters).")
+    url: str = Field(
+        min_length=1,
+        max_length=2000,
+        pattern=URL_PATTERN,
+        json_schema_extra={"format": "uri"},
+        description="Where to POST events. https (the sandbox also allows http and loopback); no "
+        "user name or password; a private, loopback or link-local address is refused (invalid_url).",
+    )
+    event_types: list[str] = Field(
+        ["*"],
+        min_length=1,
+        max_length=50,
+        json_schema_extra={"items": {"type": "string", "enum": PATTERNS}},
+        description="Event types to receive: names, `<resource>.*` or `*` (default).",
+    )
+    description: str | None = Field(
+        None,
+        max_length=200,
+        pattern=LABEL_PATTERN,
+        description="A label for the endpoint (no control or bidirectional-override characters).",
+    )
 
 
 class WebhookPatch(ApiModel):
     """Body of ``PATCH /webhooks/{id}``: any of the fields."""
 
-    url: str | None = Field(None, min_length=1, max_length=2000, pattern=URL_PATTERN,
-                            json_schema_extra={"format": "uri"})
-    event_types: list[str] | None = Field(None, min_length=1, max_length=50,
-                                          json_schema_extra={"items": {"type": "string", "enum": PATTERNS}})
+    url: str | None = Field(
+        None, min_length=1, max_length=2000, pattern=URL_PATTERN, json_schema_extra={"format": "uri"}
+    )
+    event_types: list[str] | None = Field(
+        None, min_length=1, max_length=50, json_schema_extra={"items": {"type": "string", "enum": PATTERNS}}
+    )
     description: str | None = Field(None, max_length=200, pattern=LABEL_PATTERN)
     enabled: StrictBool | None = Field(None, description="true re-enables a disabled endpoint; false pauses it.")
 
@@ -140,7 +157,8 @@ class AttemptOut(BaseModel):
     number: int = Field(description="1 for the first attempt of the delivery.")
     outcome: Literal["accepted", "rejected", "error", "refused"] = Field(
         description="accepted: 2xx; rejected: another status (a 3xx is not followed); error: no answer in time "
-        "or the connection failed; refused: the URL resolves to an address webhooks may not reach.")
+        "or the connection failed; refused: the URL resolves to an address webhooks may not reach."
+    )
     status_code: int | None
     error: str | None
     response_excerpt: str | None = Field(description="The start of the response body.")
@@ -154,7 +172,8 @@ class DeliveryOut(BaseModel):
     event_type: str
     status: Literal["pending", "delivering", "succeeded", "failed", "cancelled"] = Field(
         description="pending (waiting for its next attempt), delivering, succeeded (a 2xx), failed (the retry "
-        "window of about three days ended), cancelled (the endpoint was deleted).")
+        "window of about three days ended), cancelled (the endpoint was deleted)."
+    )
     redelivery: bool = Field(description="Made by POST /webhooks/{id}/redeliver.")
     attempts: int
     next_attempt_at: datetime | None = Field(description="When it is tried next, while pending.")
@@ -188,15 +207,17 @@ def _limit(call: Call, default: int = 50) -> int:
 
 
 def _anchor(session: Session, account_id: int, public_id: str) -> int:
-    row = session.exec(select(StoredEvent.seq).where(StoredEvent.public_id == public_id,
-                                                     StoredEvent.account_id == account_id)).first()
+    row = session.exec(
+        select(StoredEvent.seq).where(StoredEvent.public_id == public_id, StoredEvent.account_id == account_id)
+    ).first()
     if row is None:
         raise NotFound("event on this account")
     return int(row)
 
 
-def _list_events(ctx: AppContext, account_id: int, after: str | None, before: str | None, limit: int,
-                 type_: str | None) -> Response:
+def _list_events(
+    ctx: AppContext, account_id: int, after: str | None, before: str | None, limit: int, type_: str | None
+) -> Response:
     outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
         query = select(StoredEvent).where(StoredEvent.account_id == account_id)
@@ -215,8 +236,15 @@ def _list_events(ctx: AppContext, account_id: int, after: str | None, before: st
     has_more = len(rows) > limit
     rows = rows[:limit]
     cursor = rows[-1].public_id if rows else after
-    body = (b'{"events":[' + b",".join(Event.from_row(r).body for r in rows) + b'],"has_more":'
-            + (b"true" if has_more else b"false") + b',"cursor":' + json.dumps(cursor).encode() + b"}")
+    body = (
+        b'{"events":['
+        + b",".join(Event.from_row(r).body for r in rows)
+        + b'],"has_more":'
+        + (b"true" if has_more else b"false")
+        + b',"cursor":'
+        + json.dumps(cursor).encode()
+        + b"}"
+    )
     return JsonBody(body, 200)
 
 
@@ -240,8 +268,11 @@ async def list_events(call: Call) -> Response:
 def _get_event(ctx: AppContext, account_id: int, public_id: str) -> Response:
     outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
-        row = session.exec(outbox.visible(select(StoredEvent).where(
-            StoredEvent.public_id == public_id, StoredEvent.account_id == account_id))).first()
+        row = session.exec(
+            outbox.visible(
+                select(StoredEvent).where(StoredEvent.public_id == public_id, StoredEvent.account_id == account_id)
+            )
+        ).first()
         if row is None:
             raise NotFound("event on this account")
     return JsonBody(Event.from_row(row).body, 200)
@@ -256,16 +287,27 @@ async def get_event(call: Call) -> Response:
 
 def webhook_out(endpoint: WebhookEndpoint) -> WebhookOut:
     assert endpoint.id is not None
-    return WebhookOut(id=endpoint.id, url=endpoint.url, description=endpoint.description,
-                      event_types=json.loads(endpoint.event_types), status=endpoint.status,  # type: ignore[arg-type]
-                      disabled_reason=endpoint.disabled_reason, failing_since=endpoint.failing_since,
-                      created_at=endpoint.created_at)
+    return WebhookOut(
+        id=endpoint.id,
+        url=endpoint.url,
+        description=endpoint.description,
+        event_types=json.loads(endpoint.event_types),
+        status=endpoint.status,  # type: ignore[arg-type]
+        disabled_reason=endpoint.disabled_reason,
+        failing_since=endpoint.failing_since,
+        created_at=endpoint.created_at,
+    )
 
 
 def webhook_data(endpoint: WebhookEndpoint) -> resources.WebhookData:
     assert endpoint.id is not None
-    return resources.WebhookData(id=endpoint.id, url=endpoint.url, event_types=json.loads(endpoint.event_types),
-                                 status=endpoint.status, disabled_reason=endpoint.disabled_reason)
+    return resources.WebhookData(
+        id=endpoint.id,
+        url=endpoint.url,
+        event_types=json.loads(endpoint.event_types),
+        status=endpoint.status,
+        disabled_reason=endpoint.disabled_reason,
+    )
 
 
 def _url(ctx: AppContext, url: str) -> str:
@@ -289,14 +331,24 @@ def _create(ctx: AppContext, account_id: int, body: WebhookBody) -> WebhookCreat
     limit = event_settings(ctx).max_endpoints_per_account
     outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
-        count = session.execute(sa.select(sa.func.count()).select_from(WebhookEndpoint).where(
-            WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))).scalar()  # type: ignore[union-attr]
+        count = session.execute(
+            sa.select(sa.func.count())
+            .select_from(WebhookEndpoint)
+            .where(WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))
+        ).scalar()  # type: ignore[union-attr]
         if int(count or 0) >= limit:
             raise Conflict("too_many_webhooks", f"An account may have {limit} webhook endpoints; delete one first.")
         since = outbox.head(session)
-        endpoint = WebhookEndpoint(account_id=account_id, url=url, description=body.description, event_types=types,
-                                   secret_enc=signing.encrypt_secret(ctx, secret), status="enabled",
-                                   since_event_id=since, created_at=now)
+        endpoint = WebhookEndpoint(
+            account_id=account_id,
+            url=url,
+            description=body.description,
+            event_types=types,
+            secret_enc=signing.encrypt_secret(ctx, secret),
+            status="enabled",
+            since_event_id=since,
+            created_at=now,
+        )
         session.add(endpoint)
         session.flush()
         return WebhookCreated(**webhook_out(endpoint).model_dump(), secret=secret)
@@ -308,9 +360,13 @@ async def create_webhook(call: Call) -> Reply:
 
 
 def _owned(session: Session, account_id: int, endpoint_id: int) -> WebhookEndpoint:
-    endpoint = session.exec(select(WebhookEndpoint).where(
-        WebhookEndpoint.id == endpoint_id, WebhookEndpoint.account_id == account_id,
-        WebhookEndpoint.deleted_at.is_(None))).first()  # type: ignore[union-attr]
+    endpoint = session.exec(
+        select(WebhookEndpoint).where(
+            WebhookEndpoint.id == endpoint_id,
+            WebhookEndpoint.account_id == account_id,
+            WebhookEndpoint.deleted_at.is_(None),
+        )
+    ).first()  # type: ignore[union-attr]
     if endpoint is None:
         raise NotFound("webhook endpoint")
     return endpoint
@@ -318,9 +374,11 @@ def _owned(session: Session, account_id: int, endpoint_id: int) -> WebhookEndpoi
 
 def _list(ctx: AppContext, account_id: int) -> WebhookList:
     with ctx.db.session() as session:
-        rows = session.exec(select(WebhookEndpoint).where(
-            WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))  # type: ignore[union-attr]
-            .order_by(WebhookEndpoint.id)).all()  # type: ignore[arg-type]
+        rows = session.exec(
+            select(WebhookEndpoint)
+            .where(WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))  # type: ignore[union-attr]
+            .order_by(WebhookEndpoint.id)
+        ).all()  # type: ignore[arg-type]
         return WebhookList(webhooks=[webhook_out(e) for e in rows])
 
 
@@ -368,9 +426,11 @@ def _delete(ctx: AppContext, account_id: int, endpoint_id: int) -> WebhookDelete
         endpoint = _owned(session, account_id, endpoint_id)
         endpoint.deleted_at = now
         session.add(endpoint)
-        session.execute(sa.update(WebhookDelivery).where(
-            WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == "pending")
-            .values(status="cancelled", finished_at=now))
+        session.execute(
+            sa.update(WebhookDelivery)
+            .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == "pending")
+            .values(status="cancelled", finished_at=now)
+        )
         return WebhookDeleted(id=endpoint_id)
 
 
@@ -385,30 +445,59 @@ def _deliveries_out(session: Session, rows: list[tuple[WebhookDelivery, StoredEv
     ids = [d.id for d, _ in rows]
     attempts: dict[int, list[AttemptOut]] = {}
     if ids:
-        for a in session.exec(select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(ids))  # type: ignore[attr-defined]
-                              .order_by(WebhookAttempt.id)).all():  # type: ignore[arg-type]
-            attempts.setdefault(a.delivery_id, []).append(AttemptOut(
-                number=a.number, outcome=a.outcome, status_code=a.status_code, error=a.error,  # type: ignore[arg-type]
-                response_excerpt=a.response_excerpt, duration_ms=a.duration_ms, started_at=a.started_at))
-    return [DeliveryOut(
-        id=d.id, event_id=e.public_id, event_type=e.type, status=d.status, redelivery=d.redelivery,  # type: ignore[arg-type]
-        attempts=d.attempts, next_attempt_at=d.next_attempt_at if d.status == "pending" else None,
-        last_status_code=d.last_status_code, last_error=d.last_error, created_at=d.created_at,
-        finished_at=d.finished_at, log=attempts.get(d.id, [])) for d, e in rows]  # type: ignore[index]
+        for a in session.exec(
+            select(WebhookAttempt)
+            .where(WebhookAttempt.delivery_id.in_(ids))  # type: ignore[attr-defined]
+            .order_by(WebhookAttempt.id)
+        ).all():  # type: ignore[arg-type]
+            attempts.setdefault(a.delivery_id, []).append(
+                AttemptOut(
+                    number=a.number,
+                    outcome=a.outcome,
+                    status_code=a.status_code,
+                    error=a.error,  # type: ignore[arg-type]
+                    response_excerpt=a.response_excerpt,
+                    duration_ms=a.duration_ms,
+                    started_at=a.started_at,
+                )
+            )
+    return [
+        DeliveryOut(
+            id=d.id,
+            event_id=e.public_id,
+            event_type=e.type,
+            status=d.status,
+            redelivery=d.redelivery,  # type: ignore[arg-type]
+            attempts=d.attempts,
+            next_attempt_at=d.next_attempt_at if d.status == "pending" else None,
+            last_status_code=d.last_status_code,
+            last_error=d.last_error,
+            created_at=d.created_at,
+            finished_at=d.finished_at,
+            log=attempts.get(d.id, []),
+        )
+        for d, e in rows
+    ]  # type: ignore[index]
 
 
 def _deliveries(ctx: AppContext, account_id: int, endpoint_id: int, before: int | None, limit: int) -> DeliveryList:
     with ctx.db.session() as session:
         _owned(session, account_id, endpoint_id)
-        query = (select(WebhookDelivery, StoredEvent).join(StoredEvent, StoredEvent.id == WebhookDelivery.event_id)  # type: ignore[arg-type]
-                 .where(WebhookDelivery.endpoint_id == endpoint_id))
+        query = (
+            select(WebhookDelivery, StoredEvent)
+            .join(StoredEvent, StoredEvent.id == WebhookDelivery.event_id)  # type: ignore[arg-type]
+            .where(WebhookDelivery.endpoint_id == endpoint_id)
+        )
         if before is not None:
             query = query.where(WebhookDelivery.id < before)  # type: ignore[operator]
         rows = list(session.exec(query.order_by(WebhookDelivery.id.desc()).limit(limit + 1)).all())  # type: ignore[union-attr]
         has_more = len(rows) > limit
         rows = rows[:limit]
-        return DeliveryList(deliveries=_deliveries_out(session, rows), has_more=has_more,  # type: ignore[arg-type]
-                            cursor=rows[-1][0].id if rows and has_more else None)
+        return DeliveryList(
+            deliveries=_deliveries_out(session, rows),
+            has_more=has_more,  # type: ignore[arg-type]
+            cursor=rows[-1][0].id if rows and has_more else None,
+        )
 
 
 async def list_deliveries(call: Call) -> DeliveryList:
@@ -426,12 +515,23 @@ def _redeliver(ctx: AppContext, account_id: int, endpoint_id: int, event_id: str
         endpoint = _owned(session, account_id, endpoint_id)
         if endpoint.status != "enabled":
             raise Conflict("webhook_disabled", "The endpoint is disabled; re-enable it with PATCH /webhooks/{id}.")
-        row = session.exec(outbox.visible(select(StoredEvent).where(
-            StoredEvent.public_id == event_id, StoredEvent.account_id == account_id))).first()
+        row = session.exec(
+            outbox.visible(
+                select(StoredEvent).where(StoredEvent.public_id == event_id, StoredEvent.account_id == account_id)
+            )
+        ).first()
         if row is None:
             raise NotFound("event on this account")
-        delivery = WebhookDelivery(endpoint_id=endpoint_id, event_id=row.id, account_id=account_id,  # type: ignore[arg-type]
-                                   redelivery=True, status="pending", attempts=0, next_attempt_at=now, created_at=now)
+        delivery = WebhookDelivery(
+            endpoint_id=endpoint_id,
+            event_id=row.id,
+            account_id=account_id,  # type: ignore[arg-type]
+            redelivery=True,
+            status="pending",
+            attempts=0,
+            next_attempt_at=now,
+            created_at=now,
+        )
         session.add(delivery)
         session.flush()
         return Reply(_deliveries_out(session, [(delivery, row)])[0], 202)
@@ -445,39 +545,68 @@ async def redeliver(call: Call) -> Reply:
 # ---- routes and the OpenAPI `webhooks` section ---------------------------------------------------
 
 _NOT_YOURS = "No webhook endpoint with this id on this account."
-_EVENTS_DOC = ("Each event is `{id, type, timestamp, account_id, data}`; `data` is the resource as the API "
-               "shows it with `data.object` naming it. Types: " + ", ".join(EVENT_TYPES) + ". "
-               "The OpenAPI `webhooks` section and docs/events.md describe each one.")
+_EVENTS_DOC = (
+    "Each event is `{id, type, timestamp, account_id, data}`; `data` is the resource as the API "
+    "shows it with `data.object` naming it. Types: " + ", ".join(EVENT_TYPES) + ". "
+    "The OpenAPI `webhooks` section and docs/events.md describe each one."
+)
 
 
 def routes() -> list[ApiRoute]:
     limit = Query("limit", "Page size, 1 to 100 (default 50).", {"type": "integer", "minimum": 1, "maximum": 100})
     return [
         ApiRoute(
-            "GET", "/events", list_events, "List the account's events", EventList,
+            "GET",
+            "/events",
+            list_events,
+            "List the account's events",
+            EventList,
             description="The account's own events, oldest first: page with `after` (the `cursor` of the previous "
             "page), or newest first with `before` alone (both: the events between them, oldest first). "
             "A client that missed a webhook (or uses none) polls with "
             "`after=<last id seen>`. Events are listed in the order they were committed, and an event is listed "
             "only once every event before it is, so paging forward never skips one. " + _EVENTS_DOC,
-            query=(Query("after", "Events after this event id, oldest first.",
-                         {"type": "string", "pattern": EVENT_ID_PATTERN}),
-                   Query("before", "Events before this event id, newest first.",
-                         {"type": "string", "pattern": EVENT_ID_PATTERN}),
-                   limit,
-                   Query("type", "Only this type, or `<resource>.*`.", {"type": "string", "enum": PATTERNS})),
-            errors={400: "invalid_cursor, invalid_limit, invalid_type",
-                    404: "after or before names no event of this account."},
-            tags=TAG, operation_id="listEvents",
+            query=(
+                Query(
+                    "after",
+                    "Events after this event id, oldest first.",
+                    {"type": "string", "pattern": EVENT_ID_PATTERN},
+                ),
+                Query(
+                    "before",
+                    "Events before this event id, newest first.",
+                    {"type": "string", "pattern": EVENT_ID_PATTERN},
+                ),
+                limit,
+                Query("type", "Only this type, or `<resource>.*`.", {"type": "string", "enum": PATTERNS}),
+            ),
+            errors={
+                400: "invalid_cursor, invalid_limit, invalid_type",
+                404: "after or before names no event of this account.",
+            },
+            tags=TAG,
+            operation_id="listEvents",
         ),
         ApiRoute(
-            "GET", "/events/{event_id}", get_event, "Show an event", EventOut,
+            "GET",
+            "/events/{event_id}",
+            get_event,
+            "Show an event",
+            EventOut,
             description="One event of the account by its id (the webhook-id of its deliveries).",
-            errors={404: "No such event on this account."}, tags=TAG, operation_id="getEvent",
+            errors={404: "No such event on this account."},
+            tags=TAG,
+            operation_id="getEvent",
         ),
         ApiRoute(
-            "POST", "/webhooks", create_webhook, "Register a webhook endpoint", WebhookCreated, status=201,
-            body=WebhookBody, response_headers=NO_STORE,
+            "POST",
+            "/webhooks",
+            create_webhook,
+            "Register a webhook endpoint",
+            WebhookCreated,
+            status=201,
+            body=WebhookBody,
+            response_headers=NO_STORE,
             description="Events of the account are POSTed to `url` as JSON, signed by the Standard Webhooks scheme: "
             "headers `webhook-id` (the event id), `webhook-timestamp` (Unix seconds of the attempt) and "
             "`webhook-signature` (`v1,<base64 HMAC-SHA256 of '{id}.{timestamp}.{body}'>`, keyed with the base64-"
@@ -486,43 +615,95 @@ def routes() -> list[ApiRoute]:
             "retried with exponential backoff for about three days. An endpoint that fails for five days, or "
             "answers 410, is disabled (event webhook.disabled). Delivery is at least once: drop repeats by "
             "webhook-id.",
-            errors={400: "invalid_url (scheme, credentials in the URL, a private, loopback or link-local address), "
-                    "invalid_event_types, unknown_field",
-                    409: "too_many_webhooks: the account has the maximum number of endpoints."},
-            tags=TAG, operation_id="createWebhook",
+            errors={
+                400: "invalid_url (scheme, credentials in the URL, a private, loopback or link-local address), "
+                "invalid_event_types, unknown_field",
+                409: "too_many_webhooks: the account has the maximum number of endpoints.",
+            },
+            tags=TAG,
+            operation_id="createWebhook",
         ),
-        ApiRoute("GET", "/webhooks", list_webhooks, "List webhook endpoints", WebhookList,
-                 description="The account's endpoints; secrets are never shown again.",
-                 tags=TAG, operation_id="listWebhooks"),
-        ApiRoute("GET", "/webhooks/{id}", get_webhook, "Show a webhook endpoint", WebhookOut,
-                 errors={404: _NOT_YOURS}, tags=TAG, operation_id="getWebhook"),
         ApiRoute(
-            "PATCH", "/webhooks/{id}", patch_webhook, "Change or re-enable a webhook endpoint", WebhookOut,
-            body=WebhookPatch, errors={400: "invalid_url, invalid_event_types", 404: _NOT_YOURS},
+            "GET",
+            "/webhooks",
+            list_webhooks,
+            "List webhook endpoints",
+            WebhookList,
+            description="The account's endpoints; secrets are never shown again.",
+            tags=TAG,
+            operation_id="listWebhooks",
+        ),
+        ApiRoute(
+            "GET",
+            "/webhooks/{id}",
+            get_webhook,
+            "Show a webhook endpoint",
+            WebhookOut,
+            errors={404: _NOT_YOURS},
+            tags=TAG,
+            operation_id="getWebhook",
+        ),
+        ApiRoute(
+            "PATCH",
+            "/webhooks/{id}",
+            patch_webhook,
+            "Change or re-enable a webhook endpoint",
+            WebhookOut,
+            body=WebhookPatch,
+            errors={400: "invalid_url, invalid_event_types", 404: _NOT_YOURS},
             description="Change the URL, types or description; `enabled: true` re-enables a disabled endpoint (its "
             "pending deliveries resume), `enabled: false` pauses it. Events that happen while an endpoint is "
             "disabled are not queued for it: catch up with GET /events.",
-            tags=TAG, operation_id="updateWebhook",
+            tags=TAG,
+            operation_id="updateWebhook",
         ),
-        ApiRoute("DELETE", "/webhooks/{id}", delete_webhook, "Delete a webhook endpoint", WebhookDeleted,
-                 description="Stops deliveries to it at once; pending ones are cancelled.",
-                 errors={404: _NOT_YOURS}, tags=TAG, operation_id="deleteWebhook"),
         ApiRoute(
-            "GET", "/webhooks/{id}/deliveries", list_deliveries, "The delivery log of an endpoint", DeliveryList,
+            "DELETE",
+            "/webhooks/{id}",
+            delete_webhook,
+            "Delete a webhook endpoint",
+            WebhookDeleted,
+            description="Stops deliveries to it at once; pending ones are cancelled.",
+            errors={404: _NOT_YOURS},
+            tags=TAG,
+            operation_id="deleteWebhook",
+        ),
+        ApiRoute(
+            "GET",
+            "/webhooks/{id}/deliveries",
+            list_deliveries,
+            "The delivery log of an endpoint",
+            DeliveryList,
             description="Each event sent (or being sent) to the endpoint, newest first, with every attempt: status "
             "code, error, the start of the response and the time it took.",
-            query=(Query("before", "Deliveries older than this delivery id.",
-                         {"type": "integer", "minimum": 1, "maximum": 999_999_999_999_999_999}), limit),
-            errors={400: "invalid_cursor, invalid_limit", 404: _NOT_YOURS}, tags=TAG, operation_id="listDeliveries",
+            query=(
+                Query(
+                    "before",
+                    "Deliveries older than this delivery id.",
+                    {"type": "integer", "minimum": 1, "maximum": 999_999_999_999_999_999},
+                ),
+                limit,
+            ),
+            errors={400: "invalid_cursor, invalid_limit", 404: _NOT_YOURS},
+            tags=TAG,
+            operation_id="listDeliveries",
         ),
         ApiRoute(
-            "POST", "/webhooks/{id}/redeliver", redeliver, "Send an event again", DeliveryOut, status=202,
+            "POST",
+            "/webhooks/{id}/redeliver",
+            redeliver,
+            "Send an event again",
+            DeliveryOut,
+            status=202,
             body=RedeliverBody,
             description="Queues a new delivery of one of the account's events to this endpoint (same webhook-id), "
             "sent within seconds and retried like any other. For replaying what an outage missed.",
-            errors={404: "No such endpoint, or no such event on this account.",
-                    409: "webhook_disabled: re-enable the endpoint first."},
-            tags=TAG, operation_id="redeliverEvent",
+            errors={
+                404: "No such endpoint, or no such event on this account.",
+                409: "webhook_disabled: re-enable the endpoint first.",
+            },
+            tags=TAG,
+            operation_id="redeliverEvent",
         ),
     ]
 
@@ -530,22 +711,46 @@ def routes() -> list[ApiRoute]:
 def openapi_webhooks() -> tuple[list[type[BaseModel]], dict[str, Any]]:
     """The models and the OpenAPI 3.1 ``webhooks`` object: one entry per event type."""
     signed = [
-        {"name": "webhook-id", "in": "header", "required": True, "schema": {"type": "string"},
-         "description": "The event id (evt_...): the same on every retry and redelivery."},
-        {"name": "webhook-timestamp", "in": "header", "required": True, "schema": {"type": "string"},
-         "description": "Unix time in seconds of this attempt."},
-        {"name": "webhook-signature", "in": "header", "required": True, "schema": {"type": "string"},
-         "description": "v1,<base64 HMAC-SHA256 of '{webhook-id}.{webhook-timestamp}.{body}'> (Standard Webhooks)."},
+        {
+            "name": "webhook-id",
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "The event id (evt_...): the same on every retry and redelivery.",
+        },
+        {
+            "name": "webhook-timestamp",
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "Unix time in seconds of this attempt.",
+        },
+        {
+            "name": "webhook-signature",
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "v1,<base64 HMAC-SHA256 of '{webhook-id}.{webhook-timestamp}.{body}'> (Standard Webhooks).",
+        },
     ]
     hooks: dict[str, Any] = {}
     for name, info in EVENT_TYPES.items():
         model = ENVELOPES[info.object]
-        hooks[name] = {"post": {
-            "summary": name, "description": info.description, "operationId": f"webhook_{name.replace('.', '_')}",
-            "tags": list(TAG), "parameters": signed,
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
-            "responses": {"2XX": {"description": "Accepted: the event will not be sent again."},
-                          "default": {"description": "Not accepted: retried with exponential backoff."}},
-        }}
+        hooks[name] = {
+            "post": {
+                "summary": name,
+                "description": info.description,
+                "operationId": f"webhook_{name.replace('.', '_')}",
+                "tags": list(TAG),
+                "parameters": signed,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                },
+                "responses": {
+                    "2XX": {"description": "Accepted: the event will not be sent again."},
+                    "default": {"description": "Not accepted: retried with exponential backoff."},
+                },
+            }
+        }
     return list(ENVELOPES.values()), hooks

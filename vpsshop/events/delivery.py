@@ -79,15 +79,24 @@ def fan_out(ctx: AppContext, limit: int | None = None) -> tuple[int, int]:
         cursor = session.exec(query).first()
         if cursor is None:
             return 0, 0  # another worker is fanning out right now
-        rows = session.exec(outbox.visible(
-            select(StoredEvent).where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
-            .order_by(StoredEvent.seq).limit(limit or settings.batch_size))).all()  # type: ignore[arg-type]
+        rows = session.exec(
+            outbox.visible(
+                select(StoredEvent)
+                .where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
+                .order_by(StoredEvent.seq)
+                .limit(limit or settings.batch_size)
+            )
+        ).all()  # type: ignore[arg-type]
         if not rows:
             return 0, 0
         accounts = {row.account_id for row in rows}
-        endpoints = session.exec(select(WebhookEndpoint).where(
-            WebhookEndpoint.account_id.in_(accounts),  # type: ignore[attr-defined]
-            WebhookEndpoint.status == "enabled", WebhookEndpoint.deleted_at.is_(None))).all()  # type: ignore[union-attr]
+        endpoints = session.exec(
+            select(WebhookEndpoint).where(
+                WebhookEndpoint.account_id.in_(accounts),  # type: ignore[attr-defined]
+                WebhookEndpoint.status == "enabled",
+                WebhookEndpoint.deleted_at.is_(None),
+            )
+        ).all()  # type: ignore[union-attr]
         by_account: dict[int, list[tuple[WebhookEndpoint, list[str]]]] = {}
         for endpoint in endpoints:
             by_account.setdefault(endpoint.account_id, []).append((endpoint, json.loads(endpoint.event_types)))
@@ -95,10 +104,19 @@ def fan_out(ctx: AppContext, limit: int | None = None) -> tuple[int, int]:
         for row in rows:
             for endpoint, patterns in by_account.get(row.account_id, ()):
                 if row.seq > endpoint.since_event_id and matches(patterns, row.type):  # type: ignore[operator]
-                    created.append(dict(
-                        endpoint_id=endpoint.id, event_id=row.id, account_id=row.account_id,
-                        fanout_key=f"{endpoint.id}:{row.id}", redelivery=False, status="pending", attempts=0,
-                        next_attempt_at=now, created_at=now))
+                    created.append(
+                        dict(
+                            endpoint_id=endpoint.id,
+                            event_id=row.id,
+                            account_id=row.account_id,
+                            fanout_key=f"{endpoint.id}:{row.id}",
+                            redelivery=False,
+                            status="pending",
+                            attempts=0,
+                            next_attempt_at=now,
+                            created_at=now,
+                        )
+                    )
         if created:
             session.execute(sa.insert(WebhookDelivery), created)
         cursor.last_id = rows[-1].seq  # type: ignore[assignment]
@@ -118,7 +136,8 @@ def claim(ctx: AppContext, worker: str = WORKER_ID, limit: int = 8) -> list[Clai
         select(WebhookDelivery.id)
         .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)  # type: ignore[arg-type]
         .where(
-            WebhookEndpoint.status == "enabled", WebhookEndpoint.deleted_at.is_(None),  # type: ignore[union-attr]
+            WebhookEndpoint.status == "enabled",
+            WebhookEndpoint.deleted_at.is_(None),  # type: ignore[union-attr]
             sa.or_(
                 sa.and_(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now),  # type: ignore[arg-type]
                 sa.and_(WebhookDelivery.status == "delivering", WebhookDelivery.locked_until < now),  # type: ignore[operator]
@@ -133,13 +152,23 @@ def claim(ctx: AppContext, worker: str = WORKER_ID, limit: int = 8) -> list[Clai
         rows = session.execute(
             sa.update(WebhookDelivery)
             .where(WebhookDelivery.id.in_(due.scalar_subquery()))  # type: ignore[union-attr]
-            .values(status="delivering", attempts=WebhookDelivery.attempts + 1, locked_by=worker,
-                    locked_until=now + timedelta(seconds=settings.lease_seconds))
-            .returning(WebhookDelivery.id, WebhookDelivery.endpoint_id, WebhookDelivery.event_id,
-                       WebhookDelivery.attempts, WebhookDelivery.created_at)
+            .values(
+                status="delivering",
+                attempts=WebhookDelivery.attempts + 1,
+                locked_by=worker,
+                locked_until=now + timedelta(seconds=settings.lease_seconds),
+            )
+            .returning(
+                WebhookDelivery.id,
+                WebhookDelivery.endpoint_id,
+                WebhookDelivery.event_id,
+                WebhookDelivery.attempts,
+                WebhookDelivery.created_at,
+            )
         ).all()
-    return [Claimed(r[0], r[1], r[2], r[3], r[4] if r[4].tzinfo else r[4].replace(tzinfo=now.tzinfo), worker)
-            for r in rows]
+    return [
+        Claimed(r[0], r[1], r[2], r[3], r[4] if r[4].tzinfo else r[4].replace(tzinfo=now.tzinfo), worker) for r in rows
+    ]
 
 
 # ---- sending and recording -----------------------------------------------------------------------
@@ -161,13 +190,17 @@ def _prepare(ctx: AppContext, batch: list[Claimed]) -> list[Prepared]:
             row = session.get(StoredEvent, item.event_id)
             if endpoint is None or row is None:  # pragma: no cover - rows are never deleted under a delivery
                 continue
-            out.append(Prepared(item, endpoint.url, signing.decrypt_secret(ctx, endpoint.secret_enc),
-                                events.Event.from_row(row)))
+            out.append(
+                Prepared(
+                    item, endpoint.url, signing.decrypt_secret(ctx, endpoint.secret_enc), events.Event.from_row(row)
+                )
+            )
     return out
 
 
-def next_delay(settings: EventSettings, attempts: int, retry_after: float | None = None,
-               rng: random.Random | None = None) -> float:
+def next_delay(
+    settings: EventSettings, attempts: int, retry_after: float | None = None, rng: random.Random | None = None
+) -> float:
     """Seconds before attempt ``attempts + 1``: exponential, capped, jittered, honouring Retry-After."""
     base = min(settings.retry_base_seconds * 2 ** min(attempts - 1, 40), settings.retry_max_delay_seconds)
     delay = base * (rng or random).uniform(0.9, 1.1)
@@ -180,32 +213,56 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
     """Log the attempt and move the delivery on. Returns ``succeeded``, ``retry``, ``failed`` or ``lost``."""
     settings = event_settings(ctx)
     now = ctx.clock.now()
-    owned = sa.and_(WebhookDelivery.id == item.id, WebhookDelivery.locked_by == item.worker,
-                    WebhookDelivery.status == "delivering")
+    owned = sa.and_(
+        WebhookDelivery.id == item.id, WebhookDelivery.locked_by == item.worker, WebhookDelivery.status == "delivering"
+    )
     with ctx.db.session() as session:
-        session.add(WebhookAttempt(
-            delivery_id=item.id, endpoint_id=item.endpoint_id, number=item.attempts, outcome=result.outcome,
-            status_code=result.status_code, error=(result.error or None) and result.error[:500],  # type: ignore[arg-type]
-            response_excerpt=result.excerpt, duration_ms=result.duration_ms, worker=item.worker[:64],
-            started_at=started))
-        common = dict(last_status_code=result.status_code, last_error=(result.error or "")[:500] or None,
-                      locked_by=None, locked_until=None)
+        session.add(
+            WebhookAttempt(
+                delivery_id=item.id,
+                endpoint_id=item.endpoint_id,
+                number=item.attempts,
+                outcome=result.outcome,
+                status_code=result.status_code,
+                error=(result.error or None) and result.error[:500],  # type: ignore[arg-type]
+                response_excerpt=result.excerpt,
+                duration_ms=result.duration_ms,
+                worker=item.worker[:64],
+                started_at=started,
+            )
+        )
+        common = dict(
+            last_status_code=result.status_code,
+            last_error=(result.error or "")[:500] or None,
+            locked_by=None,
+            locked_until=None,
+        )
         if result.outcome == "accepted":
-            if session.execute(sa.update(WebhookDelivery).where(owned).values(
-                    status="succeeded", finished_at=now, **common)).rowcount != 1:
+            if (
+                session.execute(
+                    sa.update(WebhookDelivery).where(owned).values(status="succeeded", finished_at=now, **common)
+                ).rowcount
+                != 1
+            ):
                 return "lost"
-            session.execute(sa.update(WebhookEndpoint).where(WebhookEndpoint.id == item.endpoint_id)
-                            .values(failing_since=None))
+            session.execute(
+                sa.update(WebhookEndpoint).where(WebhookEndpoint.id == item.endpoint_id).values(failing_since=None)
+            )
             return "succeeded"
         delay = next_delay(settings, item.attempts, result.retry_after)
         gave_up = now + timedelta(seconds=delay) > item.created_at + timedelta(hours=settings.retry_window_hours)
-        values = dict(status="failed", finished_at=now) if gave_up else dict(
-            status="pending", next_attempt_at=now + timedelta(seconds=delay))
+        values = (
+            dict(status="failed", finished_at=now)
+            if gave_up
+            else dict(status="pending", next_attempt_at=now + timedelta(seconds=delay))
+        )
         if session.execute(sa.update(WebhookDelivery).where(owned).values(**values, **common)).rowcount != 1:
             return "lost"
-        session.execute(sa.update(WebhookEndpoint).where(
-            WebhookEndpoint.id == item.endpoint_id, WebhookEndpoint.failing_since.is_(None))  # type: ignore[union-attr]
-            .values(failing_since=now))
+        session.execute(
+            sa.update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == item.endpoint_id, WebhookEndpoint.failing_since.is_(None))  # type: ignore[union-attr]
+            .values(failing_since=now)
+        )
         endpoint = session.get(WebhookEndpoint, item.endpoint_id, populate_existing=True)
         assert endpoint is not None and endpoint.failing_since is not None
         if result.status_code == 410:
@@ -219,7 +276,8 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
 def disable(session: Session, endpoint: WebhookEndpoint, now: datetime, reason: str) -> bool:
     """Disable ``endpoint`` once and tell the account (a ``webhook.disabled`` event)."""
     moved = session.execute(
-        sa.update(WebhookEndpoint).where(WebhookEndpoint.id == endpoint.id, WebhookEndpoint.status == "enabled")
+        sa.update(WebhookEndpoint)
+        .where(WebhookEndpoint.id == endpoint.id, WebhookEndpoint.status == "enabled")
         .values(status="disabled", disabled_at=now, disabled_reason=reason[:500])
     ).rowcount
     if moved != 1:
@@ -241,13 +299,20 @@ async def deliver(ctx: AppContext, prepared: Prepared, resolver: sender.Resolver
     headers = signing.headers(prepared.secret, event.id, timestamp, event.body)
     result = await sender.post(prepared.url, headers, event.body, settings, resolver)
     if result.outcome != "accepted":
-        log.info("webhook %s (%s) to endpoint %s, attempt %s: %s", event.id, event.type,
-                 prepared.claimed.endpoint_id, prepared.claimed.attempts, result.error)
+        log.info(
+            "webhook %s (%s) to endpoint %s, attempt %s: %s",
+            event.id,
+            event.type,
+            prepared.claimed.endpoint_id,
+            prepared.claimed.attempts,
+            result.error,
+        )
     return await to_thread.run_sync(_record, ctx, prepared.claimed, result, started)
 
 
-async def run_pass(ctx: AppContext, worker: str = WORKER_ID, resolver: sender.Resolver | None = None,
-                   limit: int | None = None) -> dict[str, int]:
+async def run_pass(
+    ctx: AppContext, worker: str = WORKER_ID, resolver: sender.Resolver | None = None, limit: int | None = None
+) -> dict[str, int]:
     """One pass of the ``webhooks`` task: fan out, then deliver what is due (up to ``batch_size``)."""
     settings = event_settings(ctx)
     counts = {"fanned_out": 0, "succeeded": 0, "retry": 0, "failed": 0, "lost": 0}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from anyio import to_thread
@@ -65,9 +66,14 @@ def _take(ctx: AppContext, name: str, worker: str, limit: int) -> tuple[Any, lis
         if cursor.retry_at is not None and cursor.retry_at > now:
             outbox.store(session, name, worker, now, locked_by=None, locked_until=None)
             return None
-        rows = session.exec(outbox.visible(
-            select(StoredEvent).where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
-            .order_by(StoredEvent.seq).limit(limit))).all()  # type: ignore[arg-type]
+        rows = session.exec(
+            outbox.visible(
+                select(StoredEvent)
+                .where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
+                .order_by(StoredEvent.seq)
+                .limit(limit)
+            )
+        ).all()  # type: ignore[arg-type]
         return cursor, [Event.from_row(row) for row in rows]
 
 
@@ -108,23 +114,48 @@ async def run_plugin(ctx: AppContext, impl: Any, worker: str = WORKER_ID) -> int
                 failures += 1
                 error = f"{type(exc).__name__}: {exc}"[:500]
                 if failures >= settings.hook_max_attempts:
-                    log.error("vpsshop_event of plugin %s failed %s times on event %s (%s); skipping it: %s",
-                              impl.plugin_name, failures, event.id, event.type, error)
-                    if not await to_thread.run_sync(lambda: _store(ctx, name, worker, last_id=event.seq, failures=0,
-                                                                   retry_at=None, last_error=error)):
+                    log.error(
+                        "vpsshop_event of plugin %s failed %s times on event %s (%s); skipping it: %s",
+                        impl.plugin_name,
+                        failures,
+                        event.id,
+                        event.type,
+                        error,
+                    )
+                    if not await to_thread.run_sync(
+                        partial(
+                            _store, ctx, name, worker, last_id=event.seq, failures=0, retry_at=None, last_error=error
+                        )
+                    ):
                         return done
                     failures = 0
                     continue
                 delay = settings.hook_retry_seconds * 2 ** (failures - 1)
-                log.warning("vpsshop_event of plugin %s failed on event %s (%s), attempt %s; again in %.1f s: %s",
-                            impl.plugin_name, event.id, event.type, failures, delay, error)
-                await to_thread.run_sync(lambda: _store(
-                    ctx, name, worker, failures=failures, last_error=error,
-                    retry_at=ctx.clock.now() + timedelta(seconds=delay)))
+                log.warning(
+                    "vpsshop_event of plugin %s failed on event %s (%s), attempt %s; again in %.1f s: %s",
+                    impl.plugin_name,
+                    event.id,
+                    event.type,
+                    failures,
+                    delay,
+                    error,
+                )
+                await to_thread.run_sync(
+                    partial(
+                        _store,
+                        ctx,
+                        name,
+                        worker,
+                        failures=failures,
+                        last_error=error,
+                        retry_at=ctx.clock.now() + timedelta(seconds=delay),
+                    )
+                )
                 return done
             done += 1
-            if not await to_thread.run_sync(lambda: _store(ctx, name, worker, last_id=event.seq, failures=0,
-                                                           retry_at=None, last_error=None)):
+            if not await to_thread.run_sync(
+                partial(_store, ctx, name, worker, last_id=event.seq, failures=0, retry_at=None, last_error=None)
+            ):
                 return done  # the lease was lost to another worker: it goes on from the cursor
             failures = 0
     finally:
@@ -140,6 +171,6 @@ async def run_hooks(ctx: AppContext, worker: str = WORKER_ID) -> int:
     for impl in implementations(ctx):
         try:
             total += await run_plugin(ctx, impl, worker)
-        except Exception:  # noqa: BLE001 - one plugin's bookkeeping failure must not stop the others
+        except Exception:
             log.exception("feeding events to plugin %s failed", impl.plugin_name)
     return total

@@ -7,7 +7,8 @@ other worker).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vpsshop.hookspecs import hookimpl
 from vpsshop.tasks import BackgroundTask
@@ -17,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @hookimpl
-def vpsshop_startup(ctx: "AppContext") -> None:
+def vpsshop_startup(ctx: AppContext) -> None:
     """Validate ``[events]`` at start-up and give new ``vpsshop_event`` plugins their cursor."""
     from vpsshop.events.dispatch import ensure_cursors
     from vpsshop.events.settings import event_settings
@@ -27,7 +28,7 @@ def vpsshop_startup(ctx: "AppContext") -> None:
 
 
 @hookimpl
-def vpsshop_background_tasks(ctx: "AppContext") -> Iterable[BackgroundTask]:
+def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
     from vpsshop.events import delivery, dispatch
     from vpsshop.events.settings import event_settings
 

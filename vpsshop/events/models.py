@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Optional
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -39,14 +38,14 @@ class StoredEvent(SQLModel, table=True):
     __tablename__ = "events"
     __table_args__ = (sa.Index("ix_events_account_id_seq", "account_id", "seq"),)
 
-    id: Optional[int] = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
     public_id: str = Field(max_length=40, unique=True, nullable=False)
     type: str = Field(max_length=64, nullable=False)
     account_id: int = Field(foreign_key="accounts.id", nullable=False)
     resource_type: str = Field(max_length=32, nullable=False)
     resource_id: str = Field(max_length=64, nullable=False)
     data: str = Field(sa_type=sa.Text, nullable=False)
-    seq: Optional[int] = Field(default=None, sa_type=sa.BigInteger, unique=True)
+    seq: int | None = Field(default=None, sa_type=sa.BigInteger, unique=True)
     created_at: datetime = _ts()
 
 
@@ -62,10 +61,10 @@ class EventCursor(SQLModel, table=True):
     name: str = Field(max_length=120, primary_key=True)
     last_id: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
     failures: int = Field(default=0, nullable=False)
-    retry_at: Optional[datetime] = _ts(nullable=True)
-    last_error: Optional[str] = Field(default=None, max_length=500)
-    locked_by: Optional[str] = Field(default=None, max_length=64)
-    locked_until: Optional[datetime] = _ts(nullable=True)
+    retry_at: datetime | None = _ts(nullable=True)
+    last_error: str | None = Field(default=None, max_length=500)
+    locked_by: str | None = Field(default=None, max_length=64)
+    locked_until: datetime | None = _ts(nullable=True)
     updated_at: datetime = _ts()
 
 
@@ -79,21 +78,21 @@ class WebhookEndpoint(SQLModel, table=True):
 
     __tablename__ = "webhook_endpoints"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     url: str = Field(max_length=2000, nullable=False)
-    description: Optional[str] = Field(default=None, max_length=200)
+    description: str | None = Field(default=None, max_length=200)
     event_types: str = Field(sa_type=sa.Text, nullable=False)
     secret_enc: str = Field(max_length=500, nullable=False)
     status: str = Field(default="enabled", max_length=16, nullable=False)
-    disabled_reason: Optional[str] = Field(default=None, max_length=500)
+    disabled_reason: str | None = Field(default=None, max_length=500)
     since_event_id: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
     """The newest published event (``seq``) when the endpoint was registered: it receives those after it."""
-    failing_since: Optional[datetime] = _ts(nullable=True)
+    failing_since: datetime | None = _ts(nullable=True)
     """When the run of failed attempts that has not been broken by a success began."""
     created_at: datetime = _ts()
-    disabled_at: Optional[datetime] = _ts(nullable=True)
-    deleted_at: Optional[datetime] = _ts(nullable=True)
+    disabled_at: datetime | None = _ts(nullable=True)
+    deleted_at: datetime | None = _ts(nullable=True)
 
 
 class WebhookDelivery(SQLModel, table=True):
@@ -109,21 +108,21 @@ class WebhookDelivery(SQLModel, table=True):
         sa.Index("ix_webhook_deliveries_endpoint_id", "endpoint_id", "id"),
     )
 
-    id: Optional[int] = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
     endpoint_id: int = Field(foreign_key="webhook_endpoints.id", nullable=False)
     event_id: int = Field(sa_type=sa.BigInteger, foreign_key="events.id", nullable=False)
     account_id: int = Field(foreign_key="accounts.id", nullable=False)
-    fanout_key: Optional[str] = Field(default=None, max_length=80, unique=True)
+    fanout_key: str | None = Field(default=None, max_length=80, unique=True)
     redelivery: bool = Field(default=False, nullable=False)
     status: str = Field(default="pending", max_length=16, nullable=False)
     attempts: int = Field(default=0, nullable=False)
     next_attempt_at: datetime = _ts()
-    locked_by: Optional[str] = Field(default=None, max_length=64)
-    locked_until: Optional[datetime] = _ts(nullable=True)
-    last_status_code: Optional[int] = Field(default=None)
-    last_error: Optional[str] = Field(default=None, max_length=500)
+    locked_by: str | None = Field(default=None, max_length=64)
+    locked_until: datetime | None = _ts(nullable=True)
+    last_status_code: int | None = Field(default=None)
+    last_error: str | None = Field(default=None, max_length=500)
     created_at: datetime = _ts()
-    finished_at: Optional[datetime] = _ts(nullable=True)
+    finished_at: datetime | None = _ts(nullable=True)
 
 
 class WebhookAttempt(SQLModel, table=True):
@@ -131,15 +130,15 @@ class WebhookAttempt(SQLModel, table=True):
 
     __tablename__ = "webhook_attempts"
 
-    id: Optional[int] = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
+    id: int | None = Field(default=None, sa_column=sa.Column(BigId, primary_key=True, autoincrement=True))
     delivery_id: int = Field(sa_type=sa.BigInteger, foreign_key="webhook_deliveries.id", index=True, nullable=False)
     endpoint_id: int = Field(foreign_key="webhook_endpoints.id", nullable=False)
     number: int = Field(nullable=False)
     outcome: str = Field(max_length=16, nullable=False)
     """``accepted`` (2xx), ``rejected`` (another status), ``error`` (no answer), ``refused`` (address refused)."""
-    status_code: Optional[int] = Field(default=None)
-    error: Optional[str] = Field(default=None, max_length=500)
-    response_excerpt: Optional[str] = Field(default=None, max_length=500)
+    status_code: int | None = Field(default=None)
+    error: str | None = Field(default=None, max_length=500)
+    response_excerpt: str | None = Field(default=None, max_length=500)
     duration_ms: int = Field(default=0, nullable=False)
-    worker: Optional[str] = Field(default=None, max_length=64)
+    worker: str | None = Field(default=None, max_length=64)
     started_at: datetime = _ts()

@@ -33,12 +33,18 @@ def publish(session: Session, limit: int = PUBLISH_BATCH) -> int:
 
     On PostgreSQL, returns 0 at once when another publisher holds the lock (it publishes them).
     """
-    if session.get_bind().dialect.name == "postgresql":
-        if not session.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_PG_PUBLISH_LOCK))).scalar():
-            return 0
-    ids = session.execute(
-        sa.select(StoredEvent.id).where(StoredEvent.seq.is_(None)).order_by(StoredEvent.id).limit(limit)  # type: ignore[union-attr,arg-type]
-    ).scalars().all()
+    if (
+        session.get_bind().dialect.name == "postgresql"
+        and not session.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_PG_PUBLISH_LOCK))).scalar()
+    ):
+        return 0
+    ids = (
+        session.execute(
+            sa.select(StoredEvent.id).where(StoredEvent.seq.is_(None)).order_by(StoredEvent.id).limit(limit)  # type: ignore[union-attr,arg-type]
+        )
+        .scalars()
+        .all()
+    )
     if not ids:
         return 0
     top = int(session.execute(sa.select(sa.func.coalesce(sa.func.max(StoredEvent.seq), 0))).scalar() or 0)
@@ -89,9 +95,14 @@ def lease(session: Session, name: str, worker: str, now: datetime, seconds: floa
     """Take the lease of cursor ``name`` for ``worker`` (None while another worker holds it)."""
     taken = session.execute(
         sa.update(EventCursor)
-        .where(EventCursor.name == name,
-               sa.or_(EventCursor.locked_until.is_(None), EventCursor.locked_until < now,  # type: ignore[union-attr,operator]
-                      EventCursor.locked_by == worker))
+        .where(
+            EventCursor.name == name,
+            sa.or_(
+                EventCursor.locked_until.is_(None),
+                EventCursor.locked_until < now,  # type: ignore[union-attr,operator]
+                EventCursor.locked_by == worker,
+            ),
+        )
         .values(locked_by=worker, locked_until=now + timedelta(seconds=seconds))
     ).rowcount
     if taken != 1:
@@ -101,7 +112,11 @@ def lease(session: Session, name: str, worker: str, now: datetime, seconds: floa
 
 def store(session: Session, name: str, worker: str, now: datetime, **values: Any) -> bool:
     """Update the cursor while ``worker`` holds its lease; False if the lease was lost."""
-    return session.execute(
-        sa.update(EventCursor).where(EventCursor.name == name, EventCursor.locked_by == worker)
-        .values(updated_at=now, **values)
-    ).rowcount == 1
+    return (
+        session.execute(
+            sa.update(EventCursor)
+            .where(EventCursor.name == name, EventCursor.locked_by == worker)
+            .values(updated_at=now, **values)
+        ).rowcount
+        == 1
+    )

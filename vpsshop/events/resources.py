@@ -53,8 +53,10 @@ class PaymentData(BaseModel):
     txid: str
     amount: str = Field(description="Amount of this payment in the coin's units.")
     confirmations: int | None
-    late: bool = Field(description="Arrived after the top-up expired or was cancelled: valued at the rate of "
-                       "the moment it was credited.")
+    late: bool = Field(
+        description="Arrived after the top-up expired or was cancelled: valued at the rate of "
+        "the moment it was credited."
+    )
     credited_usd: UsdAmount | None = Field(description="USD credited for it; null until credited.")
 
 
@@ -70,8 +72,9 @@ class TopupData(BaseModel):
     expires_at: datetime | None
     created_at: datetime
     completed_at: datetime | None
-    amount_received: str | None = Field(None, description="Sum of the payments credited so far, in coin units "
-                                        "(payment events only).")
+    amount_received: str | None = Field(
+        None, description="Sum of the payments credited so far, in coin units (payment events only)."
+    )
     credited_usd: UsdAmount | None = Field(None, description="USD credited by this top-up so far (payment events).")
     payment: PaymentData | None = Field(None, description="The payment the event is about (payment events).")
 
@@ -89,34 +92,42 @@ def account_data(account_id: int, created_at: datetime) -> AccountData:
     return AccountData(user_id=account_id, created_at=created_at)
 
 
-def api_key_data(key: "ApiKey") -> ApiKeyData:
+def api_key_data(key: ApiKey) -> ApiKeyData:
     assert key.id is not None
-    return ApiKeyData(id=key.id, prefix=key.prefix, name=key.name, created_at=key.created_at,
-                      revoked_at=key.revoked_at)
+    return ApiKeyData(id=key.id, prefix=key.prefix, name=key.name, created_at=key.created_at, revoked_at=key.revoked_at)
 
 
-def ledger_entry_data(entry: "LedgerEntry") -> LedgerEntryData:
+def ledger_entry_data(entry: LedgerEntry) -> LedgerEntryData:
     assert entry.id is not None
-    return LedgerEntryData(id=entry.id, amount_usd=micros_to_usd(entry.amount_micros),
-                           balance_after_usd=micros_to_usd(entry.balance_after_micros), reason=entry.reason,
-                           ref=entry.ref, created_at=entry.created_at)
+    return LedgerEntryData(
+        id=entry.id,
+        amount_usd=micros_to_usd(entry.amount_micros),
+        balance_after_usd=micros_to_usd(entry.balance_after_micros),
+        reason=entry.reason,
+        ref=entry.ref,
+        created_at=entry.created_at,
+    )
 
 
-def _decimals(ctx: "AppContext", coin: str) -> int:
+def _decimals(ctx: AppContext, coin: str) -> int:
     found = ctx.coins.get(coin)
     return found.decimals if found is not None else 0
 
 
-def topup_data(ctx: "AppContext", topup: "Topup", payment: "TopupPayment | None" = None,
-               session: "Session | None" = None) -> TopupData:
+def topup_data(
+    ctx: AppContext, topup: Topup, payment: TopupPayment | None = None, session: Session | None = None
+) -> TopupData:
     """The top-up; with ``payment`` (and ``session`` to add up what was credited) a payment event's data."""
     decimals = _decimals(ctx, topup.coin)
     extra: dict[str, Any] = {}
     if payment is not None:
         pay_decimals = _decimals(ctx, payment.coin)
         extra["payment"] = PaymentData(
-            coin=payment.coin, txid=payment.txid, amount=format_atomic(int(payment.amount_atomic), pay_decimals),
-            confirmations=payment.confirmations, late=payment.late,
+            coin=payment.coin,
+            txid=payment.txid,
+            amount=format_atomic(int(payment.amount_atomic), pay_decimals),
+            confirmations=payment.confirmations,
+            late=payment.late,
             credited_usd=micros_to_usd(payment.credited_micros) if payment.credited_micros is not None else None,
         )
         if session is not None:
@@ -124,27 +135,34 @@ def topup_data(ctx: "AppContext", topup: "Topup", payment: "TopupPayment | None"
             extra["amount_received"] = format_atomic(received, decimals)
             extra["credited_usd"] = micros_to_usd(credited)
     return TopupData(
-        ref=topup.ref, status=topup.status, amount_usd=micros_to_usd(topup.amount_micros), coin=topup.coin,
+        ref=topup.ref,
+        status=topup.status,
+        amount_usd=micros_to_usd(topup.amount_micros),
+        coin=topup.coin,
         deposit_address=topup.deposit_address or "",
         deposit_amount=format_atomic(int(topup.deposit_amount_atomic), decimals),
-        deposit_network=topup.deposit_network, expires_at=topup.expires_at, created_at=topup.created_at,
-        completed_at=topup.completed_at, **extra,
+        deposit_network=topup.deposit_network,
+        expires_at=topup.expires_at,
+        created_at=topup.created_at,
+        completed_at=topup.completed_at,
+        **extra,
     )
 
 
-def credited_totals(session: "Session", topup: "Topup") -> tuple[int, int]:
+def credited_totals(session: Session, topup: Topup) -> tuple[int, int]:
     """(atomic units of the top-up's coin credited, micro-dollars credited) over its credited payments."""
     from sqlmodel import select
 
     from vpsshop.payments.models import TopupPayment
 
-    rows = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id,
-                                                   TopupPayment.status == "credited")).all()
+    rows = session.exec(
+        select(TopupPayment).where(TopupPayment.topup_id == topup.id, TopupPayment.status == "credited")
+    ).all()
     received = sum(int(p.amount_atomic) for p in rows if p.coin == topup.coin)
     return received, sum(p.credited_micros or 0 for p in rows)
 
 
-def server_data(session: "Session", server_id: int) -> Any:
+def server_data(session: Session, server_id: int) -> Any:
     """The server as ``GET /servers/{id}`` shows it, read in ``session`` (after the change)."""
     from vpsshop.models import Server
     from vpsshop.servers.api import server_out
@@ -155,20 +173,28 @@ def server_data(session: "Session", server_id: int) -> Any:
     return server_out(server)
 
 
-def x402_payment_data(ctx: "AppContext", topup: "Topup", transaction: str, amount_atomic: int,
-                      credited_micros: int) -> TopupData:
+def x402_payment_data(
+    ctx: AppContext, topup: Topup, transaction: str, amount_atomic: int, credited_micros: int
+) -> TopupData:
     """A settled x402 authorization as a payment event's data (USDC at par; no confirmations)."""
     data = topup_data(ctx, topup)
     decimals = _decimals(ctx, topup.coin)
-    data.payment = PaymentData(coin=topup.coin, txid=transaction, amount=format_atomic(int(amount_atomic), decimals),
-                               confirmations=None, late=False, credited_usd=micros_to_usd(credited_micros))
+    data.payment = PaymentData(
+        coin=topup.coin,
+        txid=transaction,
+        amount=format_atomic(int(amount_atomic), decimals),
+        confirmations=None,
+        late=False,
+        credited_usd=micros_to_usd(credited_micros),
+    )
     data.amount_received = format_atomic(int(amount_atomic), decimals)
     data.credited_usd = micros_to_usd(credited_micros)
     return data
 
 
-def emit_payment_credited(session: "Session", ctx: "AppContext", topup: "Topup", payment: "TopupPayment",
-                          completed: bool, now: datetime) -> None:
+def emit_payment_credited(
+    session: Session, ctx: AppContext, topup: Topup, payment: TopupPayment, completed: bool, now: datetime
+) -> None:
     """The events of one credited deposit payment: confirmed; late, under- or overpaid; completed.
 
     Under and over are judged on what the top-up's address received in its own coin against the

@@ -19,8 +19,8 @@ import ipaddress
 import socket
 import ssl
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -65,9 +65,14 @@ def refusal(address: str, allowed: Iterable[Network] = ()) -> str | None:
         ip = ip.ipv4_mapped
     if any(ip.version == net.version and ip in net for net in allowed):
         return None
-    for reason, flag in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-                         ("unspecified", ip.is_unspecified), ("multicast", ip.is_multicast),
-                         ("private", ip.is_private), ("reserved", ip.is_reserved)):
+    for reason, flag in (
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),
+        ("unspecified", ip.is_unspecified),
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
+        ("reserved", ip.is_reserved),
+    ):
         if flag:
             return reason
     if not ip.is_global:
@@ -122,9 +127,7 @@ def normalize_url(url: str, settings: EventSettings) -> str:
     return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
 
 
-async def check_destination(
-    host: str, port: int, settings: EventSettings, resolver: Resolver | None = None
-) -> str:
+async def check_destination(host: str, port: int, settings: EventSettings, resolver: Resolver | None = None) -> str:
     """Resolve ``host`` and return the address to connect to, every resolved address checked.
 
     :raises DestinationRefused: an address is not allowed, or the name does not resolve.
@@ -212,28 +215,37 @@ async def post(
         with anyio.fail_after(timeout):
             address = await check_destination(host, port, settings, resolver)
             request_headers = [
-                ("Host", parts.netloc), ("User-Agent", USER_AGENT), ("Content-Type", "application/json"),
-                ("Content-Length", str(len(body))), *headers.items(),
+                ("Host", parts.netloc),
+                ("User-Agent", USER_AGENT),
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))),
+                *headers.items(),
             ]
             limits = {"connect": settings.connect_timeout_seconds, "read": timeout, "write": timeout, "pool": timeout}
-            async with httpcore.AsyncConnectionPool(
-                ssl_context=_ssl_context(), max_connections=1, retries=0, network_backend=PinnedBackend(host, address)
-            ) as pool:
-                async with pool.stream("POST", url, headers=request_headers, content=body,
-                                       extensions={"timeout": limits}) as response:
-                    read = b""
-                    if settings.max_response_bytes:
-                        async for chunk in response.aiter_stream():
-                            read += chunk
-                            if len(read) >= settings.max_response_bytes:
-                                break
-                    status = response.status
-                    answer = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
+            async with (
+                httpcore.AsyncConnectionPool(
+                    ssl_context=_ssl_context(),
+                    max_connections=1,
+                    retries=0,
+                    network_backend=PinnedBackend(host, address),
+                ) as pool,
+                pool.stream(
+                    "POST", url, headers=request_headers, content=body, extensions={"timeout": limits}
+                ) as response,
+            ):
+                read = b""
+                if settings.max_response_bytes:
+                    async for chunk in response.aiter_stream():
+                        read += chunk
+                        if len(read) >= settings.max_response_bytes:
+                            break
+                status = response.status
+                answer = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
     except DestinationRefused as exc:
         return SendResult("refused", None, str(exc), None, took())
     except TimeoutError:
         return SendResult("error", None, f"no answer within {timeout:g} s", None, took())
-    except (httpcore.TimeoutException,) as exc:
+    except httpcore.TimeoutException as exc:
         return SendResult("error", None, f"timed out: {type(exc).__name__}", None, took())
     except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, OSError, ssl.SSLError) as exc:
         return SendResult("error", None, f"{type(exc).__name__}: {exc}"[:500], None, took())

@@ -29,8 +29,9 @@ class EventSettings(BaseModel):
     retry_base_seconds: float = Field(15, ge=0.01, le=3600, description="First retry delay; doubles each attempt.")
     retry_max_delay_seconds: float = Field(8 * 3600, ge=0.01, le=86400, description="Longest delay between tries.")
     retry_window_hours: float = Field(72, ge=0.0001, le=30 * 24, description="A delivery is retried this long.")
-    disable_after_hours: float = Field(120, ge=0.0001, le=90 * 24,
-                                       description="An endpoint failing without a success this long is disabled.")
+    disable_after_hours: float = Field(
+        120, ge=0.0001, le=90 * 24, description="An endpoint failing without a success this long is disabled."
+    )
     lease_seconds: float = Field(60, ge=1, le=3600, description="A claimed delivery's lease (> timeout_seconds).")
     concurrency: int = Field(8, ge=1, le=256, description="Requests one worker sends at once.")
     batch_size: int = Field(100, ge=1, le=5000, description="Events fanned out or deliveries claimed per step.")
@@ -55,7 +56,7 @@ class EventSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _lease_outlives_request(self) -> "EventSettings":
+    def _lease_outlives_request(self) -> EventSettings:
         if self.lease_seconds <= self.timeout_seconds:
             raise ValueError("lease_seconds must be longer than timeout_seconds")
         return self
@@ -75,7 +76,7 @@ def build_settings(section: dict[str, Any], *, sandbox: bool) -> EventSettings:
         raise ConfigError(describe_validation_error(exc, "events")) from None
 
 
-def event_settings(ctx: "AppContext") -> EventSettings:
+def event_settings(ctx: AppContext) -> EventSettings:
     """The validated ``[events]`` section of this app or worker (cached on the context)."""
     cached = ctx.extras.get("events.settings")
     if cached is None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from cryptography.fernet import InvalidToken, MultiFernet
 
-
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
 
@@ -48,18 +47,18 @@ def headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, 
     }
 
 
-def _fernet(ctx: "AppContext") -> MultiFernet:
+def _fernet(ctx: AppContext) -> MultiFernet:
     """The shop's keys, newest first (vpsshop.encryption: rotation re-encrypts these secrets too)."""
     from vpsshop.encryption import fernet
 
     return fernet(ctx)
 
 
-def encrypt_secret(ctx: "AppContext", secret: str) -> str:
+def encrypt_secret(ctx: AppContext, secret: str) -> str:
     return _fernet(ctx).encrypt(secret.encode()).decode()
 
 
-def decrypt_secret(ctx: "AppContext", token: str) -> str:
+def decrypt_secret(ctx: AppContext, token: str) -> str:
     try:
         return _fernet(ctx).decrypt(token.encode()).decode()
     except InvalidToken:

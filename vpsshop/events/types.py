@@ -25,35 +25,77 @@ _TYPES = [
     EventType("ledger.credit", "ledger_entry", "The balance went up: a top-up payment, a refund, a support credit."),
     EventType("ledger.debit", "ledger_entry", "The balance went down: an order or a renewal."),
     EventType("topup.created", "topup", "A top-up was started; data carries its deposit address and amount."),
-    EventType("topup.payment_seen", "topup", "A payment to the top-up's address was seen on chain or in the "
-              "mempool; data.payment has it. It is credited once it has its confirmations."),
-    EventType("topup.payment_confirmed", "topup", "A payment reached its confirmations and was credited; "
-              "data.payment.credited_usd says how much (a ledger.credit event carries the entry)."),
-    EventType("topup.payment_dropped", "topup", "A payment seen earlier left the chain before its confirmations "
-              "(a reorganisation or a replaced transaction). If it comes back it is seen again."),
-    EventType("topup.late_payment", "topup", "A payment arrived after the top-up expired or was cancelled (or in "
-              "another coin of the same chain): it was credited at the rate of the moment it was credited."),
-    EventType("topup.underpaid", "topup", "The payments credited to the top-up are less than the amount asked "
-              "for: what arrived was credited; data.amount_received and data.credited_usd say how much."),
-    EventType("topup.overpaid", "topup", "The payments credited to the top-up are more than the amount asked for: "
-              "all of it was credited."),
+    EventType(
+        "topup.payment_seen",
+        "topup",
+        "A payment to the top-up's address was seen on chain or in the "
+        "mempool; data.payment has it. It is credited once it has its confirmations.",
+    ),
+    EventType(
+        "topup.payment_confirmed",
+        "topup",
+        "A payment reached its confirmations and was credited; "
+        "data.payment.credited_usd says how much (a ledger.credit event carries the entry).",
+    ),
+    EventType(
+        "topup.payment_dropped",
+        "topup",
+        "A payment seen earlier left the chain before its confirmations "
+        "(a reorganisation or a replaced transaction). If it comes back it is seen again.",
+    ),
+    EventType(
+        "topup.late_payment",
+        "topup",
+        "A payment arrived after the top-up expired or was cancelled (or in "
+        "another coin of the same chain): it was credited at the rate of the moment it was credited.",
+    ),
+    EventType(
+        "topup.underpaid",
+        "topup",
+        "The payments credited to the top-up are less than the amount asked "
+        "for: what arrived was credited; data.amount_received and data.credited_usd say how much.",
+    ),
+    EventType(
+        "topup.overpaid",
+        "topup",
+        "The payments credited to the top-up are more than the amount asked for: all of it was credited.",
+    ),
     EventType("topup.completed", "topup", "The top-up's first payment was credited: status completed."),
-    EventType("topup.expired", "topup", "The top-up's rate lock ended with nothing paid: status expired. A payment "
-              "that still arrives is credited (topup.late_payment)."),
-    EventType("topup.cancelled", "topup", "The top-up was cancelled by the customer, or its x402 authorization "
-              "was refused: status cancelled."),
+    EventType(
+        "topup.expired",
+        "topup",
+        "The top-up's rate lock ended with nothing paid: status expired. A payment "
+        "that still arrives is credited (topup.late_payment).",
+    ),
+    EventType(
+        "topup.cancelled",
+        "topup",
+        "The top-up was cancelled by the customer, or its x402 authorization was refused: status cancelled.",
+    ),
     EventType("server.provisioning", "server", "A server was ordered and paid: status provisioning."),
     EventType("server.active", "server", "The server is running with its address: status active."),
     EventType("server.suspended", "server", "The paid period ended unrenewed: the VM is stopped, its disk kept."),
     EventType("server.unsuspended", "server", "A suspended server was renewed: status active again, the VM starts."),
     EventType("server.renewed", "server", "One more billing cycle was charged; data.expires_at is the new end."),
-    EventType("server.renewal_failed", "server", "An automatic renewal found the balance too low (once per "
-              "period); the server is suspended at expires_at unless the balance is topped up."),
-    EventType("server.terminated", "server", "The server was deleted: after the grace period, or because "
-              "provisioning failed (then the order was refunded); data.status_reason says which."),
+    EventType(
+        "server.renewal_failed",
+        "server",
+        "An automatic renewal found the balance too low (once per "
+        "period); the server is suspended at expires_at unless the balance is topped up.",
+    ),
+    EventType(
+        "server.terminated",
+        "server",
+        "The server was deleted: after the grace period, or because "
+        "provisioning failed (then the order was refunded); data.status_reason says which.",
+    ),
     EventType("server.reinstalled", "server", "The server's operating system was reinstalled."),
-    EventType("webhook.disabled", "webhook", "A webhook endpoint was disabled: it failed for days, or answered "
-              "410 Gone. Re-enable it with PATCH /webhooks/{id}."),
+    EventType(
+        "webhook.disabled",
+        "webhook",
+        "A webhook endpoint was disabled: it failed for days, or answered "
+        "410 Gone. Re-enable it with PATCH /webhooks/{id}.",
+    ),
 ]
 
 EVENT_TYPES: dict[str, EventType] = {t.name: t for t in _TYPES}

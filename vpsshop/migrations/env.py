@@ -3,12 +3,11 @@
 from alembic import context
 from sqlmodel import SQLModel
 
-import vpsshop.models  # noqa: F401 - registers the tables on SQLModel.metadata
+import vpsshop.events.models
+import vpsshop.models
+import vpsshop.payments.models
+import vpsshop.plugin_state
 import vpsshop.servers.models  # noqa: F401 - servers area: jobs, events, ip leases
-import vpsshop.payments.models  # noqa: F401 - top-ups (issue 3)
-import vpsshop.plugin_state  # noqa: F401 - plugin records (PluginState)
-import vpsshop.events.models  # noqa: F401 - events and webhooks (issue 16)
-
 
 
 def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:

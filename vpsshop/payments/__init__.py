@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.payments.engine import PaymentEngine
 
 
-def engine_for(ctx: "AppContext") -> "PaymentEngine":
+def engine_for(ctx: AppContext) -> PaymentEngine:
     """The payment engine of this app or worker (built on first use, one per context)."""
     engine = ctx.extras.get("payments")
     if engine is None:

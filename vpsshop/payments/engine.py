@@ -74,7 +74,7 @@ def coin_amount_atomic(amount_micros: int, decimals: int, rate: Decimal) -> int:
 class PaymentEngine:
     """The top-up engine of one app or worker. Built by :func:`vpsshop.payments.engine_for`."""
 
-    def __init__(self, ctx: "AppContext") -> None:
+    def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.settings: TopupSettings = ctx.settings.topups
         self.rates = RateService(ctx)
@@ -91,8 +91,11 @@ class PaymentEngine:
             if wanted not in self.ctx.coins:
                 raise ConfigError(f"setting 'topups.default_coin' names coin {wanted!r}, which is not enabled")
             return wanted
-        ranked = [(coin.default_priority, -i, code) for i, (code, coin) in enumerate(self.ctx.coins.items())
-                  if isinstance(coin, DepositCoin) and coin.default_priority is not None]
+        ranked = [
+            (coin.default_priority, -i, code)
+            for i, (code, coin) in enumerate(self.ctx.coins.items())
+            if isinstance(coin, DepositCoin) and coin.default_priority is not None
+        ]
         if ranked:
             return max(ranked)[2]
         return next(iter(self.ctx.coins), None)
@@ -144,7 +147,8 @@ class PaymentEngine:
     def _check_same_request(self, earlier: Topup, amount_micros: int, coin: str) -> Topup:
         if earlier.amount_micros != amount_micros or earlier.coin != coin:
             raise ApiError(
-                409, "idempotency_key_reused",
+                409,
+                "idempotency_key_reused",
                 f"This Idempotency-Key was used for top-up {earlier.ref} with a different amount or coin.",
             )
         return earlier
@@ -178,7 +182,12 @@ class PaymentEngine:
         raise RuntimeError("could not allocate a deposit address index")  # pragma: no cover
 
     def _insert_deposit_topup(
-        self, account_id: int, amount_micros: int, coin: DepositCoin, rate: Decimal, amount_atomic: int,
+        self,
+        account_id: int,
+        amount_micros: int,
+        coin: DepositCoin,
+        rate: Decimal,
+        amount_atomic: int,
         idempotency_key: str | None,
     ) -> Topup:
         now = self.ctx.clock.now()
@@ -232,9 +241,8 @@ class PaymentEngine:
         if topup.status != "pending":
             return view
         coin = self.ctx.coins.get(topup.coin)
-        if isinstance(coin, DepositCoin) and coin.can_scan:
-            if await self.watcher.poke(coin.scan_group):
-                view = await to_thread.run_sync(self._read, account_id, ref)
+        if isinstance(coin, DepositCoin) and coin.can_scan and await self.watcher.poke(coin.scan_group):
+            view = await to_thread.run_sync(self._read, account_id, ref)
         if view.topup.status == "pending" and view.topup.expires_at <= self.ctx.clock.now():
             await to_thread.run_sync(self.expire_due, view.topup.id)
             view = await to_thread.run_sync(self._read, account_id, ref)
@@ -254,9 +262,11 @@ class PaymentEngine:
     def recent_topups(self, account_id: int, limit: int = 10) -> list[Topup]:
         """The account's newest top-ups, newest first (as stored; :meth:`get_topup` refreshes one)."""
         with self.ctx.db.session() as session:
-            return list(session.exec(
-                select(Topup).where(Topup.account_id == account_id).order_by(Topup.id.desc()).limit(limit)  # type: ignore[union-attr]
-            ).all())
+            return list(
+                session.exec(
+                    select(Topup).where(Topup.account_id == account_id).order_by(Topup.id.desc()).limit(limit)  # type: ignore[union-attr]
+                ).all()
+            )
 
     # ---- cancelling and expiring --------------------------------------------------------------------
 
@@ -271,11 +281,17 @@ class PaymentEngine:
                 raise NotFound("top-up")
             payments = list(session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all())
             if topup.status == "pending":
-                settling = topup.watch_key is None and session.exec(select(X402Record).where(
-                    X402Record.topup_id == topup.id, X402Record.status == "settling")).first() is not None
+                settling = (
+                    topup.watch_key is None
+                    and session.exec(
+                        select(X402Record).where(X402Record.topup_id == topup.id, X402Record.status == "settling")
+                    ).first()
+                    is not None
+                )
                 if settling or any(p.status == "seen" for p in payments):
                     raise ApiError(
-                        409, "payment_in_progress",
+                        409,
+                        "payment_in_progress",
                         "A payment to this top-up is waiting for confirmations; it will be credited, so the "
                         "top-up cannot be cancelled.",
                     )
@@ -301,8 +317,13 @@ class PaymentEngine:
         if topup_id is not None:
             stmt = stmt.where(Topup.id == topup_id)
         with self.ctx.db.session() as session:
-            expired = session.execute(stmt.values(status="expired").returning(Topup.id)
-                                      .execution_options(synchronize_session=False)).scalars().all()
+            expired = (
+                session.execute(
+                    stmt.values(status="expired").returning(Topup.id).execution_options(synchronize_session=False)
+                )
+                .scalars()
+                .all()
+            )
             for topup in session.exec(select(Topup).where(Topup.id.in_(expired))).all():  # type: ignore[union-attr]
                 events.emit(session, "topup.expired", topup.account_id, topup_data(self.ctx, topup), now=now)
             return len(expired)
@@ -310,7 +331,9 @@ class PaymentEngine:
     # ---- recording and crediting payments ----------------------------------------------------------
 
     def record_payments(
-        self, found: list[tuple[str, Found]], topups: dict[tuple[str, str], int],
+        self,
+        found: list[tuple[str, Found]],
+        topups: dict[tuple[str, str], int],
         any_coin: dict[str, int] | None = None,
     ) -> list[int]:
         """Insert or refresh detected payments; returns the ids of those still to be credited.
@@ -327,24 +350,30 @@ class PaymentEngine:
             if topup_id is None and any_coin is not None:
                 topup_id = any_coin.get(payment.watch_key)
             if topup_id is None:
-                log.warning("payment %s in %s to watched key %s matches no top-up",
-                            payment.identity, code, payment.watch_key)
+                log.warning(
+                    "payment %s in %s to watched key %s matches no top-up", payment.identity, code, payment.watch_key
+                )
                 continue
             with self.ctx.db.session() as session:
                 row = session.exec(
-                    select(TopupPayment).where(TopupPayment.coin == code,
-                                                  TopupPayment.identity == payment.identity)
+                    select(TopupPayment).where(TopupPayment.coin == code, TopupPayment.identity == payment.identity)
                 ).first()
                 if row is None:
                     topup = session.get(Topup, topup_id)
                     assert topup is not None
                     row = TopupPayment(
-                        coin=code, identity=payment.identity, topup_id=topup_id, account_id=topup.account_id,
-                        txid=payment.txid, amount_atomic=str(payment.amount_atomic), status="seen",
-                        confirmations=payment.confirmations, block_height=payment.block_height,
-                        block_hash=payment.block_hash, first_seen_at=now,
-                        late=topup.status in ("expired", "cancelled") or topup.expires_at <= now
-                        or topup.coin != code,
+                        coin=code,
+                        identity=payment.identity,
+                        topup_id=topup_id,
+                        account_id=topup.account_id,
+                        txid=payment.txid,
+                        amount_atomic=str(payment.amount_atomic),
+                        status="seen",
+                        confirmations=payment.confirmations,
+                        block_height=payment.block_height,
+                        block_hash=payment.block_hash,
+                        first_seen_at=now,
+                        late=topup.status in ("expired", "cancelled") or topup.expires_at <= now or topup.coin != code,
                     )
                     savepoint = session.begin_nested()
                     try:
@@ -354,12 +383,18 @@ class PaymentEngine:
                     except IntegrityError:  # another worker recorded it first
                         savepoint.rollback()
                         continue
-                    events.emit(session, "topup.payment_seen", topup.account_id,
-                                topup_data(self.ctx, topup, row), now=now)
+                    events.emit(
+                        session, "topup.payment_seen", topup.account_id, topup_data(self.ctx, topup, row), now=now
+                    )
                 elif row.status != "credited":
                     if row.status == "dropped":  # back on chain after a reorganisation
-                        events.emit(session, "topup.payment_seen", row.account_id,
-                                    topup_data(self.ctx, session.get(Topup, row.topup_id), row), now=now)
+                        events.emit(
+                            session,
+                            "topup.payment_seen",
+                            row.account_id,
+                            topup_data(self.ctx, session.get(Topup, row.topup_id), row),
+                            now=now,
+                        )
                     row.status = "seen"
                     row.confirmations = payment.confirmations
                     row.block_height = payment.block_height
@@ -371,10 +406,11 @@ class PaymentEngine:
 
     def seen_payments(self, coins: list[str]) -> list[TopupPayment]:
         with self.ctx.db.session() as session:
-            return list(session.exec(
-                select(TopupPayment).where(TopupPayment.status == "seen",
-                                              TopupPayment.coin.in_(coins))  # type: ignore[attr-defined]
-            ).all())
+            return list(
+                session.exec(
+                    select(TopupPayment).where(TopupPayment.status == "seen", TopupPayment.coin.in_(coins))  # type: ignore[attr-defined]
+                ).all()
+            )
 
     def apply_checks(self, checks: list[PaymentCheck], coin: str) -> None:
         """Store what :meth:`DepositCoin.recheck` said; a vanished payment becomes ``dropped``."""
@@ -382,28 +418,46 @@ class PaymentEngine:
             for check in checks:
                 values: dict[str, Any]
                 if check.present:
-                    values = {"confirmations": check.confirmations, "block_height": check.block_height,
-                              "block_hash": check.block_hash}
+                    values = {
+                        "confirmations": check.confirmations,
+                        "block_height": check.block_height,
+                        "block_hash": check.block_hash,
+                    }
                 else:
                     values = {"status": "dropped", "confirmations": 0}
                     log.warning("%s payment %s left the chain before its confirmations", coin, check.identity)
-                    gone = session.exec(select(TopupPayment).where(TopupPayment.coin == coin, TopupPayment.identity
-                                                                   == check.identity, TopupPayment.status == "seen")).first()
+                    gone = session.exec(
+                        select(TopupPayment).where(
+                            TopupPayment.coin == coin,
+                            TopupPayment.identity == check.identity,
+                            TopupPayment.status == "seen",
+                        )
+                    ).first()
                     if gone is not None:
-                        events.emit(session, "topup.payment_dropped", gone.account_id,
-                                    topup_data(self.ctx, session.get(Topup, gone.topup_id), gone),
-                                    now=self.ctx.clock.now())
+                        events.emit(
+                            session,
+                            "topup.payment_dropped",
+                            gone.account_id,
+                            topup_data(self.ctx, session.get(Topup, gone.topup_id), gone),
+                            now=self.ctx.clock.now(),
+                        )
                 session.execute(
                     sa.update(TopupPayment)
-                    .where(TopupPayment.coin == coin, TopupPayment.identity == check.identity,
-                           TopupPayment.status == "seen")
+                    .where(
+                        TopupPayment.coin == coin,
+                        TopupPayment.identity == check.identity,
+                        TopupPayment.status == "seen",
+                    )
                     .values(**values)
                 )
 
     async def credit_confirmed(self, coin: DepositCoin) -> int:
         """Credit every seen payment of ``coin`` with enough confirmations. Returns how many."""
-        ready = [p for p in await to_thread.run_sync(self.seen_payments, [coin.code])
-                 if p.confirmations >= coin.confirmations]
+        ready = [
+            p
+            for p in await to_thread.run_sync(self.seen_payments, [coin.code])
+            if p.confirmations >= coin.confirmations
+        ]
         credited = 0
         for payment in ready:
             rate: Decimal | None = None
@@ -430,7 +484,11 @@ class PaymentEngine:
             entry_id = None
             if micros > 0:
                 posting = ledger.post(
-                    session, payment.account_id, micros, "topup", ref=topup.ref,
+                    session,
+                    payment.account_id,
+                    micros,
+                    "topup",
+                    ref=topup.ref,
                     dedupe_key=f"topup:{payment.coin}:{payment.identity}",
                     memo=f"{payment.amount_atomic} atomic {payment.coin} at {rate} USD (tx {payment.txid})"[:500],
                     now=now,
@@ -449,8 +507,14 @@ class PaymentEngine:
                 topup.completed_at = now
                 session.add(topup)
             emit_payment_credited(session, self.ctx, topup, payment, completes, now)
-            log.info("credited %s micro-USD to account %s for %s payment %s (top-up %s)",
-                     micros, payment.account_id, payment.coin, payment.identity, topup.ref)
+            log.info(
+                "credited %s micro-USD to account %s for %s payment %s (top-up %s)",
+                micros,
+                payment.account_id,
+                payment.coin,
+                payment.identity,
+                topup.ref,
+            )
         return True
 
 

@@ -6,7 +6,8 @@ an API process that never watches chains, for shops that run ``vpsshop worker`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vpsshop.hookspecs import hookimpl
 from vpsshop.tasks import BackgroundTask
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @hookimpl
-def vpsshop_background_tasks(ctx: "AppContext") -> Iterable[BackgroundTask]:
+def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
     from vpsshop.payments import engine_for
 
     engine = engine_for(ctx)
@@ -24,7 +25,7 @@ def vpsshop_background_tasks(ctx: "AppContext") -> Iterable[BackgroundTask]:
 
 
 @hookimpl
-def vpsshop_startup(ctx: "AppContext") -> None:
+def vpsshop_startup(ctx: AppContext) -> None:
     """Build the engine at start-up so a bad ``[topups]`` setting stops the service at once."""
     from vpsshop.payments import engine_for
 

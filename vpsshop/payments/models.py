@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime
-from typing import Optional
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -31,25 +30,25 @@ class Topup(SQLModel, table=True):
         sa.Index("ix_topups_coin_registered", "coin", "registered"),
     )
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     ref: str = Field(max_length=40, unique=True, nullable=False)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     coin: str = Field(max_length=16, nullable=False)
     status: str = Field(max_length=16, nullable=False)
     amount_micros: int = Field(sa_type=sa.BigInteger, nullable=False)
     rate: str = Field(max_length=40, nullable=False)
-    deposit_address: Optional[str] = Field(default=None, max_length=200)
+    deposit_address: str | None = Field(default=None, max_length=200)
     deposit_amount_atomic: str = Field(max_length=40, nullable=False)
-    deposit_network: Optional[str] = Field(default=None, max_length=40)
-    address_index: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
-    watch_key: Optional[str] = Field(default=None, max_length=200)
-    idempotency_key: Optional[str] = Field(default=None, max_length=200)
+    deposit_network: str | None = Field(default=None, max_length=40)
+    address_index: int | None = Field(default=None, sa_type=sa.BigInteger)
+    watch_key: str | None = Field(default=None, max_length=200)
+    idempotency_key: str | None = Field(default=None, max_length=200)
     registered: bool = Field(default=False, nullable=False)
     """The coin's node was told about the address (:meth:`DepositCoin.register_address`)."""
     created_at: datetime = _ts()
     expires_at: datetime = _ts()
-    completed_at: Optional[datetime] = _ts(nullable=True)
-    cancelled_at: Optional[datetime] = _ts(nullable=True)
+    completed_at: datetime | None = _ts(nullable=True)
+    cancelled_at: datetime | None = _ts(nullable=True)
 
 
 class TopupPayment(SQLModel, table=True):
@@ -63,7 +62,7 @@ class TopupPayment(SQLModel, table=True):
     __tablename__ = "topup_payments"
     __table_args__ = (sa.UniqueConstraint("coin", "identity", name="uq_topup_payments_coin_identity"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     coin: str = Field(max_length=16, nullable=False)
     identity: str = Field(max_length=200, nullable=False)
     topup_id: int = Field(foreign_key="topups.id", index=True, nullable=False)
@@ -72,15 +71,15 @@ class TopupPayment(SQLModel, table=True):
     amount_atomic: str = Field(max_length=40, nullable=False)
     status: str = Field(max_length=16, nullable=False, index=True)
     confirmations: int = Field(default=0, nullable=False)
-    block_height: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
-    block_hash: Optional[str] = Field(default=None, max_length=128)
+    block_height: int | None = Field(default=None, sa_type=sa.BigInteger)
+    block_hash: str | None = Field(default=None, max_length=128)
     late: bool = Field(default=False, nullable=False)
     """First seen after the top-up expired or was cancelled: valued at the rate of that moment."""
-    rate: Optional[str] = Field(default=None, max_length=40)
-    credited_micros: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
-    ledger_entry_id: Optional[int] = Field(default=None, foreign_key="ledger_entries.id")
+    rate: str | None = Field(default=None, max_length=40)
+    credited_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
+    ledger_entry_id: int | None = Field(default=None, foreign_key="ledger_entries.id")
     first_seen_at: datetime = _ts()
-    credited_at: Optional[datetime] = _ts(nullable=True)
+    credited_at: datetime | None = _ts(nullable=True)
 
 
 class X402Record(SQLModel, table=True):
@@ -97,7 +96,7 @@ class X402Record(SQLModel, table=True):
     __tablename__ = "x402_payments"
     __table_args__ = (sa.UniqueConstraint("coin", "payer", "nonce", name="uq_x402_payments_payer_nonce"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     coin: str = Field(max_length=16, nullable=False)
     payer: str = Field(max_length=64, nullable=False)
     nonce: str = Field(max_length=80, nullable=False)
@@ -106,13 +105,13 @@ class X402Record(SQLModel, table=True):
     amount_atomic: str = Field(max_length=40, nullable=False)
     header: str = Field(sa_type=sa.Text, nullable=False)
     requirements: str = Field(sa_type=sa.Text, nullable=False)
-    transaction: Optional[str] = Field(default=None, max_length=128)
-    network: Optional[str] = Field(default=None, max_length=40)
-    error: Optional[str] = Field(default=None, max_length=200)
-    purpose: Optional[str] = Field(default=None, max_length=220)
-    outcome: Optional[str] = Field(default=None, max_length=16)
+    transaction: str | None = Field(default=None, max_length=128)
+    network: str | None = Field(default=None, max_length=40)
+    error: str | None = Field(default=None, max_length=200)
+    purpose: str | None = Field(default=None, max_length=220)
+    outcome: str | None = Field(default=None, max_length=16)
     created_at: datetime = _ts()
-    settled_at: Optional[datetime] = _ts(nullable=True)
+    settled_at: datetime | None = _ts(nullable=True)
 
 
 class ScanCursor(SQLModel, table=True):
@@ -121,7 +120,7 @@ class ScanCursor(SQLModel, table=True):
     __tablename__ = "chain_scan_cursors"
 
     scan_group: str = Field(max_length=40, primary_key=True)
-    cursor: Optional[str] = Field(default=None, max_length=400)
+    cursor: str | None = Field(default=None, max_length=400)
     updated_at: datetime = _ts()
 
 

@@ -51,7 +51,7 @@ class Quote:
 class RateService:
     """Prices of coins in USD for one app or worker."""
 
-    def __init__(self, ctx: "AppContext") -> None:
+    def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         section = ctx.settings.rates
         try:
@@ -79,8 +79,11 @@ class RateService:
         if quote is None:
             raise RateUnavailable(symbol, detail or "the rate source does not price it")
         if self._age(quote) > self.max_age_seconds:
-            raise RateUnavailable(symbol, f"last price is {int(self._age(quote))} s old; the limit is "
-                                  f"{int(self.max_age_seconds)} s", public=True)
+            raise RateUnavailable(
+                symbol,
+                f"last price is {int(self._age(quote))} s old; the limit is {int(self.max_age_seconds)} s",
+                public=True,
+            )
         return quote
 
     async def _refresh(self, symbol: str) -> str:
@@ -90,7 +93,7 @@ class RateService:
         wanted = sorted({symbol, *self._quotes})
         try:
             prices = await asyncio.wait_for(source.fetch(wanted), timeout=15)
-        except (PluginError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, PluginError, OSError) as exc:
             log.warning("rate source %s failed: %s", source.name, exc or type(exc).__name__)
             return f"the rate source failed: {exc or type(exc).__name__}"
         now = self.ctx.clock.now()

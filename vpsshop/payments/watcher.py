@@ -34,7 +34,7 @@ from vpsshop.chains import check_distinct_keys
 from vpsshop.coins import DepositCoin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import PluginError
-from vpsshop.payments.models import TopupPayment, ScanCursor, Topup
+from vpsshop.payments.models import ScanCursor, Topup, TopupPayment
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.payments.engine import PaymentEngine
@@ -71,7 +71,7 @@ class KeySet:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def load_new(self, engine: "PaymentEngine") -> int:
+    def load_new(self, engine: PaymentEngine) -> int:
         """Read the top-ups committed since the last call (and late commits of older ids)."""
         now = time.monotonic()
         self.gaps = {i: t for i, t in self.gaps.items() if now - t < GAP_GIVE_UP_SECONDS}
@@ -102,7 +102,7 @@ class KeySet:
 class Watcher:
     """Runs watcher passes for one engine; also the rate-limited check behind a GET."""
 
-    def __init__(self, engine: "PaymentEngine") -> None:
+    def __init__(self, engine: PaymentEngine) -> None:
         self.engine = engine
         self.groups: dict[str, list[DepositCoin]] = {}
         for coin in engine.deposit_coins():
@@ -124,7 +124,7 @@ class Watcher:
                 metrics.node_error(group)
                 log.warning("watching %s failed this pass: %s", group, exc)
                 continue
-            except Exception:  # noqa: BLE001 - one chain's failure must not stop the others
+            except Exception:
                 metrics.node_error(group)
                 log.exception("watching %s failed this pass", group)
                 continue
@@ -152,12 +152,12 @@ class Watcher:
         task.add_done_callback(_log_failure)
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout=settings.poll_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         except PluginError as exc:
             log.warning("chain check of %s on GET failed: %s", group, exc)
             return False
-        except Exception:  # noqa: BLE001 - a GET answers from the database whatever the node does
+        except Exception:
             log.exception("chain check of %s on GET failed", group)
             return False
         return True
@@ -181,8 +181,7 @@ class Watcher:
                 result = await scanner.scan(cursor, keyset, members)
                 if result.payments:
                     found += len(result.payments)
-                    await to_thread.run_sync(engine.record_payments, result.payments, keyset.by_key,
-                                             keyset.any_coin)
+                    await to_thread.run_sync(engine.record_payments, result.payments, keyset.by_key, keyset.any_coin)
                 if result.cursor == cursor:
                     break
                 await to_thread.run_sync(self._store_cursor, group, cursor, result.cursor)
@@ -205,9 +204,11 @@ class Watcher:
 
     def _unregistered(self, code: str) -> list[Topup]:
         with self.engine.ctx.db.session() as session:
-            return list(session.exec(
-                select(Topup).where(Topup.coin == code, Topup.registered.is_(False)).limit(100)  # type: ignore[attr-defined]
-            ).all())
+            return list(
+                session.exec(
+                    select(Topup).where(Topup.coin == code, Topup.registered.is_(False)).limit(100)  # type: ignore[attr-defined]
+                ).all()
+            )
 
     def _load_cursor(self, group: str) -> str | None:
         with self.engine.ctx.db.session() as session:
@@ -236,12 +237,17 @@ class Watcher:
 
 def _as_found(row: TopupPayment) -> Found:
     return Found(
-        identity=row.identity, watch_key="", amount_atomic=int(row.amount_atomic), txid=row.txid,
-        confirmations=row.confirmations, block_height=row.block_height, block_hash=row.block_hash,
+        identity=row.identity,
+        watch_key="",
+        amount_atomic=int(row.amount_atomic),
+        txid=row.txid,
+        confirmations=row.confirmations,
+        block_height=row.block_height,
+        block_hash=row.block_hash,
     )
 
 
-def _log_failure(task: "asyncio.Future[tuple[int, int]]") -> None:
+def _log_failure(task: asyncio.Future[tuple[int, int]]) -> None:
     """A GET's pass that outlived the GET: log its failure instead of losing it."""
     if not task.cancelled() and task.exception() is not None:
         log.warning("chain check started by a GET failed: %s", task.exception())

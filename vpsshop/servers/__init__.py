@@ -23,13 +23,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.tasks import BackgroundTask
 
 
-def routes() -> list["ApiRoute"]:
+def routes() -> list[ApiRoute]:
     from vpsshop.servers import api, console, reinstall, sshkeys
 
     return [*api.routes(), *reinstall.routes(), *console.routes(), *sshkeys.routes()]
 
 
-def background_tasks(ctx: "AppContext") -> list["BackgroundTask"]:
+def background_tasks(ctx: AppContext) -> list[BackgroundTask]:
     """Provisioning jobs and lifecycle passes, offered through ``vpsshop.servers.hooks``."""
     from vpsshop.servers.jobs import run_jobs
     from vpsshop.servers.lifecycle import policy, run_lifecycle

@@ -28,8 +28,8 @@ from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
 from vpsshop.cloudinit import MAX_USER_DATA_BYTES, InvalidInput, check_user_data
 from vpsshop.context import AppContext
-from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.encryption import encrypt_text
+from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
@@ -46,8 +46,8 @@ from vpsshop.servers.lifecycle import (
     renew,
     renewal_terms,
 )
-from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
 from vpsshop.servers.models import ServerEvent, ServerJob
+from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
 from vpsshop.x402 import headers as x402_headers
 from vpsshop.x402 import orders as x402_orders
 
@@ -59,32 +59,52 @@ _PRINTABLE = r"^[\x20-\x7e]*[\x21-\x7e][\x20-\x7e]*$"  # printable ASCII, not on
 class OrderBody(ApiModel):
     """Body of ``POST /servers``. Each bad field has its own code: ``invalid_<field>``."""
 
-    plan: str = Field(min_length=1, max_length=32, description="A plan id from GET /catalog (invalid_plan).",
-                      json_schema_extra={"x-catalog": "plans"})
-    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).",
-                          json_schema_extra={"x-catalog": "locations"})
-    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).",
-                    json_schema_extra={"x-catalog": "operating_systems"})
+    plan: str = Field(
+        min_length=1,
+        max_length=32,
+        description="A plan id from GET /catalog (invalid_plan).",
+        json_schema_extra={"x-catalog": "plans"},
+    )
+    location: str = Field(
+        min_length=1,
+        max_length=32,
+        description="A location id (invalid_location).",
+        json_schema_extra={"x-catalog": "locations"},
+    )
+    os: str = Field(
+        min_length=1,
+        max_length=32,
+        description="An operating system id (invalid_os).",
+        json_schema_extra={"x-catalog": "operating_systems"},
+    )
     cycle: Literal["monthly", "annual"] = Field(
         DEFAULT_CYCLE, description="Billing cycle, default monthly; annual costs 10 monthly prices (invalid_cycle)."
     )
     hostname: str | None = Field(
-        None, max_length=63, pattern=_HOSTNAME,
+        None,
+        max_length=63,
+        pattern=_HOSTNAME,
         description="A DNS label: 1-63 letters, digits and hyphens, not starting or ending with a hyphen; "
         "stored lower-case. Default vps-<id> (invalid_hostname).",
     )
     root_password: str | None = Field(
-        None, min_length=10, max_length=128, pattern=_PRINTABLE,
-        description="10 to 128 printable ASCII characters, not all spaces. Omit it to have a 20-character password generated "
+        None,
+        min_length=10,
+        max_length=128,
+        pattern=_PRINTABLE,
+        description="10 to 128 printable ASCII characters, not all spaces. "
+        "Omit it to have a 20-character password generated "
         "and returned once in this response (invalid_root_password).",
     )
     ssh_keys: list[int] | None = Field(
-        None, max_length=MAX_KEYS_PER_SERVER,
+        None,
+        max_length=MAX_KEYS_PER_SERVER,
         description=f"Ids of the caller's stored keys (POST /ssh-keys), at most {MAX_KEYS_PER_SERVER}: cloud-init "
         "writes them to root's authorized_keys. The root password is set as well (invalid_ssh_keys).",
     )
     user_data: str | None = Field(
-        None, max_length=MAX_USER_DATA_BYTES,
+        None,
+        max_length=MAX_USER_DATA_BYTES,
         description=f"cloud-init user data, at most {MAX_USER_DATA_BYTES} bytes: '#cloud-config' followed by a "
         "YAML mapping, or a script starting with '#!' (run once at the end of the first boot). It is combined "
         "with vpsshop's own cloud-config, which keeps the hostname, the root password, password login and the "
@@ -97,20 +117,34 @@ class OrderBody(ApiModel):
 class QuoteBody(ApiModel):
     """Body of ``POST /servers/quote``: what an order would be, without the server's settings."""
 
-    plan: str = Field(min_length=1, max_length=32, description="A plan id (invalid_plan).",
-                      json_schema_extra={"x-catalog": "plans"})
-    location: str = Field(min_length=1, max_length=32, description="A location id (invalid_location).",
-                          json_schema_extra={"x-catalog": "locations"})
-    os: str = Field(min_length=1, max_length=32, description="An operating system id (invalid_os).",
-                    json_schema_extra={"x-catalog": "operating_systems"})
+    plan: str = Field(
+        min_length=1, max_length=32, description="A plan id (invalid_plan).", json_schema_extra={"x-catalog": "plans"}
+    )
+    location: str = Field(
+        min_length=1,
+        max_length=32,
+        description="A location id (invalid_location).",
+        json_schema_extra={"x-catalog": "locations"},
+    )
+    os: str = Field(
+        min_length=1,
+        max_length=32,
+        description="An operating system id (invalid_os).",
+        json_schema_extra={"x-catalog": "operating_systems"},
+    )
     cycle: Literal["monthly", "annual"] = Field(DEFAULT_CYCLE, description="Billing cycle (invalid_cycle).")
 
 
 class RenewBody(ApiModel):
     """Optional body of ``POST /servers/{id}/renew`` and ``POST /servers/{id}/renew/quote``."""
 
-    periods: int = Field(1, ge=1, le=120, description="Billing cycles to pay for at once, default 1; capped by the "
-                         "prepay horizon (servers.max_prepay_days, default 1100 days) (invalid_periods).")
+    periods: int = Field(
+        1,
+        ge=1,
+        le=120,
+        description="Billing cycles to pay for at once, default 1; capped by the "
+        "prepay horizon (servers.max_prepay_days, default 1100 days) (invalid_periods).",
+    )
 
 
 class QuoteOut(BaseModel):
@@ -132,11 +166,16 @@ _FQDN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]([A-Za-z0-9-]
 class ServerPatch(ApiModel):
     """Body of ``PATCH /servers/{id}``: the fields given change, the others stay."""
 
-    auto_renew: StrictBool | None = Field(None, description="false: the server is not renewed automatically and is "
-                                    "suspended at expires_at unless renewed by hand; absent or null: unchanged "
-                                    "(invalid_auto_renew).")
+    auto_renew: StrictBool | None = Field(
+        None,
+        description="false: the server is not renewed automatically and is "
+        "suspended at expires_at unless renewed by hand; absent or null: unchanged "
+        "(invalid_auto_renew).",
+    )
     reverse_dns: str | None = Field(
-        None, max_length=253, pattern=_FQDN,
+        None,
+        max_length=253,
+        pattern=_FQDN,
         description="The name the server's address resolves back to (its PTR record): a fully qualified domain "
         "name without the trailing dot, e.g. mail.example.com; null removes it (invalid_reverse_dns). Set by a job "
         "through the shop's DNS provider within seconds; cleared when the server is terminated.",
@@ -202,11 +241,21 @@ class PowerActionOut(BaseModel):
 def server_out(server: Server) -> ServerOut:
     assert server.id is not None
     return ServerOut(
-        id=server.id, plan=server.plan, location=server.location, os=server.os, hostname=server.hostname,
+        id=server.id,
+        plan=server.plan,
+        location=server.location,
+        os=server.os,
+        hostname=server.hostname,
         cycle=server.cycle,  # type: ignore[arg-type]
-        price_usd=micros_to_usd(server.price_micros), status=server.status,  # type: ignore[arg-type]
-        ip=server.ip, username=server.username, created_at=server.created_at, expires_at=server.expires_at,
-        auto_renew=server.auto_renew, status_reason=server.status_reason, reverse_dns=server.reverse_dns,
+        price_usd=micros_to_usd(server.price_micros),
+        status=server.status,  # type: ignore[arg-type]
+        ip=server.ip,
+        username=server.username,
+        created_at=server.created_at,
+        expires_at=server.expires_at,
+        auto_renew=server.auto_renew,
+        status_reason=server.status_reason,
+        reverse_dns=server.reverse_dns,
     )
 
 
@@ -290,15 +339,31 @@ def _insert_order_pg(values: dict[str, Any], default_hostname: bool, detail: str
         columns.append(sa.literal("vps-") + sa.cast(seq.c.n, sa.String))
         names.append("hostname")
     server = sa.insert(servers).from_select(names, sa.select(*columns)).returning(servers.c.id).cte("s")
-    event = sa.insert(events).from_select(
-        ["server_id", "kind", "detail", "created_at"],
-        sa.select(server.c.id, sa.literal("ordered"), sa.literal(detail), sa.literal(now, events.c.created_at.type)),
-    ).cte("e")
-    job = sa.insert(jobs).from_select(
-        ["server_id", "kind", "status", "attempts", "run_after", "created_at"],
-        sa.select(server.c.id, sa.literal("provision"), sa.literal("queued"), sa.literal(0),
-                  sa.literal(now, jobs.c.run_after.type), sa.literal(now, jobs.c.created_at.type)),
-    ).cte("j")
+    event = (
+        sa.insert(events)
+        .from_select(
+            ["server_id", "kind", "detail", "created_at"],
+            sa.select(
+                server.c.id, sa.literal("ordered"), sa.literal(detail), sa.literal(now, events.c.created_at.type)
+            ),
+        )
+        .cte("e")
+    )
+    job = (
+        sa.insert(jobs)
+        .from_select(
+            ["server_id", "kind", "status", "attempts", "run_after", "created_at"],
+            sa.select(
+                server.c.id,
+                sa.literal("provision"),
+                sa.literal("queued"),
+                sa.literal(0),
+                sa.literal(now, jobs.c.run_after.type),
+                sa.literal(now, jobs.c.created_at.type),
+            ),
+        )
+        .cte("j")
+    )
     return sa.select(server.c.id).add_cte(event).add_cte(job)
 
 
@@ -327,12 +392,23 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
         with _writers(ctx), ctx.db.session() as session:
             # Core statements, not ORM units of work: this is the hot path of ordering (bench/orders.py).
             values = dict(
-                account_id=account_id, plan=body.plan, location=body.location, os=body.os,
-                hostname=(body.hostname or "pending").lower(), cycle=body.cycle, price_micros=price,
-                status="provisioning", username="root", created_at=now, expires_at=period_end(now, body.cycle),
-                root_password_enc=encrypt_password(ctx, password), idempotency_key=key,
-                request_digest=digest if key is not None else None, auto_renew=True,
-                ssh_keys=ssh_keys, user_data_enc=user_data_enc,
+                account_id=account_id,
+                plan=body.plan,
+                location=body.location,
+                os=body.os,
+                hostname=(body.hostname or "pending").lower(),
+                cycle=body.cycle,
+                price_micros=price,
+                status="provisioning",
+                username="root",
+                created_at=now,
+                expires_at=period_end(now, body.cycle),
+                root_password_enc=encrypt_password(ctx, password),
+                idempotency_key=key,
+                request_digest=digest if key is not None else None,
+                auto_renew=True,
+                ssh_keys=ssh_keys,
+                user_data_enc=user_data_enc,
             )
             detail = f"{body.plan} {body.location} {body.os} {body.cycle}"
             if ctx.db.dialect == "postgresql":
@@ -345,15 +421,31 @@ def place_order(ctx: AppContext, account_id: int, body: OrderBody, key: str | No
                 if body.hostname is None:
                     values["hostname"] = f"vps-{server_id}"
                     session.execute(sa.update(Server).where(Server.id == server_id).values(hostname=values["hostname"]))
-                session.execute(sa.insert(ServerEvent).values(
-                    server_id=server_id, kind="ordered", created_at=now, detail=detail))
-                session.execute(sa.insert(ServerJob).values(
-                    server_id=server_id, kind="provision", status="queued", attempts=0, run_after=now, created_at=now))
+                session.execute(
+                    sa.insert(ServerEvent).values(server_id=server_id, kind="ordered", created_at=now, detail=detail)
+                )
+                session.execute(
+                    sa.insert(ServerJob).values(
+                        server_id=server_id,
+                        kind="provision",
+                        status="queued",
+                        attempts=0,
+                        run_after=now,
+                        created_at=now,
+                    )
+                )
             out = server_out(Server(id=server_id, **values))
             events.emit(session, "server.provisioning", account_id, out, now=now)
             # Last: the balance update locks the account row until commit, so keep that short.
-            ledger.post(session, account_id, -price, "order", ref=f"server:{server_id}",
-                        memo=f"{body.plan} in {body.location}, {body.cycle}", now=now)
+            ledger.post(
+                session,
+                account_id,
+                -price,
+                "order",
+                ref=f"server:{server_id}",
+                memo=f"{body.plan} in {body.location}, {body.cycle}",
+                now=now,
+            )
     except IntegrityError:
         if key is None:
             raise
@@ -369,8 +461,6 @@ def replay_order(ctx: AppContext, account_id: int, key: str, body: OrderBody) ->
     """The earlier order of ``key`` (None if there is none). :raises Conflict: idempotency_key_reused."""
     with ctx.db.session() as session:
         return _replay(ctx, session, account_id, key, body)
-
-
 
 
 def _user_data_enc(ctx: AppContext, user_data: str | None) -> str | None:
@@ -389,11 +479,19 @@ def quote_order(ctx: AppContext, account_id: int, balance_micros: int, body: Quo
     return _quote(price, 1, price, balance_micros, period_end(ctx.clock.now(), body.cycle))
 
 
-def _quote(price: int, periods: int, period_price: int, balance: int, expires_at: datetime,
-           most: int | None = None) -> QuoteOut:
-    return QuoteOut(price_usd=micros_to_usd(price), periods=periods, period_price_usd=micros_to_usd(period_price),
-                    balance_usd=micros_to_usd(balance), deficit_usd=micros_to_usd(max(0, price - balance)),
-                    sufficient=balance >= price, expires_at=expires_at, max_periods=most)
+def _quote(
+    price: int, periods: int, period_price: int, balance: int, expires_at: datetime, most: int | None = None
+) -> QuoteOut:
+    return QuoteOut(
+        price_usd=micros_to_usd(price),
+        periods=periods,
+        period_price_usd=micros_to_usd(period_price),
+        balance_usd=micros_to_usd(balance),
+        deficit_usd=micros_to_usd(max(0, price - balance)),
+        sufficient=balance >= price,
+        expires_at=expires_at,
+        max_periods=most,
+    )
 
 
 async def order_quote(call: Call) -> QuoteOut:
@@ -429,9 +527,18 @@ async def _paid_order(call: Call, key: str | None, header: str, version: int) ->
         return Reply(replay.order, 201, {"Idempotent-Replayed": "true"})
     assert call.principal is not None
     paid = await x402_orders.settle_for(
-        ctx, coin, payment, header, version, account_id=account_id, price_micros=price,
-        balance_micros=call.principal.balance_micros, path="/servers", description=x402_orders.ORDER_DESCRIPTION,
-        purpose=f"order:{key}")
+        ctx,
+        coin,
+        payment,
+        header,
+        version,
+        account_id=account_id,
+        price_micros=price,
+        balance_micros=call.principal.balance_micros,
+        path="/servers",
+        description=x402_orders.ORDER_DESCRIPTION,
+        purpose=f"order:{key}",
+    )
     try:
         done = await run_in_threadpool(place_order, ctx, account_id, body, key)
     except ApiError as exc:
@@ -475,9 +582,13 @@ def reveal_credentials(ctx: AppContext, account_id: int, server_id: int) -> Cred
     if server.status == "terminated" or server.root_password_enc is None:
         raise ApiError(410, "server_terminated", "The server was deleted; its credentials are gone.")
     assert server.id is not None
-    return CredentialsOut(server_id=server.id, username=server.username,
-                          password=decrypt_password(ctx, server.root_password_enc), ip=server.ip,
-                          hostname=server.hostname)
+    return CredentialsOut(
+        server_id=server.id,
+        username=server.username,
+        password=decrypt_password(ctx, server.root_password_enc),
+        ip=server.ip,
+        hostname=server.hostname,
+    )
 
 
 async def get_credentials(call: Call) -> CredentialsOut:
@@ -506,8 +617,9 @@ def set_reverse_dns(ctx: AppContext, account_id: int, server_id: int, name: str 
     with ctx.db.session() as session:
         server = _owned(session, account_id, server_id, lock=True)
         if server.status != "active" or not server.ip:
-            raise Conflict("server_not_active", f"Reverse DNS needs an active server with an address; this one is "
-                           f"{server.status}.")
+            raise Conflict(
+                "server_not_active", f"Reverse DNS needs an active server with an address; this one is {server.status}."
+            )
         if server.reverse_dns != name:
             server.reverse_dns = name
             session.add(server)
@@ -535,19 +647,24 @@ async def patch_server(call: Call) -> ServerOut:
 def _renewable(ctx: AppContext, server: Server, periods: int, now: datetime) -> int:
     """Check the server can be renewed for ``periods`` now; return the most periods allowed."""
     if server.status not in ("active", "suspended"):
-        raise Conflict("server_not_renewable",
-                       f"A {server.status} server cannot be renewed (only active or suspended ones).")
+        raise Conflict(
+            "server_not_renewable", f"A {server.status} server cannot be renewed (only active or suspended ones)."
+        )
     pol = policy(ctx)
     most = max_periods(pol, server, now)
     if periods > most:
-        raise BadRequest("invalid_periods", f"At most {most} period(s) can be paid now: a renewal may not move "
-                         f"expires_at more than {pol.max_prepay_days} days past now (the prepay horizon).",
-                         max_periods=most)
+        raise BadRequest(
+            "invalid_periods",
+            f"At most {most} period(s) can be paid now: a renewal may not move "
+            f"expires_at more than {pol.max_prepay_days} days past now (the prepay horizon).",
+            max_periods=most,
+        )
     return most
 
 
-def renew_now(ctx: AppContext, account_id: int, server_id: int, periods: int = 1, *,
-              paid_by: int | None = None) -> RenewOut:
+def renew_now(
+    ctx: AppContext, account_id: int, server_id: int, periods: int = 1, *, paid_by: int | None = None
+) -> RenewOut:
     """Renew ``periods`` cycles from the balance. ``paid_by``: the x402 record that paid for it, marked done
     in the same transaction."""
     for _ in range(3):
@@ -574,8 +691,9 @@ async def renew_server(call: Call) -> RenewOut | Response:
     try:
         return await run_in_threadpool(renew_now, call.ctx, call.account_id, server_id, periods)
     except InsufficientBalance as exc:
-        return x402_orders.short_balance(call.ctx, exc, f"/servers/{server_id}/renew", x402_orders.RENEWAL_DESCRIPTION,
-                                         "/servers/{id}/renew")
+        return x402_orders.short_balance(
+            call.ctx, exc, f"/servers/{server_id}/renew", x402_orders.RENEWAL_DESCRIPTION, "/servers/{id}/renew"
+        )
 
 
 def _renewal_terms(ctx: AppContext, account_id: int, server_id: int, periods: int) -> tuple[int, int]:
@@ -596,14 +714,23 @@ async def _paid_renewal(call: Call, server_id: int, periods: int, header: str, v
     coin, payment = x402_orders.decode(ctx, header, version)
     purpose = f"renew:{server_id}"
     earlier = await run_in_threadpool(x402_orders.recorded, ctx, coin, payment)
-    if earlier is not None and earlier.purpose == purpose and earlier.outcome == "done" and \
-            earlier.status == "settled":
+    if earlier is not None and earlier.purpose == purpose and earlier.outcome == "done" and earlier.status == "settled":
         server = await run_in_threadpool(server_of, ctx, account_id, server_id)
         return Reply(RenewOut(server=server, charged_usd=server.price_usd), 200, {"Idempotent-Replayed": "true"})
     price, balance = await run_in_threadpool(_renewal_terms, ctx, account_id, server_id, periods)
     paid = await x402_orders.settle_for(
-        ctx, coin, payment, header, version, account_id=account_id, price_micros=price, balance_micros=balance,
-        path=f"/servers/{server_id}/renew", description=x402_orders.RENEWAL_DESCRIPTION, purpose=purpose)
+        ctx,
+        coin,
+        payment,
+        header,
+        version,
+        account_id=account_id,
+        price_micros=price,
+        balance_micros=balance,
+        path=f"/servers/{server_id}/renew",
+        description=x402_orders.RENEWAL_DESCRIPTION,
+        purpose=purpose,
+    )
     try:
         out = await run_in_threadpool(lambda: renew_now(ctx, account_id, server_id, periods, paid_by=paid.record_id))
     except ApiError as exc:
@@ -648,10 +775,17 @@ def _power_endpoint(action: str):  # type: ignore[no-untyped-def]
 
 
 _X402_HEADERS = (
-    Header("X-PAYMENT", "x402 v1 payment payload (base64 JSON) paying the deficit named by the 402; the answer "
-           "then carries X-PAYMENT-RESPONSE.", schema={"type": "string", "minLength": 1}),
-    Header("PAYMENT-SIGNATURE", "x402 v2 payment payload (base64 JSON), instead of X-PAYMENT; the answer then "
-           "carries PAYMENT-RESPONSE.", schema={"type": "string", "minLength": 1}),
+    Header(
+        "X-PAYMENT",
+        "x402 v1 payment payload (base64 JSON) paying the deficit named by the 402; the answer "
+        "then carries X-PAYMENT-RESPONSE.",
+        schema={"type": "string", "minLength": 1},
+    ),
+    Header(
+        "PAYMENT-SIGNATURE",
+        "x402 v2 payment payload (base64 JSON), instead of X-PAYMENT; the answer then carries PAYMENT-RESPONSE.",
+        schema={"type": "string", "minLength": 1},
+    ),
 )
 
 _NOT_YOURS = "No server with this id on this account (another account's server is a 404 too)."
@@ -660,11 +794,17 @@ _NOT_YOURS = "No server with this id on this account (another account's server i
 def routes() -> list[ApiRoute]:
     power_routes = [
         ApiRoute(
-            "POST", f"/servers/{{id}}/{action}", _power_endpoint(action), summary, PowerActionOut, status=202,
+            "POST",
+            f"/servers/{{id}}/{action}",
+            _power_endpoint(action),
+            summary,
+            PowerActionOut,
+            status=202,
             description=f"{text} The action runs as a job on the hypervisor within seconds; poll GET /servers/{{id}}. "
             "Only an active server takes power actions; a power action does not change the billing status.",
             errors={404: _NOT_YOURS, 409: "server_not_active: the server is provisioning, suspended or terminated."},
-            tags=TAG, operation_id=f"{action}Server",
+            tags=TAG,
+            operation_id=f"{action}Server",
         )
         for action, summary, text in (
             ("start", "Power a server on", "Starts the VM if it is off."),
@@ -674,7 +814,13 @@ def routes() -> list[ApiRoute]:
     ]
     return [
         ApiRoute(
-            "POST", "/servers", order_server, "Order a server", OrderOut, status=201, body=OrderBody,
+            "POST",
+            "/servers",
+            order_server,
+            "Order a server",
+            OrderOut,
+            status=201,
+            body=OrderBody,
             response_headers={"Cache-Control": "no-store"},  # the generated root_password, also on a replay
             description="Charges one billing cycle (price from the catalog rule: monthly = plan base price x location "
             "modifier; annual = 10 x monthly; default cycle monthly) from the balance and creates the server with "
@@ -688,8 +834,10 @@ def routes() -> list[ApiRoute]:
             "Paying by x402: " + x402_orders.X402_HEADERS_DOC + " An order paid this way is idempotent even "
             "without Idempotency-Key: its key is then the x402 `payment-identifier` id if the client sent one, "
             "else the authorization itself.",
-            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),
-                     *_X402_HEADERS),
+            headers=(
+                idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),
+                *_X402_HEADERS,
+            ),
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
                 "invalid_root_password, invalid_ssh_keys, invalid_user_data, invalid_idempotency_key, unknown_field, "
@@ -698,32 +846,59 @@ def routes() -> list[ApiRoute]:
                 "authorization was used for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
-            responses={402: ("insufficient_balance: the balance is below the price; nothing was charged (with the "
-                             "x402 requirements for the deficit when the shop takes x402); wrong_amount or another "
-                             "x402 refusal of a payment.", x402_orders.X402InsufficientBalanceBody)},
-            tags=TAG, operation_id="orderServer",
+            responses={
+                402: (
+                    "insufficient_balance: the balance is below the price; nothing was charged (with the "
+                    "x402 requirements for the deficit when the shop takes x402); wrong_amount or another "
+                    "x402 refusal of a payment.",
+                    x402_orders.X402InsufficientBalanceBody,
+                )
+            },
+            tags=TAG,
+            operation_id="orderServer",
         ),
         ApiRoute(
-            "POST", "/servers/quote", order_quote, "Price an order without placing it", QuoteOut, body=QuoteBody,
+            "POST",
+            "/servers/quote",
+            order_quote,
+            "Price an order without placing it",
+            QuoteOut,
+            body=QuoteBody,
             description="What POST /servers with this plan, location, os and cycle would charge now, the balance, "
             "and the deficit to top up first. Computed by the same pricing code as the order itself; nothing is "
             "written or reserved, so the price is only guaranteed by the order.",
             errors={400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, unknown_field"},
-            tags=TAG, operation_id="quoteOrder",
+            tags=TAG,
+            operation_id="quoteOrder",
         ),
         ApiRoute(
-            "GET", "/servers", list_servers, "List the caller's servers", ServerList, tags=TAG,
+            "GET",
+            "/servers",
+            list_servers,
+            "List the caller's servers",
+            ServerList,
+            tags=TAG,
             operation_id="listServers",
         ),
         ApiRoute(
-            "GET", "/servers/{id}", get_server, "Show a server", ServerOut, errors={404: _NOT_YOURS}, tags=TAG,
+            "GET",
+            "/servers/{id}",
+            get_server,
+            "Show a server",
+            ServerOut,
+            errors={404: _NOT_YOURS},
+            tags=TAG,
             operation_id="getServer",
             description="status: provisioning (paid, being created) -> active (running, ip set) -> suspended "
             "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted after the grace period). "
             "A suspended server returns to active when renewed.",
         ),
         ApiRoute(
-            "PATCH", "/servers/{id}", patch_server, "Change automatic renewal or reverse DNS", ServerOut,
+            "PATCH",
+            "/servers/{id}",
+            patch_server,
+            "Change automatic renewal or reverse DNS",
+            ServerOut,
             body=ServerPatch,
             description="auto_renew (default true) renews the server from the balance up to 72 hours before "
             "expires_at. Turned off, the server is suspended at expires_at unless POST /servers/{id}/renew is "
@@ -731,23 +906,36 @@ def routes() -> list[ApiRoute]:
             "reverse_dns sets the PTR record of the server's address through the shop's DNS provider (a job, within "
             "seconds); null removes it. It needs an active server. The record follows the server's life: it is "
             "removed when the server is terminated, before the address is reused.",
-            errors={400: "invalid_auto_renew, invalid_reverse_dns, unknown_field",
-                    404: _NOT_YOURS,
-                    409: "server_terminated: the server was deleted; server_not_active (reverse_dns); not_supported: "
-                    "the shop has no DNS provider (reverse_dns)."},
-            tags=TAG, operation_id="updateServer",
+            errors={
+                400: "invalid_auto_renew, invalid_reverse_dns, unknown_field",
+                404: _NOT_YOURS,
+                409: "server_terminated: the server was deleted; server_not_active (reverse_dns); not_supported: "
+                "the shop has no DNS provider (reverse_dns).",
+            },
+            tags=TAG,
+            operation_id="updateServer",
         ),
         ApiRoute(
-            "GET", "/servers/{id}/credentials", get_credentials, "Reveal the root login", CredentialsOut,
+            "GET",
+            "/servers/{id}/credentials",
+            get_credentials,
+            "Reveal the root login",
+            CredentialsOut,
             response_headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
             description="The root username and password, decrypted for this response only (stored encrypted). "
             "Sent with Cache-Control: no-store. A terminated server's credentials are gone (410).",
             errors={404: _NOT_YOURS, 410: "server_terminated: the server was deleted."},
-            tags=TAG, operation_id="getServerCredentials",
+            tags=TAG,
+            operation_id="getServerCredentials",
         ),
         ApiRoute(
-            "POST", "/servers/{id}/renew", renew_server, "Renew a server for one or more cycles", RenewOut,
-            body=RenewBody, body_required=False,
+            "POST",
+            "/servers/{id}/renew",
+            renew_server,
+            "Renew a server for one or more cycles",
+            RenewOut,
+            body=RenewBody,
+            body_required=False,
             description="Charges `periods` billing cycles (default 1; the body is optional) from the balance now "
             "and moves expires_at as many cycles on. A suspended server (expired unpaid) becomes active again and "
             "its VM is started; its new period starts now. Servers renew themselves from the balance up to 72 hours "
@@ -756,9 +944,14 @@ def routes() -> list[ApiRoute]:
             "days past now; more periods are a 400 invalid_periods carrying max_periods, checked before any "
             "money moves.\n\n"
             "Paying by x402: " + x402_orders.X402_HEADERS_DOC,
-            responses={402: ("insufficient_balance: the balance does not cover the periods (with the x402 "
-                             "requirements for the deficit when the shop takes x402); wrong_amount or another x402 "
-                             "refusal.", x402_orders.X402InsufficientBalanceBody)},
+            responses={
+                402: (
+                    "insufficient_balance: the balance does not cover the periods (with the x402 "
+                    "requirements for the deficit when the shop takes x402); wrong_amount or another x402 "
+                    "refusal.",
+                    x402_orders.X402InsufficientBalanceBody,
+                )
+            },
             headers=_X402_HEADERS,
             errors={
                 400: "invalid_periods (past the prepay horizon; max_periods says how many fit), unknown_field, "
@@ -768,16 +961,26 @@ def routes() -> list[ApiRoute]:
                 "authorization was used for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
-            tags=TAG, operation_id="renewServer",
+            tags=TAG,
+            operation_id="renewServer",
         ),
         ApiRoute(
-            "POST", "/servers/{id}/renew/quote", renewal_quote, "Price a renewal without making it", QuoteOut,
-            body=RenewBody, body_required=False,
+            "POST",
+            "/servers/{id}/renew/quote",
+            renewal_quote,
+            "Price a renewal without making it",
+            QuoteOut,
+            body=RenewBody,
+            body_required=False,
             description="What POST /servers/{id}/renew with these periods would charge now, where expires_at would "
             "move, the balance and the deficit. Shares the renewal's pricing code; writes nothing.",
-            errors={400: "invalid_periods (past the prepay horizon)", 404: _NOT_YOURS,
-                    409: "server_not_renewable: the server is provisioning or terminated."},
-            tags=TAG, operation_id="quoteRenewal",
+            errors={
+                400: "invalid_periods (past the prepay horizon)",
+                404: _NOT_YOURS,
+                409: "server_not_renewable: the server is provisioning or terminated.",
+            },
+            tags=TAG,
+            operation_id="quoteRenewal",
         ),
         *power_routes,
     ]

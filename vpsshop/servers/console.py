@@ -60,10 +60,18 @@ def issue_ticket(ctx: AppContext, account_id: int, server_id: int) -> ConsoleTic
         if server.status != "active" or server.domain is None:
             raise Conflict("server_not_active", f"The console needs an active server; this one is {server.status}.")
         expires = now + timedelta(seconds=TICKET_SECONDS)
-        session.add(ConsoleTicket(token_hash=_digest(ticket), account_id=account_id, server_id=server_id,
-                                  created_at=now, expires_at=expires))
-    return ConsoleTicketOut(ticket=ticket, url=f"/v1/servers/{server_id}/console/ws?ticket={ticket}",
-                            expires_at=expires)
+        session.add(
+            ConsoleTicket(
+                token_hash=_digest(ticket),
+                account_id=account_id,
+                server_id=server_id,
+                created_at=now,
+                expires_at=expires,
+            )
+        )
+    return ConsoleTicketOut(
+        ticket=ticket, url=f"/v1/servers/{server_id}/console/ws?ticket={ticket}", expires_at=expires
+    )
 
 
 def redeem_ticket(ctx: AppContext, server_id: int, ticket: str) -> ServerHandle | None:
@@ -72,8 +80,12 @@ def redeem_ticket(ctx: AppContext, server_id: int, ticket: str) -> ServerHandle 
     with ctx.db.session() as session:
         row = session.execute(
             sa.update(ConsoleTicket)
-            .where(ConsoleTicket.token_hash == _digest(ticket), ConsoleTicket.server_id == server_id,
-                   ConsoleTicket.used_at.is_(None), ConsoleTicket.expires_at > now)  # type: ignore[union-attr]
+            .where(
+                ConsoleTicket.token_hash == _digest(ticket),
+                ConsoleTicket.server_id == server_id,
+                ConsoleTicket.used_at.is_(None),
+                ConsoleTicket.expires_at > now,
+            )  # type: ignore[union-attr]
             .values(used_at=now)
             .returning(ConsoleTicket.account_id)
         ).first()
@@ -142,7 +154,12 @@ def websocket_route(prefix: str) -> WebSocketRoute:
 def routes() -> list[ApiRoute]:
     return [
         ApiRoute(
-            "POST", "/servers/{id}/console", create_ticket, "Open the serial console", ConsoleTicketOut, status=201,
+            "POST",
+            "/servers/{id}/console",
+            create_ticket,
+            "Open the serial console",
+            ConsoleTicketOut,
+            status=201,
             response_headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
             description=f"Issues a ticket for the server's serial console, valid once and for {TICKET_SECONDS} "
             f"seconds. Connect a WebSocket to `url` (GET /v1{WS_PATH}?ticket=...; no Authorization header is "
@@ -150,8 +167,12 @@ def routes() -> list[ApiRoute]:
             "binary frames from the guest (boot messages, the login prompt), binary or text frames to it "
             f"(keystrokes). A bad, used or expired ticket: the socket closes with code {CLOSE_BAD_TICKET}; a "
             f"console the hypervisor cannot open: code {CLOSE_UNAVAILABLE}, with the reason.",
-            errors={404: _NOT_YOURS, 409: "server_not_active: the server is not active; not_supported: the shop's "
-                    "hypervisor backend has no serial console."},
-            tags=TAG, operation_id="openServerConsole",
+            errors={
+                404: _NOT_YOURS,
+                409: "server_not_active: the server is not active; not_supported: the shop's "
+                "hypervisor backend has no serial console.",
+            },
+            tags=TAG,
+            operation_id="openServerConsole",
         ),
     ]

@@ -51,7 +51,8 @@ import dataclasses
 import itertools
 import secrets
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -76,16 +77,23 @@ _POLL_SECONDS = 0.1
 def contract_spec(location: str = "nl", **overrides: Any) -> ServerSpec:
     """A small server (1 vCPU, 256 MiB, 5 GiB, Debian 12) with a unique name."""
     values: dict[str, Any] = dict(
-        name=f"vps-contract-{secrets.token_hex(4)}", hostname="contract", location=location, vcpu=1,
-        memory_mib=256, disk_gib=5, os_id="debian-12", os_image="debian-12-genericcloud-amd64.qcow2",
+        name=f"vps-contract-{secrets.token_hex(4)}",
+        hostname="contract",
+        location=location,
+        vcpu=1,
+        memory_mib=256,
+        disk_gib=5,
+        os_id="debian-12",
+        os_image="debian-12-genericcloud-amd64.qcow2",
         root_password="contract-Pass-1234",
     )
     values.update(overrides)
     return ServerSpec(**values)
 
 
-async def wait_running(backend: HypervisorBackend, handle: ServerHandle, after: str,
-                       boot_timeout: float = DEFAULT_BOOT_TIMEOUT) -> None:
+async def wait_running(
+    backend: HypervisorBackend, handle: ServerHandle, after: str, boot_timeout: float = DEFAULT_BOOT_TIMEOUT
+) -> None:
     """Wait while the domain reports ``starting``; it must then report ``running``."""
     deadline = time.monotonic() + boot_timeout
     while True:
@@ -102,8 +110,9 @@ async def expect_state(backend: HypervisorBackend, handle: ServerHandle, wanted:
     assert state == wanted, f"after {after} the domain is {state.value}, expected {wanted.value}"
 
 
-async def check_hypervisor(backend: HypervisorBackend, spec: ServerSpec,
-                           boot_timeout: float = DEFAULT_BOOT_TIMEOUT) -> ServerHandle:
+async def check_hypervisor(
+    backend: HypervisorBackend, spec: ServerSpec, boot_timeout: float = DEFAULT_BOOT_TIMEOUT
+) -> ServerHandle:
     """Create, re-create, start, stop, reboot, suspend, resume and destroy one server, checking the
     states and the idempotency core relies on.
 
@@ -145,8 +154,9 @@ async def check_hypervisor(backend: HypervisorBackend, spec: ServerSpec,
     return handle
 
 
-async def check_optional_verbs(backend: HypervisorBackend, handle: ServerHandle, spec: ServerSpec,
-                               boot_timeout: float = DEFAULT_BOOT_TIMEOUT) -> None:
+async def check_optional_verbs(
+    backend: HypervisorBackend, handle: ServerHandle, spec: ServerSpec, boot_timeout: float = DEFAULT_BOOT_TIMEOUT
+) -> None:
     """Check the optional verbs the backend's ``capabilities`` name, on a running domain."""
     unknown = set(backend.capabilities) - KNOWN_CAPABILITIES
     assert not unknown, f"capabilities names unknown verbs {sorted(unknown)}; known: {sorted(KNOWN_CAPABILITIES)}"
@@ -203,8 +213,9 @@ class HypervisorContract:
         return contract_spec(hypervisor_location, **hypervisor_spec_overrides)
 
     @pytest.fixture
-    def created(self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec,
-                hypervisor_boot_timeout: float) -> Iterator[ServerHandle]:
+    def created(
+        self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec, hypervisor_boot_timeout: float
+    ) -> Iterator[ServerHandle]:
         """A running domain, destroyed afterwards."""
         handle = asyncio.run(hypervisor_backend.create(hypervisor_spec))
         handle = ServerHandle(handle.host, handle.domain, handle.ip, hypervisor_spec.location)
@@ -214,22 +225,25 @@ class HypervisorContract:
         finally:
             asyncio.run(hypervisor_backend.destroy(handle))
 
-    def test_whole_life_of_a_server(self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec,
-                                    hypervisor_boot_timeout: float) -> None:
+    def test_whole_life_of_a_server(
+        self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec, hypervisor_boot_timeout: float
+    ) -> None:
         asyncio.run(check_hypervisor(hypervisor_backend, hypervisor_spec, hypervisor_boot_timeout))
 
     def test_create_names_the_domain_and_its_host(self, created: ServerHandle, hypervisor_spec: ServerSpec) -> None:
         assert created.domain == hypervisor_spec.name
         assert created.host, "create must say which host the domain is on"
 
-    def test_create_again_returns_the_same_domain(self, hypervisor_backend: HypervisorBackend,
-                                                 created: ServerHandle, hypervisor_spec: ServerSpec) -> None:
+    def test_create_again_returns_the_same_domain(
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_spec: ServerSpec
+    ) -> None:
         again = asyncio.run(hypervisor_backend.create(hypervisor_spec))
         assert (again.host, again.domain) == (created.host, created.domain)
         asyncio.run(expect_state(hypervisor_backend, created, DomainState.RUNNING, "a second create"))
 
-    def test_power_verbs_are_idempotent(self, hypervisor_backend: HypervisorBackend, created: ServerHandle,
-                                        hypervisor_boot_timeout: float) -> None:
+    def test_power_verbs_are_idempotent(
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_boot_timeout: float
+    ) -> None:
         async def walk() -> None:
             for verb in ("stop", "stop", "suspend"):
                 await getattr(hypervisor_backend, verb)(created)
@@ -240,14 +254,16 @@ class HypervisorContract:
 
         asyncio.run(walk())
 
-    def test_reboot_starts_a_stopped_domain(self, hypervisor_backend: HypervisorBackend, created: ServerHandle,
-                                            hypervisor_boot_timeout: float) -> None:
+    def test_reboot_starts_a_stopped_domain(
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_boot_timeout: float
+    ) -> None:
         asyncio.run(hypervisor_backend.stop(created))
         asyncio.run(hypervisor_backend.reboot(created))
         asyncio.run(wait_running(hypervisor_backend, created, "reboot of a stopped domain", hypervisor_boot_timeout))
 
-    def test_destroy_removes_and_is_idempotent(self, hypervisor_backend: HypervisorBackend,
-                                               created: ServerHandle) -> None:
+    def test_destroy_removes_and_is_idempotent(
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle
+    ) -> None:
         asyncio.run(hypervisor_backend.destroy(created))
         asyncio.run(expect_state(hypervisor_backend, created, DomainState.MISSING, "destroy"))
         asyncio.run(hypervisor_backend.destroy(created))
@@ -263,8 +279,13 @@ class HypervisorContract:
     def test_capabilities_are_known(self, hypervisor_backend: HypervisorBackend) -> None:
         assert set(hypervisor_backend.capabilities) <= KNOWN_CAPABILITIES
 
-    def test_optional_verbs(self, hypervisor_backend: HypervisorBackend, created: ServerHandle,
-                            hypervisor_spec: ServerSpec, hypervisor_boot_timeout: float) -> None:
+    def test_optional_verbs(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_spec: ServerSpec,
+        hypervisor_boot_timeout: float,
+    ) -> None:
         """reinstall and open_console, for the backends whose capabilities name them."""
         asyncio.run(check_optional_verbs(hypervisor_backend, created, hypervisor_spec, hypervisor_boot_timeout))
 

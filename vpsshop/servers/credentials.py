@@ -22,11 +22,7 @@ def generate_root_password() -> str:
     (some images' password policies want all three)."""
     while True:
         value = "".join(secrets.choice(_ALPHABET) for _ in range(GENERATED_LENGTH))
-        if (
-            any(c.islower() for c in value)
-            and any(c.isupper() for c in value)
-            and any(c.isdigit() for c in value)
-        ):
+        if any(c.islower() for c in value) and any(c.isupper() for c in value) and any(c.isdigit() for c in value):
             return value
 
 

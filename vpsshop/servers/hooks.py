@@ -17,5 +17,5 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @hookimpl
-def vpsshop_background_tasks(ctx: "AppContext") -> list["BackgroundTask"]:
+def vpsshop_background_tasks(ctx: AppContext) -> list[BackgroundTask]:
     return background_tasks(ctx)

@@ -53,6 +53,7 @@ from vpsshop.servers.models import IpLease, ServerJob
 
 log = logging.getLogger("vpsshop.servers")
 
+
 def _pid_namespace() -> str:
     try:
         return str(os.stat("/proc/self/ns/pid").st_ino)
@@ -146,15 +147,23 @@ def reclaim_dead(ctx: AppContext) -> int:
     rather than when their lease runs out. Returns how many were freed."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
-        holders = session.execute(
-            sa.select(ServerJob.locked_by).where(ServerJob.status == "running", ServerJob.locked_until >= now)  # type: ignore[operator]
-            .distinct()).scalars().all()
+        holders = (
+            session.execute(
+                sa.select(ServerJob.locked_by)
+                .where(ServerJob.status == "running", ServerJob.locked_until >= now)  # type: ignore[operator]
+                .distinct()
+            )
+            .scalars()
+            .all()
+        )
         dead = [w for w in holders if w and _provably_dead(w)]
         if not dead:
             return 0
         freed = session.execute(
-            sa.update(ServerJob).where(ServerJob.status == "running", ServerJob.locked_by.in_(dead))  # type: ignore[union-attr]
-            .values(locked_until=now - timedelta(seconds=1))).rowcount
+            sa.update(ServerJob)
+            .where(ServerJob.status == "running", ServerJob.locked_by.in_(dead))  # type: ignore[union-attr]
+            .values(locked_until=now - timedelta(seconds=1))
+        ).rowcount
     log.warning("freed %d job(s) leased by worker(s) no longer running: %s", freed, ", ".join(dead))
     return freed
 
@@ -163,11 +172,14 @@ def renew_lease(ctx: AppContext, job: ClaimedJob) -> bool:
     """Extend ``job``'s lease by ``servers.job_lease_seconds`` from now; False when it is no longer ours."""
     until = ctx.clock.now() + timedelta(seconds=policy(ctx).job_lease_seconds)
     with ctx.db.session() as session:
-        return session.execute(
-            sa.update(ServerJob)
-            .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
-            .values(locked_until=until)
-        ).rowcount == 1
+        return (
+            session.execute(
+                sa.update(ServerJob)
+                .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
+                .values(locked_until=until)
+            ).rowcount
+            == 1
+        )
 
 
 async def _keep_lease(ctx: AppContext, job: ClaimedJob) -> None:
@@ -185,11 +197,14 @@ async def _keep_lease(ctx: AppContext, job: ClaimedJob) -> None:
 
 
 def _finish(session: Session, job: ClaimedJob, now: datetime, **values: object) -> bool:
-    return session.execute(
-        sa.update(ServerJob)
-        .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
-        .values(**values)
-    ).rowcount == 1
+    return (
+        session.execute(
+            sa.update(ServerJob)
+            .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
+            .values(**values)
+        ).rowcount
+        == 1
+    )
 
 
 def _handle(server: Server) -> ServerHandle:
@@ -277,8 +292,10 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
         limit = policy(ctx).boot_timeout_seconds
         if waited < limit:
             raise RetryLater(f"domain {handle.domain} is booting", after=BOOT_RECHECK_SECONDS)
-        raise PluginError(f"domain {handle.domain} is still starting {waited:.0f} s after the order "
-                          f"(servers.boot_timeout_seconds = {limit:g})")
+        raise PluginError(
+            f"domain {handle.domain} is still starting {waited:.0f} s after the order "
+            f"(servers.boot_timeout_seconds = {limit:g})"
+        )
     if state != DomainState.RUNNING:
         raise PluginError(f"domain {handle.domain} is {state.value} after creation, not running")
     ip = handle.ip or spec.ip
@@ -313,8 +330,16 @@ def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error:
         ).rowcount
         if moved != 1:
             return
-        ledger.post(session, server.account_id, server.price_micros, "refund", ref=f"server:{server_id}",
-                    dedupe_key=f"refund:server:{server_id}", memo=reason, now=now)
+        ledger.post(
+            session,
+            server.account_id,
+            server.price_micros,
+            "refund",
+            ref=f"server:{server_id}",
+            dedupe_key=f"refund:server:{server_id}",
+            memo=reason,
+            now=now,
+        )
         record(session, server_id, "provision_failed", now, reason)
         record(session, server_id, "refunded", now, str(server.price_micros))
         events.emit(session, "server.terminated", server.account_id, server_data(session, server_id), now=now)
@@ -335,7 +360,9 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
 
     def reinstalled() -> None:
         with ctx.db.session() as session:
-            record(session, job.server_id, "reinstalled", ctx.clock.now(), f"{handle.host} {handle.domain} {spec.os_id}")
+            record(
+                session, job.server_id, "reinstalled", ctx.clock.now(), f"{handle.host} {handle.domain} {spec.os_id}"
+            )
 
     await to_thread.run_sync(reinstalled)
 
@@ -345,6 +372,7 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
 
 async def _rdns(ctx: AppContext, job: ClaimedJob) -> None:
     """Make the provider's PTR record of the server's address what the row says now."""
+
     def load() -> Server | None:
         with ctx.db.session() as session:
             return session.get(Server, job.server_id)
@@ -387,8 +415,14 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
         def destroyed() -> None:
             with ctx.db.session() as session:
-                record(session, job.server_id, "destroyed", ctx.clock.now(), f"{handle.host} {handle.domain}",
-                       once_key=f"destroyed:{job.server_id}")
+                record(
+                    session,
+                    job.server_id,
+                    "destroyed",
+                    ctx.clock.now(),
+                    f"{handle.host} {handle.domain}",
+                    once_key=f"destroyed:{job.server_id}",
+                )
 
         await to_thread.run_sync(destroyed)
 
@@ -424,8 +458,9 @@ async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
         return "retry"
     except Exception as exc:  # noqa: BLE001 - any failure of a verb is recorded, never lost
         error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
-        log.warning("job %s (%s of server %s) attempt %s failed: %s", job.id, job.kind, job.server_id,
-                    job.attempts, error)
+        log.warning(
+            "job %s (%s of server %s) attempt %s failed: %s", job.id, job.kind, job.server_id, job.attempts, error
+        )
         if job.attempts < pol.provision_attempts:
             await to_thread.run_sync(_requeue, ctx, job, error, True, pol)
             return "retry"
@@ -435,17 +470,26 @@ async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
     return "done"
 
 
-def _requeue(ctx: AppContext, job: ClaimedJob, error: str, counts: bool, pol: ServersPolicy,
-             after: float | None = None) -> None:
+def _requeue(
+    ctx: AppContext, job: ClaimedJob, error: str, counts: bool, pol: ServersPolicy, after: float | None = None
+) -> None:
     now = ctx.clock.now()
     if counts:
         delay = pol.retry_seconds * 2 ** (job.attempts - 1)
     else:
         delay = pol.jobs_interval_seconds if after is None else after
     with ctx.db.session() as session:
-        _finish(session, job, now, status="queued", run_after=now + timedelta(seconds=delay), locked_until=None,
-                locked_by=None, last_error=error[:500],
-                attempts=ServerJob.attempts if counts else ServerJob.attempts - 1)
+        _finish(
+            session,
+            job,
+            now,
+            status="queued",
+            run_after=now + timedelta(seconds=delay),
+            locked_until=None,
+            locked_by=None,
+            last_error=error[:500],
+            attempts=ServerJob.attempts if counts else ServerJob.attempts - 1,
+        )
 
 
 def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:

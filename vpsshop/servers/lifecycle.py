@@ -78,8 +78,9 @@ def renew_lead(pol: ServersPolicy, server: Server) -> timedelta:
     return min(timedelta(hours=pol.renew_lead_hours), cycle_length / 2)
 
 
-def record(session: Session, server_id: int, kind: str, now: datetime, detail: str | None = None,
-           once_key: str | None = None) -> bool:
+def record(
+    session: Session, server_id: int, kind: str, now: datetime, detail: str | None = None, once_key: str | None = None
+) -> bool:
     """Append a history row; with ``once_key``, only if no row with that key exists (False then)."""
     if once_key is not None:
         found = session.exec(select(ServerEvent.id).where(ServerEvent.once_key == once_key)).first()
@@ -144,9 +145,14 @@ def renew(session: Session, server: Server, now: datetime, *, by: str, periods: 
     price, new_expiry = renewal_terms(server, now, periods)
     memo = f"{server.cycle} renewal of server {server.id} ({by})"
     posting = ledger.post(
-        session, server.account_id, -price, "renewal",
-        ref=f"server:{server.id}", dedupe_key=f"renewal:{server.id}:{old_expiry.isoformat()}",
-        memo=memo if periods == 1 else f"{memo}, {periods} periods", now=now,
+        session,
+        server.account_id,
+        -price,
+        "renewal",
+        ref=f"server:{server.id}",
+        dedupe_key=f"renewal:{server.id}:{old_expiry.isoformat()}",
+        memo=memo if periods == 1 else f"{memo}, {periods} periods",
+        now=now,
     )
     if not posting.created:
         session.refresh(server)
@@ -185,7 +191,9 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
     """Auto-renew servers inside their lead window. Each server in its own transaction."""
     horizon = now + timedelta(hours=pol.renew_lead_hours)
     with ctx.db.session() as session:
-        candidates = _due(session, sa.and_(Server.status == "active", Server.auto_renew.is_(True), Server.expires_at <= horizon))  # type: ignore[attr-defined]
+        candidates = _due(
+            session, sa.and_(Server.status == "active", Server.auto_renew.is_(True), Server.expires_at <= horizon)
+        )  # type: ignore[attr-defined]
     done = 0
     for server in candidates:
         if server.expires_at - renew_lead(pol, server) > now:
@@ -201,9 +209,17 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
                     done += 1
         except ledger.InsufficientBalance as exc:
             with ctx.db.session() as session:
-                if record(session, server.id, "renewal_failed",  # type: ignore[arg-type]
-                          now, exc.message, once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}"):
-                    events.emit(session, "server.renewal_failed", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
+                if record(
+                    session,
+                    server.id,
+                    "renewal_failed",  # type: ignore[arg-type]
+                    now,
+                    exc.message,
+                    once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}",
+                ):
+                    events.emit(
+                        session, "server.renewal_failed", server.account_id, server_data(session, server.id), now=now
+                    )  # type: ignore[arg-type]
         except RenewalRaced:
             continue
     return done
@@ -216,8 +232,11 @@ def _suspend_expired(ctx: AppContext, now: datetime) -> int:
             moved = session.execute(
                 sa.update(Server)
                 .where(Server.id == server.id, Server.status == "active", Server.expires_at == server.expires_at)
-                .values(status="suspended", suspended_at=now,
-                        status_reason="The paid period ended and the balance did not cover a renewal.")
+                .values(
+                    status="suspended",
+                    suspended_at=now,
+                    status_reason="The paid period ended and the balance did not cover a renewal.",
+                )
             ).rowcount
             if moved == 1:
                 record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")  # type: ignore[arg-type]
@@ -235,8 +254,11 @@ def _terminate_overdue(ctx: AppContext, pol: ServersPolicy, now: datetime) -> in
             moved = session.execute(
                 sa.update(Server)
                 .where(Server.id == server.id, Server.status == "suspended", Server.expires_at == server.expires_at)
-                .values(status="terminated", terminated_at=now,
-                        status_reason=f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.")
+                .values(
+                    status="terminated",
+                    terminated_at=now,
+                    status_reason=f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.",
+                )
             ).rowcount
             if moved == 1:
                 record(session, server.id, "terminated", now, "grace period over")  # type: ignore[arg-type]

@@ -7,7 +7,6 @@ columns this area added to it come with migration ``0003``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Optional
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -29,17 +28,17 @@ class ServerJob(SQLModel, table=True):
     __tablename__ = "server_jobs"
     __table_args__ = (sa.Index("ix_server_jobs_claim", "status", "run_after"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
     kind: str = Field(max_length=16, nullable=False)
     status: str = Field(default="queued", max_length=16, nullable=False)
     attempts: int = Field(default=0, nullable=False)
     run_after: datetime = _ts()
-    locked_until: Optional[datetime] = _ts(nullable=True)
-    locked_by: Optional[str] = Field(default=None, max_length=64)
-    last_error: Optional[str] = Field(default=None, max_length=500)
+    locked_until: datetime | None = _ts(nullable=True)
+    locked_by: str | None = Field(default=None, max_length=64)
+    last_error: str | None = Field(default=None, max_length=500)
     created_at: datetime = _ts()
-    finished_at: Optional[datetime] = _ts(nullable=True)
+    finished_at: datetime | None = _ts(nullable=True)
 
 
 class ServerEvent(SQLModel, table=True):
@@ -51,11 +50,11 @@ class ServerEvent(SQLModel, table=True):
 
     __tablename__ = "server_events"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
     kind: str = Field(max_length=32, nullable=False)
-    detail: Optional[str] = Field(default=None, max_length=500)
-    once_key: Optional[str] = Field(default=None, max_length=200, unique=True)
+    detail: str | None = Field(default=None, max_length=500)
+    once_key: str | None = Field(default=None, max_length=200, unique=True)
     created_at: datetime = _ts()
 
 
@@ -65,7 +64,7 @@ class IpLease(SQLModel, table=True):
     __tablename__ = "ip_leases"
     __table_args__ = (sa.UniqueConstraint("pool", "address", name="uq_ip_leases_pool_address"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     pool: str = Field(max_length=64, nullable=False)
     address: str = Field(max_length=45, nullable=False)
     server_id: int = Field(foreign_key="servers.id", unique=True, nullable=False)
@@ -82,7 +81,7 @@ class SshKey(SQLModel, table=True):
     __tablename__ = "ssh_keys"
     __table_args__ = (sa.UniqueConstraint("account_id", "fingerprint", name="uq_ssh_keys_account_fingerprint"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
     name: str = Field(max_length=64, nullable=False)
     key_type: str = Field(max_length=32, nullable=False)
@@ -100,10 +99,10 @@ class ConsoleTicket(SQLModel, table=True):
 
     __tablename__ = "console_tickets"
 
-    id: Optional[int] = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True)
     token_hash: str = Field(max_length=64, unique=True, nullable=False)
     account_id: int = Field(foreign_key="accounts.id", nullable=False)
     server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
     created_at: datetime = _ts()
     expires_at: datetime = _ts()
-    used_at: Optional[datetime] = _ts(nullable=True)
+    used_at: datetime | None = _ts(nullable=True)

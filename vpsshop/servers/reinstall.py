@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import select
 from starlette.concurrency import run_in_threadpool
 
+from vpsshop.cloudinit import MAX_USER_DATA_BYTES
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest, Conflict
 from vpsshop.hypervisor import CAPABILITY_REINSTALL
@@ -23,28 +24,43 @@ from vpsshop.servers.credentials import encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import enqueue, record
 from vpsshop.servers.models import ServerJob
 from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
-from vpsshop.cloudinit import MAX_USER_DATA_BYTES
 
 
 class ReinstallBody(ApiModel):
     """Body of ``POST /servers/{id}/reinstall``."""
 
-    os: str = Field(min_length=1, max_length=32, description="An operating system id from GET /catalog; another "
-                    "one than the server's is allowed (invalid_os).", json_schema_extra={"x-catalog": "operating_systems"})
-    ssh_keys: list[int] | None = Field(None, max_length=MAX_KEYS_PER_SERVER, description="Ids of the caller's "
-                                       "stored keys for root's authorized_keys; omitted: none (invalid_ssh_keys).")
+    os: str = Field(
+        min_length=1,
+        max_length=32,
+        description="An operating system id from GET /catalog; another one than the server's is allowed (invalid_os).",
+        json_schema_extra={"x-catalog": "operating_systems"},
+    )
+    ssh_keys: list[int] | None = Field(
+        None,
+        max_length=MAX_KEYS_PER_SERVER,
+        description="Ids of the caller's stored keys for root's authorized_keys; omitted: none (invalid_ssh_keys).",
+    )
     root_password: str | None = Field(
-        None, min_length=10, max_length=128, pattern=_PRINTABLE,
+        None,
+        min_length=10,
+        max_length=128,
+        pattern=_PRINTABLE,
         description="10 to 128 printable ASCII characters; omitted: a new 20-character password is generated and "
-        "returned once in this response (invalid_root_password).")
-    user_data: str | None = Field(None, max_length=MAX_USER_DATA_BYTES, description="cloud-init user data, as on "
-                                  "POST /servers (invalid_user_data); omitted: none.")
+        "returned once in this response (invalid_root_password).",
+    )
+    user_data: str | None = Field(
+        None,
+        max_length=MAX_USER_DATA_BYTES,
+        description="cloud-init user data, as on POST /servers (invalid_user_data); omitted: none.",
+    )
 
 
 class ReinstallOut(BaseModel):
     server: ServerOut
-    root_password: str | None = Field(description="The generated root password when the request gave none (null "
-                                      "otherwise). Shown once; GET /servers/{id}/credentials reveals it later.")
+    root_password: str | None = Field(
+        description="The generated root password when the request gave none (null "
+        "otherwise). Shown once; GET /servers/{id}/credentials reveals it later."
+    )
     job_id: int = Field(description="The queued reinstall job.")
     status: Literal["queued"] = "queued"
 
@@ -67,10 +83,16 @@ def reinstall_server(ctx: AppContext, account_id: int, server_id: int, body: Rei
     with ctx.db.session() as session:
         server = _owned(session, account_id, server_id, lock=True)
         if server.status != "active":
-            raise Conflict("server_not_active", f"Only an active server can be reinstalled; this one is {server.status}.")
-        busy = session.exec(select(ServerJob.id).where(
-            ServerJob.server_id == server_id, ServerJob.kind == "reinstall",
-            ServerJob.status.in_(("queued", "running")))).first()  # type: ignore[attr-defined]
+            raise Conflict(
+                "server_not_active", f"Only an active server can be reinstalled; this one is {server.status}."
+            )
+        busy = session.exec(
+            select(ServerJob.id).where(
+                ServerJob.server_id == server_id,
+                ServerJob.kind == "reinstall",
+                ServerJob.status.in_(("queued", "running")),
+            )
+        ).first()  # type: ignore[attr-defined]
         if busy is not None:
             raise Conflict("reinstall_in_progress", "A reinstall of this server is already under way.")
         server.os = body.os
@@ -81,8 +103,9 @@ def reinstall_server(ctx: AppContext, account_id: int, server_id: int, body: Rei
         job = enqueue(session, server_id, "reinstall", now)
         record(session, server_id, "reinstall", now, f"customer; {body.os}")
         assert job.id is not None
-        return ReinstallOut(server=server_out(server), root_password=None if body.root_password else password,
-                            job_id=job.id)
+        return ReinstallOut(
+            server=server_out(server), root_password=None if body.root_password else password, job_id=job.id
+        )
 
 
 async def reinstall(call: Call) -> Reply:
@@ -93,8 +116,14 @@ async def reinstall(call: Call) -> Reply:
 def routes() -> list[ApiRoute]:
     return [
         ApiRoute(
-            "POST", "/servers/{id}/reinstall", reinstall, "Reinstall a server", ReinstallOut, status=202,
-            body=ReinstallBody, response_headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
+            "POST",
+            "/servers/{id}/reinstall",
+            reinstall,
+            "Reinstall a server",
+            ReinstallOut,
+            status=202,
+            body=ReinstallBody,
+            response_headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
             description="Erases the server's disk and installs `os` (any catalog OS) afresh: a job powers the VM "
             "off, recreates its disk from the OS's base image and boots it with new first-boot data (root password, "
             "the chosen SSH keys, user data). Everything on the old disk is lost. Address, hostname, plan, paid "
@@ -107,6 +136,7 @@ def routes() -> list[ApiRoute]:
                 409: "server_not_active: the server is provisioning, suspended or terminated; "
                 "reinstall_in_progress; not_supported: the shop's hypervisor backend cannot reinstall.",
             },
-            tags=TAG, operation_id="reinstallServer",
+            tags=TAG,
+            operation_id="reinstallServer",
         ),
     ]

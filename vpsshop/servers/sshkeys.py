@@ -31,10 +31,15 @@ _NAME = r"^[\x20-\x7e]+$"
 class SshKeyBody(ApiModel):
     """Body of ``POST /ssh-keys``."""
 
-    name: str = Field(min_length=1, max_length=64, pattern=_NAME,
-                      description="A label for the key: 1 to 64 printable ASCII characters (invalid_name).")
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=_NAME,
+        description="A label for the key: 1 to 64 printable ASCII characters (invalid_name).",
+    )
     public_key: str = Field(
-        min_length=1, max_length=MAX_PUBLIC_KEY_CHARS,
+        min_length=1,
+        max_length=MAX_PUBLIC_KEY_CHARS,
         description="One line in OpenSSH authorized_keys format, '<type> <base64> [comment]', without options: "
         "ssh-ed25519, ecdsa-sha2-nistp256/384/521, or ssh-rsa of at least 2048 bits (invalid_public_key). The "
         "comment is not kept.",
@@ -57,8 +62,15 @@ class SshKeyList(BaseModel):
 
 def key_out(key: SshKey) -> SshKeyOut:
     assert key.id is not None
-    return SshKeyOut(id=key.id, name=key.name, key_type=key.key_type, bits=key.bits, public_key=key.public_key,
-                     fingerprint=key.fingerprint, created_at=key.created_at)
+    return SshKeyOut(
+        id=key.id,
+        name=key.name,
+        key_type=key.key_type,
+        bits=key.bits,
+        public_key=key.public_key,
+        fingerprint=key.fingerprint,
+        created_at=key.created_at,
+    )
 
 
 def add_key(ctx: AppContext, account_id: int, body: SshKeyBody) -> SshKeyOut:
@@ -73,10 +85,18 @@ def add_key(ctx: AppContext, account_id: int, body: SshKeyBody) -> SshKeyOut:
                 sa.select(sa.func.count()).select_from(SshKey).where(SshKey.account_id == account_id)
             ).scalar_one()
             if count >= MAX_KEYS_PER_ACCOUNT:
-                raise Conflict("too_many_ssh_keys", f"An account holds at most {MAX_KEYS_PER_ACCOUNT} keys; "
-                               "delete one first.")
-            key = SshKey(account_id=account_id, name=body.name, key_type=parsed.key_type, bits=parsed.bits,
-                         public_key=parsed.openssh, fingerprint=parsed.fingerprint, created_at=now)
+                raise Conflict(
+                    "too_many_ssh_keys", f"An account holds at most {MAX_KEYS_PER_ACCOUNT} keys; delete one first."
+                )
+            key = SshKey(
+                account_id=account_id,
+                name=body.name,
+                key_type=parsed.key_type,
+                bits=parsed.bits,
+                public_key=parsed.openssh,
+                fingerprint=parsed.fingerprint,
+                created_at=now,
+            )
             session.add(key)
             session.flush()
             return key_out(key)
@@ -136,22 +156,43 @@ async def remove_ssh_key(call: Call) -> Deleted:
 def routes() -> list[ApiRoute]:
     return [
         ApiRoute(
-            "POST", "/ssh-keys", create_ssh_key, "Store an SSH public key", SshKeyOut, status=201, body=SshKeyBody,
+            "POST",
+            "/ssh-keys",
+            create_ssh_key,
+            "Store an SSH public key",
+            SshKeyOut,
+            status=201,
+            body=SshKeyBody,
             description="Stores a public key under a name, to be chosen by id when ordering (ssh_keys on POST "
             f"/servers) or reinstalling. Accepted: Ed25519, ECDSA (P-256, P-384, P-521) and RSA of at least 2048 "
             f"bits; anything else is a 400 invalid_public_key saying why. At most {MAX_KEYS_PER_ACCOUNT} keys per "
             "account.",
-            errors={400: "invalid_name, invalid_public_key, unknown_field",
-                    409: "ssh_key_exists: the account stores this key already (same fingerprint); too_many_ssh_keys."},
-            tags=TAG, operation_id="createSshKey",
+            errors={
+                400: "invalid_name, invalid_public_key, unknown_field",
+                409: "ssh_key_exists: the account stores this key already (same fingerprint); too_many_ssh_keys.",
+            },
+            tags=TAG,
+            operation_id="createSshKey",
         ),
-        ApiRoute("GET", "/ssh-keys", get_ssh_keys, "List the caller's SSH keys", SshKeyList, tags=TAG,
-                 operation_id="listSshKeys"),
         ApiRoute(
-            "DELETE", "/ssh-keys/{id}", remove_ssh_key, "Delete a stored SSH key", Deleted,
+            "GET",
+            "/ssh-keys",
+            get_ssh_keys,
+            "List the caller's SSH keys",
+            SshKeyList,
+            tags=TAG,
+            operation_id="listSshKeys",
+        ),
+        ApiRoute(
+            "DELETE",
+            "/ssh-keys/{id}",
+            remove_ssh_key,
+            "Delete a stored SSH key",
+            Deleted,
             description="Removes the key from the store. Servers ordered with it keep it in root's authorized_keys "
             "(each server holds a copy) until they are reinstalled without it.",
-            errors={404: "No SSH key with this id on this account."}, tags=TAG, operation_id="deleteSshKey",
+            errors={404: "No SSH key with this id on this account."},
+            tags=TAG,
+            operation_id="deleteSshKey",
         ),
     ]
-
