@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, Field, StrictBool
+from pydantic.json_schema import SkipJsonSchema
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
@@ -166,11 +167,12 @@ _FQDN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]([A-Za-z0-9-]
 class ServerPatch(ApiModel):
     """Body of ``PATCH /servers/{id}``: the fields given change, the others stay."""
 
-    auto_renew: StrictBool | None = Field(
+    auto_renew: StrictBool | SkipJsonSchema[None] = Field(
         None,
         description="false: the server is not renewed automatically and is "
-        "suspended at expires_at unless renewed by hand; absent or null: unchanged "
-        "(invalid_auto_renew).",
+        "suspended at expires_at unless renewed by hand; absent: unchanged. Only true or false: a string, a "
+        "number or null is refused (invalid_auto_renew).",
+        json_schema_extra=lambda schema: schema.pop("default", None),  # absent means unchanged
     )
     reverse_dns: str | None = Field(
         None,
@@ -629,8 +631,10 @@ def set_reverse_dns(ctx: AppContext, account_id: int, server_id: int, name: str 
 
 
 async def patch_server(call: Call) -> ServerOut:
-    """Change the fields given; a field that is absent (or an ``auto_renew`` of null) stays."""
+    """Change the fields given; a field that is absent stays."""
     body: ServerPatch = call.body
+    if "auto_renew" in body.model_fields_set and body.auto_renew is None:
+        raise BadRequest("invalid_auto_renew", "auto_renew must be true or false.")
     out = None
     if "reverse_dns" in body.model_fields_set:
         out = await run_in_threadpool(set_reverse_dns, call.ctx, call.account_id, call.path["id"], body.reverse_dns)
