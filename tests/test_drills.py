@@ -420,7 +420,7 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
     samples = metrics(shop)
     if samples is not None:  # /metrics counts the node's errors while it is away
         until(
-            "node errors counted", lambda: total(metrics(shop) or {}, "vpsshop_node_errors_total", coin="LTC") > 0, 30
+            "node errors counted", lambda: total(metrics(shop) or {}, "vpsshop_node_errors_total", group="LTC") > 0, 30
         )
     litecoind.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     until("litecoind back", lambda: _answers(litecoind), 60)
