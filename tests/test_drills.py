@@ -407,6 +407,17 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
     paid = _pay_topups(shop, litecoind, 1)
     (first_block,) = litecoind.mine(1)
     until("the payment seen", lambda: sql(cluster, "SELECT 1 FROM topup_payments"), 60)
+    if metrics(shop) is not None:  # the watcher reports how far behind the node's tip it is, in blocks
+        lag = until(
+            "the watcher's lag reported",
+            lambda: [
+                v
+                for k, v in (metrics(shop) or {}).items()
+                if k.split("{")[0] == "vpsshop_watcher_lag_blocks" and 'group="LTC"' in k
+            ],
+            30,
+        )
+        assert 0 <= lag[0] <= 2, lag
     argv = _restartable(litecoind)
     litecoind.stop()
     health = until(

@@ -524,7 +524,7 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
             ):
                 height = max(min(position.height, tip) - cfg.reorg_depth, -1)
                 back = BlockCursor(height, await self.block_hash(height) if height >= 0 else "")
-                return ScanResult(str(back), [])
+                return ScanResult(str(back), [], tip_height=tip, scanned_height=max(height, 0))
         last = min(tip, position.height + cfg.max_blocks_per_scan)
         members = members or self.scan_members or (self,)
         end, found = position, []
@@ -532,7 +532,7 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
             end, found = await self.scan_blocks(position, last, tip, watched, members)
         if end.height == tip:
             found.extend(await self.scan_unconfirmed(watched, members))
-        return ScanResult(str(end), found)
+        return ScanResult(str(end), found, tip_height=tip, scanned_height=max(end.height, 0))
 
     async def recheck(self, payments: list[DetectedPayment]) -> list[PaymentCheck]:
         tip = await self.tip()
