@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,3 +17,15 @@ def vpsshop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     url = postgres_test_url()
     reset_postgres(url)
     return url
+
+
+@pytest.fixture(scope="session")
+def libvirtd_uri() -> Iterator[str]:
+    """``qemu:///system`` answering, with QEMU probed (tests/libvirt_peer.py); stops what it started."""
+    import libvirt
+    import libvirt_peer
+
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+    started = libvirt_peer.system_libvirtd()
+    yield libvirt_peer.URI
+    libvirt_peer.stop(started)

@@ -563,17 +563,8 @@ def pool_domains(directory: Path) -> list[str]:
 
 
 @pytest.fixture
-def libvirt_pool() -> Iterator[tuple[str, Path]]:
+def libvirt_pool(libvirtd_uri: str) -> Iterator[tuple[str, Path]]:
     """A transient dir pool on the system libvirtd with a blank base image (as tests/test_libvirt.py)."""
-    if subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True).returncode != 0:
-        for daemon in ("virtlogd", "libvirtd"):
-            if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode != 0:
-                subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
-        until(
-            "libvirtd",
-            lambda: subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True).returncode == 0,
-            30,
-        )
     images = Path("/var/lib/libvirt/images")
     images.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="vpsshop-drill-", dir=images))

@@ -1,7 +1,8 @@
 """The libvirt plugin against a real libvirtd running QEMU (TCG), started by this module.
 
-``libvirtd_uri`` starts ``virtlogd -d`` and ``libvirtd -d`` (Debian packages in
-``scripts/deps/apt-servers.txt``) unless a libvirtd already answers, and stops what it started.
+``libvirtd_uri`` (tests/conftest.py, through tests/libvirt_peer.py) starts ``virtlogd -d`` and
+``libvirtd -d`` (Debian packages in ``scripts/deps/apt-servers.txt``) unless a libvirtd already
+answers, and stops what it started.
 Guests run under TCG (``<domain type='qemu'>``), so /dev/kvm is not needed. There is no internet,
 so the OS "base image" is a small blank qcow2 made with qemu-img: the domain still boots its
 firmware and runs, which is all the lifecycle needs.
@@ -11,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,56 +28,6 @@ from vpsshop_libvirt import LibvirtBackend, domain_xml
 
 URI = "qemu:///system"
 BASE_IMAGE = "debian-12-genericcloud-amd64.qcow2"  # the catalog's image name for debian-12
-
-
-def _answers() -> bool:
-    try:
-        libvirt.open(URI).close()
-        return True
-    except libvirt.libvirtError:
-        return False
-
-
-def _kvm_device_for_group_kvm() -> None:
-    """Give /dev/kvm to group kvm, mode 660, as Debian's udev rule would.
-
-    Where /dev/kvm is root-only (containers), libvirt finds KVM unusable for the libvirt-qemu user
-    and throws away its cached QEMU capabilities on every domain definition: each define then
-    re-probes QEMU for half a minute.
-    """
-    kvm = Path("/dev/kvm")
-    if kvm.exists() and os.geteuid() == 0 and shutil.which("chgrp"):
-        subprocess.run(["chgrp", "kvm", str(kvm)], check=False)
-        kvm.chmod(0o660)
-
-
-@pytest.fixture(scope="session")
-def libvirtd_uri() -> Iterator[str]:
-    libvirt.registerErrorHandler(lambda _c, _e: None, None)
-    _kvm_device_for_group_kvm()
-    started: list[int] = []
-    if not _answers():
-        for daemon in ("virtlogd", "libvirtd"):
-            if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode != 0:
-                pidfile = f"/run/{daemon}.pid"
-                subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
-                for _ in range(50):
-                    if Path(pidfile).is_file():
-                        started.append(int(Path(pidfile).read_text().strip()))
-                        break
-                    time.sleep(0.1)
-        for _ in range(100):
-            if _answers():
-                break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("libvirtd did not answer on qemu:///system within 10 s")
-    yield URI
-    for pid in reversed(started):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import libvirt
 import pytest
-from test_libvirt import URI, libvirtd_uri  # noqa: F401 - the session fixture that starts libvirtd
+from libvirt_peer import URI
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "debian-12-test.raw"
@@ -44,7 +44,7 @@ def test_guest() -> Path:
 
 
 @pytest.fixture
-def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]]:  # noqa: F811
+def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]]:
     """A transient dir pool with the guest image, kernel and initrd (readable by libvirt-qemu)."""
     images = Path("/var/lib/libvirt/images")
     images.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,7 @@ def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]
 
 
 @pytest.fixture
-def guest_network(libvirtd_uri: str) -> Iterator[tuple[str, str]]:  # noqa: F811
+def guest_network(libvirtd_uri: str) -> Iterator[tuple[str, str]]:
     """A transient isolated network: (libvirt network name, /24 prefix such as "10.213.7")."""
     # libvirt records each guest's MAC in a file here, even for a network without dnsmasq, and
     # only the dnsmasq-base package would make the directory.

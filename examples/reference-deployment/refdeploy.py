@@ -554,6 +554,18 @@ def libvirt_answers(uri: str) -> bool:
     return subprocess.run(["virsh", "-c", uri, "version"], capture_output=True).returncode == 0
 
 
+def kvm_for_group_kvm() -> None:
+    """/dev/kvm for group kvm, mode 660, as Debian's udev rule makes it (docs/servers.md).
+
+    In a container it is often root-only: libvirt then finds KVM unusable for QEMU's user and
+    re-probes QEMU on every domain definition (half a minute each under load)."""
+    kvm = Path("/dev/kvm")
+    if kvm.exists() and (kvm.stat().st_mode & 0o777) == 0o600:
+        run("chgrp", "kvm", str(kvm), quiet=True)
+        kvm.chmod(0o660)
+        say("- /dev/kvm given to group kvm (mode 660), as Debian's udev rule would")
+
+
 def compile_and_deploy_usdc(state: dict[str, Any]) -> None:
     from eth_account import Account
     from web3 import Web3
@@ -703,9 +715,12 @@ def up_in_venv() -> None:
     peers = ["anvil", "litecoind", "monerod", "monero-wallet-sender", "monero-wallet-shop"]
     if own_libvirtd:
         peers = ["virtlogd", "libvirtd", *peers]
+    if own_libvirtd:
+        kvm_for_group_kvm()
     supervisorctl(state, "start", *peers)
     if own_libvirtd:
-        wait("libvirtd", lambda: libvirt_answers(state["libvirt_uri"]), 60)
+        # libvirtd answers once its QEMU driver has probed the emulator: tens of seconds on a busy host.
+        wait("libvirtd", lambda: libvirt_answers(state["libvirt_uri"]), 180)
     from web3 import Web3
 
     anvil = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{state['ports']['anvil']}"))

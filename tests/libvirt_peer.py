@@ -1,0 +1,89 @@
+"""The machine's libvirtd (QEMU under TCG), as every test that boots or defines real domains needs it.
+
+``system_libvirtd()`` makes sure ``qemu:///system`` answers and has finished probing QEMU, starting
+``virtlogd -d`` and ``libvirtd -d`` (Debian packages in ``scripts/deps/apt-servers.txt``) when none
+runs. It returns the PIDs it started so the caller can stop them.
+
+Two things about this machine make a freshly started libvirtd slow, and both are handled here
+rather than by generous timeouts in each test:
+
+- Where /dev/kvm is root-only (containers; Debian's udev rule would give it to group ``kvm``),
+  libvirt finds KVM unusable for the ``libvirt-qemu`` user and throws away its cached QEMU
+  capabilities on every domain definition: each define then re-probes QEMU, half a minute or more
+  under TCG on a loaded machine. The device is given to group ``kvm``, mode 660, before libvirtd
+  starts.
+- libvirtd answers only once its QEMU driver has probed the emulator, which on a busy 2-core
+  machine has taken longer than 10 s. The wait is long, and it ends with the domain capabilities
+  read once, so the first test does not pay for the probe inside its own deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+URI = "qemu:///system"
+ANSWER_SECONDS = 180
+
+
+def _virsh(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(["virsh"], 124, "", f"virsh {' '.join(args)}: no answer in {timeout} s")
+
+
+def answers() -> bool:
+    return _virsh("version", timeout=30).returncode == 0
+
+
+def kvm_device_for_group_kvm() -> None:
+    kvm = Path("/dev/kvm")
+    if kvm.exists() and os.geteuid() == 0 and shutil.which("chgrp"):
+        subprocess.run(["chgrp", "kvm", str(kvm)], check=False, capture_output=True)
+        kvm.chmod(0o660)
+
+
+def system_libvirtd() -> list[int]:
+    """Make ``qemu:///system`` answer with QEMU probed; the PIDs of the daemons started here."""
+    kvm_device_for_group_kvm()
+    started: list[int] = []
+    if not answers():
+        for daemon in ("virtlogd", "libvirtd"):
+            if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode == 0:
+                continue
+            pidfile = Path(f"/run/{daemon}.pid")
+            subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
+            for _ in range(100):
+                if pidfile.is_file() and pidfile.read_text().strip():
+                    started.append(int(pidfile.read_text().strip()))
+                    break
+                time.sleep(0.1)
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while not answers():
+            if time.monotonic() > deadline:
+                running = subprocess.run(["pgrep", "-a", "libvirtd"], capture_output=True, text=True).stdout
+                raise RuntimeError(
+                    f"libvirtd did not answer on {URI} within {ANSWER_SECONDS} s "
+                    f"(running: {running.strip() or 'none'}; last: {_virsh('version').stderr.strip()})"
+                )
+            time.sleep(0.5)
+    # The QEMU probe, paid once here: later defines reuse the cached capabilities.
+    probe = _virsh("domcapabilities", "--virttype", "qemu", "--arch", "x86_64", timeout=ANSWER_SECONDS)
+    if probe.returncode != 0:
+        raise RuntimeError(f"libvirtd on {URI} could not describe QEMU/TCG: {probe.stderr.strip()}")
+    return started
+
+
+def stop(pids: list[int]) -> None:
+    """Stop the daemons ``system_libvirtd`` started (newest first)."""
+    import signal
+
+    for pid in reversed(pids):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
