@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -16,10 +18,31 @@ from vpsshop.logs import JsonFormatter, scrub
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
 NODE_PASSWORD = "node-rpc-password-3f9c2a"
+NODE_PATH_KEY = "node-path-api-key-51d0e7"
 METRICS_TOKEN = "metrics-bearer-token-77aa01"
 
 
+class WarmingUpNode(BaseHTTPRequestHandler):
+    """Answers every JSON-RPC call as Bitcoin Core does while it loads its block index (-28)."""
+
+    def do_POST(self) -> None:
+        call = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = json.dumps(
+            {"result": None, "error": {"code": -28, "message": "Loading block index..."}, "id": call["id"]}
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_path: Path):
+    node = ThreadingHTTPServer(("127.0.0.1", 0), WarmingUpNode)
+    threading.Thread(target=node.serve_forever, daemon=True).start()
     dead_node = free_port()
     env = shop_env(
         vpsshop_database_url,
@@ -27,11 +50,14 @@ def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_pat
         VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0.5",
         # A node URL with credentials that fails on every pass: its error is logged, scrubbed.
         VPSSHOP__COINS__BTC__RPC_URL=f"http://vpsshop:{NODE_PASSWORD}@127.0.0.1:{dead_node}/",
+        # A node that answers every call with an error, at a URL with an API key in its path, as
+        # hosted providers hand out: no line may carry that URL.
+        VPSSHOP__COINS__LTC__RPC_URL=f"http://127.0.0.1:{node.server_address[1]}/{NODE_PATH_KEY}/",
         VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
         VPSSHOP__METRICS__TOKEN=METRICS_TOKEN,
         VPSSHOP__METRICS__MULTIPROCESS_DIR=str(tmp_path / "metrics"),
     )
-    secrets = [TEST_SECRET_KEY, TEST_ENCRYPTION_KEY, NODE_PASSWORD, METRICS_TOKEN]
+    secrets = [TEST_SECRET_KEY, TEST_ENCRYPTION_KEY, NODE_PASSWORD, NODE_PATH_KEY, METRICS_TOKEN]
     with serve(tmp_path, env, "--no-worker") as api, worker(tmp_path, env) as w:
         created = httpx.post(f"{api.base}/account").json()
         secrets += [created["api_key"], created["login_token"]]
@@ -69,10 +95,11 @@ def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_pat
         assert metrics.status_code == 200
         # The node's failures were logged (so the scrubbing below was exercised).
         deadline = time.monotonic() + 30
-        while f"127.0.0.1:{dead_node}" not in w.output() + api.output():
+        while f"127.0.0.1:{dead_node}" not in w.output() + api.output() or "Loading block index" not in w.output():
             assert time.monotonic() < deadline, w.output()
             time.sleep(0.3)
         time.sleep(0.5)  # the access log writes in batches
+    node.shutdown()
     output = api.output() + w.output() + credit.stdout + credit.stderr
     for secret in [*secrets, "vpsl_wrong-token-0000", "vpsk_guessed-key"]:
         assert secret and secret not in output, f"a secret ({secret[:6]}...) is in the logs"
@@ -86,6 +113,9 @@ def test_a_whole_flow_leaves_no_secret_in_the_logs(vpsshop_database_url, tmp_pat
     # The application's own lines are JSON too.
     app_lines = [json.loads(line) for line in (api.output() + w.output()).splitlines() if '"log":"app"' in line]
     assert any(line["logger"].startswith("uvicorn") for line in app_lines)
+    # Libraries' lines too (the commands' root handler), and no line per HTTP call to a node.
+    assert not [line for line in w.output().splitlines() if line and not line.startswith(("{", "vpsshop worker:"))]
+    assert "HTTP Request:" not in output
 
 
 def test_request_ids_are_echoed_or_made(vpsshop_client):

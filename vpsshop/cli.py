@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from vpsshop import __version__
 from vpsshop.errors import StartupError
+from vpsshop.logs import CLI_HANDLER_NAME
 from vpsshop.settings import Settings, load_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -604,6 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # formatted as [logging] says once settings are read
+        handler.set_name(CLI_HANDLER_NAME)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:

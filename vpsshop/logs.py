@@ -29,6 +29,11 @@ if TYPE_CHECKING:  # pragma: no cover
 _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']+@")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 _HANDLER_NAME = "vpsshop.logs"
+CLI_HANDLER_NAME = "vpsshop.cli"
+"""The root handler ``vpsshop`` commands install: it carries other loggers' lines (plugins, libraries)."""
+QUIET_LIBRARIES = ("httpx", "httpcore")
+"""Libraries that log every request at INFO, URL included (a node's URL can hold an API key in its
+path): only their warnings are logged."""
 
 
 def scrub(text: str) -> str:
@@ -66,7 +71,8 @@ def formatter(settings: Settings) -> logging.Formatter:
 
 def configure_logging(settings: Settings) -> None:
     """Send the ``vpsshop`` logger to standard error in the configured format (uvicorn's own lines:
-    :func:`uvicorn_log_config`).
+    :func:`uvicorn_log_config`), and a ``vpsshop`` command's root handler (other loggers: plugins,
+    libraries) too. ``httpx`` and ``httpcore`` log only warnings.
 
     Idempotent: a second call (another app in the same process) replaces the handler.
     """
@@ -80,6 +86,11 @@ def configure_logging(settings: Settings) -> None:
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    for root_handler in logging.getLogger().handlers:  # a command's: plugins' and libraries' lines alike
+        if root_handler.get_name() == CLI_HANDLER_NAME:
+            root_handler.setFormatter(formatter(settings))
 
 
 def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
