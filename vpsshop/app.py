@@ -94,7 +94,6 @@ def create_app(
                 access_log.flush()
 
     middleware = [
-        Middleware(SecurityHeaders),
         Middleware(AccessLog, writer=access_log, observe=settings.metrics.enabled),
         Middleware(BodyLimit, max_bytes=settings.server.max_body_bytes, timeout=settings.server.body_timeout_seconds),
     ]
@@ -263,29 +262,6 @@ async def _plugin_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return json_response({"error": "internal_error", "message": "The server failed; retry shortly."}, 500)
-
-
-class SecurityHeaders:
-    """Adds ``X-Content-Type-Options: nosniff`` to every response, so no browser guesses a type
-    (a JSON error body echoing input is never run as HTML or script)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
-                    headers.append((b"x-content-type-options", b"nosniff"))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
 
 
 class ClientGone(Exception):

@@ -7,6 +7,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
@@ -21,6 +22,9 @@ from vpsshop.errors import ConfigError
 
 _PG_MIGRATION_LOCK = 0x7670_7373  # "vpss": serialises concurrent `upgrade head` on PostgreSQL
 _TOUCHED = "vpsshop.touched_accounts"
+SQLITE_RECHECK_SECONDS = 0.01
+"""How often a SQLite hot-path reader asks whether another process committed: the longest another
+process's revocation or credit can go unseen by this one."""
 
 
 def create_private_file(path: str) -> None:
@@ -74,6 +78,10 @@ class Database:
         else:
             raise ConfigError(f"database_url: unsupported database {self.dialect!r} (use sqlite or postgresql+psycopg)")
         self._local = threading.local()
+        self.generation = 0
+        """Changes after each commit of this process's sessions (SQLite hot-path reads start afresh)."""
+        self.sqlite_readers: list[_SqliteReader] = []
+        """The SQLite hot-path readers of this process (one per thread that read)."""
 
     # ---- ordinary work -------------------------------------------------------------------------
 
@@ -82,12 +90,14 @@ class Database:
         """A session in one transaction: committed on success, rolled back on an exception.
 
         After the commit, the accounts the transaction marked with :func:`touch_account` are
-        dropped from this process's authentication cache (PostgreSQL), before the caller answers.
+        dropped from this process's authentication cache (PostgreSQL), and this process's SQLite
+        hot-path answers are forgotten, before the caller answers.
         """
         with Session(self.engine, expire_on_commit=False) as session:
             with session.begin():
                 yield session
             touched = session.info.get(_TOUCHED)
+        self.generation += 1  # after the commit: a read that starts now sees it (SQLite reads)
         if touched:
             for reader in list(self.__dict__.get("_pg_readers", {}).values()):
                 for account_id in touched:
@@ -133,10 +143,10 @@ class Database:
         return [reader.cache for reader in self.__dict__.get("_pg_readers", {}).values()]
 
     def dispose(self) -> None:
-        reader = getattr(self._local, "sqlite", None)
-        if reader is not None:
+        readers, self.sqlite_readers = self.sqlite_readers, []
+        for reader in readers:
             reader.close()
-            self._local.sqlite = None
+        self._local = threading.local()
         self.engine.dispose()
 
     # ---- hot-path reads ------------------------------------------------------------------------
@@ -147,10 +157,12 @@ class Database:
         """Run a read-only ``sql`` (``:name`` parameters) and return its first row.
 
         SQLite answers an indexed read in microseconds, so it runs inline on a connection of this
-        thread in autocommit mode (each read sees the newest commit; WAL readers never wait for
-        writers). Its answers are remembered until SQLite's ``PRAGMA data_version`` says another
-        connection committed anything at all, so a cached answer is never older than the newest
-        commit: a revoked key is refused on the very next request. PostgreSQL needs a network
+        thread in autocommit mode (WAL readers never wait for writers). Its answers are remembered
+        until this process commits anything at all (a revoked key is refused by the revoking
+        process on its very next request), and until SQLite's ``PRAGMA data_version``, asked at
+        most every :data:`SQLITE_RECHECK_SECONDS`, says another process did (another process's
+        revocation or credit is seen within that time). Asking on every request cost a third of
+        the hot path's throughput (``docs/performance.md``). PostgreSQL needs a network
         round trip, so it runs on a few asynchronous psycopg connections of this event loop with
         prepared statements; with ``cache_key`` (the authentication read) a row that names an
         account in ``owner_column`` is kept in :class:`vpsshop.authcache.AuthCache`, which
@@ -161,7 +173,8 @@ class Database:
         reader: _SqliteReader | None = getattr(self._local, "sqlite", None)
         if reader is None:
             reader = self._local.sqlite = _SqliteReader(self.url.database or "")
-        return reader.fetch_one(sql, params)
+            self.sqlite_readers.append(reader)
+        return reader.fetch_one(sql, params, self.generation)
 
     def _pg_reader(self) -> _PgReader:
         loop = asyncio.get_running_loop()
@@ -174,7 +187,8 @@ class Database:
 
 
 class _SqliteReader:
-    """One thread's read-only connection and the answers it gave since the last commit anywhere."""
+    """One thread's read-only connection and the answers it gave since the last commit anywhere
+    (this process's commits at once, other processes' within :data:`SQLITE_RECHECK_SECONDS`)."""
 
     MAX_CACHED = 4096
 
@@ -182,19 +196,24 @@ class _SqliteReader:
         self.conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self.conn.execute("PRAGMA query_only = ON")
         self.version = -1
+        self.generation = -1
+        self.recheck_at = 0.0
         self.cache: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
 
-    def fetch_one(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
-        conn = self.conn
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
-        if version != self.version or len(self.cache) >= self.MAX_CACHED:
-            self.cache.clear()
-            self.version = version
+    def fetch_one(self, sql: str, params: dict[str, Any], generation: int) -> tuple[Any, ...] | None:
+        now = time.monotonic()
+        if generation != self.generation or now >= self.recheck_at:
+            version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self.version or generation != self.generation or len(self.cache) >= self.MAX_CACHED:
+                self.cache.clear()
+                self.version = version
+                self.generation = generation  # as seen before the read below: a later commit clears again
+            self.recheck_at = now + SQLITE_RECHECK_SECONDS
         key = (sql, *params.values())
         try:
             return self.cache[key]
         except KeyError:
-            row = self.cache[key] = conn.execute(sql, params).fetchone()
+            row = self.cache[key] = self.conn.execute(sql, params).fetchone()
             return row
 
     def close(self) -> None:
