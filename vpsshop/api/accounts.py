@@ -140,7 +140,8 @@ def routes() -> list[ApiRoute]:
             revoke_key,
             "Revoke an API key",
             ApiKeyRevoked,
-            description="The key is refused from the next request on. A key of another account, or one already "
+            description="The key is refused from the next request on (by a deployment's other API processes "
+            "within milliseconds). A key of another account, or one already "
             "revoked, is a 404. Revoking the key of this request is allowed: sign in again with the login token.",
             errors={404: "No active key with this id on this account."},
             tags=TAG,
