@@ -25,6 +25,7 @@ import httpx
 import psycopg
 import pytest
 from chain_nodes import Litecoind, free_port, peer_workdir, remove_workdir
+from libvirt_peer import LibvirtdRelay
 from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, VPSSHOP, stop, wait_for
 from test_bitcoin import random_tpub
 
@@ -474,79 +475,6 @@ def _answers(node: Litecoind) -> bool:
 
 
 # ---- libvirtd goes away during provisioning ---------------------------------------------------------
-
-LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
-
-
-class LibvirtdRelay:
-    """A Unix-socket relay in front of the system libvirtd that a drill can cut and restore.
-
-    The machine's libvirtd serves other sessions' tests, so this drill does not restart it: to vpsshop,
-    cutting the relay looks like libvirtd restarting (every open connection drops, new connections are
-    refused, the socket is gone) and restoring it like libvirtd answering again. vpsshop reaches it as
-    ``qemu+unix:///system?socket=<relay>``.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.uri = f"qemu+unix:///system?socket={path}"
-        self.pairs: list[Any] = []
-        self.lock = threading.Lock()
-        self.listener: Any = None
-        self.restore()
-
-    def restore(self) -> None:
-        import socket
-
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(self.path))
-        listener.listen(64)
-        self.listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def _accept(self, listener: Any) -> None:
-        import socket
-
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(LIBVIRT_SOCKET)
-            with self.lock:
-                self.pairs += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: Any, sink: Any) -> None:
-        import socket
-
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        for s in (source, sink):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        import socket
-
-        self.listener.close()
-        self.path.unlink()
-        with self.lock:
-            pairs, self.pairs = self.pairs, []
-        for s in pairs:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 def pool_domains(directory: Path) -> list[str]:

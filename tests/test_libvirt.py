@@ -15,12 +15,14 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import libvirt
 import pytest
+from libvirt_peer import LibvirtdRelay
 
 from vpsshop import DomainState, ServerSpec
 from vpsshop.testing import HypervisorContract
@@ -272,3 +274,25 @@ class TestLibvirtTestDriverContract(HypervisorContract):
     @pytest.fixture
     def hypervisor_location(self) -> str:
         return "anywhere"
+
+
+def test_a_host_that_stops_answering_fails_calls_within_the_keepalive(libvirtd_uri, tmp_path):
+    """A host that loses power or its network answers nothing and closes nothing: without keepalive
+    probes a call would wait for TCP to give up (many minutes) while its job kept renewing its lease.
+    Here the relay in front of libvirtd swallows everything, and the call fails within seconds."""
+    relay = LibvirtdRelay(tmp_path / "libvirt.sock")
+    settings = _settings("default")
+    settings["locations"]["nl"]["hosts"] = [{"uri": relay.uri, "name": "far", "max_memory_mib": 4096}]
+    settings.update(keepalive_interval_seconds=1, keepalive_count=2)
+    backend = LibvirtBackend.from_settings(settings, sandbox=False, where="hypervisor.libvirt")
+    try:
+        assert asyncio.run(backend.check_ready()).ok  # connected, through the relay
+        relay.freeze()
+        started = time.monotonic()
+        readiness = asyncio.run(asyncio.wait_for(backend.check_ready(), 60))
+        waited = time.monotonic() - started
+        assert not readiness.ok and "far" in readiness.detail
+        assert waited < 15, f"the call waited {waited:.1f} s on a host that answers nothing"
+    finally:
+        relay.cut()
+        asyncio.run(backend.close())
