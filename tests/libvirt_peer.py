@@ -49,30 +49,57 @@ def kvm_device_for_group_kvm() -> None:
         kvm.chmod(0o660)
 
 
+def _running(daemon: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-x", daemon], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
+def _wait_until_it_answers(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not answers():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def _start(daemon: str) -> int | None:
+    pidfile = Path(f"/run/{daemon}.pid")
+    subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
+    for _ in range(100):
+        if pidfile.is_file() and pidfile.read_text().strip():
+            return int(pidfile.read_text().strip())
+        time.sleep(0.1)
+    return None
+
+
 def system_libvirtd() -> list[int]:
-    """Make ``qemu:///system`` answer with QEMU probed; the PIDs of the daemons started here."""
+    """Make ``qemu:///system`` answer with QEMU probed; the PIDs of the daemons started here.
+
+    A libvirtd that runs but does not answer within a minute (left wedged by an earlier run: the
+    machine's services stay as the last session left them) is stopped and started again."""
+    import signal
+
     kvm_device_for_group_kvm()
     started: list[int] = []
-    if not answers():
+    healthy = answers() or (bool(_running("libvirtd")) and _wait_until_it_answers(60))
+    if not healthy:
+        for pid in _running("libvirtd"):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _running("libvirtd") and time.monotonic() < deadline:
+            time.sleep(0.1)
         for daemon in ("virtlogd", "libvirtd"):
-            if subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode == 0:
-                continue
-            pidfile = Path(f"/run/{daemon}.pid")
-            subprocess.run([shutil.which(daemon) or f"/usr/sbin/{daemon}", "-d"], check=True)
-            for _ in range(100):
-                if pidfile.is_file() and pidfile.read_text().strip():
-                    started.append(int(pidfile.read_text().strip()))
-                    break
-                time.sleep(0.1)
-        deadline = time.monotonic() + ANSWER_SECONDS
-        while not answers():
-            if time.monotonic() > deadline:
-                running = subprocess.run(["pgrep", "-a", "libvirtd"], capture_output=True, text=True).stdout
-                raise RuntimeError(
-                    f"libvirtd did not answer on {URI} within {ANSWER_SECONDS} s "
-                    f"(running: {running.strip() or 'none'}; last: {_virsh('version').stderr.strip()})"
-                )
-            time.sleep(0.5)
+            if not _running(daemon):
+                pid = _start(daemon)
+                if pid is not None:
+                    started.append(pid)
+        if not _wait_until_it_answers(ANSWER_SECONDS):
+            running = subprocess.run(["pgrep", "-a", "libvirtd"], capture_output=True, text=True).stdout
+            raise RuntimeError(
+                f"libvirtd did not answer on {URI} within {ANSWER_SECONDS} s "
+                f"(running: {running.strip() or 'none'}; last: {_virsh('version').stderr.strip()})"
+            )
     # The QEMU probe, paid once here: later defines reuse the cached capabilities.
     probe = _virsh("domcapabilities", "--virttype", "qemu", "--arch", "x86_64", timeout=ANSWER_SECONDS)
     if probe.returncode != 0:
