@@ -42,7 +42,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from vpsshop.coins import DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
 from vpsshop.component import Readiness, require_reachable
-from vpsshop.errors import ConfigError, PluginError
+from vpsshop.errors import ConfigError, PluginError, StartupError
 from vpsshop.hdkeys import (
     ExtendedPublicKey,
     b58check_decode,
@@ -363,16 +363,21 @@ class NodeCoin(DepositCoin[ConfigT], Generic[ConfigT, ClientT]):
         return "node answers"
 
     async def preflight(self) -> None:
-        """Production refuses to start when the configured node does not answer at all."""
+        """Production refuses to start without a node (its deposits would never be seen, let alone
+        credited) and when the configured node does not answer at all."""
         url = getattr(self.config, "rpc_url", None)
-        if url:
-            await require_reachable(
-                url, setting=f"coins.{self.code}.{self.node_setting}", what=f"{self.code} {self.node_what}"
+        setting = f"coins.{self.code}.{self.node_setting}"
+        if not url:
+            raise StartupError(
+                f"{setting} is not set: without its {self.node_what} nothing watches {self.code} deposits, so "
+                f"customers would pay addresses that are never credited. Set {setting}, or remove [coins.{self.code}]."
             )
+        await require_reachable(url, setting=setting, what=f"{self.code} {self.node_what}")
 
     async def check_ready(self) -> Readiness:
         if self._client is None:
-            return Readiness(True, f"{self.network}: addresses only, no node configured (not watched)")
+            detail = f"{self.network}: addresses only, no node configured (not watched)"
+            return Readiness(self.sandbox, detail, sandbox_ok=True)
         try:
             detail = await self.node_ready()
         except (PluginError, ValueError, TypeError, KeyError) as exc:

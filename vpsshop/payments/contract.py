@@ -45,6 +45,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from vpsshop.coins import DepositCoin, DetectedPayment
+from vpsshop.errors import StartupError
 
 MAX_SCANS = 50
 
@@ -109,24 +110,30 @@ class DepositCoinContract:
         assert key_id == deposit_coin.key_id() and 0 < len(key_id) <= 64
         assert first[0].address in deposit_coin.payment_uri(first[0].address, 12345, "topup")
 
-    def test_without_a_node_it_hands_out_the_same_addresses_and_is_ready(
+    def test_without_a_node_it_hands_out_the_same_addresses_only_in_the_sandbox(
         self,
         coin_settings: tuple[type[DepositCoin[Any]], dict[str, Any]],
         deposit_coin: DepositCoin[Any],
         coin_portal: BlockingPortal,
     ) -> None:
+        """A sandbox may hand out addresses nobody watches; production refuses to start without a
+        node (customers would pay addresses that are never credited), naming the setting."""
         cls, settings = coin_settings
         node_keys = {"rpc_url", "api_url", "wallet_rpc_url"}
-        offline = cls.from_settings(
-            {k: v for k, v in settings.items() if k not in node_keys}, sandbox=False, where=f"coins.{cls.code}"
-        )
+        offline_settings = {k: v for k, v in settings.items() if k not in node_keys}
+        sandbox = cls.from_settings(offline_settings, sandbox=True, where=f"coins.{cls.code}")
+        production = cls.from_settings(offline_settings, sandbox=False, where=f"coins.{cls.code}")
         try:
-            assert not offline.can_scan
-            assert offline.derive_address(3) == deposit_coin.derive_address(3)
-            assert offline.key_id() == deposit_coin.key_id()
-            assert coin_portal.call(offline.check_ready).ok
+            assert not sandbox.can_scan
+            assert sandbox.derive_address(3) == deposit_coin.derive_address(3)
+            assert sandbox.key_id() == deposit_coin.key_id()
+            assert coin_portal.call(sandbox.check_ready).ok
+            assert not coin_portal.call(production.check_ready).ok
+            with pytest.raises(StartupError, match=f"coins\\.{cls.code}\\."):
+                coin_portal.call(production.preflight)
         finally:
-            coin_portal.call(offline.close)
+            coin_portal.call(sandbox.close)
+            coin_portal.call(production.close)
 
     def test_node_is_ready(self, deposit_coin: DepositCoin[Any], coin_portal: BlockingPortal) -> None:
         assert deposit_coin.can_scan
