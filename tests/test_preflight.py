@@ -112,3 +112,29 @@ def test_the_sandbox_warns_and_starts(tmp_path):
         pass
     banner = served.output()
     assert "running as a SANDBOX" in banner and "WARNING" in banner and "apt-get install genisoimage" in banner
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_coin_without_its_node_is_refused(tmp_path, command):
+    """Its addresses would be handed out and never watched: customers would pay and never be credited."""
+    config = production_config(
+        tmp_path, libvirt_table() + f'[coins.BTC]\nxpub = "{SANDBOX_VPUB}"\nnetwork = "testnet"\n'
+    )
+    message = refused(start(tmp_path, config, command))
+    assert "coins.BTC.rpc_url is not set" in message and "never credited" in message
+
+
+def test_the_sandbox_names_the_port_it_serves(tmp_path):
+    """x402's resource URLs and /llms.txt point where `vpsshop serve --port` listens."""
+    import httpx
+
+    with serve(tmp_path, clean_env()) as served:  # served.base: http://127.0.0.1:<free port>/v1
+        llms = httpx.get(served.base.removesuffix("/v1") + "/llms.txt").text
+        required = httpx.post(
+            f"{served.base}/topups",
+            headers={"Authorization": f"Bearer {httpx.post(f'{served.base}/account').json()['api_key']}"},
+            json={"amount": 25, "coin": "USDCBASE"},
+        )
+    assert f"{served.base}" in llms and "127.0.0.1:8000" not in llms
+    assert required.status_code == 402
+    assert required.json()["accepts"][0]["resource"] == f"{served.base}/topups"

@@ -98,10 +98,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vpsshop.httpserver import http_protocol
     from vpsshop.logs import configure_logging, uvicorn_log_config
 
-    overrides: dict[str, object] = {}
+    server: dict[str, object] = {}
     if args.no_worker:
-        overrides["server"] = {"background": False}
-    settings = load_settings(args.config, overrides=overrides or None)
+        server["background"] = False
+    if args.host:  # the settings then say where this process listens (a sandbox's public_url follows)
+        server["host"] = args.host
+    if args.port:
+        server["port"] = args.port
+    settings = load_settings(args.config, overrides={"server": server} if server else None)
     host = args.host or settings.server.host
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
@@ -139,6 +143,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP_CONFIG"] = str(Path(args.config).resolve())
     if args.no_worker:
         os.environ["VPSSHOP__SERVER__BACKGROUND"] = "false"
+    if args.host:
+        os.environ["VPSSHOP__SERVER__HOST"] = args.host
+    if args.port:
+        os.environ["VPSSHOP__SERVER__PORT"] = str(args.port)
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run(
         "vpsshop.app:app_from_env",

@@ -295,9 +295,16 @@ def load_settings(
 def sandbox_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
     """The values a sandbox uses where the settings are silent."""
     database_url = data.get("database_url", SANDBOX_DATABASE_URL)
+    server = data.get("server") or {}
+    host = str(server.get("host") or "127.0.0.1")
+    if host in ("0.0.0.0", "::", ""):  # every interface: this machine's loopback reaches it
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
     defaults: dict[str, Any] = {
         "database_url": database_url,
-        "public_url": "http://127.0.0.1:8000/v1",
+        # Where this sandbox is served (x402's resource URLs, /llms.txt): the host and port it listens on.
+        "public_url": f"http://{host}:{server.get('port') or 8000}/v1",
         "rates": {"source": "fixed"},
         "catalog": {"source": "file"},
     }
