@@ -17,6 +17,9 @@ Fixtures:
 ``vpsshop_settings``, ``vpsshop_clock``, ``vpsshop_app``, ``vpsshop_client``
     Sandbox settings, a :class:`~vpsshop.clock.FrozenClock`, the app (background tasks off), and a
     Starlette ``TestClient`` with the lifespan running.
+``vpsshop_context``
+    The shop's :class:`~vpsshop.AppContext` on a migrated database, without an app and on the real
+    clock: call a component's ``bind(ctx)`` with it, as core does before the first verb.
 ``vpsshop_account``
     A new account: ``.user_id``, ``.api_key``, ``.login_token``, ``.headers``, and
     ``.credit(usd)`` to fund it through the ledger.
@@ -132,6 +135,20 @@ def vpsshop_clock() -> Any:
     from vpsshop.clock import FrozenClock
 
     return FrozenClock()
+
+
+@pytest.fixture
+def vpsshop_context(vpsshop_settings: Any) -> Iterator[Any]:
+    """The shop's :class:`~vpsshop.AppContext` on a migrated database, with no app around it: what
+    core hands a component's ``bind(ctx)`` (a backend keeping its state in
+    :class:`~vpsshop.PluginState`, as the simulator does, needs it before its first verb). Its
+    clock is the real one: the contract kits wait in real time."""
+    from vpsshop.context import AppContext
+
+    ctx = AppContext.build(vpsshop_settings)
+    ctx.db.migrate()
+    yield ctx
+    ctx.db.dispose()
 
 
 @pytest.fixture
