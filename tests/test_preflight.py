@@ -69,6 +69,14 @@ def test_a_libvirt_host_that_does_not_answer_is_named_with_its_setting(tmp_path,
     assert "hypervisor.libvirt.locations.nl.hosts[0].uri" in message and "does not answer" in message
 
 
+def test_every_problem_of_one_backend_is_listed_at_once(tmp_path):
+    config = production_config(tmp_path, libvirt_table(f"qemu+tcp://127.0.0.1:{free_port()}/system", "kvm"))
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    message = refused(start(tmp_path, config, "worker", PATH=str(empty)))
+    assert "genisoimage or cloud-localds" in message and "hypervisor.libvirt.locations.nl.hosts[0].uri" in message
+
+
 def test_every_component_that_cannot_work_is_listed_at_once(tmp_path):
     port = free_port()
     config = production_config(

@@ -777,12 +777,13 @@ class LibvirtBackend(HypervisorBackend):
             raise StartupError(
                 f"hypervisor backend 'libvirt' needs libvirt-python, which is not installed: {INSTALL_BINDING}"
             )
+        problems = []  # every one at once: an operator should not fix them one restart at a time
         if not (shutil.which("cloud-localds") or shutil.which("genisoimage")):
-            raise StartupError(
+            problems.append(
                 "hypervisor backend 'libvirt' builds each server's first-boot (NoCloud) seed image "
                 f"with genisoimage or cloud-localds, and neither is installed: {INSTALL_SEED_TOOL}"
             )
-        problems = []
+        unanswered = []
         for name, loc in self.cfg.locations.items():
             for index, host in enumerate(loc.hosts):
                 try:
@@ -793,14 +794,17 @@ class LibvirtBackend(HypervisorBackend):
                     problem = str(exc)
                 else:
                     continue
-                problems.append(
+                unanswered.append(
                     f"host {host.uri} (setting hypervisor.libvirt.locations.{name}.hosts[{index}].uri) "
                     f"does not answer: {problem}"
                 )
-        if problems:
-            raise StartupError(
-                "; ".join(problems) + ". Is libvirtd running there, and can this user reach it (virsh -c URI version)?"
+        if unanswered:
+            problems.append(
+                "; ".join(unanswered)
+                + ". Is libvirtd running there, and can this user reach it (virsh -c URI version)?"
             )
+        if problems:
+            raise StartupError("; ".join(problems))
 
     def _preflight_host(self, uri: str) -> None:
         try:
