@@ -205,6 +205,8 @@ def test_node_down_never_breaks_reads(vpsshop_database_url: str, vpsshop_clock: 
     quietly), health says the coin is not ready, and the watcher pass goes on."""
     import socket
 
+    import sqlalchemy as sa
+
     from vpsshop.app import create_app
     from vpsshop.payments import engine_for
     from vpsshop.settings import load_settings
@@ -242,6 +244,17 @@ def test_node_down_never_breaks_reads(vpsshop_database_url: str, vpsshop_clock: 
         assert client.portal.call(engine.watcher.run_pass)["payments"] == 0  # type: ignore[union-attr]
         health = client.get("/v1/health").json()
         assert "did not answer" in str(health)
+
+        # Expiry is a task of its own: with the node still down, the due top-up expires.
+        ctx = client.app.state.ctx  # type: ignore[attr-defined]
+        tasks = {t.name: t for batch in ctx.pm.hook.vpsshop_background_tasks(ctx=ctx) for t in batch}
+        assert {"topup-watcher", "topup-expiry"} <= set(tasks)
+        vpsshop_clock.advance(minutes=61)
+        assert client.portal.call(tasks["topup-expiry"].run) == 1  # type: ignore[union-attr]
+        with ctx.db.session() as session:  # read directly: a GET would expire it by itself
+            status = session.execute(sa.text("SELECT status FROM topups WHERE ref = :r"), {"r": created.json()["ref"]})
+            assert status.scalar_one() == "expired"
+        assert client.portal.call(engine.watcher.run_pass)["payments"] == 0  # type: ignore[union-attr]
 
 
 def test_watch_set_picks_up_out_of_order_commits(vpsshop_client: TestClient) -> None:

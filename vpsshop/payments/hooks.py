@@ -1,4 +1,4 @@
-"""Core's own plugin for payments: runs the chain watcher as a background task.
+"""Core's own plugin for payments: the chain watcher and top-up expiry, each a background task.
 
 Registered as the default plugin ``payments``; blocking it (``VPSSHOP_BLOCK_PLUGINS=payments``) runs
 an API process that never watches chains, for shops that run ``vpsshop worker`` elsewhere.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from anyio import to_thread
 
 from vpsshop.hookspecs import hookimpl
 from vpsshop.tasks import BackgroundTask
@@ -21,7 +23,15 @@ def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
     from vpsshop.payments import engine_for
 
     engine = engine_for(ctx)
-    return [BackgroundTask("topup-watcher", engine.settings.watch_interval_seconds, engine.watcher.run_pass)]
+    interval = engine.settings.watch_interval_seconds
+
+    async def expire() -> int:
+        return await to_thread.run_sync(engine.expire_due)
+
+    return [
+        BackgroundTask("topup-watcher", interval, engine.watcher.run_pass),
+        BackgroundTask("topup-expiry", interval, expire),
+    ]
 
 
 @hookimpl
