@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from vpsshop.testing import postgres_test_url, reset_postgres
+from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, postgres_test_url, reset_postgres
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -29,3 +30,43 @@ def libvirtd_uri() -> Iterator[str]:
     started = libvirt_peer.system_libvirtd()
     yield libvirt_peer.URI
     libvirt_peer.stop(started)
+
+
+# ---- no secret in any log of the whole run ----------------------------------------------------------
+
+_SECRET_SHAPES = [
+    re.compile(rb"vpsk_[A-Za-z0-9_-]{43}"),  # an API key (vpsshop/auth.py), not its 12-character prefix
+    re.compile(rb"vpsl_[A-Za-z0-9_-]{12}\.[A-Za-z0-9_-]{43}"),  # a login token
+    re.compile(rb"whsec_[A-Za-z0-9+/=]{24,}"),  # a webhook signing secret
+    re.compile(re.escape(TEST_SECRET_KEY.encode())),
+    re.compile(re.escape(TEST_ENCRYPTION_KEY.encode())),
+]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Every ``*.log`` the run's processes wrote under pytest's temporary directory (``vpsshop serve``
+    and ``vpsshop worker`` output, access logs, the drills' and the deployment's logs) is searched
+    for anything shaped like a key, a login token or a webhook secret, and for the test secrets. One
+    found fails the run: the logs of a shop must never hold a credential."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or getattr(session.config, "workerinput", None) is not None:
+        return
+    try:
+        base = factory.getbasetemp()
+    except (OSError, ValueError):
+        return
+    leaks = []
+    for log in base.rglob("*.log"):
+        try:
+            data = log.read_bytes()
+        except OSError:
+            continue
+        for shape in _SECRET_SHAPES:
+            found = shape.search(data)
+            if found:
+                leaks.append(f"{log}: {found.group()[:10].decode(errors='replace')}...")
+    if leaks:
+        session.config.get_terminal_writer().line(
+            "A log of this run holds a secret:\n  " + "\n  ".join(leaks), red=True, bold=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
