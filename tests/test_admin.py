@@ -51,12 +51,17 @@ def test_admin_tools_act_through_ledger_and_queue_with_audit(vpsshop_database_ur
             assert json.loads(found.stdout)["account"]["id"] == int(uid)
         assert admin(env, tmp_path, "lookup", "nothing-like-this").returncode == 1
 
-        # The create job waits (no worker yet): it is listed as stuck, cancelled, then retried.
+        # The create job waits (no worker yet): it is listed as stuck, and cancelling it terminates the
+        # server and refunds the order; a retry then has nothing to provision.
         time.sleep(1.2)
         stuck = json.loads(admin(env, tmp_path, "stuck", "--minutes", "0.01").stdout)
         job_id = str(next(j["id"] for j in stuck["jobs"] if j["server_id"] == sid))
-        assert admin(env, tmp_path, "cancel-job", job_id, "--reason", "test").returncode == 0
-        assert "cannot" not in admin(env, tmp_path, "retry-job", job_id, "--reason", "test").stderr
+        cancelled = admin(env, tmp_path, "cancel-job", job_id, "--reason", "test")
+        assert cancelled.returncode == 0 and "order refunded (3.990000 USD)" in cancelled.stdout, cancelled.stderr
+        assert _status(api, sid, headers) == "terminated"
+        retried = admin(env, tmp_path, "retry-job", job_id, "--reason", "test")
+        assert retried.returncode == 1 and "nothing to provision" in retried.stderr
+        sid = httpx.post(f"{api.base}/servers", headers=headers, json=ORDER).json()["server"]["id"]
         with worker(tmp_path, env):
             _until(lambda: _status(api, sid, headers), "active")
             # Debit through the ledger; a debit past the balance is refused.
@@ -75,19 +80,18 @@ def test_admin_tools_act_through_ledger_and_queue_with_audit(vpsshop_database_ur
             assert admin(env, tmp_path, "refund", str(sid), "--reason", "customer asked").returncode == 0
             assert _status(api, sid, headers) == "terminated"
             ledger = json.loads(admin(env, tmp_path, "lookup", uid).stdout)["recent_ledger"]
-            order = next(e for e in ledger if e["reason"] == "order")
-            refund = next(e for e in ledger if e["reason"] == "refund")
+            order = next(e for e in ledger if e["reason"] == "order" and e["ref"] == f"server:{sid}")
+            refund = next(e for e in ledger if e["reason"] == "refund" and e["ref"] == f"server:{sid}")
             assert 0.99 * -order["amount_micros"] < refund["amount_micros"] <= -order["amount_micros"]
             assert admin(env, tmp_path, "terminate", str(sid), "--reason", "again").returncode == 1
         entries = json.loads(admin(env, tmp_path, "audit").stdout)
         assert [e["action"] for e in entries][::-1] == [
             "admin_credit",
             "cancel_job",
-            "retry_job",
             "admin_debit",
             "suspend",
             "unsuspend",
-            "terminate",
+            "refund",
         ]
         assert all(e["actor"] and e["reason"] for e in entries)
         assert "--reason" in admin(env, tmp_path, "suspend", str(sid)).stderr  # a reason is required

@@ -13,23 +13,34 @@ import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
 from served import TEST_ENCRYPTION_KEY, VPSSHOP, serve, shop_env, worker
 
+from vpsshop.encryption import ENCRYPTED_COLUMNS
+
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
+USER_DATA = "#cloud-config\npackages: [htop]\n"
 NEW_KEY = Fernet.generate_key().decode()
 
 
 def _stored(url: str) -> list[str]:
+    """Every stored secret: each column of ENCRYPTED_COLUMNS."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
             return [
-                row[0]
-                for row in conn.execute(
-                    sa.text(
-                        "SELECT root_password_enc FROM servers WHERE root_password_enc IS NOT NULL UNION ALL "
-                        "SELECT secret_enc FROM webhook_endpoints"
-                    )
+                token
+                for table, _pk, column in ENCRYPTED_COLUMNS
+                for (token,) in conn.execute(
+                    sa.select(sa.column(column)).select_from(sa.table(table)).where(sa.column(column).is_not(None))
                 )
             ]
+    finally:
+        engine.dispose()
+
+
+def _audit(url: str) -> list[tuple[str, str]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text("SELECT action, detail FROM admin_audit ORDER BY id"))]
     finally:
         engine.dispose()
 
@@ -52,7 +63,12 @@ def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path
             ).returncode
             == 0
         )
-        sids = [httpx.post(f"{api.base}/servers", headers=headers, json=ORDER).json()["server"]["id"] for _ in range(2)]
+        sids = [
+            httpx.post(f"{api.base}/servers", headers=headers, json={**ORDER, "user_data": USER_DATA}).json()["server"][
+                "id"
+            ]
+            for _ in range(2)
+        ]
         hook = httpx.post(f"{api.base}/webhooks", headers=headers, json={"url": "https://example.com/hook"})
         assert hook.status_code == 201, hook.text
         deadline = time.monotonic() + 60
@@ -83,7 +99,12 @@ def test_rotate_keys_while_the_service_runs(vpsshop_database_url, tmp_path: Path
                 assert got.status_code == 200 and got.json()["password"] == password
         out, err = rotation.communicate()
         assert rotation.returncode == 0, err
-        assert "servers: 2 secrets re-encrypted" in out and "webhook_endpoints: 1 secrets re-encrypted" in out
+        assert "servers.root_password_enc: 2 secrets re-encrypted" in out
+        assert "servers.user_data_enc: 2 secrets re-encrypted" in out
+        assert "webhook_endpoints.secret_enc: 1 secrets re-encrypted" in out
+    # The rotation left its audit entry, with what it rewrote.
+    action, detail = _audit(vpsshop_database_url)[-1]
+    assert action == "rotate_keys" and '"servers.user_data_enc": 2' in detail
     # Every stored secret now decrypts with the new key alone, and not with the old one.
     for token in _stored(vpsshop_database_url):
         Fernet(NEW_KEY.encode()).decrypt(token.encode())
@@ -120,3 +141,20 @@ def test_encrypted_settings_open_with_an_old_key_during_rotation():
         raise AssertionError("an old token opened without the old key")
     except ConfigError as exc:
         assert "coins.SOL.seed_encrypted" in str(exc)
+
+
+def test_x402_relayer_key_opens_with_an_old_key_during_rotation():
+    """``coins.USDCBASE.relayer_key_encrypted`` (a setting, not a column) still opens while the old key is
+    listed in old_encryption_keys, as docs/operations.md promises for every encrypted setting."""
+    from vpsshop.errors import PluginError
+    from vpsshop_x402 import decrypt_relayer_key, encrypt_relayer_key
+
+    private_key = "11" * 32
+    token = encrypt_relayer_key(private_key, TEST_ENCRYPTION_KEY)
+    expected = decrypt_relayer_key(token, TEST_ENCRYPTION_KEY).address
+    assert decrypt_relayer_key(token, NEW_KEY, [TEST_ENCRYPTION_KEY]).address == expected
+    try:
+        decrypt_relayer_key(token, NEW_KEY)
+        raise AssertionError("an old token opened without the old key")
+    except PluginError as exc:
+        assert "old_encryption_keys" in str(exc) and private_key not in str(exc)

@@ -4,17 +4,25 @@ Prometheus scrapes it."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
+from chain_nodes import Litecoind, peer_workdir, remove_workdir
+from coincurve import PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
+from served import TEST_ENCRYPTION_KEY as TEST_KEY
 from served import VPSSHOP, free_port, serve, shop_env, stop, worker
+
+from vpsshop.hdkeys import b58check_encode
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
 METRICS_TOKEN = "metrics-token-for-the-test-0123456789"
@@ -88,7 +96,7 @@ def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_p
                 api,
                 w,
             )
-            renewed = httpx.post(f"{api.base}/servers/{sid}/renew", headers=headers)
+            renewed = httpx.post(f"{api.base}/servers/{sid}/renew", headers=headers, json={"periods": 2})
             assert renewed.status_code in (200, 201, 202), renewed.text
             after = wait(
                 lambda: scrape(api.base),
@@ -97,6 +105,8 @@ def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_p
                 w,
             )
         _record_x402_settlement(vpsshop_database_url, account["user_id"])
+        settling = scrape(api.base)
+        _record_x402_settlement(vpsshop_database_url, account["user_id"], settled=True)
         final = scrape(api.base)
 
         # Requests by route template (not by id) and status, with latency histograms.
@@ -109,30 +119,39 @@ def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_p
         assert value(before, "vpsshop_credited_usd_total", reason="admin_credit") == 0
         assert value(final, "vpsshop_credited_usd_total", reason="admin_credit") == 40
         assert value(final, "vpsshop_orders_total") == 1 and value(before, "vpsshop_orders_total") == 0
-        assert value(final, "vpsshop_renewals_total") == 1
+        assert value(final, "vpsshop_renewals_total") == 1  # one renewal ...
+        assert value(final, "vpsshop_renewed_periods_total") == 2  # ... of two periods
         # Jobs: the queue drained (its depth and age back to 0), the create job done.
         assert value(final, "vpsshop_job_queue_depth") == 0 and value(final, "vpsshop_job_oldest_age_seconds") == 0
         assert value(final, "vpsshop_jobs", status="done") >= 1
         # Counted in the worker process, shown on the serve port: node errors of the BTC scan group.
         assert sum(v for k, v in after.items() if k[0] == "vpsshop_node_errors_total") > 0
-        # x402 settlements by outcome.
+        # x402 settlements: in flight is a gauge that falls; final outcomes a counter that never does.
+        assert value(settling, "vpsshop_x402_settling") == 1
+        assert value(settling, "vpsshop_x402_settlements_total", outcome="settled") == 0
+        assert value(final, "vpsshop_x402_settling") == 0
         assert value(final, "vpsshop_x402_settlements_total", outcome="settled") == 1
+        assert not any(k[0] == "vpsshop_x402_settlements_total" and ("outcome", "settling") in k[1] for k in final)
 
         _access_rules(api.base)
         _prometheus_scrapes(api.base, tmp_path)
 
 
-def _record_x402_settlement(database_url: str, account_id: int) -> None:
-    """A settled x402 payment as the x402 code records it (a row of x402_payments on a top-up)."""
+def _record_x402_settlement(database_url: str, account_id: int, settled: bool = False) -> None:
+    """An x402 payment as the x402 code records it (a row of x402_payments on a top-up): first
+    ``settling``, then (``settled``) its outcome known."""
     engine = sa.create_engine(database_url)
     try:
         with engine.begin() as conn:
+            if settled:
+                conn.execute(sa.text("UPDATE x402_payments SET status = 'settled' WHERE nonce = '0x01'"))
+                return
             topup_id = conn.execute(sa.text("SELECT id FROM topups WHERE account_id = :a"), {"a": account_id}).scalar()
             conn.execute(
                 sa.text(
                     "INSERT INTO x402_payments (coin, payer, nonce, topup_id, status, amount_atomic, header, "
-                    "requirements, created_at) VALUES ('USDCBASE', '0xpayer', '0x01', :t, 'settled', '1', '{}', '{}', "
-                    ":now)"
+                    "requirements, created_at) VALUES ('USDCBASE', '0xpayer', '0x01', :t, 'settling', '1', '{}', "
+                    "'{}', :now)"
                 ),
                 {"t": topup_id, "now": "2026-11-23 00:00:00"},
             )
@@ -200,3 +219,63 @@ def _prometheus_scrapes(base: str, tmp_path: Path) -> None:
         assert up[0]["value"][1] == "1"
     finally:
         stop(proc)  # type: ignore[arg-type]
+
+
+def test_two_shops_on_one_host_never_share_a_metrics_directory(tmp_path: Path, monkeypatch):
+    """The default directory hashes the database's absolute location and the config file: two sandboxes
+    (the same relative sqlite:///./vpsshop.db) in two directories get two directories; one shop's serve
+    and worker, whichever way they name the config, get the same one."""
+    from vpsshop.metrics import multiprocess_dir
+    from vpsshop.settings import load_settings
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    sandbox = {"VPSSHOP_MODE": "sandbox", "VPSSHOP_SECRET_KEY": "k", "VPSSHOP_ENCRYPTION_KEY": TEST_KEY}
+    dirs = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        settings = load_settings(None, environ=sandbox)
+        assert settings.database_url == "sqlite:///./vpsshop.db"
+        dirs.append(multiprocess_dir(settings))
+    assert dirs[0] != dirs[1]
+    config = tmp_path / "one" / "shop.toml"
+    config.write_text(f'mode = "sandbox"\ndatabase_url = "sqlite:///{tmp_path / "one" / "vpsshop.db"}"\n')
+    monkeypatch.chdir(tmp_path / "one")
+    by_flag = multiprocess_dir(load_settings("shop.toml", environ=sandbox))
+    monkeypatch.chdir(tmp_path)
+    by_env = multiprocess_dir(load_settings(None, environ={**sandbox, "VPSSHOP_CONFIG": str(config)}))
+    assert by_flag == by_env != dirs[0]  # a config file with the same database is another shop
+
+
+@pytest.fixture(scope="module")
+def litecoind() -> Iterator[Litecoind]:
+    workdir = peer_workdir("ltc-metrics")
+    node = Litecoind(workdir)
+    try:
+        yield node
+    finally:
+        node.stop()
+        remove_workdir(workdir)
+
+
+def test_watcher_figures_move_and_the_worker_logs_json(vpsshop_database_url, tmp_path: Path, litecoind: Litecoind):
+    """A worker watching LTC on a real litecoind: the last-pass time moves on, the lag follows the tip,
+    and every line the worker writes (its start line too) is JSON."""
+    key = PrivateKey().public_key.format(compressed=True)
+    raw = bytes.fromhex("045f1cf6") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big") + os.urandom(32)
+    coin = litecoind.settings(b58check_encode(raw + key), 2)
+    env = shop_env(
+        vpsshop_database_url,
+        VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
+        VPSSHOP__METRICS__MULTIPROCESS_DIR=str(tmp_path / "metrics"),
+        **{f"VPSSHOP__COINS__LTC__{k.upper()}": str(v) for k, v in coin.items()},
+    )
+    last_pass = "vpsshop_watcher_last_pass_timestamp_seconds"
+    with serve(tmp_path, env, "--no-worker") as api, worker(tmp_path, env) as w:
+        first = wait(lambda: value(scrape(api.base), last_pass, group="LTC"), lambda v: v > 0, 60, api, w)
+        later = wait(lambda: value(scrape(api.base), last_pass, group="LTC"), lambda v: v > first, 30, w)
+        assert later - first < 30
+        assert value(scrape(api.base), "vpsshop_watcher_lag_blocks", group="LTC") == 0
+    lines = [line for line in w.output().splitlines() if line.strip()]
+    parsed = [json.loads(line) for line in lines]  # every line is JSON
+    assert any(p.get("msg", "").startswith("vpsshop worker: running") for p in parsed)

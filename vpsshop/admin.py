@@ -5,12 +5,24 @@ Every change goes through the ledger (:func:`vpsshop.ledger.post`) or the job qu
 ``admin_audit`` table (who ran it, what, on what, why), so there is never a change without its
 audit entry nor an entry without its change. Server state changes also emit the same events the
 shop emits itself (``server.suspended``, ``server.unsuspended``, ``server.terminated``).
+
+Money handed back:
+
+* ``refund`` of an ``active`` or ``suspended`` server credits the unused part of everything paid
+  ahead for it: each whole period still to come at its price, the current one pro rata to the
+  second. Never more than the ledger shows was charged for that server (orders and renewals less
+  any refund), once (ledger dedupe key ``admin-refund:<id>``).
+* ``refund`` of a server still ``provisioning``, and ``cancel-job`` of its provisioning job, take the
+  path of a provisioning given up after its last attempt
+  (:func:`vpsshop.servers.jobs.abandon_provisioning`): terminated, the whole order refunded (dedupe
+  key ``refund:server:<id>``, shared with that path), its clean-up queued.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import os
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +30,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, select
 
 from vpsshop import events, ledger
-from vpsshop.models import AdminAudit, Server, utcnow
+from vpsshop.models import AdminAudit, LedgerEntry, Server, utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -29,10 +41,13 @@ class AdminError(Exception):
 
 
 def actor() -> str:
+    """The operating-system user running the command; through ``sudo -u vpsshop``, the person too."""
     try:
-        return getpass.getuser()[:64]
+        user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no user name in this environment
-        return "unknown"
+        user = "unknown"
+    by = os.environ.get("SUDO_USER", "")
+    return (f"{by} (as {user})" if by and by != user else user)[:64]
 
 
 def audit(
@@ -62,76 +77,96 @@ def _need_reason(reason: str) -> str:
     return reason
 
 
+# ---- lookup ----------------------------------------------------------------------------------------
+
+_X402_ACCOUNT = "SELECT DISTINCT t.account_id FROM x402_payments x JOIN topups t ON t.id = x.topup_id WHERE "
+_LOOKUPS = (
+    ("SELECT DISTINCT account_id FROM api_keys WHERE prefix = :q OR :q LIKE prefix || '%'", "key prefix"),
+    ("SELECT DISTINCT account_id FROM topups WHERE ref = :q", "top-up ref"),
+    ("SELECT DISTINCT account_id FROM topups WHERE deposit_address = :q", "deposit address"),
+    ("SELECT DISTINCT account_id FROM topup_payments WHERE lower(txid) = lower(:q)", "tx hash"),
+    (_X402_ACCOUNT + 'lower(x."transaction") = lower(:q)', "x402 settlement tx hash"),
+    (_X402_ACCOUNT + "lower(x.payer) = lower(:q)", "x402 payer address"),
+)
+
+
+def _rows(conn: sa.Connection, sql: str, **params: Any) -> list[dict[str, Any]]:
+    return [dict(r._mapping) for r in conn.execute(sa.text(sql), params)]
+
+
 def lookup(ctx: AppContext, query: str) -> dict[str, Any]:
-    """The account behind an account id, API key prefix, top-up ref, deposit address or tx hash."""
+    """The account behind an account id, API key prefix, top-up ref, deposit address, tx hash, x402
+    settlement tx hash or x402 payer address, with its servers, recent top-ups, payments seen on chain,
+    x402 payments, ledger entries and API keys. When a payer address paid several accounts, the first is
+    shown and ``other_accounts`` lists the rest."""
     q = query.strip()
     with ctx.db.engine.connect() as conn:
-        account_id, how = None, ""
+        accounts: list[int] = []
+        how = ""
         if q.isdigit():
-            account_id = conn.execute(sa.text("SELECT id FROM accounts WHERE id = :q"), {"q": int(q)}).scalar()
+            accounts = list(conn.execute(sa.text("SELECT id FROM accounts WHERE id = :q"), {"q": int(q)}).scalars())
             how = "id"
-        for sql, name in (
-            ("SELECT account_id FROM api_keys WHERE prefix = :q OR :q LIKE prefix || '%'", "key prefix"),
-            ("SELECT account_id FROM topups WHERE ref = :q", "top-up ref"),
-            ("SELECT account_id FROM topups WHERE deposit_address = :q", "deposit address"),
-            ("SELECT account_id FROM topup_payments WHERE txid = :q", "tx hash"),
-        ):
-            if account_id is None:
-                account_id, how = conn.execute(sa.text(sql), {"q": q}).scalar(), name
-        if account_id is None:
+        for sql, name in _LOOKUPS:
+            if not accounts:
+                accounts = list(conn.execute(sa.text(sql + " LIMIT 20"), {"q": q}).scalars())
+                how = name
+        if not accounts:
             raise AdminError(
-                f"nothing matches {q!r} (tried account id, key prefix, top-up ref, deposit address, tx hash)"
+                f"nothing matches {q!r} (tried account id, key prefix, top-up ref, deposit address, tx hash, "
+                "x402 settlement tx hash, x402 payer address)"
             )
+        account_id = sorted(accounts)[0]
         account = conn.execute(
             sa.text("SELECT id, balance_micros, created_at, totp_enabled FROM accounts WHERE id = :a"),
             {"a": account_id},
         ).one()
-        servers = [
-            dict(r._mapping)
-            for r in conn.execute(
-                sa.text(
-                    "SELECT id, status, plan, hostname, ip, expires_at FROM servers WHERE account_id = :a ORDER BY id"
-                ),
-                {"a": account_id},
-            )
-        ]
-        topups = [
-            dict(r._mapping)
-            for r in conn.execute(
-                sa.text(
-                    "SELECT ref, coin, status, amount_micros, deposit_address, created_at FROM topups "
-                    "WHERE account_id = :a ORDER BY id DESC LIMIT 20"
-                ),
-                {"a": account_id},
-            )
-        ]
-        entries = [
-            dict(r._mapping)
-            for r in conn.execute(
-                sa.text(
-                    "SELECT id, amount_micros, balance_after_micros, reason, ref, memo, created_at FROM ledger_entries "
-                    "WHERE account_id = :a ORDER BY id DESC LIMIT 20"
-                ),
-                {"a": account_id},
-            )
-        ]
-        keys = [
-            dict(r._mapping)
-            for r in conn.execute(
-                sa.text(
-                    "SELECT id, name, prefix, created_at, revoked_at FROM api_keys WHERE account_id = :a ORDER BY id"
-                ),
-                {"a": account_id},
-            )
-        ]
-    return {
-        "matched_by": how,
-        "account": dict(account._mapping),
-        "servers": servers,
-        "recent_topups": topups,
-        "recent_ledger": entries,
-        "api_keys": keys,
-    }
+        found = {
+            "matched_by": how,
+            "account": dict(account._mapping),
+            "servers": _rows(
+                conn,
+                "SELECT id, status, suspended_by, status_reason, plan, hostname, ip, price_micros, expires_at "
+                "FROM servers WHERE account_id = :a ORDER BY id",
+                a=account_id,
+            ),
+            "recent_topups": _rows(
+                conn,
+                "SELECT ref, coin, status, amount_micros, deposit_address, created_at FROM topups "
+                "WHERE account_id = :a ORDER BY id DESC LIMIT 20",
+                a=account_id,
+            ),
+            "recent_payments": _rows(
+                conn,
+                "SELECT p.coin, p.txid, p.status, p.confirmations, p.amount_atomic, p.block_height, p.late, "
+                "p.credited_micros, p.first_seen_at, t.ref FROM topup_payments p JOIN topups t ON t.id = p.topup_id "
+                "WHERE p.account_id = :a ORDER BY p.id DESC LIMIT 20",
+                a=account_id,
+            ),
+            "recent_x402": _rows(
+                conn,
+                'SELECT x.id, x.coin, x.payer, x.status, x."transaction", x.amount_atomic, x.purpose, x.outcome, '
+                "x.error, x.created_at, t.ref FROM x402_payments x JOIN topups t ON t.id = x.topup_id "
+                "WHERE t.account_id = :a ORDER BY x.id DESC LIMIT 20",
+                a=account_id,
+            ),
+            "recent_ledger": _rows(
+                conn,
+                "SELECT id, amount_micros, balance_after_micros, reason, ref, memo, created_at FROM ledger_entries "
+                "WHERE account_id = :a ORDER BY id DESC LIMIT 20",
+                a=account_id,
+            ),
+            "api_keys": _rows(
+                conn,
+                "SELECT id, name, prefix, created_at, revoked_at FROM api_keys WHERE account_id = :a ORDER BY id",
+                a=account_id,
+            ),
+        }
+        if len(accounts) > 1:
+            found["other_accounts"] = sorted(accounts)[1:]
+    return found
+
+
+# ---- balances --------------------------------------------------------------------------------------
 
 
 def adjust_balance(ctx: AppContext, account_id: int, micros: int, reason: str) -> ledger.Posting:
@@ -147,6 +182,9 @@ def adjust_balance(ctx: AppContext, account_id: int, micros: int, reason: str) -
     return posting
 
 
+# ---- servers ---------------------------------------------------------------------------------------
+
+
 def _server(session: Session, server_id: int) -> Server:
     server = session.get(Server, server_id)
     if server is None:
@@ -155,44 +193,69 @@ def _server(session: Session, server_id: int) -> Server:
 
 
 def unused_micros(server: Server, now: datetime) -> int:
-    """The part of the server's current period not yet used, in micro-USD (0 when it has expired).
+    """What the paid time of ``server`` still to come is worth, in micro-USD (0 once it has expired).
 
-    The period is the cycle that ends at ``expires_at`` (a month or a year back from it).
+    Walks back from ``expires_at`` one billing cycle at a time: every cycle that starts after ``now``
+    counts its whole price (a renewal for several periods paid each of them), the cycle holding
+    ``now`` counts pro rata to the microsecond. Integer arithmetic only.
     """
     from vpsshop.servers.lifecycle import CYCLE_MONTHS, add_months
 
-    expires = server.expires_at
-    if expires.tzinfo is None:
-        expires = expires.replace(tzinfo=now.tzinfo)
-    left = (expires - now).total_seconds()
-    period = (expires - add_months(expires, -CYCLE_MONTHS.get(server.cycle, 1))).total_seconds()
-    if left <= 0 or period <= 0:
-        return 0
-    return int(server.price_micros * min(1.0, left / period))
+    months = CYCLE_MONTHS.get(server.cycle, 1)
+    end = server.expires_at if server.expires_at.tzinfo else server.expires_at.replace(tzinfo=now.tzinfo)
+    micro = timedelta(microseconds=1)
+    total = 0
+    for _ in range(2400):  # bounded: 200 years of monthly periods
+        if end <= now:
+            break
+        start = add_months(end, -months)
+        if start >= now:
+            total += server.price_micros
+            end = start
+            continue
+        total += server.price_micros * ((end - now) // micro) // ((end - start) // micro)
+        break
+    return total
+
+
+def charged_micros(session: Session, server_id: int) -> int:
+    """What the ledger says was paid for ``server_id`` and not given back: its order and renewals less
+    every refund (entries with ``ref = server:<id>``)."""
+    rows = session.execute(
+        sa.select(LedgerEntry.reason, sa.func.sum(LedgerEntry.amount_micros))
+        .where(LedgerEntry.ref == f"server:{server_id}")
+        .group_by(LedgerEntry.reason)
+    ).all()
+    by_reason = {reason: int(total or 0) for reason, total in rows}
+    paid = -(by_reason.get("order", 0) + by_reason.get("renewal", 0))
+    return max(0, paid - by_reason.get("refund", 0))
 
 
 def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, *, refund_unused: bool = False) -> str:
     """``suspend``, ``unsuspend`` or ``terminate`` a server through the job queue.
 
-    :param refund_unused: with ``terminate``, credit the unused part of the paid period to the balance
-        (ledger ``refund``, once per server) in the same transaction.
+    :param refund_unused: with ``terminate``, credit the unused prepaid time to the balance (ledger
+        ``refund``, at most what was charged for the server, once) in the same transaction; a server
+        still provisioning gets its whole order back (see the module docstring).
     """
     from vpsshop.events.resources import server_data
+    from vpsshop.servers.jobs import abandon_provisioning
     from vpsshop.servers.lifecycle import enqueue, record
+    from vpsshop.servers.models import ServerJob
 
     reason = _need_reason(reason)
     now = ctx.clock.now()
     moves = {
         "suspend": (
             ("active",),
-            dict(status="suspended", suspended_at=now, status_reason=f"Suspended: {reason}"),
+            dict(status="suspended", suspended_at=now, suspended_by="admin", status_reason=f"Suspended: {reason}"),
             "suspend",
             "server.suspended",
             "suspended",
         ),
         "unsuspend": (
             ("suspended",),
-            dict(status="active", suspended_at=None, status_reason=None),
+            dict(status="active", suspended_at=None, suspended_by=None, status_reason=None),
             "resume",
             "server.unsuspended",
             "unsuspended",
@@ -206,42 +269,72 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
         ),
     }
     allowed, values, job_kind, event, history = moves[action]
+    audited = "refund" if refund_unused else action
     with ctx.db.session() as session:
         server = _server(session, server_id)
         was = server.status
         if was not in allowed:
-            raise AdminError(f"server {server_id} is {was}: cannot {action}")
+            raise AdminError(f"server {server_id} is {was}: cannot {audited}")
+        if refund_unused and was == "provisioning":
+            refunded = abandon_provisioning(
+                session, server, now, f"Provisioning cancelled by the shop: {reason}", "provision_cancelled"
+            )
+            if refunded is None:
+                raise AdminError(f"server {server_id} changed meanwhile: try again")
+            audit(session, "refund", f"server:{server_id}", reason, {"was": was, "refunded_micros": refunded}, now=now)
+            return (
+                f"server {server_id}: was provisioning: terminated, its order refunded "
+                f"({refunded / 1_000_000:.6f} USD), clean-up queued"
+            )
+        refunded = 0
+        if refund_unused:
+            refunded = min(unused_micros(server, now), charged_micros(session, server_id))
         moved = session.execute(
-            sa.update(Server).where(Server.id == server_id, Server.status == was).values(**values)
+            sa.update(Server).where(Server.id == server_id, Server.status == was).values(**values)  # type: ignore[arg-type]
         ).rowcount
         if moved != 1:
             raise AdminError(f"server {server_id} changed meanwhile: try again")
         record(session, server_id, history, now, f"admin: {reason}"[:500])
+        if action == "terminate":  # a provisioning job still waiting has nothing left to do
+            session.execute(
+                sa.update(ServerJob)
+                .where(ServerJob.server_id == server_id, ServerJob.kind == "provision", ServerJob.status == "queued")  # type: ignore[arg-type]
+                .values(status="cancelled", finished_at=now, last_error=f"cancelled: server terminated: {reason}"[:500])
+            )
         job = enqueue(session, server_id, job_kind, now)
         events.emit(session, event, server.account_id, server_data(session, server_id), now=now)
-        refunded = 0
-        if refund_unused and action == "terminate" and was in ("active", "suspended"):
-            refunded = unused_micros(server, now)
-            if refunded > 0:
-                ledger.post(
-                    session,
-                    server.account_id,
-                    refunded,
-                    "refund",
-                    ref=f"server:{server_id}",
-                    dedupe_key=f"admin-refund:{server_id}",
-                    memo=f"unused time: {reason}"[:500],
-                    now=now,
-                )
-        audit(session, action, f"server:{server_id}", reason, {"job_id": job.id, "refunded_micros": refunded}, now=now)
+        if refunded > 0:
+            posting = ledger.post(
+                session,
+                server.account_id,
+                refunded,
+                "refund",
+                ref=f"server:{server_id}",
+                dedupe_key=f"admin-refund:{server_id}",
+                memo=f"unused time: {reason}"[:500],
+                now=now,
+            )
+            refunded = posting.entry.amount_micros if posting.created else 0
+            record(session, server_id, "refunded", now, str(refunded))
+        detail = {"was": was, "job_id": job.id, "refunded_micros": refunded}
+        audit(session, audited, f"server:{server_id}", reason, detail, now=now)
     done = f"server {server_id}: {action} done, job {job.id} ({job_kind}) queued"
     if refund_unused:
-        done += f"; refunded {refunded / 1_000_000:.6f} USD of unused time"
+        done += f"; refunded {refunded / 1_000_000:.6f} USD of unused prepaid time"
     return done
 
 
+# ---- jobs ------------------------------------------------------------------------------------------
+
+
 def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
-    """``retry`` a failed or stuck job (queued again, now) or ``cancel`` a queued or failed one."""
+    """``retry`` a failed or stuck job (queued again, now, with a fresh set of attempts) or ``cancel`` a
+    queued or failed one. Cancelling a provisioning job terminates its server and refunds the order.
+
+    A job ``running`` under a live lease is refused: a worker is running it now, and a second could
+    start the same hypervisor call.
+    """
+    from vpsshop.servers.jobs import abandon_provisioning
     from vpsshop.servers.models import ServerJob
 
     reason = _need_reason(reason)
@@ -250,57 +343,219 @@ def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
         job = session.get(ServerJob, job_id)
         if job is None:
             raise AdminError(f"no job {job_id}")
+        was, kind, server_id, lease = job.status, job.kind, job.server_id, job.locked_until
+        guard = [ServerJob.id == job_id, ServerJob.status == was]
+        detail: dict[str, Any] = {"was": was, "kind": kind, "server_id": server_id}
         if action == "retry":
-            if job.status == "done":
+            if was == "done":
                 raise AdminError(f"job {job_id} is done: nothing to retry")
+            if was == "running" and lease is not None and lease >= now:
+                raise AdminError(
+                    f"job {job_id} is running under a live lease (worker {job.locked_by}, until "
+                    f"{lease.isoformat()}): another worker could start the same hypervisor call; "
+                    "wait for it to finish, or for its lease to run out if that worker is gone"
+                )
+            if was == "running":  # the expired lease read above: nobody took the job meanwhile
+                guard.append(ServerJob.locked_until == lease)  # type: ignore[arg-type]
+            if kind == "provision":
+                server = _server(session, server_id)
+                if server.status != "provisioning":
+                    raise AdminError(
+                        f"job {job_id} provisions server {server_id}, which is {server.status}: nothing to provision"
+                    )
             values: dict[str, Any] = dict(
-                status="queued", run_after=now, locked_until=None, locked_by=None, finished_at=None
+                status="queued", run_after=now, attempts=0, locked_until=None, locked_by=None, finished_at=None
             )
         else:
-            if job.status not in ("queued", "failed"):
-                raise AdminError(f"job {job_id} is {job.status}: only a queued or failed job can be cancelled")
+            if was not in ("queued", "failed"):
+                raise AdminError(f"job {job_id} is {was}: only a queued or failed job can be cancelled")
             values = {
                 "status": "cancelled",
                 "finished_at": now,
                 "locked_until": None,
                 "last_error": f"cancelled: {reason}"[:500],
             }
-        moved = session.execute(
-            sa.update(ServerJob).where(ServerJob.id == job_id, ServerJob.status == job.status).values(**values)
-        ).rowcount
+        moved = session.execute(sa.update(ServerJob).where(*guard).values(**values)).rowcount
         if moved != 1:
             raise AdminError(f"job {job_id} changed meanwhile: try again")
-        audit(session, f"{action}_job", f"job:{job_id}", reason, {"was": job.status, "kind": job.kind}, now=now)
-    return f"job {job_id}: {action} done"
+        done = f"job {job_id}: {action} done"
+        if action == "cancel" and kind == "provision":
+            server = _server(session, server_id)
+            refunded = abandon_provisioning(
+                session, server, now, f"Provisioning cancelled by the shop: {reason}", "provision_cancelled"
+            )
+            if refunded is not None:
+                detail["refunded_micros"] = refunded
+                done += (
+                    f"; server {server_id} terminated and its order refunded ({refunded / 1_000_000:.6f} USD), "
+                    "clean-up queued"
+                )
+        audit(session, f"{action}_job", f"job:{job_id}", reason, detail, now=now)
+    return done
+
+
+# ---- what is stuck ---------------------------------------------------------------------------------
 
 
 def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
-    """Jobs queued, running or failed for longer than ``minutes``; pending top-ups with a payment seen
-    that long ago and not credited."""
+    """What has waited longer than ``minutes``:
+
+    * ``jobs``: queued, running or failed;
+    * ``servers``: still ``provisioning`` with no job queued or running for them (nothing will
+      finish them: retry their job, or refund them);
+    * ``topups``: payments seen and not credited;
+    * ``x402``: x402 settlements left ``settling`` (outcome unknown).
+    """
+    from vpsshop.payments.models import Topup, TopupPayment, X402Record
+    from vpsshop.servers.models import ServerJob
+
     cutoff = ctx.clock.now() - timedelta(minutes=minutes)
-    with ctx.db.engine.connect() as conn:
-        jobs = [
-            dict(r._mapping)
-            for r in conn.execute(
-                sa.text(
-                    "SELECT id, server_id, kind, status, attempts, created_at, last_error FROM server_jobs "
-                    "WHERE status IN ('queued', 'running', 'failed') AND created_at < :c ORDER BY id"
-                ),
-                {"c": cutoff},
+
+    def rows(query: Any) -> list[dict[str, Any]]:
+        return [dict(r._mapping) for r in session.execute(query)]
+
+    with ctx.db.session() as session:
+        jobs = rows(
+            sa.select(
+                ServerJob.id,
+                ServerJob.server_id,
+                ServerJob.kind,
+                ServerJob.status,
+                ServerJob.attempts,
+                ServerJob.locked_by,
+                ServerJob.locked_until,
+                ServerJob.created_at,
+                ServerJob.last_error,
             )
-        ]
-        topups = [
-            dict(r._mapping)
-            for r in conn.execute(
-                sa.text(
-                    "SELECT t.ref, t.account_id, t.coin, t.status, p.txid, p.status AS payment_status, "
-                    "p.confirmations, p.first_seen_at FROM topup_payments p JOIN topups t ON t.id = p.topup_id "
-                    "WHERE p.status = 'seen' AND p.first_seen_at < :c ORDER BY p.id"
-                ),
-                {"c": cutoff},
+            .where(ServerJob.status.in_(("queued", "running", "failed")), ServerJob.created_at < cutoff)  # type: ignore[attr-defined]
+            .order_by(ServerJob.id)
+        )
+        live = sa.exists().where(ServerJob.server_id == Server.id, ServerJob.status.in_(("queued", "running")))  # type: ignore[attr-defined]
+        servers = rows(
+            sa.select(Server.id, Server.account_id, Server.status, Server.plan, Server.created_at)
+            .where(Server.status == "provisioning", Server.created_at < cutoff, ~live)  # type: ignore[arg-type]
+            .order_by(Server.id)
+        )
+        topups = rows(
+            sa.select(
+                Topup.ref,
+                Topup.account_id,
+                Topup.coin,
+                Topup.status,
+                TopupPayment.txid,
+                TopupPayment.status.label("payment_status"),  # type: ignore[attr-defined]
+                TopupPayment.confirmations,
+                TopupPayment.first_seen_at,
             )
-        ]
-    return {"jobs": jobs, "topups": topups}
+            .join(Topup, Topup.id == TopupPayment.topup_id)  # type: ignore[arg-type]
+            .where(TopupPayment.status == "seen", TopupPayment.first_seen_at < cutoff)  # type: ignore[arg-type]
+            .order_by(TopupPayment.id)
+        )
+        x402 = rows(
+            sa.select(
+                X402Record.id,
+                X402Record.coin,
+                X402Record.payer,
+                X402Record.status,
+                X402Record.transaction,
+                X402Record.amount_atomic,
+                X402Record.purpose,
+                X402Record.created_at,
+                Topup.ref,
+                Topup.account_id,
+            )
+            .join(Topup, Topup.id == X402Record.topup_id)  # type: ignore[arg-type]
+            .where(X402Record.status == "settling", X402Record.created_at < cutoff)  # type: ignore[arg-type]
+            .order_by(X402Record.id)
+        )
+    return {"jobs": jobs, "servers": servers, "topups": topups, "x402": x402}
+
+
+# ---- re-scanning blocks ----------------------------------------------------------------------------
+
+
+async def rescan(ctx: AppContext, coin_code: str, from_height: int, to_height: int | None, reason: str) -> str:
+    """Scan blocks ``from_height`` .. ``to_height`` (default: the node's tip) again for the scan group of
+    ``coin_code``, record what they pay to the shop's deposit addresses, then run one ordinary watcher
+    pass of the group (recheck, credit what has its confirmations).
+
+    The group's stored cursor is not moved. Payments are unique per coin and chain identity, so a
+    payment found again is never recorded or credited twice. Only coins scanned block by block
+    (built on :class:`vpsshop.chains.BlockCoin`: BTC, LTC, ETH, USDT, TRX, USDTTRC) have heights.
+    """
+    from anyio import to_thread
+
+    from vpsshop.chains import BlockCoin, BlockCursor
+    from vpsshop.payments import engine_for
+    from vpsshop.payments.models import TopupPayment
+
+    reason = _need_reason(reason)
+    code = coin_code.strip().upper()
+    coin = ctx.coins.get(code)
+    if coin is None:
+        raise AdminError(f"coin {code!r} is not enabled (enabled: {', '.join(ctx.coins) or 'none'})")
+    engine = engine_for(ctx)
+    watcher = engine.watcher
+    group = getattr(coin, "scan_group", None)
+    members = watcher.groups.get(group or "")
+    if not members:
+        raise AdminError(f"coin {code} is not watched on a chain here (no node configured, or it is paid by x402)")
+    scanner = members[0]
+    if not isinstance(scanner, BlockCoin):
+        raise AdminError(f"scan group {group} does not scan numbered blocks: it cannot be re-scanned by height")
+    if from_height < 0 or (to_height is not None and to_height < from_height):
+        raise AdminError("FROM_HEIGHT must be 0 or more, and TO_HEIGHT at least FROM_HEIGHT")
+    tip = await scanner.tip()
+    last = tip if to_height is None else min(to_height, tip)
+    if from_height > last:
+        raise AdminError(f"FROM_HEIGHT {from_height} is past the node's tip ({tip})")
+    codes = [m.code for m in members]
+
+    def count_payments() -> int:
+        with ctx.db.session() as session:
+            return int(
+                session.execute(
+                    sa.select(sa.func.count()).select_from(TopupPayment).where(TopupPayment.coin.in_(codes))  # type: ignore[attr-defined]
+                ).scalar_one()
+            )
+
+    before = await to_thread.run_sync(count_payments)
+    keyset = watcher.keysets[group]  # type: ignore[index]
+    position = BlockCursor(from_height - 1, await scanner.block_hash(from_height - 1) if from_height > 0 else "")
+    step = scanner.scan_settings.max_blocks_per_scan
+    found = 0
+    while position.height < last:
+        await to_thread.run_sync(keyset.load_new, engine)
+        end, payments = await scanner.scan_blocks(
+            position, min(last, position.height + step), await scanner.tip(), keyset, tuple(members)
+        )
+        if payments:
+            found += len(payments)
+            await to_thread.run_sync(engine.record_payments, payments, keyset.by_key, keyset.any_coin)
+        if end.height <= position.height:
+            raise AdminError(f"the chain changed while block {position.height + 1} was read: run the re-scan again")
+        position = end
+    _, credited = await watcher.pass_group(group)  # type: ignore[arg-type]
+    new = await to_thread.run_sync(count_payments) - before
+    detail = {
+        "coin": code,
+        "scan_group": group,
+        "from_height": from_height,
+        "to_height": last,
+        "payments_found": found,
+        "payments_new": new,
+        "credited": credited,
+    }
+
+    def write_audit() -> None:
+        with ctx.db.session() as session:
+            audit(session, "rescan", f"scan_group:{group}", reason, detail)
+
+    await to_thread.run_sync(write_audit)
+    return (
+        f"scan group {group}: blocks {from_height}..{last} re-scanned; {found} payment(s) to the shop's "
+        f"addresses, {new} not known before; {credited} payment(s) credited by the pass that followed"
+    )
 
 
 def audit_log(ctx: AppContext, limit: int = 50) -> list[dict[str, Any]]:

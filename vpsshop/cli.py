@@ -179,7 +179,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     async def run() -> None:
         runner = await start_services(ctx, background=True)
         names = ", ".join(t.name for t in runner.tasks) if runner else ""
-        print(f"vpsshop worker: running {names or 'no background tasks'}", file=sys.stderr, flush=True)
+        # A log line, so that it is JSON among the JSON lines when [logging] format = "json".
+        logging.getLogger("vpsshop.worker").info("vpsshop worker: running %s", names or "no background tasks")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -244,7 +245,11 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
     if not args.reason.strip():
         print("error: --reason must say why", file=sys.stderr)
         return 2
-    settings = _settings(args)
+    try:
+        settings = _existing_shop_settings(args)
+    except NoShopDatabase as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     db = Database(settings.database_url)
     db.migrate()
     try:
@@ -298,10 +303,56 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+class NoShopDatabase(Exception):
+    """An admin command found no shop database where the settings point; it never makes one."""
+
+
+def _no_database_message(where: str) -> str:
+    return (
+        f"no vpsshop database at {where}: admin commands work on an existing shop and never create a "
+        "database. Name the shop's config with --config FILE or VPSSHOP_CONFIG=FILE (or its database with "
+        "VPSSHOP_DATABASE_URL), or run the command in the directory of the sandbox's vpsshop.db."
+    )
+
+
+def _existing_shop_settings(args: argparse.Namespace) -> Settings:
+    """The settings of an existing shop, for the admin commands.
+
+    :raises NoShopDatabase: the database the settings name does not exist or holds no shop. Checked
+        before the settings are read when the sandbox's default database would be used, so that not
+        even the sandbox's key file is written.
+    """
+    from vpsshop.settings import SANDBOX_DATABASE_URL, find_config_file
+
+    env_url = os.environ.get("VPSSHOP_DATABASE_URL", "")
+    if find_config_file(getattr(args, "config", None), os.environ) is None:
+        url = env_url or SANDBOX_DATABASE_URL
+        if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).is_file():
+            raise NoShopDatabase(_no_database_message(url))
+    settings = _settings(args)
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).is_file():
+        raise NoShopDatabase(_no_database_message(url))
+    import sqlalchemy as sa
+
+    shown = sa.make_url(url).render_as_string(hide_password=True)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = sa.inspect(conn).has_table("accounts")
+    except sa.exc.OperationalError as exc:
+        raise NoShopDatabase(f"cannot open the database at {shown}: {type(exc.orig).__name__}") from None
+    finally:
+        engine.dispose()
+    if not found:
+        raise NoShopDatabase(_no_database_message(shown))
+    return settings
+
+
 def _admin_ctx(args: argparse.Namespace) -> AppContext:
     from vpsshop.context import AppContext
 
-    ctx = AppContext.build(_settings(args))
+    ctx = AppContext.build(_existing_shop_settings(args))
     ctx.db.migrate()
     return ctx
 
@@ -317,7 +368,7 @@ def _usd_micros(text: str) -> int | None:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    """``vpsshop admin lookup|debit|suspend|unsuspend|terminate|retry-job|cancel-job|stuck|audit``."""
+    """``vpsshop admin lookup|debit|suspend|unsuspend|terminate|refund|retry-job|cancel-job|stuck|rescan|audit``."""
     from vpsshop import admin
 
     command = args.admin_command
@@ -326,7 +377,11 @@ def cmd_admin(args: argparse.Namespace) -> int:
         if micros is None:
             print(f"error: AMOUNT must be a positive USD amount like 25 or 12.50, not {args.amount!r}", file=sys.stderr)
             return 2
-    ctx = _admin_ctx(args)
+    try:
+        ctx = _admin_ctx(args)
+    except NoShopDatabase as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         if command == "lookup":
             print(json.dumps(admin.lookup(ctx, args.query), indent=2, default=str))
@@ -343,6 +398,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(admin.job_action(ctx, args.job_id, command.split("-")[0], args.reason))
         elif command == "stuck":
             print(json.dumps(admin.stuck(ctx, args.minutes), indent=2, default=str))
+        elif command == "rescan":
+            print(asyncio.run(_rescan(ctx, args)))
         elif command == "audit":
             print(json.dumps(admin.audit_log(ctx, args.limit), indent=2, default=str))
     except admin.AdminError as exc:
@@ -360,22 +417,38 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _rescan(ctx: AppContext, args: argparse.Namespace) -> str:
+    from vpsshop import admin
+
+    try:
+        return await admin.rescan(ctx, args.coin, args.from_height, args.to_height, args.reason)
+    finally:
+        await ctx.close()
+
+
 def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
     """Re-encrypt every stored secret with ``encryption_key`` (see vpsshop/encryption.py)."""
+    from vpsshop.admin import audit
     from vpsshop.context import AppContext
     from vpsshop.encryption import rotate_stored_secrets
 
-    ctx = AppContext.build(_settings(args))
+    try:
+        ctx = AppContext.build(_existing_shop_settings(args))
+    except NoShopDatabase as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         ctx.db.migrate()
         counts = rotate_stored_secrets(ctx)
+        with ctx.db.session() as session:
+            audit(session, "rotate_keys", "encryption_key", args.reason.strip() or "key rotation", counts)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         ctx.db.dispose()
-    for table, count in counts.items():
-        print(f"{table}: {count} secrets re-encrypted with encryption_key")
+    for column, count in counts.items():
+        print(f"{column}: {count} secrets re-encrypted with encryption_key")
     print(
         "Every stored secret now decrypts with encryption_key alone: old_encryption_keys can be removed "
         "(restart every serve and worker process after removing them)."
@@ -418,9 +491,12 @@ public_url = "https://api.example.com/v1"
 
 # Generated for you. secret_key keys the hashes of API keys: changing it invalidates every key.
 secret_key = "{secret_key}"
-# encryption_key encrypts root passwords and webhook signing secrets at rest (a Fernet key). Back it
-# up apart from the database.
+# encryption_key encrypts root passwords, user data, two-factor and webhook signing secrets at rest
+# (a Fernet key). Back it up apart from the database. To replace it, see docs/operations.md
+# ("Encryption key rotation"): the old key goes into old_encryption_keys until `vpsshop admin
+# rotate-keys` has re-encrypted everything.
 encryption_key = "{encryption_key}"
+# old_encryption_keys = []  # earlier keys, newest first, during a rotation
 
 [server]
 host = "127.0.0.1"          # put a TLS-terminating proxy in front
@@ -429,6 +505,44 @@ workers = 2
 max_body_bytes = 65536
 body_timeout_seconds = 10   # a request body must arrive within this (slow clients get 408)
 background = true           # run watchers and provisioning inside `serve`; false if you run `vpsshop worker`
+access_log = true           # one JSON line per request on stderr (no client address, no headers)
+# The reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed: rate limits then count
+# per customer address, and cookies are Secure behind https. Empty: the TCP peer is the client.
+forwarded_allow_ips = ["127.0.0.1"]
+
+[logging]
+format = "json"             # one JSON object per line on stderr; "text" for reading by eye
+level = "info"              # debug, info, warning, error
+
+[metrics]
+# GET /metrics (Prometheus) on every `serve` port, never under /v1.
+enabled = true
+# token = ""                # set it: then `Authorization: Bearer <token>` opens /metrics from anywhere
+allow_ips = ["127.0.0.1", "::1"]   # without the token: only these peers, and only not through a proxy
+# Where the serve and worker processes of this host share their figures: the same for every unit, and
+# writable by the service user (docs/operations.md, "Metrics"). Default: a directory under /tmp, which
+# systemd's PrivateTmp gives each unit its own copy of.
+# multiprocess_dir = "/run/vpsshop/metrics"
+
+[ratelimit]
+# 429 rate_limited with Retry-After over these (docs/operations.md, "Rate limits and quotas").
+enabled = true
+backend = "auto"            # auto: counted in PostgreSQL (shared by every process), in memory on SQLite
+signups_per_client = 30     # POST /v1/account per client address per signup_window_seconds
+signup_window_seconds = 3600
+auth_failures_per_client = 100   # requests with an unknown or revoked API key per address per window
+auth_failure_window_seconds = 600
+writes_per_account = 300    # authenticated POST/PUT/PATCH/DELETE per account per write_window_seconds
+write_window_seconds = 60
+max_servers_per_account = 100
+max_open_topups_per_account = 20
+
+[signin]
+# Signing in with the login token (dashboard and POST /v1/login).
+failures_per_client = 10    # per client_window_seconds
+client_window_seconds = 600
+totp_failures_per_account = 5   # wrong two-factor codes per totp_window_seconds
+totp_window_seconds = 900
 
 [plugins]
 disabled = []               # plugin names never to load (also: VPSSHOP_BLOCK_PLUGINS=a,b)
@@ -573,6 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
             "rotate-keys", help="re-encrypt every stored secret with encryption_key (old keys in old_encryption_keys)"
         )
     )
+    rotate.add_argument("--reason", default="key rotation", help="why (kept in the audit log)")
     rotate.set_defaults(func=cmd_admin_rotate_keys)
     lookup = with_config(
         admin_sub.add_parser(
@@ -587,26 +702,41 @@ def build_parser() -> argparse.ArgumentParser:
         ("suspend", "suspend an active server (job: suspend)"),
         ("unsuspend", "resume a suspended server (job: resume)"),
         ("terminate", "terminate a server (job: destroy); no refund"),
-        ("refund", "terminate a server and refund its unused paid time to the balance"),
+        ("refund", "terminate a server and refund its unused prepaid time (all of it while provisioning)"),
     ):
         p = with_config(admin_sub.add_parser(name, help=what))
         p.add_argument("server_id", type=int)
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")
         p.set_defaults(func=cmd_admin)
     for name, what in (
-        ("retry-job", "queue a failed or stuck provisioning job again, now"),
-        ("cancel-job", "cancel a queued or failed provisioning job"),
+        ("retry-job", "queue a failed or stuck job again, now (never one running under a live lease)"),
+        ("cancel-job", "cancel a queued or failed job (a provisioning job: its server is terminated and refunded)"),
     ):
         p = with_config(admin_sub.add_parser(name, help=what))
         p.add_argument("job_id", type=int)
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")
         p.set_defaults(func=cmd_admin)
     debit.add_argument("--reason", required=True, help="why (kept in the ledger entry and the audit log)")
-    stuck = with_config(admin_sub.add_parser("stuck", help="list jobs and seen payments waiting too long"))
+    stuck = with_config(
+        admin_sub.add_parser(
+            "stuck",
+            help="list jobs, servers left provisioning, seen payments and x402 settlements waiting too long",
+        )
+    )
     stuck.add_argument("--minutes", type=float, default=30)
     audit = with_config(admin_sub.add_parser("audit", help="show the latest admin audit entries"))
     audit.add_argument("--limit", type=int, default=50)
-    for p in (lookup, debit, stuck, audit):
+    rescan = with_config(
+        admin_sub.add_parser(
+            "rescan",
+            help="scan a block range of a coin again for payments to the shop's addresses (never credits twice)",
+        )
+    )
+    rescan.add_argument("coin", help="coin code, e.g. LTC (its whole scan group is re-scanned)")
+    rescan.add_argument("from_height", type=int, help="first block to read again")
+    rescan.add_argument("to_height", type=int, nargs="?", help="last block to read again (default: the tip)")
+    rescan.add_argument("--reason", default="re-scan of blocks", help="why (kept in the audit log)")
+    for p in (lookup, debit, stuck, audit, rescan):
         p.set_defaults(func=cmd_admin)
     return parser
 

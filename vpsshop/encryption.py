@@ -1,5 +1,6 @@
-"""Secrets encrypted at rest with the shop's ``encryption_key``: root passwords, TOTP secrets,
-webhook signing secrets.
+"""Secrets encrypted at rest with the shop's ``encryption_key``: root passwords, customers' cloud-init
+user data, TOTP secrets, webhook signing secrets (:data:`ENCRYPTED_COLUMNS`), and the secrets plugins
+keep in the settings file (``coins.SOL.seed_encrypted``, ``coins.USDCBASE.relayer_key_encrypted``).
 
 The key is ``settings.encryption_key`` (a Fernet key from the settings file or the environment),
 never the database: a copy of the database alone reveals none of these secrets. Fernet
@@ -10,7 +11,11 @@ encrypted with ``encryption_key``; a secret decrypts with whichever key of the l
 (``MultiFernet``). :func:`rotate_stored_secrets` (``vpsshop admin rotate-keys``) re-encrypts every
 column of :data:`ENCRYPTED_COLUMNS` with ``encryption_key``; after it, the old keys can go. Each
 row is rewritten only if it still holds the value that was read (compare and set), so a secret
-written meanwhile by the running shop is never overwritten with a stale one.
+written meanwhile by the running shop is never overwritten with a stale one. Secrets in the settings
+file are not in the database: each plugin's encrypt command makes them again under the new key.
+
+A new column holding a Fernet token must be added to :data:`ENCRYPTED_COLUMNS`
+(``tests/test_encrypted_columns.py`` fails otherwise).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ _EXTRA_KEY = "encryption.fernet"
 
 ENCRYPTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("servers", "id", "root_password_enc"),
+    ("servers", "id", "user_data_enc"),
     ("accounts", "id", "totp_secret_enc"),
     ("webhook_endpoints", "id", "secret_enc"),
 )
@@ -74,7 +80,8 @@ def decrypt_text(ctx: AppContext, token: str, what: str = "secret") -> str:
 
 
 def rotate_stored_secrets(ctx: AppContext, batch: int = 500) -> dict[str, int]:
-    """Re-encrypt every stored secret with ``encryption_key``. Returns rows rewritten per table.
+    """Re-encrypt every stored secret with ``encryption_key``. Returns rows rewritten per
+    ``table.column``.
 
     :raises ValueError: a stored secret decrypts with none of the configured keys (nothing of that
         row is changed; add the missing key to ``old_encryption_keys`` and run again).
@@ -84,6 +91,8 @@ def rotate_stored_secrets(ctx: AppContext, batch: int = 500) -> dict[str, int]:
     tables = set(sa.inspect(ctx.db.engine).get_table_names())
     for table, pk, column in ENCRYPTED_COLUMNS:
         if table not in tables:
+            continue
+        if column not in {c["name"] for c in sa.inspect(ctx.db.engine).get_columns(table)}:
             continue
         t = sa.table(table, sa.column(pk), sa.column(column))
         done, last = 0, None
@@ -106,5 +115,5 @@ def rotate_stored_secrets(ctx: AppContext, batch: int = 500) -> dict[str, int]:
             if len(rows) < batch:
                 break
             last = rows[-1][0]
-        counts[table] = done
+        counts[f"{table}.{column}"] = done
     return counts

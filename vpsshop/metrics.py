@@ -6,9 +6,10 @@ Two kinds of figures, so that every process of a host shows the same numbers:
   method and status with a latency histogram, chain node errors, the chain watcher's lag and the
   time of its last pass. Every ``vpsshop serve`` worker and ``vpsshop worker`` of one host write
   their values to files in one directory (``[metrics] multiprocess_dir``); ``/metrics`` adds them up.
-* **Read from the database when scraped**: top-ups by coin and status, USD credited, orders and
-  renewals, provisioning jobs by status, queue depth and the age of the oldest waiting job, x402
-  settlements by outcome. These are exact whichever process answers and survive restarts.
+* **Read from the database when scraped**: top-ups by coin and status, USD credited, orders,
+  renewals and the periods they bought, provisioning jobs by status, queue depth and the age of the
+  oldest waiting job, x402 settlements by final outcome and those still settling. These are exact
+  whichever process answers and survive restarts.
 
 Who may read it (``[metrics]``): with ``token`` set, any client sending
 ``Authorization: Bearer <token>``; without the token, only TCP peers in ``allow_ips`` (default
@@ -70,8 +71,28 @@ class MetricsSettings(BaseModel):
         "",
         description="Directory where every serve and worker process of this host "
         "writes its figures. Default: $PROMETHEUS_MULTIPROC_DIR, else "
-        "<tempdir>/vpsshop-metrics-<hash of database_url>.",
+        "<tempdir>/vpsshop-metrics-<hash of the database's absolute location and the config file>.",
     )
+
+
+def shop_identity(settings: Settings) -> str:
+    """What tells this shop from another on the same host: the database's absolute location (a SQLite
+    path resolved against the working directory, so two sandboxes in two directories differ; a server
+    URL without its password) and the config file's absolute path."""
+    import sqlalchemy as sa
+
+    url = settings.database_url
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        where = url
+    else:
+        if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+            where = "sqlite:///" + str(Path(parsed.database).resolve())
+        else:
+            where = parsed.set(password=None).render_as_string(hide_password=False)
+    config = str(settings.config_path.resolve()) if settings.config_path else ""
+    return f"{where}\n{config}"
 
 
 def multiprocess_dir(settings: Settings) -> Path:
@@ -79,7 +100,7 @@ def multiprocess_dir(settings: Settings) -> Path:
     configured = settings.metrics.multiprocess_dir or os.environ.get(MULTIPROC_ENV, "")
     if configured:
         return Path(configured)
-    digest = hashlib.sha256(settings.database_url.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(shop_identity(settings).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"vpsshop-metrics-{digest}"
 
 
@@ -270,8 +291,21 @@ class DatabaseCollector:
             )
             yield CounterMetricFamily(
                 "vpsshop_renewals",
-                "Server periods renewed (ledger renewal entries).",
+                "Renewals charged (ledger renewal entries; a renewal paying several periods counts once).",
                 value=ledger.get("renewal", (0, 0))[1],
+            )
+            # Each renewal charged price x periods of its server (the price is fixed at the order).
+            periods = conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(-l.amount_micros / s.price_micros), 0) FROM ledger_entries l "
+                    "JOIN servers s ON l.ref = 'server:' || CAST(s.id AS VARCHAR(20)) "
+                    "WHERE l.reason = 'renewal' AND s.price_micros > 0"
+                )
+            ).scalar_one()
+            yield CounterMetricFamily(
+                "vpsshop_renewed_periods",
+                "Billing periods bought by renewals (a renewal of 3 periods counts 3).",
+                value=int(periods),
             )
             jobs = GaugeMetricFamily("vpsshop_jobs", "Provisioning jobs by status.", labels=["status"])
             for status, count in conn.execute(sa.text("SELECT status, count(*) FROM server_jobs GROUP BY status")):
@@ -291,17 +325,25 @@ class DatabaseCollector:
             )
             x402 = CounterMetricFamily(
                 "vpsshop_x402_settlements",
-                "x402 settlements by outcome (settling, settled, rejected).",
+                "x402 settlements by final outcome (settled, rejected); never falls.",
                 labels=["outcome"],
             )
             try:
                 with conn.begin_nested():
-                    rows = list(conn.execute(sa.text("SELECT status, count(*) FROM x402_payments GROUP BY status")))
+                    rows = dict(
+                        conn.execute(sa.text("SELECT status, count(*) FROM x402_payments GROUP BY status")).all()
+                    )
             except sa.exc.DBAPIError:  # the x402 table is absent: no settlements to show
-                rows = []
-            for status, count in rows:
-                x402.add_metric([status], count)
+                rows = {}
+            for outcome in ("settled", "rejected"):
+                x402.add_metric([outcome], int(rows.get(outcome, 0)))
             yield x402
+            yield GaugeMetricFamily(
+                "vpsshop_x402_settling",
+                "x402 settlements in flight: recorded, outcome not known yet (resolved by a retry or the "
+                "x402 task; one staying here means the relayer or the chain is not answering).",
+                value=int(rows.get("settling", 0)),
+            )
 
 
 def as_utc(value: Any) -> datetime:

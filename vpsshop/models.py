@@ -123,6 +123,10 @@ class Server(SQLModel, table=True):
     user_data_enc: str | None = Field(default=None, sa_type=sa.Text)
     """The customer's cloud-init user data, Fernet-encrypted (it may hold secrets)."""
     reverse_dns: str | None = Field(default=None, max_length=253)
+    # Added by migration 0012 (issue 12): who suspended it.
+    suspended_by: str | None = Field(default=None, max_length=16)
+    """Set while ``suspended``: ``nonpayment`` (the paid period ended; a renewal resumes it) or ``admin``
+    (``vpsshop admin suspend``; only ``vpsshop admin unsuspend`` lifts it)."""
 
 
 class RecoveryCode(SQLModel, table=True):

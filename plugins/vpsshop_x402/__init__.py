@@ -35,7 +35,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -237,15 +237,16 @@ class USDCBASE(X402Coin):
 
     # ---- set-up ----
 
-    def use_encryption_key(self, encryption_key: str) -> None:
-        """Decrypt ``relayer_key_encrypted`` with ``settings.encryption_key``.
+    def use_encryption_key(self, encryption_key: str, old_keys: Sequence[str] = ()) -> None:
+        """Decrypt ``relayer_key_encrypted`` with ``settings.encryption_key`` (or one of
+        ``settings.old_encryption_keys``, while a key rotation is under way).
 
         Called by this plugin's ``vpsshop_startup`` hook; tests and embedding code may call it.
         """
         token = self.config.relayer_key_encrypted
         if self.config.mode != "direct" or token is None:
             return
-        self._relayer = decrypt_relayer_key(token.get_secret_value(), encryption_key)
+        self._relayer = decrypt_relayer_key(token.get_secret_value(), encryption_key, old_keys)
         self._key_problem = ""
         if self._chain is not None:
             self._chain.relayer = self._relayer
@@ -704,7 +705,10 @@ def vpsshop_startup(ctx: AppContext) -> None:
     """Unlock an encrypted relayer key with ``settings.encryption_key``."""
     coin = ctx.coins.get(USDCBASE.code)
     if isinstance(coin, USDCBASE):
-        coin.use_encryption_key(ctx.settings.encryption_key.get_secret_value())
+        coin.use_encryption_key(
+            ctx.settings.encryption_key.get_secret_value(),
+            [key.get_secret_value() for key in ctx.settings.old_encryption_keys],
+        )
 
 
 __all__ = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from vpsshop import PluginError
@@ -70,14 +71,18 @@ def encrypt_relayer_key(private_key: str, encryption_key: str) -> str:
     return Fernet(encryption_key.encode()).encrypt(private_key.strip().encode()).decode()
 
 
-def decrypt_relayer_key(token: str, encryption_key: str) -> RelayerKey:
-    from cryptography.fernet import Fernet, InvalidToken
+def decrypt_relayer_key(token: str, encryption_key: str, old_keys: Sequence[str] = ()) -> RelayerKey:
+    """Open ``relayer_key_encrypted`` with ``encryption_key``, or one of ``old_keys``
+    (``settings.old_encryption_keys`` during a key rotation)."""
+    from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
     try:
-        return RelayerKey(Fernet(encryption_key.encode()).decrypt(token.encode()).decode())
+        keys = MultiFernet([Fernet(key.encode()) for key in (encryption_key, *old_keys)])
+        return RelayerKey(keys.decrypt(token.encode()).decode())
     except (InvalidToken, ValueError):
         raise PluginError(
-            "coins.USDCBASE.relayer_key_encrypted cannot be decrypted with settings.encryption_key"
+            "coins.USDCBASE.relayer_key_encrypted cannot be decrypted with settings.encryption_key "
+            "(or old_encryption_keys)"
         ) from None
 
 

@@ -39,6 +39,7 @@ from vpsshop.servers.credentials import decrypt_password, encrypt_password, gene
 from vpsshop.servers.lifecycle import (
     DEFAULT_CYCLE,
     RenewalRaced,
+    check_not_admin_suspended,
     enqueue,
     max_periods,
     period_end,
@@ -654,6 +655,7 @@ def _renewable(ctx: AppContext, server: Server, periods: int, now: datetime) -> 
         raise Conflict(
             "server_not_renewable", f"A {server.status} server cannot be renewed (only active or suspended ones)."
         )
+    check_not_admin_suspended(server)
     pol = policy(ctx)
     most = max_periods(pol, server, now)
     if periods > most:
@@ -942,7 +944,9 @@ def routes() -> list[ApiRoute]:
             body_required=False,
             description="Charges `periods` billing cycles (default 1; the body is optional) from the balance now "
             "and moves expires_at as many cycles on. A suspended server (expired unpaid) becomes active again and "
-            "its VM is started; its new period starts now. Servers renew themselves from the balance up to 72 hours "
+            "its VM is started; its new period starts now. A server the shop suspended (status_reason says why) "
+            "is not renewable: 409 server_admin_suspended, checked before any money moves. Servers renew themselves "
+            "from the balance up to 72 hours "
             "before expiry (capped at half the cycle), so this is for bringing a suspended server back or paying "
             "ahead. Prepay horizon: expires_at may not end up more than servers.max_prepay_days (default 1100) "
             "days past now; more periods are a 400 invalid_periods carrying max_periods, checked before any "
@@ -961,8 +965,9 @@ def routes() -> list[ApiRoute]:
                 400: "invalid_periods (past the prepay horizon; max_periods says how many fit), unknown_field, "
                 "invalid_payment (a malformed X-PAYMENT or PAYMENT-SIGNATURE), invalid_coin",
                 404: _NOT_YOURS,
-                409: "server_not_renewable: the server is provisioning or terminated; nonce_used: the x402 "
-                "authorization was used for another request.",
+                409: "server_not_renewable: the server is provisioning or terminated; server_admin_suspended: the "
+                "shop suspended the server (only the shop lifts that); nonce_used: the x402 authorization was used "
+                "for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
             },
             tags=TAG,
@@ -981,7 +986,8 @@ def routes() -> list[ApiRoute]:
             errors={
                 400: "invalid_periods (past the prepay horizon)",
                 404: _NOT_YOURS,
-                409: "server_not_renewable: the server is provisioning or terminated.",
+                409: "server_not_renewable: the server is provisioning or terminated; server_admin_suspended: the "
+                "shop suspended the server.",
             },
             tags=TAG,
             operation_id="quoteRenewal",

@@ -318,32 +318,63 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
 def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error: str) -> None:
     """After the last attempt: terminate, refund the order, clean up. Once: guarded by status."""
     now = ctx.clock.now()
-    reason = f"Provisioning failed after {attempts} attempts: {error}"[:500]
     with ctx.db.session() as session:
         server = session.get(Server, server_id)
         if server is None:
             return
-        moved = session.execute(
-            sa.update(Server)
-            .where(Server.id == server_id, Server.status == "provisioning")
-            .values(status="terminated", terminated_at=now, status_reason=reason + " The order was refunded.")
-        ).rowcount
-        if moved != 1:
-            return
-        ledger.post(
-            session,
-            server.account_id,
-            server.price_micros,
-            "refund",
-            ref=f"server:{server_id}",
-            dedupe_key=f"refund:server:{server_id}",
-            memo=reason,
-            now=now,
+        reason = f"Provisioning failed after {attempts} attempts: {error}"
+        abandon_provisioning(session, server, now, reason, "provision_failed")
+
+
+def abandon_provisioning(session: Session, server: Server, now: datetime, reason: str, history: str) -> int | None:
+    """Terminate ``server`` while it is still ``provisioning``, refund its order and queue the clean-up,
+    in the caller's transaction.
+
+    The one path of a provisioning given up after its last attempt and of an operator cancelling it
+    (``vpsshop admin cancel-job``, ``vpsshop admin refund``): the server becomes ``terminated`` (only
+    from ``provisioning``: a conditional update), the order's price is credited back (ledger
+    ``refund``, dedupe key ``refund:server:<id>``: once, whichever path gets there), its queued
+    provisioning job is cancelled, and a ``destroy`` job removes whatever an attempt half created (a
+    provisioning job still running finds the server terminated and stops; the destroy job runs
+    after it, as jobs of one server run in id order).
+
+    :returns: the micros refunded, or None when the server was no longer provisioning (nothing done).
+    """
+    assert server.id is not None
+    server_id = server.id
+    refunded_note = " The order was refunded."
+    moved = session.execute(
+        sa.update(Server)
+        .where(Server.id == server_id, Server.status == "provisioning")  # type: ignore[arg-type]
+        .values(
+            status="terminated",
+            terminated_at=now,
+            status_reason=reason[: 500 - len(refunded_note)] + refunded_note,
         )
-        record(session, server_id, "provision_failed", now, reason)
-        record(session, server_id, "refunded", now, str(server.price_micros))
-        events.emit(session, "server.terminated", server.account_id, server_data(session, server_id), now=now)
-        enqueue(session, server_id, "destroy", now)
+    ).rowcount
+    if moved != 1:
+        return None
+    posting = ledger.post(
+        session,
+        server.account_id,
+        server.price_micros,
+        "refund",
+        ref=f"server:{server_id}",
+        dedupe_key=f"refund:server:{server_id}",
+        memo=reason[:500],
+        now=now,
+    )
+    refunded = posting.entry.amount_micros if posting.created else 0
+    session.execute(
+        sa.update(ServerJob)
+        .where(ServerJob.server_id == server_id, ServerJob.kind == "provision", ServerJob.status == "queued")  # type: ignore[arg-type]
+        .values(status="cancelled", finished_at=now, locked_until=None, last_error=f"cancelled: {reason}"[:500])
+    )
+    record(session, server_id, history, now, reason[:500])
+    record(session, server_id, "refunded", now, str(refunded))
+    events.emit(session, "server.terminated", server.account_id, server_data(session, server_id), now=now)
+    enqueue(session, server_id, "destroy", now)
+    return refunded
 
 
 # ---- reinstall -----------------------------------------------------------------------------------

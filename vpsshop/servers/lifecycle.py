@@ -16,10 +16,11 @@ background task (every minute) does, in this order:
    (default 7) in the past becomes ``terminated`` and a ``destroy`` job removes its VM, disk and
    seed image and frees its address.
 
-A customer brings a suspended server back with ``POST /servers/{id}/renew`` after topping up: one
-cycle is charged, the new period starts at the renewal (the suspended days are not billed), the
-server is ``active`` again and a ``resume`` job starts its VM. Renewing an active server extends it
-from its current ``expires_at``.
+A customer brings a server suspended for non-payment back with ``POST /servers/{id}/renew`` after
+topping up: one cycle is charged, the new period starts at the renewal (the suspended days are not
+billed), the server is ``active`` again and a ``resume`` job starts its VM. Renewing an active server
+extends it from its current ``expires_at``. A server the shop suspended (``vpsshop admin suspend``,
+``suspended_by = "admin"``) cannot be renewed: only ``vpsshop admin unsuspend`` lifts that.
 
 Every step is a conditional ``UPDATE ... WHERE status = <expected> AND expires_at = <read>`` in the
 transaction that also writes the ledger entry, the history row and the job: only one worker can
@@ -41,6 +42,7 @@ from sqlmodel import Session, select
 
 from vpsshop import events, ledger
 from vpsshop.context import AppContext
+from vpsshop.errors import Conflict
 from vpsshop.events.resources import server_data
 from vpsshop.models import Server
 from vpsshop.servers.models import ServerEvent, ServerJob
@@ -135,12 +137,24 @@ def max_periods(pol: ServersPolicy, server: Server, now: datetime) -> int:
     return periods
 
 
+def check_not_admin_suspended(server: Server) -> None:
+    """:raises Conflict: ``server_admin_suspended``: the shop suspended ``server``; a renewal must not lift that."""
+    if server.status == "suspended" and server.suspended_by == "admin":
+        raise Conflict(
+            "server_admin_suspended",
+            f"Server {server.id} was suspended by the shop ({server.status_reason or 'no reason given'}). "
+            "Renewing does not lift a suspension by the shop: contact the shop's support.",
+        )
+
+
 def renew(session: Session, server: Server, now: datetime, *, by: str, periods: int = 1) -> Renewal:
     """Charge ``periods`` cycles and move ``expires_at`` on, in the caller's transaction.
 
     :raises ledger.InsufficientBalance: the balance does not cover the charge (nothing changes).
+    :raises Conflict: ``server_admin_suspended`` (nothing changes).
     """
     assert server.id is not None
+    check_not_admin_suspended(server)
     old_expiry = server.expires_at
     price, new_expiry = renewal_terms(server, now, periods)
     memo = f"{server.cycle} renewal of server {server.id} ({by})"
@@ -160,10 +174,15 @@ def renew(session: Session, server: Server, now: datetime, *, by: str, periods: 
     values: dict[str, Any] = {"expires_at": new_expiry}
     resumed = server.status == "suspended"
     if resumed:
-        values.update(status="active", suspended_at=None, status_reason=None)
+        values.update(status="active", suspended_at=None, status_reason=None, suspended_by=None)
     moved = session.execute(
         sa.update(Server)
-        .where(Server.id == server.id, Server.expires_at == old_expiry, Server.status.in_(("active", "suspended")))  # type: ignore[attr-defined]
+        .where(
+            Server.id == server.id,
+            Server.expires_at == old_expiry,
+            Server.status.in_(("active", "suspended")),  # type: ignore[attr-defined]
+            sa.or_(Server.suspended_by.is_(None), Server.suspended_by != "admin"),  # type: ignore[union-attr]
+        )
         .values(**values)
     ).rowcount
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
@@ -235,6 +254,7 @@ def _suspend_expired(ctx: AppContext, now: datetime) -> int:
                 .values(
                     status="suspended",
                     suspended_at=now,
+                    suspended_by="nonpayment",
                     status_reason="The paid period ended and the balance did not cover a renewal.",
                 )
             ).rowcount
