@@ -848,7 +848,8 @@ def routes() -> list[ApiRoute]:
                 "invalid_payment, invalid_coin (a payment header sent to a shop without x402)",
                 409: "idempotency_key_reused: this key was used for a different order; nonce_used: the x402 "
                 "authorization was used for another request.",
-                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
+                "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
             responses={
                 402: (
@@ -963,7 +964,8 @@ def routes() -> list[ApiRoute]:
                 404: _NOT_YOURS,
                 409: "server_not_renewable: the server is provisioning or terminated; nonce_used: the x402 "
                 "authorization was used for another request.",
-                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
+                "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
             tags=TAG,
             operation_id="renewServer",

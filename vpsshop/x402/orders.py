@@ -67,7 +67,8 @@ X402_HEADERS_DOC = (
     "A payment is used once: re-sending it returns the first result (header Idempotent-Replayed: true). If the "
     "request fails after the payment settled, the answer is that failure with a `payment` object "
     "{topup, credited_usd, transaction}: the money stays on the balance. 503 settlement_pending: re-send the same "
-    "payment. See docs/x402.md."
+    "payment; 503 settlement_unavailable: the payment could not be checked now and nothing was sent or kept, "
+    "re-send it later. See docs/x402.md."
 )
 
 
