@@ -25,11 +25,7 @@ PUBLIC_MODULES = {
     "vpsshop.testing": set(vpsshop.testing.__all__),
 }
 
-PENDING: dict[str, set[str]] = {
-    # Issue 15 (x402 in one place) rewrites this file; both names are public (`from vpsshop import
-    # StartupError, load_settings`). The test below fails once the entry is no longer needed.
-    "vpsshop_x402/__main__.py": {"vpsshop.errors", "vpsshop.settings"},
-}
+PENDING: dict[str, set[str]] = {}
 
 
 def imports(path: Path) -> Iterator[tuple[str, list[str], int]]:

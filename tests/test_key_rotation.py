@@ -13,7 +13,9 @@ import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
 from served import TEST_ENCRYPTION_KEY, VPSSHOP, serve, shop_env, worker
 
+from vpsshop.component import ShopSecrets
 from vpsshop.encryption import ENCRYPTED_COLUMNS
+from vpsshop.errors import ConfigError
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
 USER_DATA = "#cloud-config\npackages: [htop]\n"
@@ -145,16 +147,16 @@ def test_encrypted_settings_open_with_an_old_key_during_rotation():
 
 def test_x402_relayer_key_opens_with_an_old_key_during_rotation():
     """``coins.USDCBASE.relayer_key_encrypted`` (a setting, not a column) still opens while the old key is
-    listed in old_encryption_keys, as docs/operations.md promises for every encrypted setting."""
-    from vpsshop.errors import PluginError
+    listed in old_encryption_keys, as docs/operations.md promises for every encrypted setting: the coin
+    opens it with the shop's secrets, old keys included."""
     from vpsshop_x402 import decrypt_relayer_key, encrypt_relayer_key
 
     private_key = "11" * 32
     token = encrypt_relayer_key(private_key, TEST_ENCRYPTION_KEY)
     expected = decrypt_relayer_key(token, TEST_ENCRYPTION_KEY).address
-    assert decrypt_relayer_key(token, NEW_KEY, [TEST_ENCRYPTION_KEY]).address == expected
+    assert decrypt_relayer_key(token, ShopSecrets(NEW_KEY, (TEST_ENCRYPTION_KEY,))).address == expected
     try:
-        decrypt_relayer_key(token, NEW_KEY)
+        decrypt_relayer_key(token, ShopSecrets(NEW_KEY))
         raise AssertionError("an old token opened without the old key")
-    except PluginError as exc:
-        assert "old_encryption_keys" in str(exc) and private_key not in str(exc)
+    except ConfigError as exc:
+        assert "coins.USDCBASE.relayer_key_encrypted" in str(exc) and private_key not in str(exc)

@@ -34,3 +34,24 @@ def test_llms_txt_describes_the_shop_from_catalog_and_openapi(vpsshop_client: An
 def test_llms_txt_without_x402(vpsshop_client: Any) -> None:
     text = vpsshop_client.get("/llms.txt").text
     assert "x402" not in text and "USDCBASE" not in text and "BTC" in text
+
+
+DEPOSIT_COINS = ("BTC", "XMR", "ETH", "USDTTRC", "LTC", "TRX", "SOL", "USDT")
+
+
+@pytest.mark.parametrize("vpsshop_overrides", [{"coins": {code: {"enabled": False} for code in DEPOSIT_COINS}}])
+def test_llms_txt_of_a_usdcbase_only_shop_names_only_usdcbase(vpsshop_client: Any) -> None:
+    offered = {o["coin"] for o in vpsshop_client.get("/v1/catalog").json()["payment_options"]}
+    assert offered == {"USDCBASE"}
+    text = vpsshop_client.get("/llms.txt").text
+    assert '`POST /v1/topups {"amount": 25, "coin": "USDCBASE"}`' in text and "2. Pay with x402 (USDCBASE" in text
+    assert not [code for code in DEPOSIT_COINS if f'"{code}"' in text or f"coins: {code}" in text]
+
+
+@pytest.mark.parametrize(
+    "vpsshop_overrides", [{"coins": {"BTC": {"enabled": False}}, "topups": {"default_coin": "LTC"}}]
+)
+def test_llms_txt_tops_up_in_the_shops_default_coin(vpsshop_client: Any) -> None:
+    text = vpsshop_client.get("/llms.txt").text
+    assert '`POST /v1/topups {"amount": 25, "coin": "LTC"}`' in text and '"coin": "BTC"' not in text
+    assert "3. Or pay with x402 (USDCBASE" in text

@@ -2,8 +2,10 @@
 
 The shop is the shipped command in sandbox mode (simulated hypervisor); the MCP server is the
 shipped ``vpsshop mcp`` command, over stdio and over streamable HTTP. An agent session reads the
-catalog, gets a quote, sees the 402 of a short balance, is funded (``vpsshop admin credit``),
-orders a server and waits until it is active, then reads its credentials and reboots it.
+catalog, gets a quote, sees the 402 of a short balance (with the x402 ``PAYMENT-REQUIRED`` decoded),
+is funded (``vpsshop admin credit``), orders a server and waits until it is active, then reads its
+credentials, reboots it and asks for a renewal of two periods it cannot pay. Paying by x402 through
+the tools: tests/test_x402_mcp.py.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ async def agent_session(client: Any, env: dict[str, str], cwd: Path, user_id: in
     short = await tool("order_server", plan=plan, location=location, os=system, idempotency_key="agent-1")
     assert short["http_status"] == 402 and short["error"] == "insufficient_balance"
     assert short["deficit"] == quoted["price_usd"] and short["accepts"][0]["network"]  # x402 requirements too
-    topup = await tool("start_topup", amount_usd=25, coin="BTC")
-    assert topup["http_status"] == 201 and topup["deposit_address"]
+    # the x402 v2 requirements travel in a header: the tool hands them over, decoded and raw
+    required = short["payment_required"]
+    assert required["x402Version"] == 2 and required["accepts"][0]["payTo"] == short["accepts"][0]["payTo"]
+    assert required["resource"]["url"] == short["accepts"][0]["resource"] and short["payment_required_header"]
+    topup = await tool("start_topup", amount_usd=25)  # no coin: the shop's default (BTC in the sandbox)
+    assert topup["http_status"] == 201 and topup["deposit_address"] and topup["coin"] == "BTC", topup
     assert (await tool("get_topup", ref=topup["ref"]))["status"] == "pending"
 
     subprocess.run(
@@ -81,6 +87,9 @@ async def agent_session(client: Any, env: dict[str, str], cwd: Path, user_id: in
     assert [s["id"] for s in listed["servers"]] == [server_id]
     account = await tool("get_account")
     assert abs(account["balance_usd"] - (10 - quoted["price_usd"])) < 0.001
+    two = await tool("renew_server", server_id=server_id, periods=2)  # two cycles: more than the balance
+    assert two["http_status"] == 402 and two["error"] == "insufficient_balance", two
+    assert abs(two["price"] - 2 * quoted["price_usd"]) < 0.001 and two["payment_required"]["accepts"]
     return active
 
 
@@ -96,18 +105,25 @@ def test_agent_orders_a_server_over_stdio(tmp_path: Path, shop: Any) -> None:
     from mcp import Client, StdioServerParameters
 
     served, env, created = shop
+    from mcp.client.stdio import stdio_client
+
     params = StdioServerParameters(
         command=VPSSHOP,
         args=["mcp", "--api-url", served.base],
         env={"VPSSHOP_API_KEY": created["api_key"]},
         cwd=str(tmp_path),
     )
+    stderr = tmp_path / "mcp-stderr.log"
 
     async def run() -> dict[str, Any]:
-        async with Client(params, read_timeout_seconds=180) as client:
-            return await agent_session(client, env, tmp_path, created["user_id"])
+        with stderr.open("w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=180) as client:
+                return await agent_session(client, env, tmp_path, created["user_id"])
 
     assert asyncio.run(run())["status"] == "active"
+    # the agent host's log gets no line per HTTP call (httpx logs only warnings, as under vpsshop serve)
+    logged = stderr.read_text()
+    assert "HTTP Request" not in logged and served.base not in logged, logged[-2000:]
 
 
 def test_agent_orders_a_server_over_streamable_http(tmp_path: Path, shop: Any) -> None:

@@ -92,6 +92,21 @@ def test_document_is_valid_openapi_31(vpsshop_client):
     assert document["paths"]["/account"]["get"]["security"] == [{"bearerAuth": []}]
 
 
+def test_x402_operations_declare_the_x402_headers(vpsshop_client):
+    """The three operations an x402 client pays: the payment headers they take, PAYMENT-REQUIRED on the 402,
+    X-PAYMENT-RESPONSE and PAYMENT-RESPONSE on the success (validated as OpenAPI 3.1 above)."""
+    paths = vpsshop_client.get("/v1/openapi.json").json()["paths"]
+    for path, success in (("/topups", "201"), ("/servers", "201"), ("/servers/{id}/renew", "200")):
+        operation = paths[path]["post"]
+        taken = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
+        assert {"X-PAYMENT", "PAYMENT-SIGNATURE"} <= taken, path
+        assert "PAYMENT-REQUIRED" in operation["responses"]["402"]["headers"], path
+        assert {"X-PAYMENT-RESPONSE", "PAYMENT-RESPONSE"} <= set(operation["responses"][success]["headers"]), path
+    assert "Cache-Control" in paths["/servers"]["post"]["responses"]["201"]["headers"]  # kept beside them
+    unpaid = paths["/servers/{id}/start"]["post"]["responses"]
+    assert not any("PAYMENT" in name for response in unpaid.values() for name in response.get("headers", {}))
+
+
 def test_document_schemas_are_the_validating_models(vpsshop_client):
     from vpsshop.api.accounts import AccountOut, NewKeyBody
 

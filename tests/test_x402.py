@@ -88,7 +88,7 @@ def test_requirements_match_the_seed_and_work_offline(coin: USDCBASE, chain: Cha
     assert offline["asset"] == "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
     assert offline["extra"] == {"name": "USDC", "version": "2"}
     mainnet = USDCBASE.from_settings(
-        {"mode": "facilitator", "facilitator_url": "http://127.0.0.1:1", "pay_to": shop.address},
+        {"mode": "facilitator", "facilitator_url": "http://127.0.0.1:1", "rpc_url": chain.url, "pay_to": shop.address},
         sandbox=False,
         where="coins.USDCBASE",
     )
@@ -351,8 +351,9 @@ def test_rpc_timeout_before_anything_is_sent(
     stalling_rpc.stall = {"eth_call"}
     stalling_rpc.forward_when_stalling = False
 
-    with pytest.raises(PluginError):
+    with pytest.raises(X402Rejected) as refused:  # nothing sent: a 503 the same payment may be re-sent after
         asyncio.run(coin.settle(payment, requirements))
+    assert refused.value.status == 503 and refused.value.code == "settlement_unavailable"
     stalling_rpc.stall = set()
     assert asyncio.run(coin.settlement_status(payment)) is None
     assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0

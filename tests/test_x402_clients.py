@@ -34,6 +34,7 @@ from x402_peers import (
     sign_npm_header,
     sign_v1_header,
     sign_v2_header,
+    wait_until,
 )
 
 from vpsshop import PluginError, X402Rejected
@@ -294,13 +295,15 @@ def test_facilitator_front_run_settlement_counts(chain: Chain, facilitated: USDC
     assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
 
 
-def test_facilitator_that_does_not_answer_is_unknown_outcome(chain: Chain, shop: Any) -> None:
+def test_facilitator_that_does_not_answer_moves_nothing(chain: Chain, shop: Any) -> None:
+    """/verify cannot be asked: nothing was sent, a 503 the same payment may be re-sent after."""
     from x402_peers import free_port
 
     coin = USDCBASE.from_settings(
         {
             "mode": "facilitator",
             "facilitator_url": f"http://127.0.0.1:{free_port()}",
+            "rpc_url": chain.url,
             "pay_to": shop.address,
             "asset": chain.asset,
             "network": "base",
@@ -310,9 +313,45 @@ def test_facilitator_that_does_not_answer_is_unknown_outcome(chain: Chain, shop:
     )
     payer = chain.new_account(usdc=10 * USDC_UNIT)
     requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
-    with pytest.raises(PluginError):
-        settle(coin, sign_v1_header(payer, requirements), requirements)
-    with pytest.raises(PluginError, match="rpc_url"):
-        asyncio.run(coin.settlement_status(coin.decode_payment(sign_v1_header(payer, requirements))))
+    header = sign_v1_header(payer, requirements)
+    with pytest.raises(X402Rejected) as refused:
+        settle(coin, header, requirements)
+    assert refused.value.status == 503 and refused.value.code == "settlement_unavailable"
+    assert asyncio.run(coin.settlement_status(coin.decode_payment(header))) is None
+    assert chain.usdc(payer.address) == 10 * USDC_UNIT and chain.usdc(shop.address) == 0
     ready = asyncio.run(coin.check_ready())
     assert not ready.ok and "does not answer" in ready.detail
+
+
+def test_facilitator_settle_time_out_is_unknown_and_found_on_chain(
+    chain: Chain, shop: Any, facilitator: Facilitator
+) -> None:
+    """/settle answers too late: the outcome is unknown (money may have moved), and the chain tells."""
+    coin = USDCBASE.from_settings(
+        {
+            "mode": "facilitator",
+            "facilitator_url": facilitator.url,
+            "facilitator_timeout_seconds": 1,
+            "rpc_url": chain.url,
+            "pay_to": shop.address,
+            "asset": chain.asset,
+            "network": "base",
+            "max_timeout_seconds": 120,
+        },
+        sandbox=False,
+        where="coins.USDCBASE",
+    )
+    payer = chain.new_account(usdc=10 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    header = sign_v1_header(payer, requirements)
+    facilitator.stall_settle = 4
+    try:
+        with pytest.raises(PluginError, match="outcome unknown"):
+            settle(coin, header, requirements)
+    finally:
+        facilitator.stall_settle = 0
+    payment = coin.decode_payment(header)
+    wait_until(lambda: chain.used(payer.address, payment.nonce), what="the settlement to be mined")
+    found = asyncio.run(coin.settlement_status(payment))
+    assert found is not None and found.amount_atomic == 10 * USDC_UNIT
+    assert chain.usdc(shop.address) == 10 * USDC_UNIT

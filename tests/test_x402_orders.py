@@ -127,6 +127,9 @@ def test_v1_client_orders_in_one_retry_and_the_payment_never_buys_twice(
     again = http.post("/servers", json=body, headers={**auth, "X-PAYMENT": header})
     assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true", again.text
     assert again.json()["server"]["id"] == server["id"]
+    # like a replayed top-up, the replay reports the settlement (payer checksummed as the first time)
+    assert decode_header(again.headers["X-PAYMENT-RESPONSE"]) == settled
+    assert "X-PAYMENT-RESPONSE" in again.headers["Access-Control-Expose-Headers"]
     assert [s["id"] for s in servers(http, auth)] == [server["id"]]
     assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == paid_atomic
     # the same header sent to top up instead: the authorization is spoken for
@@ -226,6 +229,9 @@ def test_payment_identifier_and_idempotency_key_map_onto_one_order(
     )
     assert retry.status_code == 201 and retry.headers["Idempotent-Replayed"] == "true", retry.text
     assert retry.json()["server"]["id"] == paid.json()["server"]["id"]
+    # the retry's own authorization moved nothing: the header reports the one that paid the order
+    assert decode_header(retry.headers["PAYMENT-RESPONSE"]) == decode_header(paid.headers["PAYMENT-RESPONSE"])
+    assert decode_header(retry.headers["PAYMENT-RESPONSE"])["payer"] == payer.address
     assert topup_chain.usdc(again_payer.address) == 100 * USDC_UNIT  # the second authorization was not settled
     bad = http.post(
         "/servers",
@@ -244,6 +250,7 @@ def test_payment_identifier_and_idempotency_key_map_onto_one_order(
     assert one.status_code == 201, one.text
     two = http.post("/servers", json=body, headers={**keyed, "X-PAYMENT": sign_v1_header(again_payer, req)})
     assert two.status_code == 201 and two.json()["server"]["id"] == one.json()["server"]["id"]
+    assert decode_header(two.headers["X-PAYMENT-RESPONSE"]) == decode_header(one.headers["X-PAYMENT-RESPONSE"])
     assert topup_chain.usdc(again_payer.address) == 100 * USDC_UNIT
     assert len(servers(http, auth)) == 2 and balance(http, auth) == 0
     assert topup_chain.usdc(shop.address) == 2 * price_atomic
@@ -347,4 +354,5 @@ def test_v1_client_pays_a_renewal_once(
     again = http.post(f"/servers/{server_id}/renew", headers={**auth, "X-PAYMENT": header})
     assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true", again.text
     assert again.json()["server"]["expires_at"] == after
+    assert decode_header(again.headers["X-PAYMENT-RESPONSE"]) == decode_header(renewed.headers["X-PAYMENT-RESPONSE"])
     assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == int(price * USDC_UNIT)

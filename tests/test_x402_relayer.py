@@ -1,4 +1,5 @@
-"""USDCBASE's relayer key (from the environment, encrypted at rest, unlocked at start-up, never shown)
+"""USDCBASE's relayer key (from the environment, encrypted at rest and opened with the shop's secrets
+that core hands to the coin's construction, never shown)
 and the coin's readiness and settings checks, on anvil (fixtures: tests/x402_coin.py).
 """
 
@@ -26,7 +27,7 @@ from x402_coin import (  # noqa: F401 - chain, coin, relayer and shop are fixtur
 )
 from x402_peers import USDC_UNIT, Chain, sign_v1_header
 
-from vpsshop import PluginError
+from vpsshop import ConfigError, ShopSecrets, X402Rejected
 from vpsshop_x402 import USDCBASE, decrypt_relayer_key, encrypt_relayer_key
 
 pytestmark = pytest.mark.slow
@@ -40,30 +41,32 @@ def test_encrypted_relayer_key_settles_and_never_shows(
     secret_hex = bytes(relayer.key).hex()
     token = encrypt_relayer_key(secret_hex, ENCRYPTION_KEY)
     assert secret_hex not in token
-    coin = USDCBASE.from_settings(
-        {
-            "mode": "direct",
-            "network": "base",
-            "rpc_url": chain.url,
-            "pay_to": shop.address,
-            "asset": chain.asset,
-            "relayer_key_encrypted": token,
-        },
-        sandbox=False,
-        where="coins.USDCBASE",
-    )
-    assert isinstance(coin, USDCBASE)
-    locked = asyncio.run(coin.check_ready())
-    assert not locked.ok and "locked" in locked.detail
-    with pytest.raises(PluginError, match="not configured"):
+    section = {
+        "mode": "direct",
+        "network": "base",
+        "rpc_url": chain.url,
+        "pay_to": shop.address,
+        "asset": chain.asset,
+        "relayer_key_encrypted": token,
+    }
+    # built by hand without the shop's secrets: not ready, and a payment is refused with nothing sent
+    locked = USDCBASE.from_settings(section, sandbox=False, where="coins.USDCBASE")
+    assert isinstance(locked, USDCBASE)
+    not_ready = asyncio.run(locked.check_ready())
+    assert not not_ready.ok and "needs the shop's secrets" in not_ready.detail
+    with pytest.raises(X402Rejected) as refused:
         settle(
-            coin,
-            sign_v1_header(chain.new_account(usdc=1), coin.payment_requirements(1, RESOURCE, "t")),
-            coin.payment_requirements(1, RESOURCE, "t"),
+            locked,
+            sign_v1_header(chain.new_account(usdc=1), locked.payment_requirements(1, RESOURCE, "t")),
+            locked.payment_requirements(1, RESOURCE, "t"),
         )
-    with pytest.raises(PluginError, match="cannot be decrypted"):
-        coin.use_encryption_key("x" * 43 + "=")
-    coin.use_encryption_key(ENCRYPTION_KEY)
+    assert refused.value.status == 503 and refused.value.code == "settlement_unavailable"
+    # another shop's key: start-up stops, naming the setting (never the key)
+    with pytest.raises(ConfigError, match=r"coins\.USDCBASE\.relayer_key_encrypted") as wrong:
+        USDCBASE.from_settings(section, sandbox=False, where="coins.USDCBASE", secrets=ShopSecrets("x" * 43 + "="))
+    assert token not in str(wrong.value)
+    coin = USDCBASE.from_settings(section, sandbox=False, where="coins.USDCBASE", secrets=ShopSecrets(ENCRYPTION_KEY))
+    assert isinstance(coin, USDCBASE)
     ready = asyncio.run(coin.check_ready())
     assert ready.ok and relayer.address in ready.detail
 
@@ -78,8 +81,6 @@ def test_encrypted_relayer_key_settles_and_never_shows(
 
 
 def test_direct_mode_settings_are_checked(chain: Chain, shop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vpsshop import ConfigError
-
     with pytest.raises(ConfigError, match="rpc_url"):
         USDCBASE.from_settings(
             {"mode": "direct", "pay_to": shop.address, "relayer_key_env": "X"}, sandbox=False, where="coins.USDCBASE"
@@ -87,6 +88,13 @@ def test_direct_mode_settings_are_checked(chain: Chain, shop: Any, monkeypatch: 
     with pytest.raises(ConfigError, match="exactly one"):
         USDCBASE.from_settings(
             {"mode": "direct", "pay_to": shop.address, "rpc_url": chain.url}, sandbox=False, where="coins.USDCBASE"
+        )
+    # without a node nothing could find a settlement whose /settle outcome was unknown
+    with pytest.raises(ConfigError, match="needs rpc_url"):
+        USDCBASE.from_settings(
+            {"mode": "facilitator", "facilitator_url": "http://x", "pay_to": shop.address},
+            sandbox=False,
+            where="coins.USDCBASE",
         )
     with pytest.raises(ConfigError, match=r"coins\.USDCBASE\.pay_to"):
         USDCBASE.from_settings(
@@ -176,10 +184,14 @@ def test_payment_identity_is_normalized(chain: Chain, coin: USDCBASE) -> None:
     assert original.valid_before == int(auth["validBefore"]) > time.time()
 
 
-def test_startup_unlocks_the_encrypted_relayer_key(tmp_path: Path, chain: Chain, shop: Any, relayer: Any) -> None:
-    """The plugin's vpsshop_startup hook decrypts relayer_key_encrypted with the shop's encryption_key."""
+def test_the_shop_builds_the_coin_with_its_relayer_key_unlocked(
+    tmp_path: Path, chain: Chain, shop: Any, relayer: Any
+) -> None:
+    """Core hands the shop's secrets to the coin's construction: relayer_key_encrypted is open before any
+    start-up hook runs, and the plugin has none."""
     from starlette.testclient import TestClient
 
+    import vpsshop_x402
     from vpsshop.app import create_app
     from vpsshop.settings import load_settings
     from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
@@ -204,11 +216,11 @@ def test_startup_unlocks_the_encrypted_relayer_key(tmp_path: Path, chain: Chain,
             "coins": {"USDCBASE": section},
         },
     )
+    assert not hasattr(vpsshop_x402, "vpsshop_startup")
     app = create_app(settings, background=False)
     coin = app.state.ctx.coins["USDCBASE"]
-    assert coin.chain.relayer is None
+    assert coin.chain.relayer is not None and coin.chain.relayer.address == relayer.address
     with TestClient(app) as client:
-        assert coin.chain.relayer is not None and coin.chain.relayer.address == relayer.address
         health = client.get("/v1/health").json()
     usdc = next(c for c in health["components"] if c["id"] == "USDCBASE")
     assert usdc["ready"] is True and relayer.address in usdc["detail"]

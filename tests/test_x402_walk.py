@@ -46,6 +46,9 @@ def test_the_local_chain_walk_orders_a_server_paid_by_x402(tmp_path: Path, vpssh
         assert oct(config.stat().st_mode)[-3:] == "600"
         shop_env = {**env, "VPSSHOP_DATABASE_URL": vpsshop_database_url}
         with serve(tmp_path, shop_env, "--config", str(config), port=port) as served:
+            # the relayer key was opened when the coin was built: the start-up banner says it is ready
+            banner = [line for line in served.output().splitlines() if "USDCBASE" in line]
+            assert banner and not [line for line in banner if "NOT READY" in line], served.output()[-3000:]
             done = subprocess.run(
                 [sys.executable, SCRIPT, "order", served.base, str(workdir)],
                 env=env,

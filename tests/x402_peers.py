@@ -210,7 +210,8 @@ class Facilitator:
 
     The verifying and settling is the ``x402`` package's own ``x402FacilitatorSync`` with its
     ``ExactEvmSchemeV1`` facilitator (v1) and ``ExactEvmScheme`` (v2) over ``FacilitatorWeb3Signer``;
-    this class only serves it over HTTP.
+    this class only serves it over HTTP. While ``stall_settle`` is above 0, ``/settle`` still settles but
+    answers that many seconds late, as a congested facilitator does (the shop's call times out).
     """
 
     def __init__(self, rpc_url: str, private_key: str, network: str = "base") -> None:
@@ -224,6 +225,7 @@ class Facilitator:
         self.facilitator.register_v1([network], ExactEvmSchemeV1Facilitator(signer))
         self.facilitator.register([f"eip155:{CHAIN_ID}"], ExactEvmScheme(signer))
         self.requests: list[str] = []
+        self.stall_settle = 0.0
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -253,6 +255,7 @@ class Facilitator:
                     result = owner.facilitator.verify(payload, requirements)
                 elif self.path.rstrip("/").endswith("/settle"):
                     result = owner.facilitator.settle(payload, requirements)
+                    time.sleep(owner.stall_settle)
                 else:
                     return self._answer(404, {"error": "not found"})
                 self._answer(200, result.model_dump(by_alias=True, exclude_none=True))
@@ -260,6 +263,7 @@ class Facilitator:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -592,7 +592,7 @@ backend = "libvirt"
 # rpc_url = "https://mainnet.base.org"        # a Base JSON-RPC endpoint
 # relayer_key_env = "VPSSHOP_X402_RELAYER_KEY"  # env var holding the relayer key (pays gas only), or
 # relayer_key_encrypted = "gAAAA..."          # from: python -m vpsshop_x402 encrypt-relayer-key
-# # mode = "facilitator" instead: facilitator_url = "https://your-facilitator.example" (rpc_url optional)
+# # mode = "facilitator" instead: facilitator_url = "https://your-facilitator.example" (rpc_url still required)
 """
 
 

@@ -92,11 +92,13 @@ class X402Settlement:
 
 
 class X402Rejected(Exception):
-    """The payment is not acceptable and nothing moved on chain.
+    """The payment is not acceptable, or cannot be checked now, and nothing moved on chain.
 
     ``code`` is the error code of the response body (``invalid_payment``, ``wrong_amount``,
     ``authorization_expired``, ``nonce_used``, ``settlement_reverted`` ...), ``status`` 402 (pay
-    again) or 400 (the header itself is malformed).
+    again) or 400 (the header itself is malformed). A 5xx ``status`` (503 ``settlement_unavailable``:
+    the facilitator or the node could not be asked, nothing was sent) makes core keep no record of
+    the authorization, so the same payment may be re-sent.
     """
 
     def __init__(self, code: str, message: str, status: int = 402) -> None:
@@ -131,8 +133,9 @@ class X402Coin(PaymentCoin):
         """Verify ``payment`` against ``requirements`` (signature, recipient, exact value,
         validity window, network, asset, unused nonce) and settle it on chain.
 
-        :raises X402Rejected: invalid, nothing moved.
-        :raises vpsshop.PluginError: the outcome is unknown (time-out); core retries through
+        :raises X402Rejected: invalid, nothing moved; with a 5xx status: not checked, nothing sent.
+        :raises vpsshop.PluginError: the outcome is unknown (time-out after something may have been
+            sent); core retries through
             :meth:`settlement_status`. Must be overridden.
         """
         raise NotImplementedError

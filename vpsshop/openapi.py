@@ -70,6 +70,41 @@ def _error_response(description: str) -> dict[str, Any]:
     }
 
 
+X402_REQUEST_HEADERS = frozenset({"X-PAYMENT", "PAYMENT-SIGNATURE"})
+"""An operation that takes one of these x402 payment headers also declares the x402 response headers
+(:func:`_declare_x402_headers`)."""
+
+_BASE64_JSON = {"type": "string", "contentEncoding": "base64", "contentMediaType": "application/json"}
+
+X402_PAYMENT_REQUIRED = {
+    "description": "x402 v2 payment requirements: base64 JSON `{x402Version: 2, error, resource: {url, description, "
+    "mimeType}, accepts: [{scheme, network (CAIP-2), amount, asset, payTo, maxTimeoutSeconds, extra}], extensions: "
+    "{bazaar, payment-identifier}}`. Sent when the shop takes x402 and asks for a payment (the body holds the same "
+    "in x402 v1); absent on a 402 that refuses a payment.",
+    "schema": _BASE64_JSON,
+}
+X402_PAYMENT_RESPONSES = {
+    "X-PAYMENT-RESPONSE": {
+        "description": "x402 v1 settlement: base64 JSON `{success, transaction, network, payer}`. Sent when the "
+        "request was paid with X-PAYMENT; a replay (Idempotent-Replayed: true) reports the settlement that paid it.",
+        "schema": _BASE64_JSON,
+    },
+    "PAYMENT-RESPONSE": {
+        "description": "x402 v2 settlement: base64 JSON `{success, transaction, network (CAIP-2), payer, amount}`. "
+        "Sent when the request was paid with PAYMENT-SIGNATURE; a replay reports the settlement that paid it.",
+        "schema": _BASE64_JSON,
+    },
+}
+
+
+def _declare_x402_headers(responses: dict[str, Any], success: str) -> None:
+    """The x402 headers of an operation paid by x402: ``PAYMENT-REQUIRED`` on its 402, the payment
+    responses on its success (and, as the descriptions say, on a failure after the payment settled)."""
+    if "402" in responses:
+        responses["402"].setdefault("headers", {})["PAYMENT-REQUIRED"] = X402_PAYMENT_REQUIRED
+    responses[success].setdefault("headers", {}).update(X402_PAYMENT_RESPONSES)
+
+
 CATALOG_MARK = "x-catalog"
 """Put ``json_schema_extra={"x-catalog": "plans"}`` on a request field that takes a catalog id: the
 document then lists the ids this shop offers as the field's ``enum`` (plans, locations,
@@ -177,6 +212,8 @@ def build_openapi(
             if model is not None:
                 entry["content"] = {"application/json": {"schema": refs[(model, "serialization")]}}
             responses[str(status)] = entry
+        if any(header.name in X402_REQUEST_HEADERS for header in route.headers):
+            _declare_x402_headers(responses, str(route.status))
         if route.body is not None:
             responses.setdefault("400", _error_response("The body is not valid JSON or a field is invalid."))
             responses.setdefault("413", _error_response("The body is larger than the limit (body_too_large)."))

@@ -14,14 +14,20 @@ Two settlement modes, chosen by ``[coins.USDCBASE] mode``:
     the settings, encrypted with Fernet under ``settings.encryption_key``. It is never logged.
 ``facilitator``
     An x402 facilitator (``POST /verify``, ``POST /settle``) checks and settles. ``rpc_url`` is
-    optional and lets :meth:`USDCBASE.settlement_status` look on chain after a time-out.
+    required all the same: after a ``/settle`` whose outcome is unknown only the chain can say
+    whether the USDC arrived (:meth:`USDCBASE.settlement_status`).
+
+The relayer key, when stored encrypted, is decrypted with the shop's secrets that core hands to the
+constructor (``uses_secrets``); the plugin has no start-up hook.
 
 Error codes raised as :class:`vpsshop.X402Rejected` (``docs/x402.md`` lists them):
 ``invalid_payment`` (400: not base64 JSON of an x402 payment), ``unsupported_scheme``,
 ``wrong_network``, ``wrong_asset``, ``wrong_recipient``, ``wrong_amount``,
 ``authorization_not_yet_valid``, ``authorization_expired``, ``invalid_signature``, ``nonce_used``,
 ``insufficient_funds``, ``settlement_rejected`` (the simulation failed for another reason),
-``settlement_reverted`` (the transaction was mined and reverted). All are 402 except the first.
+``settlement_reverted`` (the transaction was mined and reverted): 402; and
+``settlement_unavailable`` (503: the facilitator or the Base node could not check the payment, nothing
+was sent; the same payment may be re-sent).
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -45,6 +51,7 @@ from vpsshop import (
     PaymentCoin,
     PluginError,
     Readiness,
+    ShopSecrets,
     X402Coin,
     X402Payment,
     X402Rejected,
@@ -59,9 +66,6 @@ from vpsshop_x402.chain import (
     decrypt_relayer_key,
     encrypt_relayer_key,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop import AppContext
 
 log = logging.getLogger("vpsshop.x402")
 
@@ -93,10 +97,19 @@ SANDBOX_PAY_TO = "0x000000000000000000000000000000000000dEaD"
 SANDBOX_FACILITATOR_URL = "https://x402.org/facilitator"
 """The public test facilitator of the x402 project (Base Sepolia), used by the sandbox."""
 
+SANDBOX_RPC_URL = "https://sepolia.base.org"
+"""Base's public Base Sepolia JSON-RPC endpoint: the sandbox's ``rpc_url``, where
+:meth:`USDCBASE.settlement_status` looks after a facilitator's ``/settle`` with an unknown outcome."""
+
 VALID_BEFORE_MARGIN_SECONDS = 6
 """An authorization must stay valid this long after verification (the reference verifier's rule)."""
 
+MAX_PAYMENT_DEPTH = 32
+"""How deep the JSON of a payment header may nest (a v2 payload echoing the ``bazaar`` extension's
+schemas nests about 14 levels); deeper is a 400 ``invalid_payment`` before the JSON is parsed."""
+
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NONCE = re.compile(r"^0x[0-9a-fA-F]{64}$")
 _UINT = re.compile(r"^[0-9]{1,78}$")
 
@@ -118,7 +131,9 @@ class USDCBaseConfig(BaseModel):
     mode: Literal["direct", "facilitator"] = Field(description="Who verifies and settles authorizations.")
     facilitator_url: str | None = Field(None, description="Facilitator base URL (mode facilitator).")
     facilitator_timeout_seconds: float = Field(30.0, gt=0, le=300)
-    rpc_url: str | None = Field(None, description="Base JSON-RPC URL (required in mode direct).")
+    rpc_url: str | None = Field(
+        None, description="Base JSON-RPC URL (required: it settles in mode direct, finds unknown outcomes in both)."
+    )
     rpc_timeout_seconds: float = Field(10.0, gt=0, le=120, description="Time limit of one RPC call.")
     receipt_timeout_seconds: float = Field(30.0, gt=0, le=600, description="How long to wait to be mined.")
     relayer_key_env: str | None = Field(None, description="Environment variable holding the relayer key.")
@@ -148,6 +163,10 @@ class USDCBaseConfig(BaseModel):
                 raise ValueError("mode 'direct' needs exactly one of relayer_key_env, relayer_key_encrypted")
         elif not self.facilitator_url:
             raise ValueError("mode 'facilitator' needs facilitator_url")
+        elif not self.rpc_url:
+            # without it a /settle whose outcome is unknown could never be resolved: the USDC may have
+            # arrived, and nothing could find it to credit it
+            raise ValueError("mode 'facilitator' needs rpc_url (to find a settlement whose outcome was unknown)")
         return self
 
 
@@ -184,12 +203,36 @@ _MESSAGES = {
     "insufficient_funds": "The payer does not hold enough USDC.",
     "settlement_rejected": "The transfer would fail on chain; nothing was sent.",
     "settlement_reverted": "The settlement transaction reverted; nothing moved. Sign a new authorization.",
+    "settlement_unavailable": "The payment cannot be checked now; nothing was sent or moved. "
+    "Re-send the same request shortly.",
 }
+
+
+def json_nesting(text: str) -> int:
+    """How deeply the arrays and objects of the JSON ``text`` nest, counted without parsing it (so a
+    payload nested thousands deep never reaches the recursive parser). Brackets inside strings do
+    not count; malformed JSON gives some number and is refused by the parser afterwards."""
+    depth = deepest = 0
+    for char in _JSON_STRING.sub("", text):
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def _reject(code: str, detail: str = "") -> X402Rejected:
     message = _MESSAGES.get(code, "The payment was refused.")
     return X402Rejected(code, f"{message} {detail}".strip())
+
+
+def _unavailable(cause: str) -> X402Rejected:
+    """Nothing was sent: the payment could not be checked (core answers 503 and keeps no record).
+
+    The cause goes to the log, not to the client (it names the facilitator or the node)."""
+    log.warning("x402 payment not checked, nothing sent: %s", cause)
+    return X402Rejected("settlement_unavailable", _MESSAGES["settlement_unavailable"], 503)
 
 
 def _reject_reason(reason: str | None, detail: str | None = None) -> X402Rejected:
@@ -208,10 +251,17 @@ class USDCBASE(X402Coin):
     decimals: ClassVar[int] = 6
     rate_symbol: ClassVar[str] = "USDC"
     Config = USDCBaseConfig
+    uses_secrets = True
 
     config: USDCBaseConfig
 
-    def __init__(self, config: USDCBaseConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
+    def __init__(  # type: ignore[override]
+        self, config: USDCBaseConfig, *, sandbox: bool = False, secrets: ShopSecrets | None = None
+    ) -> None:
+        """``secrets`` (core passes the shop's) open ``relayer_key_encrypted``.
+
+        :raises vpsshop.ConfigError: the encrypted key was not made with this shop's ``encryption_key``.
+        """
         super().__init__(config, sandbox=sandbox)
         net = NETWORKS[config.network]
         self.base_network = net
@@ -226,8 +276,11 @@ class USDCBASE(X402Coin):
                 self._relayer = RelayerKey(value)
             else:
                 self._key_problem = f"environment variable {config.relayer_key_env} (relayer_key_env) is empty"
-        elif config.mode == "direct":
-            self._key_problem = "relayer_key_encrypted is locked until the encryption key is given (startup)"
+        elif config.mode == "direct" and config.relayer_key_encrypted is not None:
+            if secrets is not None:
+                self._relayer = decrypt_relayer_key(config.relayer_key_encrypted.get_secret_value(), secrets)
+            else:
+                self._key_problem = "relayer_key_encrypted needs the shop's secrets (the coin was built without them)"
         self._chain: BaseChain | None = None
         if config.rpc_url:
             self._chain = BaseChain(config.rpc_url, config.rpc_timeout_seconds, self._relayer)
@@ -236,20 +289,6 @@ class USDCBASE(X402Coin):
         self._in_flight_lock = threading.Lock()
 
     # ---- set-up ----
-
-    def use_encryption_key(self, encryption_key: str, old_keys: Sequence[str] = ()) -> None:
-        """Decrypt ``relayer_key_encrypted`` with ``settings.encryption_key`` (or one of
-        ``settings.old_encryption_keys``, while a key rotation is under way).
-
-        Called by this plugin's ``vpsshop_startup`` hook; tests and embedding code may call it.
-        """
-        token = self.config.relayer_key_encrypted
-        if self.config.mode != "direct" or token is None:
-            return
-        self._relayer = decrypt_relayer_key(token.get_secret_value(), encryption_key, old_keys)
-        self._key_problem = ""
-        if self._chain is not None:
-            self._chain.relayer = self._relayer
 
     @classmethod
     def sandbox_config(cls) -> dict[str, Any]:
@@ -261,6 +300,7 @@ class USDCBASE(X402Coin):
             "network": "base-sepolia",
             "mode": "facilitator",
             "facilitator_url": SANDBOX_FACILITATOR_URL,
+            "rpc_url": SANDBOX_RPC_URL,
             "pay_to": SANDBOX_PAY_TO,
         }
 
@@ -324,8 +364,14 @@ class USDCBASE(X402Coin):
         if not text or len(text) > 16_384:
             raise X402Rejected(bad, "The payment header is empty or too long.", 400)
         try:
-            raw = json.loads(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))
+            decoded = base64.b64decode(text + "=" * (-len(text) % 4), validate=True).decode()
         except (binascii.Error, ValueError, UnicodeDecodeError):
+            raise X402Rejected(bad, "The payment header is not base64-encoded JSON.", 400) from None
+        if json_nesting(decoded) > MAX_PAYMENT_DEPTH:
+            raise X402Rejected(bad, f"The payment header's JSON nests deeper than {MAX_PAYMENT_DEPTH} levels.", 400)
+        try:
+            raw = json.loads(decoded)
+        except ValueError:
             raise X402Rejected(bad, "The payment header is not base64-encoded JSON.", 400) from None
         if not isinstance(raw, dict):
             raise X402Rejected(bad, "The payment header must encode a JSON object.", 400)
@@ -368,6 +414,14 @@ class USDCBASE(X402Coin):
                 raise X402Rejected(bad, "accepted.maxTimeoutSeconds is missing or not a positive integer.", 400)
             if "extra" in accepted and not isinstance(accepted["extra"], dict):
                 raise X402Rejected(bad, "accepted.extra must be an object.", 400)
+            from pydantic import ValidationError
+            from x402.schemas import PaymentPayload
+
+            try:
+                PaymentPayload.model_validate(raw)  # what the facilitator path builds from it
+            except ValidationError as exc:
+                where = ".".join(str(part) for part in exc.errors()[0]["loc"])
+                raise X402Rejected(bad, f"The x402 v2 payload is malformed at {where or 'the top'}.", 400) from None
         return X402Payment(
             payer=checksum_address(auth["from"]),
             nonce=auth["nonce"].lower(),
@@ -448,7 +502,7 @@ class USDCBASE(X402Coin):
 
         chain = self._chain
         if chain is None or chain.relayer is None:
-            raise PluginError(f"USDCBASE direct settlement is not configured: {self._key_problem or 'no rpc_url'}")
+            raise _unavailable(f"direct settlement is not configured: {self._key_problem or 'no rpc_url'}")
         auth = payment.raw["payload"]["authorization"]
         signature = bytes.fromhex(payment.raw["payload"]["signature"][2:])
         try:
@@ -466,10 +520,8 @@ class USDCBASE(X402Coin):
                 raise _reject("invalid_signature", "(only 65-byte EOA signatures are settled directly)")
         except X402Rejected:
             raise
-        except Exception as exc:  # noqa: BLE001 - nothing was sent: report and let core retry
-            raise PluginError(
-                f"USDCBASE: the Base RPC endpoint failed during verification: {type(exc).__name__}"
-            ) from None
+        except Exception as exc:  # noqa: BLE001 - nothing was sent: the same payment may be re-sent
+            raise _unavailable(f"the Base RPC endpoint failed during verification: {type(exc).__name__}") from None
         try:
             tx_hash = chain.send_transfer(self.asset, auth, signature, self.config.gas_limit)
         except Exception as exc:  # noqa: BLE001
@@ -530,8 +582,8 @@ class USDCBASE(X402Coin):
             await self._check_on_chain(payment)
         try:
             verdict = await client.verify(payload, reqs)
-        except (httpx.HTTPError, ValueError) as exc:
-            raise PluginError(f"USDCBASE: the facilitator's /verify failed: {type(exc).__name__}") from None
+        except (httpx.HTTPError, ValueError) as exc:  # /verify moves nothing: nothing was sent
+            raise _unavailable(f"the facilitator's /verify failed: {type(exc).__name__}") from None
         if not verdict.is_valid:
             if self._chain is not None and _REASONS.get(verdict.invalid_reason or "") is None:
                 await self._check_on_chain(payment, balance=True)
@@ -698,17 +750,6 @@ class USDCBASE(X402Coin):
 @hookimpl
 def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
     return [USDCBASE]
-
-
-@hookimpl
-def vpsshop_startup(ctx: AppContext) -> None:
-    """Unlock an encrypted relayer key with ``settings.encryption_key``."""
-    coin = ctx.coins.get(USDCBASE.code)
-    if isinstance(coin, USDCBASE):
-        coin.use_encryption_key(
-            ctx.settings.encryption_key.get_secret_value(),
-            [key.get_secret_value() for key in ctx.settings.old_encryption_keys],
-        )
 
 
 __all__ = [

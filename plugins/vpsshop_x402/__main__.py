@@ -22,8 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     enc.add_argument("--config", help="vpsshop config file (default: as vpsshop serve finds it)")
     args = parser.parse_args(argv)
 
-    from vpsshop.errors import StartupError
-    from vpsshop.settings import load_settings
+    from vpsshop import StartupError, load_settings
 
     try:
         settings = load_settings(args.config)

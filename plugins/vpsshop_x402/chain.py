@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from vpsshop import PluginError
+from vpsshop import PluginError, ShopSecrets
 
 # keccak256("AuthorizationUsed(address,bytes32)"), the EIP-3009 event of a used authorization
 _AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
@@ -64,26 +63,18 @@ class RelayerKey:
 
 
 def encrypt_relayer_key(private_key: str, encryption_key: str) -> str:
-    """The value of ``relayer_key_encrypted``: ``private_key`` encrypted with Fernet."""
-    from cryptography.fernet import Fernet
-
+    """The value of ``relayer_key_encrypted``: ``private_key`` encrypted with Fernet under the shop's
+    ``encryption_key``."""
     RelayerKey(private_key)  # refuse to encrypt something that is not a key
-    return Fernet(encryption_key.encode()).encrypt(private_key.strip().encode()).decode()
+    return ShopSecrets(encryption_key).encrypt(private_key.strip())
 
 
-def decrypt_relayer_key(token: str, encryption_key: str, old_keys: Sequence[str] = ()) -> RelayerKey:
-    """Open ``relayer_key_encrypted`` with ``encryption_key``, or one of ``old_keys``
-    (``settings.old_encryption_keys`` during a key rotation)."""
-    from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-
-    try:
-        keys = MultiFernet([Fernet(key.encode()) for key in (encryption_key, *old_keys)])
-        return RelayerKey(keys.decrypt(token.encode()).decode())
-    except (InvalidToken, ValueError):
-        raise PluginError(
-            "coins.USDCBASE.relayer_key_encrypted cannot be decrypted with settings.encryption_key "
-            "(or old_encryption_keys)"
-        ) from None
+def decrypt_relayer_key(token: str, secrets: ShopSecrets | str) -> RelayerKey:
+    """The relayer key of ``relayer_key_encrypted``, opened with the shop's secrets (or an
+    ``encryption_key``). :raises vpsshop.ConfigError: not made with this shop's key."""
+    if isinstance(secrets, str):
+        secrets = ShopSecrets(secrets)
+    return RelayerKey(secrets.decrypt(token, setting="coins.USDCBASE.relayer_key_encrypted"))
 
 
 def _rpc_timeout(exc: BaseException) -> bool:

@@ -14,6 +14,8 @@ from starlette.responses import Response
 
 from vpsshop.catalog import ANNUAL_MONTHS_CHARGED, price_cents
 from vpsshop.coins import DepositCoin, X402Coin
+from vpsshop.context import MIN_TOPUP_CENTS
+from vpsshop.payments import engine_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -93,20 +95,23 @@ def render(ctx: AppContext) -> str:
     lines.append("1. `POST /v1/account` (no body, no key) creates an account and returns its `api_key` once.")
     if deposit_coins:
         codes = ", ".join(c.code for c in deposit_coins)
+        default = engine_for(ctx).default_coin
+        example = default if isinstance(ctx.coins.get(default or ""), DepositCoin) else deposit_coins[0].code
         lines.append(
-            f'2. Top up the balance: `POST /v1/topups {{"amount": 25, "coin": "BTC"}}` returns a '
-            f"deposit address and amount (coins: {codes}); poll `GET /v1/topups/{{ref}}` until completed."
+            f'2. Top up the balance: `POST /v1/topups {{"amount": {MIN_TOPUP_CENTS // 100}, "coin": "{example}"}}` '
+            f"returns a deposit address and amount (coins: {codes}); poll `GET /v1/topups/{{ref}}` until completed."
         )
     if x402_coins:
         coin = x402_coins[0]
         lines.append(
-            f"{'3' if deposit_coins else '2'}. Or pay with x402 ({coin.code}, network {coin.network}): "
+            f"{'3. Or pay' if deposit_coins else '2. Pay'} with x402 ({coin.code}, network {coin.network}): "
             "`POST /v1/servers` (and `POST /v1/servers/{id}/renew`) with a short balance answers 402 "
             "`insufficient_balance` with the x402 payment requirements for the deficit (body `accepts`, v1; "
             "header `PAYMENT-REQUIRED`, v2). Re-send the same request with `X-PAYMENT` or `PAYMENT-SIGNATURE`: "
             "the payment settles, is credited, and the server is ordered in the same call. A payment never buys "
             "twice; send `Idempotency-Key` (or the x402 `payment-identifier` extension) to retry safely. "
-            "`POST /v1/topups` with `coin: " + coin.code + "` pays a top-up the same way."
+            f'`POST /v1/topups {{"amount": {MIN_TOPUP_CENTS // 100}, "coin": "{coin.code}"}}` pays a top-up the '
+            "same way."
         )
     lines += ["", "Balances are in USD; an order or renewal is charged only when it succeeds."]
 

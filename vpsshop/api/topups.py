@@ -257,20 +257,24 @@ def routes() -> list[ApiRoute]:
             "accepts}` with CAIP-2 networks and `amount`); re-send with `PAYMENT-SIGNATURE` instead of `X-PAYMENT` "
             "and the 201 carries `PAYMENT-RESPONSE` (base64 JSON, network in CAIP-2, plus `amount`). The body of "
             "the 402 stays x402 v1. Re-sending the same payment header returns the same top-up and credits "
-            "nothing more; 503 settlement_pending means the outcome is not known yet: re-send the same header. "
+            "nothing more; 503 settlement_pending means the outcome is not known yet: re-send the same header; 503 "
+            "settlement_unavailable means the payment could not be checked now (nothing was sent or kept): re-send "
+            "it later. "
             "Send `Idempotency-Key` to make a retried request return the first top-up instead of a second one. "
             "Errors: 400 amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, "
             "unknown_field, invalid_payment_mode, invalid_payment (malformed X-PAYMENT or PAYMENT-SIGNATURE, or "
             "both sent); 402 with an error code when an x402 authorization is refused (wrong_amount, nonce_used, "
             "authorization_expired ...); 409 idempotency_key_reused, nonce_used (authorization used by another "
-            "account); 503 rate_unavailable, settlement_pending. See docs/payments.md and docs/x402.md.",
+            "account); 503 rate_unavailable, settlement_pending, settlement_unavailable. See docs/payments.md and "
+            "docs/x402.md.",
             errors={
                 400: "amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, unknown_field, "
                 "invalid_payment_mode, or a malformed X-PAYMENT.",
                 402: "x402 payment required (body: x402 v1 requirements; header PAYMENT-REQUIRED: the v2 form) or "
                 "the authorization was refused (wrong_amount, nonce_used, authorization_expired ...).",
                 409: "idempotency_key_reused (same key, different request), nonce_used.",
-                503: "rate_unavailable (no fresh exchange rate), settlement_pending (x402 outcome unknown; retry).",
+                503: "rate_unavailable (no fresh exchange rate), settlement_pending (x402 outcome unknown; retry), "
+                "settlement_unavailable (the x402 payment could not be checked; nothing sent or kept).",
             },
             responses={402: ("x402 payment requirements", X402RequirementsOut)},
             headers=(

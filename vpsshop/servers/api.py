@@ -526,8 +526,13 @@ async def _paid_order(call: Call, key: str | None, header: str, version: int) ->
     coin, payment = x402_orders.decode(ctx, header, version)
     key = x402_orders.order_key(key, payment)
     replay = await run_in_threadpool(replay_order, ctx, account_id, key, body)
-    if replay is not None:  # this payment (or this key) bought its server already
-        return Reply(replay.order, 201, {"Idempotent-Replayed": "true"})
+    if replay is not None:  # this payment (or this key) bought its server already: what paid it, as a top-up replay
+        paid = await run_in_threadpool(
+            lambda: x402_orders.replayed_headers(
+                ctx, coin, payment, version, account_id=account_id, purpose=f"order:{key}"
+            )
+        )
+        return Reply(replay.order, 201, {**paid, "Idempotent-Replayed": "true"})
     assert call.principal is not None
     paid = await x402_orders.settle_for(
         ctx,
@@ -722,7 +727,12 @@ async def _paid_renewal(call: Call, server_id: int, periods: int, header: str, v
     earlier = await run_in_threadpool(x402_orders.recorded, ctx, coin, payment)
     if earlier is not None and earlier.purpose == purpose and earlier.outcome == "done" and earlier.status == "settled":
         server = await run_in_threadpool(server_of, ctx, account_id, server_id)
-        return Reply(RenewOut(server=server, charged_usd=server.price_usd), 200, {"Idempotent-Replayed": "true"})
+        reported = await run_in_threadpool(
+            lambda: x402_orders.replayed_headers(ctx, coin, payment, version, account_id=account_id, purpose=purpose)
+        )
+        return Reply(
+            RenewOut(server=server, charged_usd=server.price_usd), 200, {**reported, "Idempotent-Replayed": "true"}
+        )
     price, balance = await run_in_threadpool(_renewal_terms, ctx, account_id, server_id, periods)
     paid = await x402_orders.settle_for(
         ctx,
@@ -850,7 +860,8 @@ def routes() -> list[ApiRoute]:
                 "invalid_payment, invalid_coin (a payment header sent to a shop without x402)",
                 409: "idempotency_key_reused: this key was used for a different order; nonce_used: the x402 "
                 "authorization was used for another request.",
-                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
+                "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
             responses={
                 402: (
@@ -968,7 +979,8 @@ def routes() -> list[ApiRoute]:
                 409: "server_not_renewable: the server is provisioning or terminated; server_admin_suspended: the "
                 "shop suspended the server (only the shop lifts that); nonce_used: the x402 authorization was used "
                 "for another request.",
-                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
+                "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
             tags=TAG,
             operation_id="renewServer",

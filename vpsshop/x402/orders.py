@@ -31,7 +31,7 @@ from pydantic import Field
 from sqlmodel import select
 from starlette.responses import Response
 
-from vpsshop.coins import X402Coin, X402Payment, X402Settlement
+from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
 from vpsshop.errors import ApiError, BadRequest
 from vpsshop.money import MICROS_PER_USD, micros_to_usd
 from vpsshop.openapi import InsufficientBalanceBody
@@ -64,10 +64,12 @@ X402_HEADERS_DOC = (
     "`PAYMENT-SIGNATURE` (v2): the payment is settled, credited to the balance as a completed top-up, and the "
     "request is made in the same call; the answer carries `X-PAYMENT-RESPONSE` or `PAYMENT-RESPONSE`. The "
     "authorization must pay at least the deficit and at most the price (else 402 wrong_amount, nothing moves). "
-    "A payment is used once: re-sending it returns the first result (header Idempotent-Replayed: true). If the "
+    "A payment is used once: re-sending it returns the first result (header Idempotent-Replayed: true) with the "
+    "payment response header of the authorization that paid it. If the "
     "request fails after the payment settled, the answer is that failure with a `payment` object "
     "{topup, credited_usd, transaction}: the money stays on the balance. 503 settlement_pending: re-send the same "
-    "payment. See docs/x402.md."
+    "payment; 503 settlement_unavailable: the payment could not be checked now and nothing was sent or kept, "
+    "re-send it later. See docs/x402.md."
 )
 
 
@@ -126,11 +128,7 @@ class Paid:
 
     @property
     def headers(self) -> dict[str, str]:
-        name = "X-PAYMENT-RESPONSE" if self.version == 1 else "PAYMENT-RESPONSE"
-        return {
-            name: headers.response_header(self.coin, self.settlement, self.version),
-            "Access-Control-Expose-Headers": name,
-        }
+        return response_headers(self.coin, self.settlement, self.version)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -138,6 +136,53 @@ class Paid:
             "credited_usd": micros_to_usd(self.topup.amount_micros),
             "transaction": self.settlement.transaction,
         }
+
+
+def response_headers(coin: X402Coin, settlement: X402Settlement, version: int) -> dict[str, str]:
+    """``X-PAYMENT-RESPONSE`` (v1) or ``PAYMENT-RESPONSE`` (v2) reporting ``settlement``, exposed to browsers."""
+    name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
+    return {name: headers.response_header(coin, settlement, version), "Access-Control-Expose-Headers": name}
+
+
+def replayed_headers(
+    ctx: AppContext, coin: X402Coin, payment: X402Payment, version: int, *, account_id: int, purpose: str
+) -> dict[str, str]:
+    """The payment response header of a replayed order or renewal, as a replayed top-up has one: the
+    settlement that paid for ``purpose`` on this account (this very authorization if it did, else the
+    latest one; the re-sent authorization itself then moved nothing). Empty when no x402 payment paid it
+    (the balance did)."""
+    settled = paid_for(ctx, coin, payment, account_id, purpose)
+    return {} if settled is None else response_headers(coin, settled, version)
+
+
+def paid_for(
+    ctx: AppContext, coin: X402Coin, payment: X402Payment, account_id: int, purpose: str
+) -> X402Settlement | None:
+    """The settled authorization that paid for ``purpose`` (see :func:`replayed_headers`)."""
+    with ctx.db.session() as session:
+        paid = (
+            select(X402Record)
+            .join(Topup, Topup.id == X402Record.topup_id)  # type: ignore[arg-type]
+            .where(
+                X402Record.coin == coin.code,
+                X402Record.purpose == purpose,
+                X402Record.status == "settled",
+                Topup.account_id == account_id,
+            )
+        )
+        own = session.exec(
+            paid.where(X402Record.payer == payment.payer.lower(), X402Record.nonce == payment.nonce.lower())
+        ).first()
+        record = own or session.exec(paid.order_by(X402Record.id.desc())).first()  # type: ignore[union-attr]
+    if record is None:
+        return None
+    try:  # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
+        payer = payment.payer if record is own else headers.decode_recorded(coin, record.header).payer
+    except X402Rejected:
+        payer = record.payer
+    return X402Settlement(
+        payer, record.nonce, record.transaction or "", record.network or "", int(record.amount_atomic)
+    )
 
 
 def decode(ctx: AppContext, header: str, version: int) -> tuple[X402Coin, X402Payment]:

@@ -9,8 +9,11 @@ see :mod:`vpsshop.x402.orders`):
    settles. Success credits the ledger once under the key ``x402:<coin>:<payer>:<nonce>`` and
    answers 201 with the top-up (completed) and ``X-PAYMENT-RESPONSE``.
 3. :class:`X402Rejected`: the record is closed as rejected, nothing is credited, the answer is the
-   rejection's status with ``{"error", "message"}``.
-4. :class:`PluginError` (outcome unknown): the record stays ``settling``, the answer is 503; a
+   rejection's status with ``{"error", "message"}``. A rejection with a 5xx status (``settlement_unavailable``:
+   the facilitator's ``/verify`` or the node could not be asked, nothing was sent) removes the record
+   instead and cancels its top-up: nothing is left open, and the same payment may be re-sent.
+4. :class:`PluginError` (outcome unknown: something may have been sent): the record stays ``settling``, the
+   answer is 503; a
    retry of the same header, or the ``x402-settlements`` background task, asks
    :meth:`X402Coin.settlement_status` and credits once if the authorization was used. A record the
    chain does not show is closed as rejected only once the authorization can no longer be used: ``valid_before`` (plus
@@ -85,6 +88,15 @@ async def pay(
     """
     payment = decode(coin, header, version)
     reqs = requirements(ctx, coin, amount_micros, path, description)
+    if payment.value_atomic != int(reqs["maxAmountRequired"]):
+        # refused before anything is recorded: a record holds only what this request could settle
+        raise ApiError(
+            402,
+            "wrong_amount",
+            f"The authorization's value ({payment.value_atomic}) must equal maxAmountRequired "
+            f"({reqs['maxAmountRequired']}) exactly. Nothing moved; ask again without a payment for the "
+            "current requirements.",
+        )
     record, topup, fresh = await to_thread.run_sync(
         _record_before_settling, ctx, coin, account_id, amount_micros, payment, header, reqs, purpose
     )
@@ -101,7 +113,11 @@ async def pay(
             raise ApiError(
                 402, "nonce_used", f"This authorization was refused before ({record.error}); sign a new one."
             )
-        settled = await coin.settlement_status(payment)
+        try:
+            settled = await coin.settlement_status(payment)
+        except PluginError as exc:
+            log.warning("x402 record %s: the settlement status is unknown for now: %s", record.id, exc)
+            raise _pending() from None
         if settled is None and not may_still_settle(payment, record.created_at, ctx.clock.now()):
             await to_thread.run_sync(_reject, ctx, record.id, "not_settled")
             raise ApiError(
@@ -110,17 +126,15 @@ async def pay(
                 "This authorization expired before it was settled; nothing moved. Sign a new one.",
             )
         if settled is None:
-            raise ApiError(
-                503,
-                "settlement_pending",
-                "The settlement of this authorization is not confirmed yet; retry the same request shortly.",
-            )
-        topup = await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
-        return topup, settled
+            raise _pending()
+        return await _credited(ctx, coin, record.id, settled), settled
     try:
         settled = await coin.settle(payment, reqs)
     except X402Rejected as exc:
-        await to_thread.run_sync(_reject, ctx, record.id, exc.code)
+        if exc.status >= 500:  # nothing was sent and nothing can be pending: keep nothing open
+            await to_thread.run_sync(_withdraw, ctx, record.id)
+        else:
+            await to_thread.run_sync(_reject, ctx, record.id, exc.code)
         raise ApiError(exc.status, exc.code, exc.message) from None
     except PluginError as exc:
         log.warning("x402 settlement of %s/%s has an unknown outcome: %s", payment.payer, payment.nonce, exc)
@@ -130,8 +144,24 @@ async def pay(
             "The settlement outcome is not known yet; retry the same request shortly. "
             "The authorization is recorded and will be credited once if it settles.",
         ) from None
-    topup = await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
-    return topup, settled
+    return await _credited(ctx, coin, record.id, settled), settled
+
+
+def _pending() -> ApiError:
+    return ApiError(
+        503,
+        "settlement_pending",
+        "The settlement of this authorization is not confirmed yet; retry the same request shortly.",
+    )
+
+
+async def _credited(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup:
+    """:func:`_credit`, or 503 settlement_pending when the record was withdrawn meanwhile (a re-send finds
+    the record that replaced it)."""
+    topup = await to_thread.run_sync(_credit, ctx, coin, record_id, settled)
+    if topup is None:
+        raise _pending()
+    return topup
 
 
 def _record_before_settling(
@@ -208,14 +238,33 @@ def _reject(ctx: AppContext, record_id: int | None, code: str) -> None:
         session.add(record)
 
 
-def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup:
-    """Credit a settled authorization once (ledger key ``x402:<coin>:<payer>:<nonce>``)."""
+def _withdraw(ctx: AppContext, record_id: int | None) -> None:
+    """Remove a record whose payment could not be checked (nothing was sent) and cancel its top-up, so
+    that nothing stays open and the same payment can be recorded again by a re-send."""
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        record = session.get(X402Record, record_id)
+        if record is None or record.status != "settling":
+            return
+        topup = session.get(Topup, record.topup_id)
+        session.delete(record)
+        if topup is not None and topup.status == "pending":
+            topup.status, topup.cancelled_at = "cancelled", now
+            session.add(topup)
+            events.emit(session, "topup.cancelled", topup.account_id, topup_data(ctx, topup), now=now)
+
+
+def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup | None:
+    """Credit a settled authorization once (ledger key ``x402:<coin>:<payer>:<nonce>``). None: the
+    record is gone (withdrawn by :func:`_withdraw`; nothing is credited under its id)."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
         stmt = select(X402Record).where(X402Record.id == record_id)
         if session.get_bind().dialect.name == "postgresql":
             stmt = stmt.with_for_update()
-        record = session.exec(stmt).one()
+        record = session.exec(stmt).first()
+        if record is None:
+            return None
         topup = session.get(Topup, record.topup_id)
         assert topup is not None
         if record.status == "settled":
@@ -270,8 +319,8 @@ async def resolve_open_settlements(ctx: AppContext) -> int:
             log.warning("x402 record %s still unresolved: %s", record.id, exc)
             continue
         if settled is not None:
-            await to_thread.run_sync(_credit, ctx, coin, record.id, settled)
-            credited += 1
+            if await to_thread.run_sync(_credit, ctx, coin, record.id, settled) is not None:
+                credited += 1
         elif not may_still_settle(payment, record.created_at, ctx.clock.now()):
             await to_thread.run_sync(_reject, ctx, record.id, "not_settled")
     return credited
