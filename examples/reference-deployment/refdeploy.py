@@ -1324,24 +1324,40 @@ def walk() -> None:
 
 
 def ours(state: dict[str, Any]) -> list[str]:
-    """Processes still running that belong to this deployment: their command line names its dirs, or
-    they run as the user ``up`` made."""
-    import pwd
-
+    """Processes still running that belong to this deployment: their command line names its dirs or
+    its name, or they run in the state dir (vpsshop's programs: supervisor/vpsshop.conf's directory)."""
     marks = (state["root"] + "/", state["pool_dir"] + "/")
-    uid = pwd.getpwnam(SERVICE_USER).pw_uid if state.get("made_user") and user_exists() else None
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            owner = proc.stat().st_uid
+            cwd = os.readlink(proc / "cwd") + "/"
         except OSError:
             continue
-        if any(mark in cmdline + " " for mark in marks) or f"vpsshop-{state['name']}" in cmdline or owner == uid:
+        if (
+            any(mark in cmdline + " " for mark in marks)
+            or f"vpsshop-{state['name']}" in cmdline
+            or cwd.startswith(state["root"] + "/")
+        ):
             found.append(f"{proc.name} {cmdline.strip()}")
     return found
+
+
+def run_as_service_user() -> list[int]:
+    """The processes running as user vpsshop (another deployment's, once this one's are stopped)."""
+    import pwd
+
+    uid = pwd.getpwnam(SERVICE_USER).pw_uid
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid == uid:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
 
 
 def user_exists() -> bool:
@@ -1435,8 +1451,11 @@ def down() -> None:
         sys.exit(1)
     say("- ps: no process of this deployment is running")
     if state.get("made_user") and user_exists():
-        run("userdel", SERVICE_USER, quiet=True)
-        say(f"- removed user {SERVICE_USER} (up had made it)")
+        if run_as_service_user():
+            say(f"- kept user {SERVICE_USER} (up had made it): another deployment's processes run as it")
+        else:
+            run("userdel", SERVICE_USER, quiet=True)
+            say(f"- removed user {SERVICE_USER} (up had made it)")
     still = listening(state["ports"])
     if still:
         say("STILL LISTENING: " + ", ".join(still))
