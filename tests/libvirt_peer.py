@@ -124,10 +124,9 @@ LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
 class LibvirtdRelay:
     """A Unix-socket relay in front of the system libvirtd that a test can cut, freeze and restore.
 
-    The machine's libvirtd serves other sessions' tests, so this drill does not restart it: to vpsshop,
-    cutting the relay looks like libvirtd restarting (every open connection drops, new connections are
-    refused, the socket is gone) and restoring it like libvirtd answering again. vpsshop reaches it as
-    ``qemu+unix:///system?socket=<relay>``.
+    Freezing it is a host that stops answering without closing anything (lost power or network),
+    which a libvirtd that restarts never is; a test that must restart libvirtd for real uses
+    :class:`PrivateLibvirtd`. vpsshop reaches the relay as ``qemu+unix:///system?socket=<relay>``.
     """
 
     def __init__(self, path: Path) -> None:
@@ -195,3 +194,112 @@ class LibvirtdRelay:
             except OSError:
                 pass
             s.close()
+
+
+class PrivateLibvirtd:
+    """A libvirtd of one test alone, which the test may stop and start again for real.
+
+    The system libvirtd serves every session's tests on this machine at once (defining, booting and
+    destroying their domains), so no test may restart it: a restart would fail whatever another
+    session's test is doing at that moment, and nothing tells a test that it is alone. This is the
+    same ``/usr/sbin/libvirtd`` run in session mode as an unprivileged user (``nobody``), with its
+    socket, configuration, state, logs and capability cache in ``directory``: its QEMU driver,
+    storage pools and domains are its own, and its domains' QEMU processes keep running while it is
+    stopped (libvirtd finds them again when it starts, as the system daemon does after a restart).
+    vpsshop (as root) reaches it as ``qemu+unix:///session?socket=<directory>/run/libvirt/libvirt-sock``.
+    """
+
+    def __init__(self, directory: Path, user: str = "nobody") -> None:
+        import pwd
+
+        self.dir = directory
+        self.user = pwd.getpwnam(user)
+        for sub in ("run", "config", "cache", "data"):
+            (directory / sub).mkdir(parents=True, exist_ok=True)
+        for path in (directory, *directory.rglob("*")):
+            os.chown(path, self.user.pw_uid, self.user.pw_gid)
+        directory.chmod(0o755)
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(directory),
+            "XDG_RUNTIME_DIR": str(directory / "run"),
+            "XDG_CONFIG_HOME": str(directory / "config"),
+            "XDG_CACHE_HOME": str(directory / "cache"),
+            "XDG_DATA_HOME": str(directory / "data"),
+        }
+        self.socket = directory / "run" / "libvirt" / "libvirt-sock"
+        self.uri = f"qemu+unix:///session?socket={self.socket}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+        # The QEMU probe, paid once here (the capability cache is in ``directory``).
+        probe = self.virsh("domcapabilities", "--virttype", "qemu", "--arch", "x86_64", timeout=ANSWER_SECONDS)
+        if probe.returncode != 0:
+            raise RuntimeError(f"private libvirtd could not describe QEMU/TCG: {probe.stderr.strip()}")
+
+    def virsh(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(["virsh", "-c", self.uri, *args], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(["virsh"], 124, "", f"virsh {' '.join(args)}: no answer in {timeout} s")
+
+    def answers(self) -> bool:
+        return self.virsh("version", timeout=30).returncode == 0
+
+    def start(self) -> None:
+        """Start libvirtd and wait until it answers."""
+        log = open(self.dir / "libvirtd.log", "ab")  # noqa: SIM115 - the daemon writes it until it exits
+        self.process = subprocess.Popen(
+            ["/usr/sbin/libvirtd", "--timeout", "0"],
+            env=self.env,
+            cwd=self.dir,
+            user=self.user.pw_uid,
+            group=self.user.pw_gid,
+            extra_groups=[],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while not self.answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"private libvirtd did not answer: {(self.dir / 'libvirtd.log').read_text()[-2000:]}"
+                )
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        """Stop libvirtd as its service manager would (SIGTERM, then wait); its domains keep running."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(60)
+        self.process = None
+
+    def pids(self) -> list[int]:
+        """Every process this daemon left behind (libvirtd, QEMU, virtlogd): those whose environment
+        names ``directory`` as their home."""
+        mark = f"HOME={self.dir}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if mark in (proc / "environ").read_bytes().split(b"\0"):
+                        found.append(int(proc.name))
+                except OSError:
+                    continue
+        return found
+
+    def close(self) -> None:
+        """Destroy its domains, stop it, end every process it started; the directory stays for the caller."""
+        import signal
+
+        if self.process is None:
+            self.start()
+        for name in self.virsh("list", "--name").stdout.split():
+            self.virsh("destroy", name)
+        self.stop()
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

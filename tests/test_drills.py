@@ -1,11 +1,14 @@
-"""Failure drills: the shipped processes under SIGKILL, a PostgreSQL outage and a chain node that
-comes back behind a reorganised tip. After recovery nothing is lost or done twice, and ``/health``
-said what was wrong while it was wrong (and ``/metrics``, where this vpsshop serves it: issue 12).
+"""Failure drills: the shipped processes under SIGKILL, a PostgreSQL outage, a chain node that
+comes back behind a reorganised tip and libvirtd restarting under provisioning. After recovery
+nothing is lost or done twice, and ``/health`` and ``/metrics`` said what was wrong while it was
+wrong (each drill reads both during the failure, and ``/metrics`` again after it).
 
 Every drill runs on peers of its own: a PostgreSQL cluster made with ``initdb`` in a temp dir and
 started with ``pg_ctl`` on a free port (never the machine's shared server, which these drills stop),
-``litecoind -regtest`` (tests/chain_nodes.py), and the real ``vpsshop serve --no-worker`` and
-``vpsshop worker`` commands on one sandbox config with the hypervisor simulator.
+``litecoind -regtest`` (tests/chain_nodes.py), a libvirtd of the drill's own
+(tests/libvirt_peer.py ``PrivateLibvirtd``: the machine's libvirtd serves other tests and is never
+restarted), and the real ``vpsshop serve --no-worker`` and ``vpsshop worker`` commands on one
+sandbox config with the hypervisor simulator or that libvirtd.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import httpx
 import psycopg
 import pytest
 from chain_nodes import Litecoind, free_port, peer_workdir, remove_workdir
-from libvirt_peer import LibvirtdRelay
+from libvirt_peer import PrivateLibvirtd
 from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, VPSSHOP, stop, wait_for
 from test_bitcoin import random_tpub
 
@@ -213,11 +216,9 @@ def ledger_matches_balances(cluster: PrivateCluster) -> None:
     assert off == []
 
 
-def metrics(shop: Shop) -> dict[str, float] | None:
-    """The ``vpsshop_`` samples of the API process's /metrics (issue 12), None where this vpsshop has none."""
+def metrics(shop: Shop) -> dict[str, float]:
+    """The ``vpsshop_`` samples of the API process's /metrics (issue 12): it must answer 200."""
     response = httpx.get(shop.base.removesuffix("/v1") + "/metrics", timeout=10)
-    if response.status_code == 404:
-        return None
     assert response.status_code == 200, response.text
     samples = {}
     for line in response.text.splitlines():
@@ -265,6 +266,16 @@ def test_sigkill_worker_mid_provisioning(shop: Shop, cluster: PrivateCluster) ->
     shop.kill_worker()
     in_flight = sql(cluster, "SELECT COUNT(*) FROM servers WHERE status = 'provisioning'")[0][0]
     assert in_flight > 0
+    # While no worker runs: /health has nothing to report (the API and the database are fine), and
+    # /metrics shows the jobs waiting and the oldest one ageing (the "job queue age" alert of
+    # docs/operations.md).
+    assert httpx.get(f"{shop.base}/health", timeout=10).json()["status"] == "ok"
+    first = metrics(shop)
+    time.sleep(3)
+    dead = metrics(shop)
+    assert dead["vpsshop_job_queue_depth"] >= in_flight, dead
+    assert dead["vpsshop_job_oldest_age_seconds"] >= first["vpsshop_job_oldest_age_seconds"] + 2.5, (first, dead)
+    assert total(dead, "vpsshop_jobs", status="done") < 5, dead
     shop.start_worker()
     for auth, server_id in orders:
         until(
@@ -287,6 +298,10 @@ def test_sigkill_worker_mid_provisioning(shop: Shop, cluster: PrivateCluster) ->
     domains = sql(cluster, "SELECT COUNT(*) FROM plugin_records WHERE namespace = 'simulator'")[0][0]
     assert domains == 5
     ledger_matches_balances(cluster)
+    after = metrics(shop)  # and /metrics says all is well again, each job counted once
+    assert total(after, "vpsshop_jobs", status="done") == 5 and total(after, "vpsshop_jobs") == 5, after
+    assert after["vpsshop_job_queue_depth"] == 0 and after["vpsshop_job_oldest_age_seconds"] == 0, after
+    assert after["vpsshop_orders_total"] == 5, after
 
 
 def _pay_topups(shop: Shop, litecoind: Litecoind, count: int) -> list[tuple[dict[str, str], dict[str, Any]]]:
@@ -319,8 +334,23 @@ def test_sigkill_worker_mid_crediting(shop: Shop, cluster: PrivateCluster, litec
         shop.kill_worker()
         at_kill = conn.execute("SELECT COUNT(*) FROM topup_payments WHERE status = 'credited'").fetchone()[0]
     print(f"payments credited when the worker was killed: {at_kill} of 12")
+    # While no worker runs: /metrics shows the LTC watcher's last good pass standing still (the
+    # "watcher stalled" alert) and only the payments credited before the kill; /health has nothing
+    # to report (the node and the database answer).
+    assert httpx.get(f"{shop.base}/health", timeout=10).json()["status"] == "ok"
+    first = metrics(shop)
+    time.sleep(2)  # four watch intervals
+    dead = metrics(shop)
+    last_pass = total(dead, "vpsshop_watcher_last_pass_timestamp_seconds", group="LTC")
+    assert last_pass == total(first, "vpsshop_watcher_last_pass_timestamp_seconds", group="LTC") > 0, dead
+    assert time.time() - last_pass >= 2, dead
+    assert total(dead, "vpsshop_credited_usd_total", reason="topup") == 25 * at_kill, (at_kill, dead)
     shop.start_worker()
     until("every payment credited", lambda: _balances(shop, paid) == [25.0] * 12, 120)
+    after = metrics(shop)  # the watcher passes again; each payment counted once
+    assert total(after, "vpsshop_watcher_last_pass_timestamp_seconds", group="LTC") > last_pass, after
+    assert total(after, "vpsshop_credited_usd_total", reason="topup") == 300, after
+    assert total(after, "vpsshop_topups", coin="LTC", status="completed") == 12, after
     rows = sql(
         cluster,
         "SELECT p.credited_micros, COUNT(l.id) FROM topup_payments p JOIN ledger_entries l "
@@ -334,6 +364,15 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
     """PostgreSQL stops for a few seconds while clients read and order: /health says the database is
     down (503) meanwhile, no process dies, and afterwards every accepted order is served once."""
     _user, auth = shop.account(fund_usd=100)
+
+    def load_failures(samples: dict[str, float]) -> float:
+        """The 5xx answers /metrics counted on the routes the load calls."""
+        return sum(
+            total(samples, "vpsshop_http_requests_total", route=route, status=status)
+            for route in ("/v1/account", "/v1/servers")
+            for status in ("500", "503")
+        )
+
     outcomes: list[int] = []
     accepted: list[int] = []
     running = True
@@ -371,6 +410,12 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
         during = len(outcomes)
         time.sleep(3)
         failed_during = [code for code in outcomes[during:] if code != 200]
+        # /metrics while PostgreSQL is down: it still answers, with the requests that failed
+        # meanwhile counted by status, and says the database is down
+        outage = metrics(shop)
+        print("/metrics during the outage:", {k: v for k, v in outage.items() if "_bucket" not in k})
+        failed_counted = load_failures(outage)
+        assert failed_counted > 0, outage
         cluster.start()
         until("/health ok again", lambda: httpx.get(f"{shop.base}/health", timeout=10).status_code == 200, 60)
         after = len(outcomes)
@@ -381,13 +426,9 @@ def test_postgresql_stops_under_load(shop: Shop, cluster: PrivateCluster) -> Non
     assert failed_during and all(code in (500, 503) for code in failed_during), set(failed_during)
     assert all(code in (200, 201) for code in outcomes[after + 5 :]), set(outcomes[after + 5 :])
     assert shop.api.poll() is None and shop.worker.poll() is None  # both rode it out
+    # After it: /metrics counted every failure the clients saw, once (the load is over, one API process)
     samples = metrics(shop)
-    if samples is not None:  # /metrics counted the failed requests of the outage
-        assert (
-            total(samples, "vpsshop_http_requests_total", status="503")
-            + total(samples, "vpsshop_http_requests_total", status="500")
-            > 0
-        )
+    assert load_failures(samples) == sum(1 for code in outcomes if code in (500, 503)) >= failed_counted, samples
     for server_id in accepted:
         until(
             f"server {server_id} active",
@@ -408,17 +449,17 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
     paid = _pay_topups(shop, litecoind, 1)
     (first_block,) = litecoind.mine(1)
     until("the payment seen", lambda: sql(cluster, "SELECT 1 FROM topup_payments"), 60)
-    if metrics(shop) is not None:  # the watcher reports how far behind the node's tip it is, in blocks
-        lag = until(
-            "the watcher's lag reported",
-            lambda: [
-                v
-                for k, v in (metrics(shop) or {}).items()
-                if k.split("{")[0] == "vpsshop_watcher_lag_blocks" and 'group="LTC"' in k
-            ],
-            30,
-        )
-        assert 0 <= lag[0] <= 2, lag
+    lag = until(  # the watcher reports how far behind the node's tip it is, in blocks
+        "the watcher's lag reported",
+        lambda: [
+            v
+            for k, v in metrics(shop).items()
+            if k.split("{")[0] == "vpsshop_watcher_lag_blocks" and 'group="LTC"' in k
+        ],
+        30,
+    )
+    assert 0 <= lag[0] <= 2, lag
+    errors_before = total(metrics(shop), "vpsshop_node_errors_total", group="LTC")
     argv = _restartable(litecoind)
     litecoind.stop()
     health = until(
@@ -429,11 +470,15 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
         30,
     )
     assert health["status"] == "degraded"
-    samples = metrics(shop)
-    if samples is not None:  # /metrics counts the node's errors while it is away
-        until(
-            "node errors counted", lambda: total(metrics(shop) or {}, "vpsshop_node_errors_total", group="LTC") > 0, 30
-        )
+    # /metrics counts the node's errors while it is away, and the watcher's last good pass stands still
+    until(
+        "node errors counted",
+        lambda: total(metrics(shop), "vpsshop_node_errors_total", group="LTC") > errors_before,
+        30,
+    )
+    stalled = total(metrics(shop), "vpsshop_watcher_last_pass_timestamp_seconds", group="LTC")
+    time.sleep(1.5)
+    assert total(metrics(shop), "vpsshop_watcher_last_pass_timestamp_seconds", group="LTC") == stalled
     litecoind.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     until("litecoind back", lambda: _answers(litecoind), 60)
     litecoind.rpc("loadwallet", "miner")
@@ -446,6 +491,9 @@ def test_chain_node_returns_behind_a_reorganised_tip(shop: Shop, cluster: Privat
     rows = sql(cluster, "SELECT status, block_hash FROM topup_payments")
     assert len(rows) == 1 and rows[0][0] == "credited" and rows[0][1] != first_block
     ledger_matches_balances(cluster)
+    after = metrics(shop)  # the watcher passes again, the payment counted once
+    assert total(after, "vpsshop_watcher_last_pass_timestamp_seconds", group="LTC") > stalled, after
+    assert total(after, "vpsshop_credited_usd_total", reason="topup") == 25, after
 
 
 def _restartable(node: Litecoind) -> list[str]:
@@ -474,54 +522,43 @@ def _answers(node: Litecoind) -> bool:
         return False
 
 
-# ---- libvirtd goes away during provisioning ---------------------------------------------------------
-
-
-def pool_domains(directory: Path) -> list[str]:
-    """The domains on the system libvirtd whose disks are in ``directory``."""
-    names = subprocess.run(
-        ["virsh", "-c", "qemu:///system", "list", "--all", "--name"], capture_output=True, text=True
-    ).stdout.split()
-    return [
-        name
-        for name in names
-        if f"{directory}/"
-        in subprocess.run(["virsh", "-c", "qemu:///system", "dumpxml", name], capture_output=True, text=True).stdout
-    ]
+# ---- libvirtd restarts during provisioning ----------------------------------------------------------
 
 
 @pytest.fixture
-def libvirt_pool(libvirtd_uri: str) -> Iterator[tuple[str, Path]]:
-    """A transient dir pool on the system libvirtd with a blank base image (as tests/test_libvirt.py)."""
-    images = Path("/var/lib/libvirt/images")
-    images.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="vpsshop-drill-", dir=images))
-    directory.chmod(0o755)
+def private_libvirtd() -> Iterator[tuple[PrivateLibvirtd, str, Path]]:
+    """A libvirtd of this drill alone (tests/libvirt_peer.py), with a dir pool holding a blank base
+    image: (daemon, pool name, pool directory)."""
+    workdir = peer_workdir("drill-libvirtd")
+    daemon = PrivateLibvirtd(workdir)
+    directory = workdir / "pool"
+    directory.mkdir()
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", str(directory / "debian-12-genericcloud-amd64.qcow2"), "1G"],
         check=True,
     )
-    name = directory.name
-    xml = directory.parent / f"{name}.xml"
-    xml.write_text(f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>")
-    subprocess.run(["virsh", "-c", "qemu:///system", "pool-create", str(xml)], check=True, capture_output=True)
-    xml.unlink()
-    yield name, directory
-    for domain in pool_domains(directory):
-        subprocess.run(["virsh", "-c", "qemu:///system", "destroy", domain], capture_output=True)
-        subprocess.run(["virsh", "-c", "qemu:///system", "undefine", domain], capture_output=True)
-    subprocess.run(["virsh", "-c", "qemu:///system", "pool-destroy", name], capture_output=True)
-    shutil.rmtree(directory, ignore_errors=True)
+    shutil.chown(directory, daemon.user.pw_uid, daemon.user.pw_gid)
+    shutil.chown(directory / "debian-12-genericcloud-amd64.qcow2", daemon.user.pw_uid, daemon.user.pw_gid)
+    xml = workdir / "pool.xml"
+    xml.write_text(f"<pool type='dir'><name>drill</name><target><path>{directory}</path></target></pool>")
+    created = daemon.virsh("pool-create", str(xml))
+    assert created.returncode == 0, created.stderr
+    yield daemon, "drill", directory
+    daemon.close()
+    remove_workdir(workdir)
 
 
-def test_libvirtd_goes_away_during_provisioning(
-    tmp_path: Path, cluster: PrivateCluster, litecoind: Litecoind, libvirt_pool: tuple[str, Path]
+def test_libvirtd_restarts_during_provisioning(
+    tmp_path: Path,
+    cluster: PrivateCluster,
+    litecoind: Litecoind,
+    private_libvirtd: tuple[PrivateLibvirtd, str, Path],
 ) -> None:
-    """libvirtd disappears (relay cut) while servers are being created and comes back 5 s later:
-    /health says the hypervisor is not ready meanwhile; then every server is active with exactly one
-    domain, charged once."""
-    pool, directory = libvirt_pool
-    relay = LibvirtdRelay(tmp_path / "libvirt.sock")
+    """libvirtd is stopped while servers are being created and started again 5 s later (a real
+    restart of a real libvirtd, the drill's own): /health says the hypervisor is not ready and
+    /metrics shows the jobs waiting meanwhile; then every server is active with exactly one domain,
+    charged once, and /metrics counts each job done once."""
+    daemon, pool, directory = private_libvirtd
     running = Shop(
         tmp_path,
         cluster.url,
@@ -534,7 +571,7 @@ domain_type = "qemu"
 shutdown_grace_seconds = 2
 
 [hypervisor.libvirt.locations.nl]
-hosts = [{{ uri = "{relay.uri}", name = "local", max_memory_mib = 8192 }}]
+hosts = [{{ uri = "{daemon.uri}", name = "local", max_memory_mib = 8192 }}]
 pool = "{pool}"
 network = "user"
 addresses = "198.51.100.10-198.51.100.40"
@@ -558,7 +595,7 @@ gateway = "198.51.100.1"
             lambda: sql(cluster, "SELECT id FROM servers WHERE domain IS NOT NULL AND status = 'provisioning'"),
             120,
         )
-        relay.cut()
+        daemon.stop()
         health = until(
             "/health to report the hypervisor",
             lambda: (
@@ -567,8 +604,10 @@ gateway = "198.51.100.1"
             30,
         )
         assert health["status"] == "degraded"
+        down = metrics(running)
+        assert down["vpsshop_job_queue_depth"] >= 1 and total(down, "vpsshop_jobs", status="done") < 3, down
         time.sleep(5)
-        relay.restore()
+        daemon.start()
         for auth, server_id in orders:
             until(
                 f"server {server_id} active",
@@ -578,11 +617,16 @@ gateway = "198.51.100.1"
                 ),
                 240,
             )
+        until(
+            "/health ok again",
+            lambda: httpx.get(f"{running.base}/health", timeout=30).json()["status"] == "ok",
+            30,
+        )
         jobs = sql(cluster, "SELECT server_id, kind, status, attempts FROM server_jobs ORDER BY id")
-        print("jobs after the cut:", jobs)
-        assert max(attempts for *_rest, attempts in jobs) > 1, jobs  # the cut did interrupt a provisioning
+        print("jobs after the restart:", jobs)
+        assert max(attempts for *_rest, attempts in jobs) > 1, jobs  # the restart did interrupt a provisioning
         domains = sql(cluster, "SELECT domain FROM servers ORDER BY id")
-        ours = sorted(pool_domains(directory))  # other sessions' guests share this libvirtd
+        ours = sorted(daemon.virsh("list", "--all", "--name").stdout.split())  # every domain it has
         assert ours == sorted(domain for (domain,) in domains)  # one domain per server, the one it records
         assert len(list(directory.glob("vps-*.qcow2"))) == 3
         assert sql(cluster, "SELECT COUNT(*) FROM ledger_entries WHERE amount_micros < 0")[0][0] == 3
@@ -595,5 +639,8 @@ gateway = "198.51.100.1"
             == []
         )
         ledger_matches_balances(cluster)
+        after = metrics(running)
+        assert total(after, "vpsshop_jobs", status="done") == 3 and total(after, "vpsshop_jobs") == 3, after
+        assert after["vpsshop_job_queue_depth"] == 0 and after["vpsshop_orders_total"] == 3, after
     finally:
         running.close()

@@ -9,7 +9,8 @@ Two kinds of figures, so that every process of a host shows the same numbers:
 * **Read from the database when scraped**: top-ups by coin and status, USD credited, orders,
   renewals and the periods they bought, provisioning jobs by status, queue depth and the age of the
   oldest waiting job, x402 settlements by final outcome and those still settling. These are exact
-  whichever process answers and survive restarts.
+  whichever process answers and survive restarts; while the database does not answer they are left
+  out and ``/metrics`` serves the rest.
 
 Who may read it (``[metrics]``): with ``token`` set, any client sending
 ``Authorization: Bearer <token>``; without the token, only TCP peers in ``allow_ips`` (default
@@ -261,6 +262,16 @@ class DatabaseCollector:
         self.ctx = ctx
 
     def collect(self) -> Iterator[Any]:
+        # Read every figure before yielding one: while the database does not answer, /metrics still
+        # serves the process-counted figures (the failing requests among them) without these.
+        try:
+            families = list(self._read())
+        except sa.exc.DBAPIError as exc:
+            log.warning("metrics: database figures left out, the database did not answer (%s)", type(exc).__name__)
+            return
+        yield from families
+
+    def _read(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         engine = self.ctx.db.engine

@@ -4,6 +4,10 @@
     ./walk    # a customer's way through the shop, step by step, against the running deployment
     ./down    # stop and remove everything `up` made; checks that nothing it started still runs
 
+vpsshop's own processes are the programs of ``supervisor/vpsshop.conf`` beside this file, installed
+as a reseller installs them (user ``vpsshop``), with only its paths and ports replaced
+(:func:`render_units`).
+
 `up`, `walk` and `down` run this file. It uses the standard library until the deployment's virtualenv
 exists; the steps that need vpsshop's dependencies (psycopg, web3, the x402 client) run again under
 that virtualenv's Python. README.md beside this file lists every setting (environment variables
@@ -15,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,6 +39,10 @@ CONTRACT = ROOT / "tests" / "contracts" / "TestUSDC.sol"  # Solidity source, com
 CHAIN_ID = 8453
 LTC_USD, XMR_USD = "80", "150"
 APT_FILE = HERE / "apt.txt"
+UNITS = HERE / "supervisor" / "vpsshop.conf"  # the file docs/operations.md tells a reseller to install
+SERVICE_USER = "vpsshop"  # the user= of its programs
+LIBVIRT_SOCKET = "/var/run/libvirt/libvirt-sock"
+GUEST_IMAGE = "debian-12-test.raw"  # REFDEPLOY_REAL_GUEST: scripts/build-test-guest.sh's Debian guest
 NPM_PACKAGES = ("@foundry-rs/anvil", "solc")
 PORT_NAMES = (
     "https",
@@ -149,10 +158,21 @@ def supervisorctl(state: dict[str, Any], *args: str, check: bool = True) -> subp
 # ---- up: the parts that need only the standard library ---------------------------------------------
 
 
-def install_system_packages() -> None:
+def running_services() -> set[str]:
+    """The services whose init script says they run (``service --status-all`` marks them ``[ + ]``;
+    where systemd runs, the scripts ask it)."""
+    listed = subprocess.run(["service", "--status-all"], capture_output=True, text=True, check=False).stdout
+    return {line.split("]", 1)[1].strip() for line in listed.splitlines() if line.strip().startswith("[ + ]")}
+
+
+def install_system_packages() -> list[str]:
+    """apt-get the packages of apt.txt; the services that installing them started (Debian starts a
+    package's service when it is installed: nginx on port 80, prometheus on 9090, the PostgreSQL
+    cluster, supervisor...), which ``down`` stops again."""
     if env("SKIP_APT", "") == "1":
         say("- Debian packages: skipped (REFDEPLOY_SKIP_APT=1)")
-        return
+        return []
+    before = running_services()
     packages = [line.split("#")[0].strip() for line in APT_FILE.read_text().splitlines() if line.split("#")[0].strip()]
     if shutil.which("npm") is None:  # Debian's npm; NodeSource's nodejs brings its own and conflicts with it
         packages.append("npm")
@@ -167,6 +187,10 @@ def install_system_packages() -> None:
         *packages,
         env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
     )
+    started = sorted(running_services() - before)
+    if started:
+        say(f"- services the packages started (./down stops them): {', '.join(started)}")
+    return started
 
 
 def make_venv(state_root: Path) -> Path:
@@ -177,7 +201,10 @@ def make_venv(state_root: Path) -> Path:
     venv = state_root / "venv"
     if not (venv / "bin" / "vpsshop").exists():
         say("- virtualenv with vpsshop[libvirt] from this checkout")
-        run(sys.executable, "-m", "venv", str(venv))
+        # Debian's python3 (python3-venv): an interpreter elsewhere (pyenv's under /root) may be out
+        # of reach of user vpsshop, which runs the programs
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        run(python, "-m", "venv", str(venv))
         run(str(venv / "bin" / "pip"), "install", "-q", "-c", str(ROOT / "constraints.txt"), f"{ROOT}[libvirt]")
     return venv
 
@@ -202,10 +229,12 @@ def up() -> None:
     if os.geteuid() != 0:
         sys.exit("run ./up as root: it installs Debian packages and talks to the system libvirtd")
     say(f"vpsshop reference deployment in {root}")
-    install_system_packages()
+    apt_started = install_system_packages()
     for sub in (
         "logs",
-        "supervisor",
+        "supervisor/conf.d",
+        "etc",
+        "lib",
         "nginx/tmp",
         "prometheus/data",
         "chain/litecoin",
@@ -228,7 +257,10 @@ def up() -> None:
         "npm_bin": str(bin_dir),
         "ports": ports,
         "listen": env("LISTEN", "127.0.0.1"),
+        "apt_started": apt_started,
         "pg_admin_url": env("PG_ADMIN_URL", ""),
+        "pg_cluster": env("PG_CLUSTER", ""),
+        "real_guest": env("REAL_GUEST", "") == "1",
         "db_name": env("DB_NAME", "vpsshop_" + tag.replace("-", "_")),
         "ltc_password": secrets.token_hex(16),
         "supervisord_conf": str(root / "supervisor" / "supervisord.conf"),
@@ -244,9 +276,40 @@ def up() -> None:
 # ---- up, continued under the virtualenv ------------------------------------------------------------
 
 
+def render_units(text: str, state: dict[str, Any]) -> str:
+    """``supervisor/vpsshop.conf`` as this deployment installs it: each path and port a reseller
+    would use replaced by this deployment's (in one pass, so nothing replaced is replaced again)."""
+    subs = unit_substitutions(state)
+    pattern = re.compile(
+        "|".join(
+            rf"(?<!\d){key}(?!\d)" if key.isdigit() else rf"(?<![\w/.-]){re.escape(key)}(?![\w.-])" for key in subs
+        )
+    )
+    return pattern.sub(lambda match: subs[match.group(0)], text)
+
+
+def unit_substitutions(state: dict[str, Any]) -> dict[str, str]:
+    """The paths and ports of ``supervisor/vpsshop.conf`` and what this deployment puts in their place."""
+    root, p = state["root"], state["ports"]
+    return {
+        "/opt/vpsshop/venv": state["venv"],
+        "/etc/vpsshop": f"{root}/etc",
+        "/var/lib/vpsshop": f"{root}/lib",
+        "/var/log/vpsshop": f"{root}/logs",
+        "8001": str(p["api1"]),
+        "8002": str(p["api2"]),
+    }
+
+
+def program_names(state: dict[str, Any]) -> list[str]:
+    """vpsshop's programs as supervisorctl names them (group ``vpsshop`` of supervisor/vpsshop.conf)."""
+    return [f"vpsshop:vpsshop-api-{state['ports'][n]}" for n in ("api1", "api2")] + ["vpsshop:vpsshop-worker"]
+
+
 def supervisord_conf(state: dict[str, Any], own_libvirtd: bool) -> str:
+    """supervisord's own configuration: the peers' programs, and vpsshop's programs included from
+    ``supervisor/conf.d/vpsshop.conf`` (the shipped file, installed by :func:`install_units`)."""
     root, p, b = state["root"], state["ports"], state["npm_bin"]
-    venv_bin = Path(state["venv"]) / "bin"
     chain = f"{root}/chain"
 
     def program(name: str, command: str, **extra: str) -> str:
@@ -282,6 +345,9 @@ supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 
 [supervisorctl]
 serverurl=unix://{root}/run/supervisor.sock
+
+[include]
+files = {root}/supervisor/conf.d/*.conf
 """
     ]
     parts.append(
@@ -322,25 +388,16 @@ serverurl=unix://{root}/run/supervisor.sock
     if own_libvirtd:
         parts.append(program("virtlogd", "/usr/sbin/virtlogd", priority="10"))
         parts.append(program("libvirtd", "/usr/sbin/libvirtd", priority="20"))
-    config = f"{root}/vpsshop.toml"
-    # the vpsshop programs: the same shape as supervisor/vpsshop.conf beside this file
-    for name in ("api1", "api2"):
+    if state["libvirt_uri"] == "qemu:///system":
+        # started only when user vpsshop may not use libvirtd's own socket (no polkit answers):
+        # a socket of its own, relayed to libvirtd's (see libvirt_for_service_user)
         parts.append(
             program(
-                f"vpsshop-api-{p[name]}",
-                f"{venv_bin}/vpsshop serve --config {config} --no-worker --host 127.0.0.1 --port {p[name]}",
-                directory=root,
-                environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"',
+                "libvirt-relay",
+                f"/usr/bin/socat UNIX-LISTEN:{root}/run/libvirt-sock,fork,unlink-early,user={SERVICE_USER},"
+                f"group={SERVICE_USER},mode=600 UNIX-CONNECT:{LIBVIRT_SOCKET}",
             )
         )
-    parts.append(
-        program(
-            "vpsshop-worker",
-            f"{venv_bin}/vpsshop worker --config {config}",
-            directory=root,
-            environment=f'VPSSHOP_X402_RELAYER_KEY="{state["relayer_key"]}"',
-        )
-    )
     parts.append(program("nginx", f"/usr/sbin/nginx -c {root}/nginx/nginx.conf -p {root}/nginx -g 'daemon off;'"))
     parts.append(
         program(
@@ -398,16 +455,16 @@ http {{
 
 
 def prometheus_conf(state: dict[str, Any]) -> str:
-    p = state["ports"]
-    targets = ", ".join(f"'127.0.0.1:{p[n]}'" for n in ("api1", "api2"))
-    return f"""# vpsshop reference deployment: each API process is scraped on its own loopback port
+    return f"""# vpsshop reference deployment: one API process of the host is scraped on its loopback port.
+# Every API process of a host shows the figures of all of them (docs/operations.md, Metrics): a
+# second target would count every figure twice in each sum.
 global:
   scrape_interval: 2s
 scrape_configs:
   - job_name: vpsshop
-    metrics_path: {state["metrics_path"]}
+    metrics_path: /metrics
     static_configs:
-      - targets: [{targets}]
+      - targets: ['127.0.0.1:{state["ports"]["api1"]}']
 """
 
 
@@ -422,7 +479,9 @@ public_url = "https://127.0.0.1:{p["https"]}/v1"
 [server]
 forwarded_allow_ips = ["127.0.0.1"]
 
-{state["metrics_toml"]}
+[metrics]
+multiprocess_dir = "{state["root"]}/lib/metrics"
+{guest_catalog(state)}
 [topups]
 watch_interval_seconds = 2
 poll_min_seconds = 1
@@ -463,29 +522,45 @@ backend = "libvirt"
 [hypervisor.libvirt]
 domain_type = "qemu"
 shutdown_grace_seconds = 2
-
+{guest_kernel_boot(state)}
 [hypervisor.libvirt.locations.nl]
-hosts = [{{ uri = "{state["libvirt_uri"]}", name = "local", max_memory_mib = 8192 }}]
+hosts = [{{ uri = "{state["shop_libvirt_uri"]}", name = "local", max_memory_mib = 8192 }}]
 pool = "{state["pool"]}"
-network = "user"
-addresses = "198.51.100.10-198.51.100.200"
-gateway = "198.51.100.1"
+{guest_network(state)}"""
+
+
+def guest_catalog(state: dict[str, Any]) -> str:
+    """With REFDEPLOY_REAL_GUEST: the catalog's debian-12 is the Debian guest image (a catalog file
+    of this deployment, the shipped one with the image file name changed)."""
+    if not state["real_guest"]:
+        return ""
+    return f'\n[catalog.file]\npath = "{state["root"]}/etc/catalog.toml"\n'
+
+
+def guest_kernel_boot(state: dict[str, Any]) -> str:
+    """With REFDEPLOY_REAL_GUEST: the guest boots its own kernel (docs/servers.md, direct kernel boot)."""
+    if not state["real_guest"]:
+        return ""
+    d = state["pool_dir"]
+    return f"""
+[hypervisor.libvirt.kernel_boot."{GUEST_IMAGE}"]
+kernel = "{d}/vmlinuz"
+initrd = "{d}/initrd.img"
+cmdline = "{state["guest_cmdline"]}"
+format = "raw"
 """
 
 
-def metrics_settings(root: str) -> tuple[str, str]:
-    """The ``[metrics]`` table that turns /metrics on, and its path on an API process.
-
-    /metrics (issue 12) answers on each `vpsshop serve` port, from loopback without a token; the API
-    processes and the worker of one host share a prometheus-client multiprocess directory, so each
-    port shows the whole host. A vpsshop without /metrics gets no table (it would refuse an unknown
-    one) and `walk` says so.
-    """
-    from vpsshop.settings import Settings
-
-    if "metrics" not in Settings.model_fields:
-        return "", "/metrics"
-    return f'[metrics]\nenabled = true\nmultiprocess_dir = "{root}/metrics"\n', "/metrics"
+def guest_network(state: dict[str, Any]) -> str:
+    """Blank disks: QEMU's user networking (nothing to reach). A real guest: a libvirt network of
+    this deployment whose bridge holds the gateway address, so this host reaches the guest."""
+    if not state["real_guest"]:
+        return 'network = "user"\naddresses = "198.51.100.10-198.51.100.200"\ngateway = "198.51.100.1"\n'
+    prefix = state["guest_prefix"]
+    return (
+        f'network = "network:{state["guest_network"]}"\naddresses = "{prefix}.10-{prefix}.60"\n'
+        f'gateway = "{prefix}.1"\nnameservers = ["{prefix}.1"]\n'
+    )
 
 
 def random_tpub() -> str:
@@ -511,15 +586,37 @@ def _pg(url: str):  # type: ignore[no-untyped-def]
     return psycopg.connect(url, autocommit=True)
 
 
-def local_psql(sql: str) -> None:
-    """Run ``sql`` as the ``postgres`` superuser over the local socket (peer authentication)."""
-    run("runuser", "-u", "postgres", "--", "psql", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql, quiet=True, cwd="/")
+def local_cluster(state: dict[str, Any]) -> tuple[str, str, int, bool]:
+    """The local Debian cluster (``REFDEPLOY_PG_CLUSTER``, else the newest version's ``main``) as
+    ``pg_lsclusters`` lists it: (version, name, port, online)."""
+    listed = run("pg_lsclusters", "--no-header", quiet=True, check=False).stdout.split("\n")
+    rows = [line.split() for line in listed if line.strip()]
+    if state["pg_cluster"]:
+        version, _, name = state["pg_cluster"].partition("/")
+        rows = [r for r in rows if r[0] == version and r[1] == name]
+    else:
+        rows = sorted((r for r in rows if r[1] == "main"), key=lambda r: float(r[0]))[-1:]
+    if not rows:
+        sys.exit(f"no PostgreSQL cluster {state['pg_cluster'] or '*/main'} (apt-get install postgresql)")
+    version, name, port, status = rows[-1][:4]
+    return version, name, int(port), status == "online"
+
+
+def local_psql(state: dict[str, Any], sql: str) -> None:
+    """Run ``sql`` as the ``postgres`` superuser over the local cluster's socket (peer authentication)."""
+    cluster = f"{state['pg_version']}/{state['pg_cluster_name']}"
+    run(
+        *("runuser", "-u", "postgres", "--", "psql", "--cluster", cluster, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql),
+        quiet=True,
+        cwd="/",
+    )
 
 
 def ensure_postgres(state: dict[str, Any]) -> None:
     """The deployment's database. With ``REFDEPLOY_PG_ADMIN_URL``: created there, used with the same
-    credentials. Without: the local Debian cluster (started if it is not running), a role of this
-    deployment with a random password and a database it owns; vpsshop connects over TCP with it."""
+    credentials. Without: the local Debian cluster (started if it is not running, and then stopped
+    by ``down``), a role of this deployment with a random password and a database it owns; vpsshop
+    connects over TCP with it."""
     name = state["db_name"]
     if state["pg_admin_url"]:
         with _pg(state["pg_admin_url"]) as conn:
@@ -530,24 +627,20 @@ def ensure_postgres(state: dict[str, Any]) -> None:
         state["database_url"] = f"{base}/{name}"
         say(f"- PostgreSQL database {name} (at REFDEPLOY_PG_ADMIN_URL)")
         return
-    if (
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", "psql", "-c", "SELECT 1"], capture_output=True, cwd="/"
-        ).returncode
-        != 0
-    ):
-        say("- PostgreSQL: starting Debian's cluster")
-        clusters = sorted(Path("/etc/postgresql").glob("*/main"))
-        if not clusters:
-            sys.exit("no PostgreSQL cluster in /etc/postgresql (apt-get install postgresql)")
-        run("pg_ctlcluster", clusters[-1].parent.name, "main", "start", check=False)
+    version, cluster, port, online = local_cluster(state)
+    state.update(pg_version=version, pg_cluster_name=cluster)
+    if not online:
+        say(f"- PostgreSQL: starting Debian's cluster {version}/{cluster} (./down stops it again)")
+        run("pg_ctlcluster", version, cluster, "start")
+        state["pg_started"] = True
+        save_state(state)
     password = secrets.token_hex(16)
-    local_psql(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'")
+    local_psql(state, f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'")
     state["pg_role"] = name
-    local_psql(f'CREATE DATABASE "{name}" OWNER "{name}"')
-    state["database_url"] = f"postgresql+psycopg://{name}:{password}@127.0.0.1:{env('PG_PORT', '5432')}/{name}"
+    local_psql(state, f'CREATE DATABASE "{name}" OWNER "{name}"')
+    state["database_url"] = f"postgresql+psycopg://{name}:{password}@127.0.0.1:{port}/{name}"
     wait("PostgreSQL over TCP", lambda: _pg(state["database_url"].replace("+psycopg", "")).close() or True, 60)
-    say(f"- PostgreSQL database {name}, owned by a role of its own")
+    say(f"- PostgreSQL database {name} in cluster {version}/{cluster} (port {port}), owned by a role of its own")
 
 
 def libvirt_answers(uri: str) -> bool:
@@ -647,18 +740,153 @@ def init_monero(state: dict[str, Any]) -> None:
     say("- monerod regtest: sender wallet funded (80 blocks); the shop holds a view-only wallet")
 
 
+def ensure_service_user(state: dict[str, Any]) -> None:
+    """The user the programs of supervisor/vpsshop.conf run as, made as docs/operations.md says
+    when it does not exist (then ``down`` removes it again), and in group libvirt."""
+    import grp
+    import pwd
+
+    try:
+        pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        run(
+            *("useradd", "--system", "--user-group", "--home-dir", "/var/lib/vpsshop", "--no-create-home"),
+            *("--shell", "/usr/sbin/nologin", SERVICE_USER),
+            quiet=True,
+        )
+        state["made_user"] = True
+        save_state(state)
+        try:
+            grp.getgrnam("libvirt")
+            run("usermod", "--append", "--groups", "libvirt", SERVICE_USER, quiet=True)
+        except KeyError:
+            pass
+        say(f"- system user {SERVICE_USER}, in group libvirt (./down removes it again)")
+    user = pwd.getpwnam(SERVICE_USER)
+    venv_python = f"{state['venv']}/bin/python"
+    if run(
+        "runuser", "-u", SERVICE_USER, "--", venv_python, "-c", "import vpsshop", quiet=True, check=False
+    ).returncode:
+        sys.exit(f"user {SERVICE_USER} cannot run vpsshop from the virtualenv {state['venv']}: make it readable")
+    root = Path(state["root"])
+    for path, mode in ((root / "lib", 0o750), (root / "lib" / "metrics", 0o750), (root / "etc", 0o750)):
+        path.mkdir(exist_ok=True)
+        os.chown(path, 0 if path.name == "etc" else user.pw_uid, user.pw_gid)
+        path.chmod(mode)
+
+
+def libvirt_for_service_user(state: dict[str, Any]) -> None:
+    """How user vpsshop reaches libvirtd. On Debian it may use ``qemu:///system`` when it is in group
+    libvirt, which polkit checks; where no polkit answers (a container without a system bus) only
+    root may, and the deployment gives vpsshop a socket of its own (mode 600) relayed by socat to
+    libvirtd's: the same power group libvirt gives, nothing more."""
+    uri = state["libvirt_uri"]
+    state["shop_libvirt_uri"] = uri
+    if uri != "qemu:///system":
+        return
+    probe = run("runuser", "-u", SERVICE_USER, "--", "virsh", "-c", uri, "version", quiet=True, check=False)
+    if probe.returncode == 0:
+        say(f"- libvirt: user {SERVICE_USER} uses {uri} (group libvirt)")
+        return
+    relay = f"{state['root']}/run/libvirt-sock"
+    supervisorctl(state, "start", "libvirt-relay")
+    wait("the libvirt relay", lambda: Path(relay).is_socket(), 30)
+    state.update(libvirt_relay=relay, shop_libvirt_uri=f"qemu+unix:///system?socket={relay}")
+    say(
+        f"- libvirt: user {SERVICE_USER} may not use {uri} here (no polkit answers): it reaches libvirtd "
+        f"through {relay} (socat, its own, mode 600)"
+    )
+
+
+def build_guest() -> Path:
+    """scripts/build-test-guest.sh's Debian 12 guest (built once with debootstrap, then cached)."""
+    say("- the Debian guest image (scripts/build-test-guest.sh: a few minutes the first time, then cached)")
+    out = run(str(ROOT / "scripts" / "build-test-guest.sh"), quiet=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def make_guest_network(state: dict[str, Any]) -> None:
+    """A libvirt network of this deployment for real guests: isolated (no DHCP, no DNS), its bridge
+    holding the gateway address, so this host reaches each guest at its leased address."""
+    import random
+
+    uri = state["libvirt_uri"]
+    Path("/var/lib/libvirt/dnsmasq").mkdir(parents=True, exist_ok=True)  # libvirt records MACs there
+    used = {
+        line.split()[3].rsplit(".", 1)[0]
+        for line in run("ip", "-4", "-o", "addr", quiet=True).stdout.splitlines()
+        if len(line.split()) > 3
+    }
+    prefix = next(p for p in (f"10.214.{random.randrange(1, 250)}" for _ in range(200)) if p not in used)
+    name = f"vpsshop-{state['name']}"
+    xml = Path(state["root"]) / "network.xml"
+    xml.write_text(
+        f"<network><name>{name}</name><bridge name='vps{secrets.token_hex(4)}' stp='off'/><dns enable='no'/>"
+        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
+    )
+    run("virsh", "-c", uri, "net-define", str(xml), quiet=True)
+    state.update(guest_network=name, guest_prefix=prefix)
+    save_state(state)
+    run("virsh", "-c", uri, "net-start", name, quiet=True)
+    say(f"- libvirt network {name}: {prefix}.0/24, this host at {prefix}.1")
+
+
 def init_libvirt(state: dict[str, Any]) -> None:
     uri = state["libvirt_uri"]
     pool_dir = Path(state["pool_dir"])
     pool_dir.mkdir(parents=True)
     pool_dir.chmod(0o755)
-    # A tiny base image made here (no download exists): a blank qcow2 under the catalog's image name.
-    run("qemu-img", "create", "-q", "-f", "qcow2", str(pool_dir / "debian-12-genericcloud-amd64.qcow2"), "1G")
+    if state["real_guest"]:
+        guest = build_guest()
+        run("cp", "--sparse=always", str(guest / "rootfs.raw"), str(pool_dir / GUEST_IMAGE), quiet=True)
+        for name in ("vmlinuz", "initrd.img"):
+            shutil.copy(guest / name, pool_dir / name)
+        state["guest_cmdline"] = (guest / "cmdline").read_text().strip()
+        catalog = (ROOT / "plugins" / "vpsshop_catalog" / "catalog.toml").read_text()
+        (Path(state["root"]) / "etc" / "catalog.toml").write_text(
+            catalog.replace("debian-12-genericcloud-amd64.qcow2", GUEST_IMAGE)
+        )
+        what = f"the Debian 12 guest ({GUEST_IMAGE}, direct kernel boot)"
+        make_guest_network(state)
+    else:
+        # A tiny base image made here (no download exists): a blank qcow2 under the catalog's image name.
+        run("qemu-img", "create", "-q", "-f", "qcow2", str(pool_dir / "debian-12-genericcloud-amd64.qcow2"), "1G")
+        what = "a blank debian-12 base image (REFDEPLOY_REAL_GUEST=1 for a bootable one)"
     xml = Path(state["root"]) / "pool.xml"
     xml.write_text(f"<pool type='dir'><name>{state['pool']}</name><target><path>{pool_dir}</path></target></pool>")
     run("virsh", "-c", uri, "pool-define", str(xml), quiet=True)
     run("virsh", "-c", uri, "pool-start", state["pool"], quiet=True)
-    say(f"- libvirt ({uri}): storage pool {state['pool']} at {pool_dir} with a blank debian-12 base image")
+    say(f"- libvirt ({uri}): storage pool {state['pool']} at {pool_dir} with {what}")
+
+
+def install_files(state: dict[str, Any]) -> None:
+    """vpsshop's configuration where supervisor/vpsshop.conf looks for it (its /etc/vpsshop), owned by
+    vpsshop, mode 0600: vpsshop.toml, and ``environment`` with the secret kept out of the TOML file."""
+    import pwd
+
+    user = pwd.getpwnam(SERVICE_USER)
+    etc = Path(state["root"]) / "etc"
+    files = {
+        etc / "vpsshop.toml": shop_toml(state),
+        etc / "environment": f"VPSSHOP_X402_RELAYER_KEY={state['relayer_key']}\n",
+    }
+    if state["real_guest"]:
+        files[etc / "catalog.toml"] = (etc / "catalog.toml").read_text()
+    for path, text in files.items():
+        path.write_text(text)
+        os.chown(path, user.pw_uid, user.pw_gid)
+        path.chmod(0o600)
+
+
+def install_units(state: dict[str, Any]) -> None:
+    """supervisor/vpsshop.conf, installed as docs/operations.md says (conf.d, then reread and
+    update), with this deployment's paths and ports (:func:`render_units`): supervisord starts its
+    programs."""
+    installed = Path(state["root"]) / "supervisor" / "conf.d" / "vpsshop.conf"
+    installed.write_text(render_units(UNITS.read_text(), state))
+    say(f"- {UNITS.relative_to(ROOT)} installed as {installed} (its paths and ports replaced)")
+    supervisorctl(state, "reread")
+    supervisorctl(state, "update")
 
 
 def make_cert(root: Path) -> None:
@@ -697,14 +925,12 @@ def up_in_venv() -> None:
     state = load_state()
     root = Path(state["root"])
     ensure_postgres(state)
-    state["metrics_toml"], state["metrics_path"] = metrics_settings(state["root"])
-    (root / "metrics").mkdir(exist_ok=True)
+    ensure_service_user(state)
     state.update(secret_key=secrets.token_urlsafe(32), encryption_key=Fernet.generate_key().decode())
     own_libvirtd = not libvirt_answers(state["libvirt_uri"])
     if own_libvirtd and state["libvirt_uri"] != "qemu:///system":
         sys.exit(f"libvirtd does not answer on {state['libvirt_uri']}")
     state["own_libvirtd"] = own_libvirtd
-    state["relayer_key"] = ""  # written again once the chain exists
     save_state(state)
     conf = Path(state["supervisord_conf"])
     conf.write_text(supervisord_conf(state, own_libvirtd))
@@ -729,20 +955,20 @@ def up_in_venv() -> None:
     init_litecoin(state)
     init_monero(state)
     init_libvirt(state)
+    libvirt_for_service_user(state)
     make_cert(root)
     save_state(state)
-    (root / "vpsshop.toml").write_text(shop_toml(state))
-    (root / "vpsshop.toml").chmod(0o600)
+    install_files(state)
     (root / "nginx" / "nginx.conf").write_text(nginx_conf(state))
     (root / "prometheus" / "prometheus.yml").write_text(prometheus_conf(state))
-    # the relayer key reaches vpsshop through the environment of its programs (never the TOML file)
-    conf.write_text(supervisord_conf(state, own_libvirtd))
-    supervisorctl(state, "reread")
-    supervisorctl(state, "update")
     venv_bin = Path(state["venv"]) / "bin"
-    run(str(venv_bin / "vpsshop"), "migrate", "--config", str(root / "vpsshop.toml"), cwd=root)
-    apis = [f"vpsshop-api-{state['ports'][n]}" for n in ("api1", "api2")]
-    supervisorctl(state, "start", *apis, "vpsshop-worker", "nginx", "prometheus")
+    run(
+        *("runuser", "-u", SERVICE_USER, "--", str(venv_bin / "vpsshop"), "migrate"),
+        *("--config", str(root / "etc" / "vpsshop.toml")),
+        cwd=root / "lib",
+    )
+    install_units(state)
+    supervisorctl(state, "start", "nginx", "prometheus")
     wait("vpsshop behind nginx", lambda: api_get(state, "/health").status_code in (200, 503), 180)
     health = api_get(state, "/health").json()
     save_state(state)
@@ -794,14 +1020,12 @@ class Walk:
             time.sleep(0.1)
 
     def metrics(self) -> dict[str, float]:
-        """The ``vpsshop_`` samples of one API process's /metrics (each port shows the whole host); {}
-        when this vpsshop has no /metrics."""
+        """The ``vpsshop_`` samples of one API process's /metrics (each port shows the whole host)."""
         import httpx
 
-        url = f"http://127.0.0.1:{self.state['ports']['api1']}{self.state['metrics_path']}"
-        response = httpx.get(url, timeout=10)
+        response = httpx.get(f"http://127.0.0.1:{self.state['ports']['api1']}/metrics", timeout=10)
         if response.status_code != 200:
-            return {}
+            raise SystemExit(f"/metrics answered {response.status_code}: {response.text[:200]}")
         samples: dict[str, float] = {}
         for line in response.text.splitlines():
             if line.startswith("vpsshop_") and "_bucket{" not in line:
@@ -892,8 +1116,19 @@ class Walk:
             f"top-up {done['status']}, credited {done.get('credited_usd')} USD; balance {self.balance()} USD",
         )
 
+        order_body: dict[str, Any] = {"plan": "pup", "location": "nl", "os": "debian-12"}
+        if s["real_guest"]:
+            self.step("Store an SSH key: POST /v1/ssh-keys")
+            key = guest_key(s)
+            stored = self.http.post(
+                "/ssh-keys", json={"name": "walk", "public_key": key.with_suffix(".pub").read_text()}, headers=self.auth
+            )
+            assert stored.status_code == 201, stored.text
+            order_body.update(hostname="walk-guest", ssh_keys=[stored.json()["id"]])
+            self.ok("ssh_key", stored.status_code, f"201, key {stored.json()['fingerprint']}")
+
         self.step("Order a server: POST /v1/servers (plan pup, location nl, debian-12)")
-        order = self.http.post("/servers", json={"plan": "pup", "location": "nl", "os": "debian-12"}, headers=self.auth)
+        order = self.http.post("/servers", json=order_body, headers=self.auth)
         assert order.status_code == 201, order.text
         server_id = order.json()["server"]["id"]
         self.ok(
@@ -912,8 +1147,13 @@ class Walk:
         self.ok(
             "active",
             server["status"],
-            f"status {server['status']}, ip {server.get('ip')}, expires {server.get('expires_at')}",
+            f"status {server['status']}, ip {server.get('ip')}, expires {server.get('expires_at')}"
+            + ("" if s["real_guest"] else " (a blank disk: active means the domain runs; nothing boots)"),
         )
+        if s["real_guest"]:
+            self.step(f"Log in over SSH as root with the ordered key (ssh root@{server['ip']})")
+            hostname = guest_login(s, server["ip"], key)
+            self.ok("ssh_key_login", hostname, f"logged in: hostname {hostname}")
 
         self.step("Read its credentials: GET /v1/servers/{id}/credentials")
         creds = self.http.get(f"/servers/{server_id}/credentials", headers=self.auth)
@@ -924,6 +1164,10 @@ class Walk:
             f"password of {len(creds.json().get('password') or '')} characters "
             f"(Cache-Control: {creds.headers.get('cache-control')})",
         )
+        if s["real_guest"]:
+            self.step("Log in over SSH with that password")
+            uid = guest_password_login(s, server["ip"], creds.json()["password"])
+            self.ok("ssh_password_login", uid, f"logged in as uid {uid}")
 
         self.step("Renew it for one more cycle: POST /v1/servers/{id}/renew")
         renewed = self.http.post(f"/servers/{server_id}/renew", headers=self.auth)
@@ -936,36 +1180,41 @@ class Walk:
             f"{(body.get('server') or {}).get('expires_at')}; balance {self.balance()} USD",
         )
 
-        self.step("See the figures move in /metrics (each API process, and Prometheus)")
+        self.step("See the figures move in /metrics (one API process shows the host), and in Prometheus")
         time.sleep(1)
         after = self.metrics()
-        if not after:
-            self.ok("metrics", 0, f"{s['metrics_path']} is not served by this vpsshop")
-        else:
-            moved = {k: (before.get(k, 0.0), v) for k, v in after.items() if v != before.get(k, 0.0)}
-            first = (
-                "vpsshop_credited_usd_total",
-                "vpsshop_orders_total",
-                "vpsshop_renewals_total",
-                "vpsshop_topups",
-                "vpsshop_x402_settlements_total",
-            )
-            shown = sorted(moved.items(), key=lambda item: (not item[0].startswith(first), item[0]))[:16]
-            for series, (old, new) in shown:
-                say(f"   {series}: {old:g} -> {new:g}")
-            for name in ("credited_usd_total", "orders_total", "renewals_total"):
-                delta = sum(
-                    new - old for series, (old, new) in moved.items() if series.split("{")[0] == f"vpsshop_{name}"
-                )
-                self.results[f"metrics_{name}"] = delta
-            self.ok("metrics", len(moved), f"{len(moved)} series moved")
-            up_series = prometheus_query(s, 'up{job="vpsshop"}')
-            self.ok("prometheus_up", up_series, f'Prometheus: up{{job="vpsshop"}} = {up_series}')
+        moved = {k: (before.get(k, 0.0), v) for k, v in after.items() if v != before.get(k, 0.0)}
+        first = (
+            "vpsshop_credited_usd_total",
+            "vpsshop_orders_total",
+            "vpsshop_renewals_total",
+            "vpsshop_topups",
+            "vpsshop_x402_settlements_total",
+        )
+        shown = sorted(moved.items(), key=lambda item: (not item[0].startswith(first), item[0]))[:16]
+        for series, (old, new) in shown:
+            say(f"   {series}: {old:g} -> {new:g}")
+        for name in ("credited_usd_total", "orders_total", "renewals_total"):
+            delta = sum(new - old for series, (old, new) in moved.items() if series.split("{")[0] == f"vpsshop_{name}")
+            self.results[f"metrics_{name}"] = delta
+        self.ok("metrics", len(moved), f"{len(moved)} series moved")
+        up_series = prometheus_query(s, 'up{job="vpsshop"}', lambda values: values == ["1"])
+        self.ok("prometheus_up", up_series, f'Prometheus: up{{job="vpsshop"}} = {up_series} (one target per host)')
+        # Prometheus' sums over the job equal the host's figures: each counted once, not once per process
+        sums, totals = {}, {}
+        for name in ("credited_usd_total", "orders_total", "renewals_total"):
+            direct = totals[name] = sum(v for k, v in after.items() if k.split("{")[0] == f"vpsshop_{name}")
+            query = f'sum(vpsshop_{name}{{job="vpsshop"}})'
+            found = prometheus_query(s, query, lambda values, direct=direct: values == [f"{direct:g}"])
+            sums[name] = float(found[0]) if found else None
+            say(f"   Prometheus: {query} = {found} (/metrics: {direct:g})")
+        self.results.update(prometheus_sums=sums, metrics_totals=totals)
         say("\nThe walk is done.")
         return self.results
 
 
-def prometheus_query(state: dict[str, Any], query: str) -> list[str]:
+def prometheus_query(state: dict[str, Any], query: str, done: Any) -> list[str]:
+    """The values of an instant query, asked again (scrapes come every 2 s) until ``done(values)`` or 30 s."""
     import httpx
 
     deadline = time.monotonic() + 30
@@ -974,9 +1223,77 @@ def prometheus_query(state: dict[str, Any], query: str) -> list[str]:
             f"http://127.0.0.1:{state['ports']['prometheus']}/api/v1/query", params={"query": query}, timeout=10
         ).json()
         values = sorted(r["value"][1] for r in answer["data"]["result"])
-        if values.count("1") == 2 or time.monotonic() > deadline:
+        if done(values) or time.monotonic() > deadline:
             return values
         time.sleep(1)
+
+
+def guest_key(state: dict[str, Any]) -> Path:
+    """The customer's SSH key for the walk (ed25519, made once per deployment)."""
+    key = Path(state["root"]) / "walk" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(mode=0o700, exist_ok=True)
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "walk", "-f", str(key), quiet=True)
+    return key
+
+
+SSH_OPTIONS = (
+    *("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5"),
+    *("-o", "LogLevel=ERROR"),
+)
+
+
+def guest_login(state: dict[str, Any], ip: str, key: Path, seconds: float = 600) -> str:
+    """Log in as root with ``key`` once the guest has booted and cloud-init has finished: its hostname."""
+    deadline = time.monotonic() + seconds
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            done = subprocess.run(
+                [
+                    *("ssh", *SSH_OPTIONS, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", str(key)),
+                    *(f"root@{ip}", "cloud-init status --wait >/dev/null 2>&1; hostname"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=max(10.0, deadline - time.monotonic()),
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            last = "no answer"
+            continue
+        if done.returncode == 0:
+            return done.stdout.strip()
+        last = done.stderr.strip()
+        time.sleep(3)
+    raise SystemExit(f"no SSH login as root with the ordered key on {ip} within {seconds:.0f} s: {last}")
+
+
+def guest_password_login(state: dict[str, Any], ip: str, password: str) -> str:
+    """Log in as root with ``password`` (OpenSSH reads it from SSH_ASKPASS): the uid it runs as."""
+    askpass = Path(state["root"]) / "walk" / "askpass.sh"
+    askpass.write_text("#!/bin/sh\nprintf '%s\\n' \"$WALK_GUEST_PASSWORD\"\n")
+    askpass.chmod(0o700)
+    done = subprocess.run(
+        [
+            *("ssh", *SSH_OPTIONS, "-o", "PubkeyAuthentication=no", "-o", "NumberOfPasswordPrompts=1"),
+            *("-o", "PreferredAuthentications=password,keyboard-interactive", f"root@{ip}", "id -u"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "SSH_ASKPASS": str(askpass),
+            "SSH_ASKPASS_REQUIRE": "force",
+            "DISPLAY": ":0",
+            "WALK_GUEST_PASSWORD": password,
+        },
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"no SSH login as root with the password on {ip}: {done.stderr.strip()}")
+    return done.stdout.strip()
 
 
 def sign_x402(state: dict[str, Any], requirements: dict[str, Any]) -> str:
@@ -1007,7 +1324,8 @@ def walk() -> None:
 
 
 def ours(state: dict[str, Any]) -> list[str]:
-    """Processes still running that belong to this deployment (their command line names its dirs)."""
+    """Processes still running that belong to this deployment: their command line names its dirs or
+    its name, or they run in the state dir (vpsshop's programs: supervisor/vpsshop.conf's directory)."""
     marks = (state["root"] + "/", state["pool_dir"] + "/")
     found = []
     for proc in Path("/proc").iterdir():
@@ -1015,22 +1333,66 @@ def ours(state: dict[str, Any]) -> list[str]:
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd") + "/"
         except OSError:
             continue
-        if any(mark in cmdline + " " for mark in marks) or f"vpsshop-{state['name']}" in cmdline:
+        if (
+            any(mark in cmdline + " " for mark in marks)
+            or f"vpsshop-{state['name']}" in cmdline
+            or cwd.startswith(state["root"] + "/")
+        ):
             found.append(f"{proc.name} {cmdline.strip()}")
     return found
 
 
+def run_as_service_user() -> list[int]:
+    """The processes running as user vpsshop (another deployment's, once this one's are stopped)."""
+    import pwd
+
+    uid = pwd.getpwnam(SERVICE_USER).pw_uid
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid == uid:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def user_exists() -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(SERVICE_USER)
+        return True
+    except KeyError:
+        return False
+
+
+def listening(ports: dict[str, int]) -> list[str]:
+    """The deployment's ports that something still listens on."""
+    found = []
+    for name, port in ports.items():
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                found.append(f"{name} ({port})")
+    return found
+
+
 def down() -> None:
+    """Stop everything ``up`` started, and only that: vpsshop's programs, then libvirt's domains,
+    pool and network of this deployment, supervisord with every peer it ran (libvirtd too when
+    ``up`` started it), the database (and role), the PostgreSQL cluster when ``up`` started it, the
+    services that installing the packages started, and the user ``up`` made."""
     state = load_state()
     root = Path(state["root"])
     uri = state["libvirt_uri"]
     say(f"tearing down the deployment in {root}")
     sock = root / "run" / "supervisor.sock"
     if sock.exists():
-        apis = [f"vpsshop-api-{state['ports'][n]}" for n in ("api1", "api2")]
-        supervisorctl(state, "stop", "nginx", "prometheus", "vpsshop-worker", *apis, check=False)
+        supervisorctl(state, "stop", "vpsshop:*", "nginx", "prometheus", check=False)
     if libvirt_answers(uri):
         domains = run("virsh", "-c", uri, "list", "--all", "--name", quiet=True, check=False).stdout.split()
         for domain in domains:
@@ -1042,6 +1404,10 @@ def down() -> None:
         run("virsh", "-c", uri, "pool-destroy", state["pool"], check=False, quiet=True)
         run("virsh", "-c", uri, "pool-undefine", state["pool"], check=False, quiet=True)
         say(f"- removed storage pool {state['pool']}")
+        if state.get("guest_network"):
+            run("virsh", "-c", uri, "net-destroy", state["guest_network"], check=False, quiet=True)
+            run("virsh", "-c", uri, "net-undefine", state["guest_network"], check=False, quiet=True)
+            say(f"- removed libvirt network {state['guest_network']}")
     shutil.rmtree(state["pool_dir"], ignore_errors=True)
     pidfile = root / "run" / "supervisord.pid"
     if pidfile.exists():
@@ -1065,9 +1431,15 @@ def down() -> None:
             with psycopg.connect(state["pg_admin_url"], autocommit=True) as conn:
                 conn.execute(drop)
         else:
-            local_psql(drop)
-            local_psql(f'DROP ROLE IF EXISTS "{state["pg_role"]}"')
+            local_psql(state, drop)
+            local_psql(state, f'DROP ROLE IF EXISTS "{state["pg_role"]}"')
         say(f"- dropped database {state['db_name']}")
+    if state.get("pg_started"):
+        run("pg_ctlcluster", state["pg_version"], state["pg_cluster_name"], "stop", check=False)
+        say(f"- PostgreSQL cluster {state['pg_version']}/{state['pg_cluster_name']}: stopped (up had started it)")
+    for service in state.get("apt_started", []):
+        run("service", service, "stop", check=False)
+        say(f"- service {service}: stopped (installing its package had started it)")
     left = ours(state)
     for _ in range(20):
         if not left:
@@ -1078,6 +1450,17 @@ def down() -> None:
         say("STILL RUNNING:\n" + "\n".join(left))
         sys.exit(1)
     say("- ps: no process of this deployment is running")
+    if state.get("made_user") and user_exists():
+        if run_as_service_user():
+            say(f"- kept user {SERVICE_USER} (up had made it): another deployment's processes run as it")
+        else:
+            run("userdel", SERVICE_USER, quiet=True)
+            say(f"- removed user {SERVICE_USER} (up had made it)")
+    still = listening(state["ports"])
+    if still:
+        say("STILL LISTENING: " + ", ".join(still))
+        sys.exit(1)
+    say("- no port of this deployment answers")
     keep = env("KEEP_LOGS", "") == "1"
     for entry in root.iterdir():
         if keep and entry.name == "logs":
