@@ -1,8 +1,11 @@
-"""The dashboard's pages: sign-in, account, overview, top-ups, servers, API keys and security.
+"""The dashboard's pages: sign-in, account, overview, top-ups, API keys and security, and the
+routes of every page (servers and SSH keys are in :mod:`~vpsshop.dashboard.server_pages`, webhooks
+and events in :mod:`~vpsshop.dashboard.event_pages`).
 
 Each handler takes a :class:`~vpsshop.dashboard.web.Page` and calls :class:`~vpsshop.dashboard.shop.Shop`,
-which calls the same services as the API. Errors the customer can fix re-render the form with the
-problem said in words; others become the error page with the API's message.
+which calls the same services as the API, with the API's limits. Errors the customer can fix
+re-render the form with the problem said in words (and the API's status and ``Retry-After``);
+others become the error page with the API's message.
 """
 
 from __future__ import annotations
@@ -13,44 +16,14 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+import vpsshop.dashboard.event_pages as event_pages
+import vpsshop.dashboard.server_pages as server_pages
 from vpsshop.coins import DepositCoin, X402Coin
 from vpsshop.dashboard.web import Dashboard, Page, format_usd
+from vpsshop.dashboard.words import LEDGER_REASONS, friendly
 from vpsshop.errors import ApiError, NotFound, Unauthorized
-from vpsshop.ledger import InsufficientBalance
 from vpsshop.ratelimit import RateLimited
 from vpsshop.twofactor import InvalidCode
-
-LEDGER_REASONS = {
-    "topup": "Top-up",
-    "admin_credit": "Credit from support",
-    "admin_debit": "Debit by support",
-    "order": "Server order",
-    "renewal": "Server renewal",
-    "refund": "Refund",
-}
-FIELD_NAMES = {
-    "plan": "Plan",
-    "location": "Location",
-    "os": "Operating system",
-    "cycle": "Billing cycle",
-    "hostname": "Hostname",
-    "root_password": "Root password",
-    "amount": "Amount",
-    "coin": "Coin",
-}
-FRIENDLY = {
-    "amount_too_low": "The smallest top-up is $25.",
-    "amount_too_high": "The largest top-up is $2,000.",
-    "invalid_amount": "Enter the amount in US dollars, like 30 or 30.50 (at most two decimals).",
-    "invalid_hostname": "A hostname is 1 to 63 letters, digits and hyphens, not starting or ending with a hyphen.",
-    "invalid_root_password": "A root password is 10 to 128 printable characters (letters, digits, symbols, "
-    "spaces); leave it empty to have one generated.",
-}
-
-
-def _friendly(exc: ApiError) -> str:
-    return FRIENDLY.get(exc.error, exc.message)
-
 
 # ---- sign-in, sign-out, new account ---------------------------------------------------------------
 
@@ -116,7 +89,10 @@ async def signout(page: Page) -> Response:
 
 
 async def create_account(page: Page) -> Response:
-    created = await page.shop.create_account()
+    try:
+        created = await page.shop.create_account(page.client)
+    except RateLimited as exc:  # the sign-up limit of POST /v1/account, on the same count
+        return page.render("signin.html", 429, exc.headers, title="Sign in", signup_error=exc.message)
     if page.session is not None:
         await page.shop.end_session(page.session.account_id, page.session.id)
     session_token = await page.shop.start_session(
@@ -180,7 +156,7 @@ async def start_topup(page: Page) -> Response:
         body = page.shop.topup_body(page.form.get("amount", ""), page.form.get("coin"))
         coin = page.shop.topup_coin(body.coin)
         if isinstance(coin, X402Coin):
-            requirements = page.shop.x402_requirements(coin, body)
+            requirements = await page.shop.x402_requirements(page.account_id, coin, body)
             return page.render(
                 "topup_x402.html", title="Pay with x402", coin=coin, amount=body.amount, requirements=requirements
             )
@@ -191,7 +167,7 @@ async def start_topup(page: Page) -> Response:
     except ApiError as exc:
         if exc.status >= 500:
             raise
-        return await topup_form(page, error=_friendly(exc), status=exc.status, headers=exc.headers)
+        return await topup_form(page, error=friendly(exc), status=exc.status, headers=exc.headers)
     return page.redirect(f"topups/{topup.ref}")
 
 
@@ -203,6 +179,8 @@ async def show_topup(page: Page) -> Response:
         title=f"Top-up of {topup.amount_usd} USD",
         topup=topup,
         coin_name=getattr(coin, "name", topup.coin),
+        watched=page.shop.watched(topup.coin),
+        topup_account=page.account_id,
     )
 
 
@@ -216,6 +194,7 @@ async def topup_status(page: Page) -> Response:
             "confirmations": topup.confirmations,
             "confirmations_required": topup.confirmations_required,
             "credited_usd": str(topup.credited_usd),
+            "credited_text": format_usd(topup.credited_usd),
             "expires_at": topup.expires_at.isoformat() if topup.expires_at else None,
         },
         headers={"Cache-Control": "no-store"},
@@ -235,185 +214,41 @@ def _ref(page: Page) -> str:
     return ref
 
 
-# ---- servers ----------------------------------------------------------------------------------------------
-
-
-async def servers_page(page: Page) -> Response:
-    servers = await page.shop.servers(page.account_id)
-    return page.render("servers.html", title="Servers", servers=servers.servers)
-
-
-def _pricing(page: Page) -> dict[str, dict[str, str]]:
-    return {
-        f"{p.plan}:{p.location}": {"monthly": str(p.monthly_usd), "annual": str(p.annual_usd)}
-        for p in page.shop.catalog.pricing
-    }
-
-
-async def order_form(page: Page, *, error: str | None = None, deficit: Any = None, status: int = 200) -> Response:
-    account = await page.shop.account(page.account_id)
-    catalog = page.shop.catalog
-    form = {
-        "plan": catalog.plans[0].id,
-        "location": catalog.locations[0].id,
-        "os": catalog.operating_systems[0].id,
-        "cycle": "monthly",
-        **page.form,
-    }
-    price = next((p for p in catalog.pricing if p.plan == form["plan"] and p.location == form["location"]), None)
-    shown = None if price is None else price.annual_usd if form.get("cycle") == "annual" else price.monthly_usd
-    return page.render(
-        "order.html",
-        status,
-        title="Order a server",
-        account=account,
-        catalog=catalog,
-        form=form,
-        error=error,
-        deficit=deficit,
-        pricing=_pricing(page),
-        price=shown,
-        idempotency_key=page.form.get("idempotency_key") or secrets.token_urlsafe(16),
-    )
-
-
-async def order_page(page: Page) -> Response:
-    return await order_form(page)
-
-
-async def place_order(page: Page) -> Response:
-    form = page.form
-    data: dict[str, Any] = {
-        "plan": form.get("plan", ""),
-        "location": form.get("location", ""),
-        "os": form.get("os", ""),
-        "cycle": form.get("cycle") or "monthly",
-    }
-    if form.get("hostname", "").strip():
-        data["hostname"] = form["hostname"].strip()
-    if form.get("root_password", ""):
-        data["root_password"] = form["root_password"]
-    key = form.get("idempotency_key") or None
-    try:
-        body = page.shop.order_body(data)
-        done = await page.shop.order(page.account_id, body, f"dashboard:{key}" if key else None)
-    except InsufficientBalance as exc:
-        page.form.pop("root_password", None)
-        message = (
-            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
-            f"{format_usd(exc.extra['price'])}. Nothing was charged."
-        )
-        return await order_form(page, error=message, deficit=exc.extra.get("deficit"), status=402)
-    except ApiError as exc:
-        if exc.status >= 500:
-            raise
-        page.form.pop("root_password", None)
-        field = exc.error.removeprefix("invalid_")
-        message = _friendly(exc)
-        if field in FIELD_NAMES and exc.error not in FRIENDLY:
-            message = f"{FIELD_NAMES[field]}: {exc.message.split(': ', 1)[-1]}"
-        return await order_form(page, error=message, status=exc.status)
-    return page.redirect(f"servers/{done.order.server.id}", "ordered")
-
-
-async def show_server(page: Page) -> Response:
-    server = await page.shop.server(page.account_id, page.request.path_params["id"])
-    account = await page.shop.account(page.account_id)
-    names = _names(page)
-    return page.render("server.html", title=f"Server {server.hostname}", server=server, account=account, names=names)
-
-
-def _names(page: Page) -> dict[str, str]:
-    data = page.shop.ctx.catalog_data
-    return {
-        **{p.id: p.name for p in data.plans},
-        **{f"loc:{loc.id}": loc.name for loc in data.locations},
-        **{f"os:{o.id}": o.name for o in data.operating_systems},
-    }
-
-
-async def server_status(page: Page) -> Response:
-    server = await page.shop.server(page.account_id, page.request.path_params["id"])
-    return JSONResponse({"status": server.status, "ip": server.ip}, headers={"Cache-Control": "no-store"})
-
-
-async def power(page: Page) -> Response:
-    action = page.form.get("action", "")
-    if action not in ("start", "stop", "reboot"):
-        raise ApiError(400, "invalid_action", "Choose start, stop or reboot.")
-    server_id = page.request.path_params["id"]
-    await page.shop.power(page.account_id, server_id, action)
-    return page.redirect(f"servers/{server_id}", f"power-{action}")
-
-
-async def renew(page: Page) -> Response:
-    server_id = page.request.path_params["id"]
-    result = await page.shop.renew(page.account_id, server_id)
-    return page.redirect(f"servers/{server_id}", "renewed" if result.charged_usd else "renew-none")
-
-
-async def auto_renew(page: Page) -> Response:
-    server_id = page.request.path_params["id"]
-    on = page.form.get("auto_renew") == "on"
-    await page.shop.set_auto_renew(page.account_id, server_id, on)
-    return page.redirect(f"servers/{server_id}", "auto-renew-on" if on else "auto-renew-off")
-
-
-async def credentials(page: Page) -> Response:
-    server_id = page.request.path_params["id"]
-    account = await page.shop.account(page.account_id)
-    if account.totp_enabled:
-        try:
-            await page.shop.verify_totp(page.account_id, page.form.get("code"))
-        except ApiError as exc:
-            if exc.status >= 500:
-                raise
-            server = await page.shop.server(page.account_id, server_id)
-            return page.render(
-                "server.html",
-                429 if isinstance(exc, RateLimited) else 401,
-                exc.headers,
-                title=f"Server {server.hostname}",
-                server=server,
-                account=account,
-                names=_names(page),
-                credentials_error=exc.message,
-            )
-    creds = await page.shop.credentials(page.account_id, server_id)
-    server = await page.shop.server(page.account_id, server_id)
-    return page.render(
-        "server.html",
-        title=f"Server {server.hostname}",
-        server=server,
-        account=account,
-        names=_names(page),
-        credentials=creds,
-        headers={"Pragma": "no-cache"},
-    )
-
-
 # ---- API keys ---------------------------------------------------------------------------------------------
 
 
-async def keys_page(page: Page) -> Response:
+async def keys_page(page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any) -> Response:
     keys = await page.shop.keys(page.account_id)
-    return page.render("keys.html", title="API keys", keys=keys.keys)
+    account = await page.shop.account(page.account_id)
+    return page.render("keys.html", status, headers, title="API keys", keys=keys.keys, account=account, **extra)
+
+
+async def keys(page: Page) -> Response:
+    return await keys_page(page)
 
 
 async def mint_key(page: Page) -> Response:
+    """A key can read root passwords through the API: with two-factor on, minting one asks for a
+    fresh code, as revealing a password here does."""
     name = page.form.get("name", "").strip() or None
-    if name is not None and len(name) > 64:
-        keys = await page.shop.keys(page.account_id)
-        return page.render(
-            "keys.html", 400, title="API keys", keys=keys.keys, error="A key name is at most 64 characters."
-        )
-    created = await page.shop.mint_key(page.account_id, name)
-    keys = await page.shop.keys(page.account_id)
-    return page.render("keys.html", 201, title="API keys", keys=keys.keys, created=created)
+    account = await page.shop.account(page.account_id)
+    refused = await page.fresh_code(account.totp_enabled)
+    if refused is not None:
+        return await keys_page(page, status=refused.status, headers=refused.headers, code_error=refused.message)
+    try:
+        created = await page.shop.mint_key(page.account_id, name)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await keys_page(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return await keys_page(page, status=201, created=created)
 
 
 async def revoke_key(page: Page) -> Response:
-    await page.shop.revoke_key(page.account_id, page.request.path_params["id"])
+    try:
+        await page.shop.revoke_key(page.account_id, page.request.path_params["id"])
+    except RateLimited as exc:
+        return await keys_page(page, status=exc.status, headers=exc.headers, error=exc.message)
     return page.redirect("keys", "key-revoked")
 
 
@@ -538,6 +373,7 @@ def static_endpoint(dash: Dashboard):  # type: ignore[no-untyped-def]
 def routes(dash: Dashboard) -> list[BaseRoute]:
     """The dashboard's routes, relative to its mount point."""
     e = dash.endpoint
+    servers, events = server_pages, event_pages
     return [
         Route("/", e(overview), methods=["GET"]),
         Route("/signin", e(signin_form, auth=False), methods=["GET"]),
@@ -551,16 +387,33 @@ def routes(dash: Dashboard) -> list[BaseRoute]:
         Route("/topups/{ref}", e(show_topup), methods=["GET"]),
         Route("/topups/{ref}/status", e(topup_status), methods=["GET"]),
         Route("/topups/{ref}/cancel", e(cancel_topup), methods=["POST"]),
-        Route("/servers", e(servers_page), methods=["GET"]),
-        Route("/servers", e(place_order), methods=["POST"]),
-        Route("/servers/new", e(order_page), methods=["GET"]),
-        Route("/servers/{id:id}", e(show_server), methods=["GET"]),
-        Route("/servers/{id:id}/status", e(server_status), methods=["GET"]),
-        Route("/servers/{id:id}/power", e(power), methods=["POST"]),
-        Route("/servers/{id:id}/renew", e(renew), methods=["POST"]),
-        Route("/servers/{id:id}/auto-renew", e(auto_renew), methods=["POST"]),
-        Route("/servers/{id:id}/credentials", e(credentials), methods=["POST"]),
-        Route("/keys", e(keys_page), methods=["GET"]),
+        Route("/servers", e(servers.servers_page), methods=["GET"]),
+        Route("/servers", e(servers.place_order), methods=["POST"]),
+        Route("/servers/new", e(servers.order_page), methods=["GET"]),
+        Route("/servers/{id:id}", e(servers.show_server), methods=["GET"]),
+        Route("/servers/{id:id}/status", e(servers.server_status), methods=["GET"]),
+        Route("/servers/{id:id}/power", e(servers.power), methods=["POST"]),
+        Route("/servers/{id:id}/renew", e(servers.renew), methods=["POST"]),
+        Route("/servers/{id:id}/renew/quote", e(servers.renew_quote), methods=["GET"]),
+        Route("/servers/{id:id}/auto-renew", e(servers.auto_renew), methods=["POST"]),
+        Route("/servers/{id:id}/credentials", e(servers.credentials), methods=["POST"]),
+        Route("/servers/{id:id}/reverse-dns", e(servers.reverse_dns), methods=["POST"]),
+        Route("/servers/{id:id}/reinstall", e(servers.reinstall_page), methods=["GET"]),
+        Route("/servers/{id:id}/reinstall", e(servers.reinstall), methods=["POST"]),
+        Route("/servers/{id:id}/console", e(servers.console_page), methods=["GET"]),
+        Route("/servers/{id:id}/console", e(servers.open_console), methods=["POST"]),
+        Route("/ssh-keys", e(servers.ssh_keys_page), methods=["GET"]),
+        Route("/ssh-keys", e(servers.add_ssh_key), methods=["POST"]),
+        Route("/ssh-keys/{id:id}/delete", e(servers.delete_ssh_key), methods=["POST"]),
+        Route("/webhooks", e(events.webhooks_page), methods=["GET"]),
+        Route("/webhooks", e(events.create_webhook), methods=["POST"]),
+        Route("/webhooks/{id:id}", e(events.webhook_page), methods=["GET"]),
+        Route("/webhooks/{id:id}", e(events.change_webhook), methods=["POST"]),
+        Route("/webhooks/{id:id}/enabled", e(events.enable_webhook), methods=["POST"]),
+        Route("/webhooks/{id:id}/delete", e(events.delete_webhook), methods=["POST"]),
+        Route("/webhooks/{id:id}/redeliver", e(events.redeliver), methods=["POST"]),
+        Route("/events", e(events.events_page), methods=["GET"]),
+        Route("/keys", e(keys), methods=["GET"]),
         Route("/keys", e(mint_key), methods=["POST"]),
         Route("/keys/{id:id}/revoke", e(revoke_key), methods=["POST"]),
         Route("/security", e(security), methods=["GET"]),

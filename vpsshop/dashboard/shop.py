@@ -1,33 +1,68 @@
 """Every service the dashboard calls, in one place: the functions the API endpoints call too.
 
 The pages never touch tables or plugins themselves. Each function here is one call into a service
-module (accounts, top-ups, servers, two-factor, sessions), run off the event loop where it blocks,
-so the dashboard cannot drift from the API: an order placed here is the order ``POST /v1/servers``
-places, with the same checks, errors and ledger entry.
+module (accounts, top-ups, servers, SSH keys, webhooks and events, two-factor, sessions), run off
+the event loop where it blocks, so the dashboard cannot drift from the API: an order placed here is
+the order ``POST /v1/servers`` places, with the same checks, errors and ledger entry.
+
+Limits too: each method that changes something first counts it as the API's router counts the
+matching endpoint (:meth:`Shop.write`: ``limits.enforce`` with that endpoint's route, so the
+account's write limit and the server and top-up quotas), and a new account counts against the
+client address's sign-up limit (``limits.signup``). Over a limit the method raises the API's
+:class:`~vpsshop.ratelimit.RateLimited` (429, ``Retry-After``) before anything is done.
 """
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
+import sqlalchemy as sa
 from starlette.concurrency import run_in_threadpool
 
-from vpsshop import accounts, sessions, twofactor
+from vpsshop import accounts, limits, sessions, twofactor
 from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyRevoked, LedgerEntryOut
 from vpsshop.api import topups as topup_api
+from vpsshop.api.accounts import NewKeyBody
 from vpsshop.api.topups import TopupBody, TopupOut
 from vpsshop.catalog import Catalog
 from vpsshop.coins import DepositCoin, X402Coin
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest
+from vpsshop.events import api as events_api
+from vpsshop.events import outbox
+from vpsshop.events.models import StoredEvent
 from vpsshop.money import usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.models import Topup
-from vpsshop.routing import validation_error
+from vpsshop.routing import ApiModel, ApiRoute, validation_error
 from vpsshop.servers import api as server_api
-from vpsshop.servers.api import CredentialsOut, OrderBody, Ordered, PowerActionOut, RenewOut, ServerList, ServerOut
+from vpsshop.servers import console, reinstall, sshkeys
+from vpsshop.servers.api import (
+    CredentialsOut,
+    OrderBody,
+    Ordered,
+    PowerActionOut,
+    QuoteOut,
+    RenewOut,
+    ServerList,
+    ServerOut,
+)
+from vpsshop.servers.console import ConsoleTicketOut
+from vpsshop.servers.reinstall import ReinstallBody, ReinstallOut
+from vpsshop.servers.sshkeys import SshKeyBody, SshKeyList, SshKeyOut
 from vpsshop.x402 import headers as x402_headers
+
+
+def parse(model: type[ApiModel], data: dict[str, Any]) -> Any:
+    """A form's fields validated by the API's body model: the same rules, error codes and messages."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(model, exc) from None
 
 
 class Shop:
@@ -35,10 +70,27 @@ class Shop:
 
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
+        self.routes: dict[tuple[str, str], ApiRoute] = {
+            (route.method.upper(), route.path): route for route in ctx.extras.get("routes", ())
+        }
+
+    # ---- limits --------------------------------------------------------------------------------------
+
+    async def write(self, account_id: int, method: str, path: str) -> None:
+        """Count a change as the API counts ``method path`` for this account (``limits.enforce``):
+        one write of the account's limit, and the server or top-up quota of an order or a top-up.
+
+        :raises RateLimited: over a limit or quota (429 with ``Retry-After``); nothing is done.
+        """
+        route = self.routes[(method, path)]  # KeyError: the API has no such endpoint (a dashboard bug)
+        servers = (await self.account(account_id)).servers if (method, path) == ("POST", "/servers") else 0
+        await run_in_threadpool(limits.enforce, self.ctx, route, account_id, servers)
 
     # ---- account, keys, sign-in ------------------------------------------------------------------
 
-    async def create_account(self) -> AccountCreated:
+    async def create_account(self, client: str) -> AccountCreated:
+        """``POST /v1/account``: the sign-up limit of ``client``'s address (shared with the API), then the account."""
+        await run_in_threadpool(limits.signup, self.ctx, client)
         return await run_in_threadpool(accounts.create_account, self.ctx)
 
     async def account(self, account_id: int) -> AccountOut:
@@ -51,9 +103,12 @@ class Shop:
         return await run_in_threadpool(accounts.list_keys, self.ctx, account_id)
 
     async def mint_key(self, account_id: int, name: str | None) -> ApiKeyCreated:
-        return await run_in_threadpool(accounts.mint_key, self.ctx, account_id, name)
+        body = parse(NewKeyBody, {} if name is None else {"name": name})
+        await self.write(account_id, "POST", "/keys")
+        return await run_in_threadpool(accounts.mint_key, self.ctx, account_id, body.name)
 
     async def revoke_key(self, account_id: int, key_id: int) -> ApiKeyRevoked:
+        await self.write(account_id, "DELETE", "/keys/{id}")
         return await run_in_threadpool(accounts.revoke_key, self.ctx, account_id, key_id)
 
     async def check_login_token(self, token: str, client: str) -> tuple[int, bool]:
@@ -128,16 +183,25 @@ class Shop:
         return engine_for(self.ctx).coin(code)
 
     async def create_topup(self, account_id: int, coin: DepositCoin, body: TopupBody, key: str | None) -> TopupOut:
+        await self.write(account_id, "POST", "/topups")
         return await topup_api.create_deposit_topup(self.ctx, account_id, coin, usd_to_micros(body.amount), key)
 
-    def x402_requirements(self, coin: X402Coin, body: TopupBody) -> dict[str, Any]:
-        """What an x402 wallet is asked to sign for this amount: the API's 402 requirements."""
+    async def x402_requirements(self, account_id: int, coin: X402Coin, body: TopupBody) -> dict[str, Any]:
+        """What an x402 wallet is asked to sign for this amount: the API's 402 requirements (counted as
+        the API counts the ``POST /topups`` that answers them)."""
+        await self.write(account_id, "POST", "/topups")
         return x402_headers.requirements(self.ctx, coin, usd_to_micros(body.amount))
+
+    def watched(self, coin_code: str) -> bool:
+        """Whether the shop watches ``coin_code``'s chain for payments (a sandbox coin without a node does not)."""
+        coin = self.ctx.coins.get(coin_code)
+        return isinstance(coin, DepositCoin) and coin.can_scan
 
     async def topup(self, account_id: int, ref: str) -> TopupOut:
         return await topup_api.read_topup(self.ctx, account_id, ref)
 
     async def cancel_topup(self, account_id: int, ref: str) -> TopupOut:
+        await self.write(account_id, "POST", "/topups/{ref}/cancel")
         return await topup_api.cancel_topup_of(self.ctx, account_id, ref)
 
     async def recent_topups(self, account_id: int, limit: int = 10) -> list[Topup]:
@@ -146,14 +210,10 @@ class Shop:
     # ---- servers -------------------------------------------------------------------------------------
 
     def order_body(self, data: dict[str, Any]) -> OrderBody:
-        from pydantic import ValidationError
-
-        try:
-            return OrderBody.model_validate(data)
-        except ValidationError as exc:
-            raise validation_error(OrderBody, exc) from None
+        return parse(OrderBody, data)  # type: ignore[no-any-return]
 
     async def order(self, account_id: int, body: OrderBody, key: str | None) -> Ordered:
+        await self.write(account_id, "POST", "/servers")
         return await run_in_threadpool(server_api.place_order, self.ctx, account_id, body, key)
 
     async def servers(self, account_id: int) -> ServerList:
@@ -166,10 +226,128 @@ class Shop:
         return await run_in_threadpool(server_api.reveal_credentials, self.ctx, account_id, server_id)
 
     async def set_auto_renew(self, account_id: int, server_id: int, on: bool) -> ServerOut:
+        await self.write(account_id, "PATCH", "/servers/{id}")
         return await run_in_threadpool(server_api.set_auto_renew, self.ctx, account_id, server_id, on)
 
-    async def renew(self, account_id: int, server_id: int) -> RenewOut:
-        return await run_in_threadpool(server_api.renew_now, self.ctx, account_id, server_id)
+    async def set_reverse_dns(self, account_id: int, server_id: int, name: str | None) -> ServerOut:
+        body = parse(server_api.ServerPatch, {"reverse_dns": name})
+        await self.write(account_id, "PATCH", "/servers/{id}")
+        return await run_in_threadpool(server_api.set_reverse_dns, self.ctx, account_id, server_id, body.reverse_dns)
+
+    @property
+    def has_dns(self) -> bool:
+        """Whether the shop has a DNS provider (without one, reverse DNS cannot be set)."""
+        return self.ctx.dns is not None
+
+    def can(self, capability: str) -> bool:
+        """Whether the shop's hypervisor backend has ``capability`` (``reinstall``, ``console``)."""
+        backend = self.ctx.hypervisor
+        return backend is not None and capability in backend.capabilities
+
+    @property
+    def prepay_days(self) -> int:
+        """How far ahead a server may be paid (``servers.max_prepay_days``), as renewals check it."""
+        from vpsshop.servers.lifecycle import policy
+
+        return policy(self.ctx).max_prepay_days
+
+    def renew_body(self, periods: str) -> int:
+        return parse(server_api.RenewBody, {"periods": periods.strip() or "1"}).periods  # type: ignore[no-any-return]
+
+    async def renewal_quote(self, account_id: int, server_id: int, periods: int = 1) -> QuoteOut:
+        return await run_in_threadpool(server_api.quote_renewal, self.ctx, account_id, server_id, periods)
+
+    async def renew(self, account_id: int, server_id: int, periods: int = 1) -> RenewOut:
+        await self.write(account_id, "POST", "/servers/{id}/renew")
+        return await run_in_threadpool(server_api.renew_now, self.ctx, account_id, server_id, periods)
 
     async def power(self, account_id: int, server_id: int, action: str) -> PowerActionOut:
+        await self.write(account_id, "POST", f"/servers/{{id}}/{action}")
         return await run_in_threadpool(server_api.power_action, self.ctx, account_id, server_id, action)
+
+    def reinstall_body(self, data: dict[str, Any]) -> ReinstallBody:
+        return parse(ReinstallBody, data)  # type: ignore[no-any-return]
+
+    async def reinstall(self, account_id: int, server_id: int, body: ReinstallBody) -> ReinstallOut:
+        await self.write(account_id, "POST", "/servers/{id}/reinstall")
+        return await run_in_threadpool(reinstall.reinstall_server, self.ctx, account_id, server_id, body)
+
+    async def console_ticket(self, account_id: int, server_id: int) -> ConsoleTicketOut:
+        await self.write(account_id, "POST", "/servers/{id}/console")
+        return await run_in_threadpool(console.issue_ticket, self.ctx, account_id, server_id)
+
+    # ---- SSH keys ------------------------------------------------------------------------------------
+
+    async def ssh_keys(self, account_id: int) -> SshKeyList:
+        return await run_in_threadpool(sshkeys.list_keys, self.ctx, account_id)
+
+    async def add_ssh_key(self, account_id: int, name: str, public_key: str) -> SshKeyOut:
+        body = parse(SshKeyBody, {"name": name, "public_key": public_key})
+        await self.write(account_id, "POST", "/ssh-keys")
+        return await run_in_threadpool(sshkeys.add_key, self.ctx, account_id, body)
+
+    async def delete_ssh_key(self, account_id: int, key_id: int) -> None:
+        await self.write(account_id, "DELETE", "/ssh-keys/{id}")
+        await run_in_threadpool(sshkeys.delete_key, self.ctx, account_id, key_id)
+
+    # ---- webhooks and events ---------------------------------------------------------------------------
+
+    async def webhooks(self, account_id: int) -> events_api.WebhookList:
+        return await run_in_threadpool(events_api._list, self.ctx, account_id)
+
+    async def webhook(self, account_id: int, endpoint_id: int) -> events_api.WebhookOut:
+        return await run_in_threadpool(events_api._get, self.ctx, account_id, endpoint_id)
+
+    async def create_webhook(self, account_id: int, data: dict[str, Any]) -> events_api.WebhookCreated:
+        body = parse(events_api.WebhookBody, data)
+        await self.write(account_id, "POST", "/webhooks")
+        return await run_in_threadpool(events_api._create, self.ctx, account_id, body)
+
+    async def change_webhook(self, account_id: int, endpoint_id: int, data: dict[str, Any]) -> events_api.WebhookOut:
+        body = parse(events_api.WebhookPatch, data)
+        await self.write(account_id, "PATCH", "/webhooks/{id}")
+        return await run_in_threadpool(events_api._patch, self.ctx, account_id, endpoint_id, body)
+
+    async def delete_webhook(self, account_id: int, endpoint_id: int) -> None:
+        await self.write(account_id, "DELETE", "/webhooks/{id}")
+        await run_in_threadpool(events_api._delete, self.ctx, account_id, endpoint_id)
+
+    async def deliveries(
+        self, account_id: int, endpoint_id: int, before: int | None, limit: int = 20
+    ) -> events_api.DeliveryList:
+        return await run_in_threadpool(events_api._deliveries, self.ctx, account_id, endpoint_id, before, limit)
+
+    async def redeliver(self, account_id: int, endpoint_id: int, event_id: str) -> None:
+        body = parse(events_api.RedeliverBody, {"event_id": event_id})
+        await self.write(account_id, "POST", "/webhooks/{id}/redeliver")
+        await run_in_threadpool(events_api._redeliver, self.ctx, account_id, endpoint_id, body.event_id)
+
+    async def events(
+        self, account_id: int, before: str | None, type_: str | None, limit: int = 25
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The account's events newest first, as ``GET /v1/events`` gives them, and the cursor of the
+        next (older) page (None at the end). The first page starts at the newest event."""
+
+        def run() -> tuple[list[dict[str, Any]], str | None]:
+            ctx = self.ctx
+            first: list[dict[str, Any]] = []
+            anchor = before
+            if anchor is None:
+                anchor = self._newest_event(account_id, type_)
+                if anchor is None:
+                    return [], None
+                first = [json.loads(events_api._get_event(ctx, account_id, anchor).body)]
+            page = json.loads(events_api._list_events(ctx, account_id, None, anchor, limit - len(first), type_).body)
+            return first + page["events"], page["cursor"] if page["has_more"] else None
+
+        return await run_in_threadpool(run)
+
+    def _newest_event(self, account_id: int, type_: str | None) -> str | None:
+        outbox.publish_pending(self.ctx.db)
+        query = sa.select(StoredEvent.public_id).where(StoredEvent.account_id == account_id)
+        if type_ is not None and type_ != "*":
+            column = StoredEvent.type
+            query = query.where(column.startswith(type_[:-1]) if type_.endswith(".*") else column == type_)  # type: ignore[attr-defined]
+        query = outbox.visible(query).order_by(StoredEvent.seq.desc()).limit(1)  # type: ignore[union-attr]
+        with self.ctx.db.session() as session:
+            return session.execute(query).scalar()

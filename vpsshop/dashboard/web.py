@@ -51,14 +51,16 @@ PAGE_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Permissions-Policy": "camera=(), microphone=(), geolocation=(), payment=()",
 }
-MAX_FORM_BYTES = 16 * 1024
+MAX_FORM_BYTES = 60 * 1024
+"""Largest form body: user data (16 KiB of text) URL-encoded, with the other fields (under the server's 64 KiB)."""
+MAX_FORM_FIELDS = 100
 
 # Messages shown after a redirect, by key: the query string never carries free text.
 NOTICES = {
     "signed-out": "You are signed out.",
     "session-ended": "Your session ended. Sign in again with your login token.",
-    "ordered": "Server ordered and paid. It is being created; this page updates when it is ready.",
-    "renewed": "Renewed: the server is paid for one more billing cycle.",
+    "ordered": "Server ordered and paid.",  # the status below says whether it is still being created
+    "renewed": "Renewed: the server is paid until the date shown below.",
     "renew-none": "That period was already renewed; nothing more was charged.",
     "auto-renew-on": "Automatic renewal is on.",
     "auto-renew-off": "Automatic renewal is off: the server stops at its expiry unless you renew it.",
@@ -66,6 +68,15 @@ NOTICES = {
     "power-stop": "Stop requested. It runs on the host within seconds.",
     "power-reboot": "Reboot requested. It runs on the host within seconds.",
     "key-revoked": "The key is revoked: it stops working from its next request.",
+    "ssh-key-added": "The SSH key is stored. Choose it when you order or reinstall a server.",
+    "ssh-key-deleted": "The SSH key is deleted. Servers made with it keep it until they are reinstalled.",
+    "rdns-set": "Reverse DNS saved. The shop's DNS is updated within seconds.",
+    "rdns-cleared": "Reverse DNS removed. The shop's DNS is updated within seconds.",
+    "webhook-deleted": "The webhook endpoint is deleted: nothing more is sent to it.",
+    "webhook-saved": "The webhook endpoint is changed.",
+    "webhook-enabled": "The webhook endpoint is on again: pending deliveries resume.",
+    "webhook-disabled": "The webhook endpoint is paused: events that happen now are not queued for it.",
+    "redelivery-queued": "The event is queued to be sent again within seconds. Its delivery is at the top of the log.",
     "topup-cancelled": "The top-up is cancelled. A payment that still arrives to its address is credited anyway.",
     "totp-off": "Two-factor sign-in is off.",
     "sessions-ended": "Every other session is signed out.",
@@ -81,6 +92,9 @@ class Page:
     dash: Dashboard
     session: ActiveSession | None
     form: dict[str, str] = field(default_factory=dict)
+    """The form's fields (the last value of a repeated one)."""
+    lists: dict[str, list[str]] = field(default_factory=dict)
+    """Every value of each field, in order (checkboxes sharing a name)."""
     csrf: str = ""
     new_csrf_cookie: str | None = None
     signed_in_now: bool = False
@@ -103,6 +117,30 @@ class Page:
     @property
     def client(self) -> str:
         return self.request.client.host if self.request.client else "unknown"
+
+    async def fresh_code(self, totp_enabled: bool) -> ApiError | None:
+        """With two-factor on, check the form's ``code`` (a code works once): None when it passes or
+        two-factor is off, else the refusal to show (401 wrong or missing, 429 too many)."""
+        if not totp_enabled:
+            return None
+        try:
+            await self.shop.verify_totp(self.account_id, self.form.get("code"))
+        except ApiError as exc:
+            if exc.status >= 500:
+                raise
+            if exc.status == 400:  # totp_required: the field was empty
+                return ApiError(401, exc.error, exc.message)
+            return exc
+        return None
+
+    def values(self, name: str) -> list[str]:
+        """Every value the form sent for ``name`` (empty when none)."""
+        return self.lists.get(name, [])
+
+    def text(self, name: str) -> str:
+        """A multi-line field as the API takes it: the browser's CRLF line ends made LF (a script with
+        CR at its line ends would not run)."""
+        return self.form.get(name, "").replace("\r\n", "\n").replace("\r", "\n")
 
     def render(
         self, template: str, status: int = 200, headers: dict[str, str] | None = None, **context: Any
@@ -142,7 +180,7 @@ class Dashboard:
         )
         self.static = {
             name: (files("vpsshop.dashboard") / "static" / name).read_bytes()
-            for name in ("dashboard.css", "dashboard.js")
+            for name in ("dashboard.css", "dashboard.js", "console.js")
         }
         self.static_version = hashlib.sha256(b"".join(self.static.values())).hexdigest()[:12]
         self.env.globals.update(
@@ -197,11 +235,14 @@ class Dashboard:
     def sign_out(self, response: Response) -> None:
         response.delete_cookie(self.session_cookie, path="/", secure=self.secure, httponly=True, samesite="lax")
 
-    def relative(self, when: datetime | None) -> str:
+    def relative(self, when: datetime | None, past: bool = False) -> str:
+        """``in 3 days`` or ``5 minutes ago``. ``past``: the time cannot be ahead of now (a last use):
+        a moment ahead, as another process's clock may give, reads as less than a minute ago."""
         if when is None:
             return ""
-        seconds = int((when - self.ctx.clock.now()).total_seconds())
-        future, seconds = seconds >= 0, abs(seconds)
+        delta = (when - self.ctx.clock.now()).total_seconds()
+        future = delta > 0 and not past
+        seconds = int(abs(delta)) if not (past and delta > 0) else 0
         for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
             if seconds >= size:
                 count = seconds // size
@@ -286,10 +327,14 @@ class Dashboard:
         if len(raw) > MAX_FORM_BYTES:
             return self.error_page(page, 413, "The form is too large.")
         try:
-            pairs = parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=50, strict_parsing=False)
+            pairs = parse_qsl(
+                raw.decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, strict_parsing=False
+            )
         except (UnicodeDecodeError, ValueError):
             return self.error_page(page, 400, "The form could not be read.")
         page.form = dict(pairs)
+        for name, value in pairs:
+            page.lists.setdefault(name, []).append(value)
         sent = page.form.pop("csrf", "")
         if not page.csrf or not hmac.compare_digest(sent.encode(), page.csrf.encode()):
             return self.error_page(

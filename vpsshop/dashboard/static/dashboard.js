@@ -1,6 +1,6 @@
 // vpsshop dashboard: the little JavaScript the pages need, none of it required to use them.
-// Copy buttons, the top-up countdown, live status while a top-up or server is in progress, and
-// the live price of the order form. Loaded from 'self' only (the pages' CSP has no inline script).
+// Copy buttons, the top-up countdown, live status while a top-up or server is in progress, the
+// live price of the order form and of a renewal. (console.js runs the serial console page.) Loaded from 'self' only (the pages' CSP has no inline script).
 "use strict";
 
 (function () {
@@ -47,7 +47,7 @@
       function tick() {
         var left = Math.round((end - Date.now()) / 1000);
         if (left <= 0) {
-          el.textContent = "the rate has expired; a payment is still credited at the rate of the day";
+          el.textContent = "the rate has expired; a payment that still arrives is credited at the exchange rate of the moment it is credited";
           return;
         }
         var h = Math.floor(left / 3600), m = Math.floor((left % 3600) / 60), s = left % 60;
@@ -86,7 +86,7 @@
             setField(root, "confirmations", t.confirmations + " of " + t.confirmations_required);
           }
           setField(root, "amount_received", t.amount_received + " " + coinUnit);
-          setField(root, "credited_usd", "$" + t.credited_usd);
+          setField(root, "credited_usd", t.credited_text);  // formatted by the server, as the page prints it
           if (t.status === "pending") {
             window.setTimeout(poll, 5000);
           } else {
@@ -108,7 +108,7 @@
         .then(function (r) { if (!r.ok) throw new Error(String(r.status)); return r.json(); })
         .then(function (s) {
           if (s.status !== was) {
-            window.location.reload();  // active (or failed): the page shows what can be done now
+            window.location.replace(window.location.pathname);  // active (or failed): what can be done now
           } else {
             window.setTimeout(poll, 2000);
           }
@@ -132,13 +132,42 @@
       var cycle = (form.querySelector('input[name="cycle"]:checked') || {value: "monthly"}).value;
       var entry = pricing[plan + ":" + location];
       if (!entry) return;
-      var price = entry[cycle === "annual" ? "annual" : "monthly"];
-      priceEl.textContent = "$" + price;
-      cycleEl.textContent = cycle === "annual" ? "per year" : "per month";
-      if (warnEl) warnEl.hidden = !(Number(price) > balance);
+      var annual = cycle === "annual";
+      priceEl.textContent = entry[annual ? "annual" : "monthly"];  // formatted by the server, as the page prints it
+      cycleEl.textContent = annual ? "per year" : "per month";
+      if (warnEl) warnEl.hidden = !(Number(entry[annual ? "annual_usd" : "monthly_usd"]) > balance);
     }
     form.addEventListener("change", update);
     update();
+  }
+
+  function setupRenewQuote() {
+    // The renewal's price for the number of cycles typed, from the API's quote (the server words it).
+    var form = document.querySelector("form[data-quote]");
+    if (!form) return;
+    var url = form.getAttribute("data-quote");
+    var input = form.elements.periods, quoted = form.elements.quoted;
+    var text = form.querySelector('[data-field="quote"]');
+    var label = form.querySelector('[data-field="renew-label"]');
+    var asked = 0;
+    function update() {
+      var periods = input.value.trim();
+      if (!/^[0-9]{1,4}$/.test(periods)) return;
+      var mine = ++asked;
+      fetch(url + "?periods=" + periods, {credentials: "same-origin", headers: {"Accept": "application/json"}})
+        .then(function (r) { return r.json(); })
+        .then(function (q) {
+          if (mine !== asked) return;  // a newer question is on its way
+          text.textContent = q.text;
+          if (q.ok) {
+            quoted.value = String(q.periods);  // the price shown is for this many: renewing pays it
+            label.textContent = q.label;
+          }
+        })
+        .catch(function () {});
+    }
+    input.addEventListener("input", update);
+    input.addEventListener("change", update);
   }
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -147,5 +176,6 @@
     setupTopupPolling();
     setupServerPolling();
     setupPrice();
+    setupRenewQuote();
   });
 })();

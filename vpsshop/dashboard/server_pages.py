@@ -1,0 +1,432 @@
+"""The dashboard's server pages: ordering (with SSH keys and user data), a server's page (power,
+renewal for one or more cycles at the API's quoted price, automatic renewal, the root login, reverse
+DNS), reinstalling, the serial console, and the SSH key store.
+
+Each action calls :class:`~vpsshop.dashboard.shop.Shop`, the API's services with the API's limits.
+What reaches into a server (its root password, a reinstall that shows a new one, the console)
+asks for a fresh two-factor code when two-factor is on, as credentials do.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from vpsshop.dashboard.web import Page, format_usd
+from vpsshop.dashboard.words import cycles, friendly, renewal_words
+from vpsshop.errors import ApiError, BadRequest
+from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL
+from vpsshop.ledger import InsufficientBalance
+
+# ---- the list and the order form -------------------------------------------------------------------
+
+
+async def servers_page(page: Page) -> Response:
+    servers = await page.shop.servers(page.account_id)
+    return page.render("servers.html", title="Servers", servers=servers.servers)
+
+
+def _pricing(page: Page) -> dict[str, dict[str, str]]:
+    """Each plan and location's price per cycle as the page prints it (the script shows these texts
+    as they are, so the price has one format)."""
+    return {
+        f"{p.plan}:{p.location}": {
+            "monthly": format_usd(p.monthly_usd),
+            "annual": format_usd(p.annual_usd),
+            "monthly_usd": str(p.monthly_usd),
+            "annual_usd": str(p.annual_usd),
+        }
+        for p in page.shop.catalog.pricing
+    }
+
+
+async def order_form(
+    page: Page,
+    *,
+    error: str | None = None,
+    deficit: Any = None,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    account = await page.shop.account(page.account_id)
+    keys = await page.shop.ssh_keys(page.account_id)
+    catalog = page.shop.catalog
+    form = {
+        "plan": catalog.plans[0].id,
+        "location": catalog.locations[0].id,
+        "os": catalog.operating_systems[0].id,
+        "cycle": "monthly",
+        **page.form,
+    }
+    price = next((p for p in catalog.pricing if p.plan == form["plan"] and p.location == form["location"]), None)
+    shown = None if price is None else price.annual_usd if form.get("cycle") == "annual" else price.monthly_usd
+    return page.render(
+        "order.html",
+        status,
+        headers,
+        title="Order a server",
+        account=account,
+        catalog=catalog,
+        form=form,
+        ssh_keys=keys.ssh_keys,
+        chosen_keys=set(page.values("ssh_keys")),
+        error=error,
+        deficit=deficit,
+        pricing=_pricing(page),
+        price=shown,
+        idempotency_key=page.form.get("idempotency_key") or secrets.token_urlsafe(16),
+    )
+
+
+async def order_page(page: Page) -> Response:
+    return await order_form(page)
+
+
+async def place_order(page: Page) -> Response:
+    form = page.form
+    data: dict[str, Any] = {
+        "plan": form.get("plan", ""),
+        "location": form.get("location", ""),
+        "os": form.get("os", ""),
+        "cycle": form.get("cycle") or "monthly",
+    }
+    if form.get("hostname", "").strip():
+        data["hostname"] = form["hostname"].strip()
+    if form.get("root_password", ""):
+        data["root_password"] = form["root_password"]
+    if page.values("ssh_keys"):
+        data["ssh_keys"] = page.values("ssh_keys")
+    if page.text("user_data").strip():
+        data["user_data"] = page.text("user_data")
+    key = form.get("idempotency_key") or None
+    try:
+        body = page.shop.order_body(data)
+        done = await page.shop.order(page.account_id, body, f"dashboard:{key}" if key else None)
+    except InsufficientBalance as exc:
+        page.form.pop("root_password", None)
+        message = (
+            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
+            f"{format_usd(exc.extra['price'])}. Nothing was charged."
+        )
+        return await order_form(page, error=message, deficit=exc.extra.get("deficit"), status=402)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        page.form.pop("root_password", None)
+        return await order_form(page, error=friendly(exc), status=exc.status, headers=exc.headers)
+    return page.redirect(f"servers/{done.order.server.id}", "ordered")
+
+
+# ---- a server's page ---------------------------------------------------------------------------------
+
+
+def _names(page: Page) -> dict[str, str]:
+    data = page.shop.ctx.catalog_data
+    return {
+        **{p.id: p.name for p in data.plans},
+        **{f"loc:{loc.id}": loc.name for loc in data.locations},
+        **{f"os:{o.id}": o.name for o in data.operating_systems},
+    }
+
+
+def _server_id(page: Page) -> int:
+    return int(page.request.path_params["id"])
+
+
+async def server_page(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, periods: int = 1, **extra: Any
+) -> Response:
+    """A server's page; ``extra`` carries what an action adds (an error in its section, the password)."""
+    server_id = _server_id(page)
+    server = await page.shop.server(page.account_id, server_id)
+    account = await page.shop.account(page.account_id)
+    quote, quote_text = None, None
+    if server.status in ("active", "suspended"):
+        try:
+            quote = await page.shop.renewal_quote(page.account_id, server_id, periods)
+            quote_text = renewal_words(quote, server.cycle)
+        except ApiError as exc:  # the prepay horizon is reached: the API's words say so
+            if exc.status >= 500:
+                raise
+            quote_text = friendly(exc)
+    return page.render(
+        "server.html",
+        status,
+        headers,
+        title=f"Server {server.hostname}",
+        server=server,
+        account=account,
+        names=_names(page),
+        quote=quote,
+        quote_text=quote_text,
+        renew_label=f"Renew now for {cycles(quote.periods, server.cycle)}" if quote else None,
+        horizon_days=page.shop.prepay_days,
+        unit="years" if server.cycle == "annual" else "months",
+        has_dns=page.shop.has_dns,
+        can_reinstall=page.shop.can(CAPABILITY_REINSTALL),
+        can_console=page.shop.can(CAPABILITY_CONSOLE),
+        **extra,
+    )
+
+
+async def show_server(page: Page) -> Response:
+    return await server_page(page)
+
+
+async def server_status(page: Page) -> Response:
+    server = await page.shop.server(page.account_id, _server_id(page))
+    return JSONResponse({"status": server.status, "ip": server.ip}, headers={"Cache-Control": "no-store"})
+
+
+async def power(page: Page) -> Response:
+    action = page.form.get("action", "")
+    if action not in ("start", "stop", "reboot"):
+        raise BadRequest("invalid_action", "Choose start, stop or reboot.")
+    server_id = _server_id(page)
+    try:
+        await page.shop.power(page.account_id, server_id, action)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await server_page(page, status=exc.status, headers=exc.headers, power_error=friendly(exc))
+    return page.redirect(f"servers/{server_id}", f"power-{action}")
+
+
+async def renew(page: Page) -> Response:
+    """Renew for ``periods`` cycles. The form carries the period count its shown price was quoted for
+    (``quoted``; the script keeps it current): when they differ, nothing is charged and the page
+    shows the price of the new count first."""
+    server_id = _server_id(page)
+    try:
+        periods = page.shop.renew_body(page.form.get("periods", "1"))
+    except ApiError as exc:
+        return await server_page(page, status=exc.status, renew_error=friendly(exc))
+    if page.form.get("quoted", "1") != str(periods):
+        try:
+            await page.shop.renewal_quote(page.account_id, server_id, periods)
+        except ApiError as exc:
+            if exc.status >= 500:
+                raise
+            return await server_page(page, status=exc.status, renew_error=friendly(exc))
+        return await server_page(page, periods=periods, renew_confirm=True)
+    try:
+        result = await page.shop.renew(page.account_id, server_id, periods)
+    except InsufficientBalance as exc:
+        message = (
+            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
+            f"{format_usd(exc.extra['price'])}. Nothing was charged."
+        )
+        return await server_page(
+            page, status=402, periods=periods, renew_error=message, renew_deficit=exc.extra.get("deficit")
+        )
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await server_page(page, status=exc.status, headers=exc.headers, periods=1, renew_error=friendly(exc))
+    return page.redirect(f"servers/{server_id}", "renewed" if result.charged_usd else "renew-none")
+
+
+async def renew_quote(page: Page) -> Response:
+    """The price of a renewal for ``?periods=``, for the page's script: the API's quote, in the
+    page's words."""
+    server_id = _server_id(page)
+    try:
+        periods = page.shop.renew_body(page.request.query_params.get("periods", "1")[:6])
+        server = await page.shop.server(page.account_id, server_id)
+        quote = await page.shop.renewal_quote(page.account_id, server_id, periods)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return JSONResponse({"ok": False, "text": friendly(exc)}, exc.status, headers={"Cache-Control": "no-store"})
+    return JSONResponse(
+        {
+            "ok": True,
+            "periods": periods,
+            "text": renewal_words(quote, server.cycle),
+            "sufficient": quote.sufficient,
+            "label": f"Renew now for {cycles(periods, server.cycle)}",
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def auto_renew(page: Page) -> Response:
+    server_id = _server_id(page)
+    on = page.form.get("auto_renew") == "on"
+    try:
+        await page.shop.set_auto_renew(page.account_id, server_id, on)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await server_page(page, status=exc.status, headers=exc.headers, renew_error=friendly(exc))
+    return page.redirect(f"servers/{server_id}", "auto-renew-on" if on else "auto-renew-off")
+
+
+async def credentials(page: Page) -> Response:
+    server_id = _server_id(page)
+    account = await page.shop.account(page.account_id)
+    refused = await page.fresh_code(account.totp_enabled)
+    if refused is not None:
+        return await server_page(
+            page, status=refused.status, headers=refused.headers, credentials_error=refused.message
+        )
+    creds = await page.shop.credentials(page.account_id, server_id)
+    return await server_page(page, headers={"Pragma": "no-cache"}, credentials=creds)
+
+
+async def reverse_dns(page: Page) -> Response:
+    server_id = _server_id(page)
+    name = page.form.get("reverse_dns", "").strip().rstrip(".") or None
+    try:
+        await page.shop.set_reverse_dns(page.account_id, server_id, name)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await server_page(page, status=exc.status, headers=exc.headers, rdns_error=friendly(exc), rdns=name)
+    return page.redirect(f"servers/{server_id}", "rdns-set" if name else "rdns-cleared")
+
+
+# ---- reinstall ---------------------------------------------------------------------------------------------
+
+
+async def reinstall_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    server = await page.shop.server(page.account_id, _server_id(page))
+    account = await page.shop.account(page.account_id)
+    keys = await page.shop.ssh_keys(page.account_id)
+    return page.render(
+        "reinstall.html",
+        status,
+        headers,
+        title=f"Reinstall {server.hostname}",
+        server=server,
+        account=account,
+        catalog=page.shop.catalog,
+        ssh_keys=keys.ssh_keys,
+        chosen_keys=set(page.values("ssh_keys")),
+        form={"os": server.os, **page.form},
+        can_reinstall=page.shop.can(CAPABILITY_REINSTALL),
+        **extra,
+    )
+
+
+async def reinstall_page(page: Page) -> Response:
+    return await reinstall_form(page)
+
+
+async def reinstall(page: Page) -> Response:
+    """``POST /v1/servers/{id}/reinstall``: the disk erased and made anew; a new password shown once."""
+    server_id = _server_id(page)
+    account = await page.shop.account(page.account_id)
+    if page.form.get("confirm") != "yes":
+        page.form.pop("root_password", None)
+        return await reinstall_form(
+            page, status=400, error="Tick the box to confirm that everything on the disk may be erased."
+        )
+    refused = await page.fresh_code(account.totp_enabled)
+    if refused is not None:
+        page.form.pop("root_password", None)
+        return await reinstall_form(page, status=refused.status, headers=refused.headers, code_error=refused.message)
+    data: dict[str, Any] = {"os": page.form.get("os", "")}
+    if page.values("ssh_keys"):
+        data["ssh_keys"] = page.values("ssh_keys")
+    if page.form.get("root_password", ""):
+        data["root_password"] = page.form["root_password"]
+    if page.text("user_data").strip():
+        data["user_data"] = page.text("user_data")
+    try:
+        body = page.shop.reinstall_body(data)
+        done = await page.shop.reinstall(page.account_id, server_id, body)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        page.form.pop("root_password", None)
+        return await reinstall_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return page.render(
+        "reinstalled.html",
+        202,
+        {"Pragma": "no-cache"},
+        title=f"Reinstalling {done.server.hostname}",
+        server=done.server,
+        password=done.root_password,
+        os_name=_names(page).get(f"os:{done.server.os}", done.server.os),
+    )
+
+
+# ---- the serial console ---------------------------------------------------------------------------------
+
+
+async def console_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    server = await page.shop.server(page.account_id, _server_id(page))
+    account = await page.shop.account(page.account_id)
+    return page.render(
+        "console.html",
+        status,
+        headers,
+        title=f"Console of {server.hostname}",
+        server=server,
+        account=account,
+        can_console=page.shop.can(CAPABILITY_CONSOLE),
+        scripts=["console.js"] if extra.get("ticket") else [],
+        **extra,
+    )
+
+
+async def console_page(page: Page) -> Response:
+    return await console_form(page)
+
+
+async def open_console(page: Page) -> Response:
+    """A ticket from ``POST /v1/servers/{id}/console``; the page's script opens the WebSocket with it."""
+    account = await page.shop.account(page.account_id)
+    refused = await page.fresh_code(account.totp_enabled)
+    if refused is not None:
+        return await console_form(page, status=refused.status, headers=refused.headers, code_error=refused.message)
+    try:
+        ticket = await page.shop.console_ticket(page.account_id, _server_id(page))
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await console_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return await console_form(page, ticket=ticket)
+
+
+# ---- SSH keys -----------------------------------------------------------------------------------------------
+
+
+async def ssh_keys_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, error: str | None = None
+) -> Response:
+    keys = await page.shop.ssh_keys(page.account_id)
+    return page.render(
+        "ssh_keys.html", status, headers, title="SSH keys", keys=keys.ssh_keys, error=error, form=page.form
+    )
+
+
+async def ssh_keys_page(page: Page) -> Response:
+    return await ssh_keys_form(page)
+
+
+async def add_ssh_key(page: Page) -> Response:
+    try:
+        await page.shop.add_ssh_key(page.account_id, page.form.get("name", "").strip(), page.text("public_key").strip())
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await ssh_keys_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return page.redirect("ssh-keys", "ssh-key-added")
+
+
+async def delete_ssh_key(page: Page) -> Response:
+    try:
+        await page.shop.delete_ssh_key(page.account_id, int(page.request.path_params["id"]))
+    except ApiError as exc:
+        if exc.status >= 500 or exc.status == 404:
+            raise
+        return await ssh_keys_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return page.redirect("ssh-keys", "ssh-key-deleted")
