@@ -117,6 +117,14 @@ def test_events_are_the_accounts_own_and_page_both_ways(vpsshop_client: TestClie
     assert types(client, mine, type="api_key.*") == ["api_key.created"] * 4
     assert types(client, mine, type="account.created") == ["account.created"]
 
+    between = client.get(
+        "/v1/events", headers=mine.headers, params={"after": everything[0]["id"], "before": everything[-1]["id"]}
+    ).json()
+    assert [e["id"] for e in between["events"]] == [e["id"] for e in everything[1:-1]]  # oldest first
+    for after, before in ((everything[-1], everything[0]), (everything[2], everything[2])):  # nothing can be between
+        wrong = client.get("/v1/events", headers=mine.headers, params={"after": after["id"], "before": before["id"]})
+        assert (wrong.status_code, wrong.json()["error"]) == (400, "invalid_cursor")
+        assert "after must name an older event than before" in wrong.json()["message"]
     for params in ({"after": theirs[0]["id"]}, {"before": theirs[0]["id"]}):  # another account's id is unknown here
         assert client.get("/v1/events", headers=mine.headers, params=params).status_code == 404
     assert client.get(f"/v1/events/{theirs[0]['id']}", headers=mine.headers).status_code == 404
