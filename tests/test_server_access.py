@@ -123,6 +123,13 @@ def test_order_keys_and_user_data_reach_the_spec(vpsshop_client, vpsshop_account
     assert spec.root_password == order.json()["root_password"]
 
 
+def alias_bomb(levels: int) -> str:
+    """``levels`` nested levels of 10 aliases each: 9 levels are about 500 bytes and 10^9 strings."""
+    lines = ["#cloud-config", "l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize(
     "user_data, says",
     [
@@ -130,6 +137,12 @@ def test_order_keys_and_user_data_reach_the_spec(vpsshop_client, vpsshop_account
         ("#cloud-config\n- a list\n", "YAML mapping"),
         ("#cloud-config\nkey: [unclosed\n", "not valid YAML"),
         ("#!/bin/sh\n" + "x" * 17000, "at most"),
+        (alias_bomb(9), "aliases expand it to more than 65536 characters"),
+        (alias_bomb(6), "aliases expand it to more than 65536 characters"),
+        ("#cloud-config\nloop: &me [*me]\n", "contains itself through a YAML alias"),
+        ("#cloud-config\ndeep: " + "[" * 3000 + "]" * 3000 + "\n", "more than 64 levels deep"),
+        ("#cloud-config\nruncmd: echo hi\n", "runcmd must be a YAML list"),
+        ("#cloud-config\nssh_authorized_keys: {a: b}\n", "ssh_authorized_keys must be a list"),
     ],
 )
 def test_bad_user_data_is_400_before_any_charge(vpsshop_client, vpsshop_account, user_data, says):
@@ -177,6 +190,28 @@ def test_user_data_cannot_drop_keys_password_or_network():
     assert user["packages"] == ["htop"]
     network = json.loads(files["network-config"])  # a separate file: user data never touches it
     assert network["ethernets"]["primary"]["addresses"] == ["10.0.0.5/24"]
+
+
+def test_a_small_alias_bomb_would_have_been_megabytes():
+    """What the 400 above prevents: composing even a 6-level bomb wrote tens of megabytes."""
+    expanded = len(json.dumps(yaml.safe_load(alias_bomb(6))))
+    assert len(alias_bomb(6)) < 400 and expanded > 5_000_000
+
+
+def test_anchors_that_expand_modestly_are_accepted():
+    user_data = "#cloud-config\nx-base: &base {owner: root, permissions: '0644'}\nwrite_files:\n"
+    user_data += "".join(f"  - {{<<: *base, path: /etc/f{i}, content: '{i}'}}\n" for i in range(5))
+    user = yaml.safe_load(seed_files(_spec(user_data=user_data))["user-data"])
+    assert [f["path"] for f in user["write_files"]][:5] == [f"/etc/f{i}" for i in range(5)]
+    assert user["write_files"][0]["owner"] == "root"
+
+
+def test_one_ssh_key_as_a_string_is_kept_as_cloud_init_reads_it():
+    spec = _spec(
+        ssh_keys=("ssh-ed25519 AAAAours",), user_data="#cloud-config\nssh_authorized_keys: ssh-rsa AAAAtheirs\n"
+    )
+    user = yaml.safe_load(seed_files(spec)["user-data"])
+    assert user["ssh_authorized_keys"] == ["ssh-rsa AAAAtheirs", "ssh-ed25519 AAAAours"]
 
 
 def test_script_user_data_runs_after_vpsshops_cloud_config():
