@@ -232,7 +232,19 @@ def _balance_micros(client, account) -> int:
 @pytest.mark.parametrize("cycle", ["monthly", "annual"])
 def test_order_quote_writes_nothing_and_equals_the_charge(vpsshop_client, vpsshop_account, cycle):
     vpsshop_account.credit("100")
+    key = vpsshop_client.post(
+        "/v1/ssh-keys",
+        headers=vpsshop_account.headers,
+        json={"name": "k", "public_key": openssh(ed25519.Ed25519PrivateKey.generate())},
+    ).json()
     body = {**ORDER, "location": "ro", "cycle": cycle} if cycle == "annual" else {**ORDER, "cycle": cycle}
+    # The exact order is quoted, settings that change no price included.
+    body |= {
+        "hostname": "web-1",
+        "root_password": "Chosen-pass-123",
+        "ssh_keys": [key["id"]],
+        "user_data": "#cloud-config\npackages: [htop]\n",
+    }
     quote = vpsshop_client.post("/v1/servers/quote", headers=vpsshop_account.headers, json=body)
     assert quote.status_code == 200, quote.text
     q = quote.json()
@@ -251,6 +263,20 @@ def test_quote_shows_the_deficit(vpsshop_client, vpsshop_account):
     assert (q["price_usd"], q["balance_usd"], q["deficit_usd"], q["sufficient"]) == (3.99, 1, 2.99, False)
     bad = vpsshop_client.post("/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "plan": "nope"})
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_plan"
+    # What the order would refuse, the quote refuses too: a key of another account, user data it takes not.
+    other = create_test_account(vpsshop_client)
+    theirs = vpsshop_client.post(
+        "/v1/ssh-keys",
+        headers=other.headers,
+        json={"name": "k", "public_key": openssh(ed25519.Ed25519PrivateKey.generate())},
+    ).json()
+    for change, code in (
+        ({"ssh_keys": [theirs["id"]]}, "invalid_ssh_keys"),
+        ({"user_data": alias_bomb(9)}, "invalid_user_data"),
+    ):
+        for path in ("/v1/servers/quote", "/v1/servers"):
+            refused = vpsshop_client.post(path, headers=vpsshop_account.headers, json={**ORDER, **change})
+            assert (refused.status_code, refused.json()["error"]) == (400, code), path
 
 
 def test_renewal_for_several_periods_quote_equals_charge(vpsshop_client, vpsshop_account):
