@@ -306,3 +306,34 @@ def test_every_event_type_is_documented_and_in_the_openapi_webhooks(vpsshop_clie
         "/events/{event_id}",
     ):
         assert path in document["paths"]
+
+
+def test_every_event_type_is_emitted_somewhere() -> None:
+    """A type listed in vpsshop.events.types (and so in the docs and the OpenAPI webhooks) that no code
+    emits is a promise nobody keeps. Every ``emit(session, <type>, ...)`` call of vpsshop and its
+    default plugins is read from the source: its type is a string, or (computed) one of the type
+    names its module spells out."""
+    import ast
+    from pathlib import Path
+
+    from vpsshop.events.types import EVENT_TYPES
+
+    root = Path(__file__).parent.parent
+    emitted: dict[str, list[str]] = {}
+    for path in [*root.joinpath("vpsshop").rglob("*.py"), *root.joinpath("plugins").rglob("*.py")]:
+        if path.name == "types.py" and path.parent.name == "events":
+            continue
+        tree = ast.parse(path.read_text())
+        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in EVENT_TYPES}
+        for call in ast.walk(tree):
+            if not isinstance(call, ast.Call) or len(call.args) < 2:
+                continue
+            func = call.func
+            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != "emit":
+                continue
+            kind = call.args[1]
+            found = {kind.value} if isinstance(kind, ast.Constant) else named
+            for name in found:
+                emitted.setdefault(name, []).append(str(path.relative_to(root)))
+    never = sorted(set(EVENT_TYPES) - set(emitted))
+    assert not never, f"event types listed but never emitted: {never}"

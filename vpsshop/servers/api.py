@@ -187,7 +187,15 @@ class ServerOut(BaseModel):
     created_at: datetime
     expires_at: datetime = Field(description="End of the paid period; see docs/servers.md for what follows.")
     auto_renew: bool = Field(description="Renewed from the balance shortly before expires_at.")
-    status_reason: str | None = Field(description="Why the server is suspended or terminated, else null.")
+    status_reason: str | None = Field(
+        description="Why the server is suspended or terminated; while a reinstall is under way, that it is "
+        "reinstalling (null again once it is done, or why it failed); else null."
+    )
+    power: Literal["running", "stopped"] | None = Field(
+        description="Whether the VM is powered on, as the last hypervisor job left it: running once provisioned "
+        "and after start, reboot, resume or reinstall; stopped after stop or suspension. Null while provisioning "
+        "and once terminated. A power action changes it when its job has run (within seconds)."
+    )
     reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
 
 
@@ -244,6 +252,7 @@ def server_out(server: Server) -> ServerOut:
         expires_at=server.expires_at,
         auto_renew=server.auto_renew,
         status_reason=server.status_reason,
+        power=server.power,  # type: ignore[arg-type]
         reverse_dns=server.reverse_dns,
     )
 
@@ -810,8 +819,9 @@ def routes() -> list[ApiRoute]:
             summary,
             PowerActionOut,
             status=202,
-            description=f"{text} The action runs as a job on the hypervisor within seconds; poll GET /servers/{{id}}. "
-            "Only an active server takes power actions; a power action does not change the billing status.",
+            description=f"{text} The action runs as a job on the hypervisor within seconds; GET /servers/{{id}} shows "
+            "the result in its power field once the job has run. Only an active server takes power actions; a power "
+            "action does not change the billing status.",
             errors={404: _NOT_YOURS, 409: "server_not_active: the server is provisioning, suspended or terminated."},
             tags=TAG,
             operation_id=f"{action}Server",
@@ -908,7 +918,9 @@ def routes() -> list[ApiRoute]:
             operation_id="getServer",
             description="status: provisioning (paid, being created) -> active (running, ip set) -> suspended "
             "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted after the grace period). "
-            "A suspended server returns to active when renewed.",
+            "A suspended server returns to active when renewed. status is the billing state: power says whether "
+            "the VM is running or stopped (a stopped server is still active and still renews), and status_reason "
+            "says when a reinstall is under way.",
         ),
         ApiRoute(
             "PATCH",
