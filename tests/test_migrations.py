@@ -96,7 +96,7 @@ def test_dashboard_migration_0008_adds_and_removes_its_tables_keeping_accounts(v
         db.dispose()
 
 
-def test_power_migration_0012_derives_the_power_of_existing_servers(vpsshop_database_url):
+def test_power_migration_0013_derives_the_power_of_existing_servers(vpsshop_database_url):
     db = Database(vpsshop_database_url)
     try:
         db.migrate()

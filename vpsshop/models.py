@@ -123,7 +123,7 @@ class Server(SQLModel, table=True):
     user_data_enc: str | None = Field(default=None, sa_type=sa.Text)
     """The customer's cloud-init user data, Fernet-encrypted (it may hold secrets)."""
     reverse_dns: str | None = Field(default=None, max_length=253)
-    # Added by migration 0012: the VM's power as the last hypervisor job left it (vpsshop/servers/jobs.py).
+    # Added by migration 0013: the VM's power as the last hypervisor job left it (vpsshop/servers/jobs.py).
     power: str | None = Field(default=None, max_length=16)
     """``running`` or ``stopped``; None while provisioning and once terminated."""
 

@@ -1,6 +1,6 @@
 """servers.power: whether the VM is running or stopped, as the last hypervisor job left it
 
-Revision ID: 0012
+Revision ID: 0013
 Revises: 0009
 Create Date: 2026-11-24
 """
@@ -8,7 +8,7 @@ from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0012'
+revision = '0013'
 down_revision = '0009'
 branch_labels = None
 depends_on = None
