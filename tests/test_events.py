@@ -117,6 +117,14 @@ def test_events_are_the_accounts_own_and_page_both_ways(vpsshop_client: TestClie
     assert types(client, mine, type="api_key.*") == ["api_key.created"] * 4
     assert types(client, mine, type="account.created") == ["account.created"]
 
+    between = client.get(
+        "/v1/events", headers=mine.headers, params={"after": everything[0]["id"], "before": everything[-1]["id"]}
+    ).json()
+    assert [e["id"] for e in between["events"]] == [e["id"] for e in everything[1:-1]]  # oldest first
+    for after, before in ((everything[-1], everything[0]), (everything[2], everything[2])):  # nothing can be between
+        wrong = client.get("/v1/events", headers=mine.headers, params={"after": after["id"], "before": before["id"]})
+        assert (wrong.status_code, wrong.json()["error"]) == (400, "invalid_cursor")
+        assert "after must name an older event than before" in wrong.json()["message"]
     for params in ({"after": theirs[0]["id"]}, {"before": theirs[0]["id"]}):  # another account's id is unknown here
         assert client.get("/v1/events", headers=mine.headers, params=params).status_code == 404
     assert client.get(f"/v1/events/{theirs[0]['id']}", headers=mine.headers).status_code == 404
@@ -298,3 +306,34 @@ def test_every_event_type_is_documented_and_in_the_openapi_webhooks(vpsshop_clie
         "/events/{event_id}",
     ):
         assert path in document["paths"]
+
+
+def test_every_event_type_is_emitted_somewhere() -> None:
+    """A type listed in vpsshop.events.types (and so in the docs and the OpenAPI webhooks) that no code
+    emits is a promise nobody keeps. Every ``emit(session, <type>, ...)`` call of vpsshop and its
+    default plugins is read from the source: its type is a string, or (computed) one of the type
+    names its module spells out."""
+    import ast
+    from pathlib import Path
+
+    from vpsshop.events.types import EVENT_TYPES
+
+    root = Path(__file__).parent.parent
+    emitted: dict[str, list[str]] = {}
+    for path in [*root.joinpath("vpsshop").rglob("*.py"), *root.joinpath("plugins").rglob("*.py")]:
+        if path.name == "types.py" and path.parent.name == "events":
+            continue
+        tree = ast.parse(path.read_text())
+        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in EVENT_TYPES}
+        for call in ast.walk(tree):
+            if not isinstance(call, ast.Call) or len(call.args) < 2:
+                continue
+            func = call.func
+            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != "emit":
+                continue
+            kind = call.args[1]
+            found = {kind.value} if isinstance(kind, ast.Constant) else named
+            for name in found:
+                emitted.setdefault(name, []).append(str(path.relative_to(root)))
+    never = sorted(set(EVENT_TYPES) - set(emitted))
+    assert not never, f"event types listed but never emitted: {never}"

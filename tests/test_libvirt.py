@@ -276,6 +276,22 @@ class TestLibvirtTestDriverContract(HypervisorContract):
         return "anywhere"
 
 
+class TestLibvirtOneLocationContract(HypervisorContract):
+    """The kit on a configuration with hosts in nl only: it serves nl, not fr, and creates nothing in fr."""
+
+    @pytest.fixture
+    def hypervisor_backend(self):
+        settings = LibvirtBackend.sandbox_config()
+        settings["locations"] = {"nl": settings["locations"]["*"]}
+        backend = LibvirtBackend.from_settings(settings, sandbox=False, where="hypervisor.libvirt")
+        yield backend
+        asyncio.run(backend.close())
+
+    @pytest.fixture
+    def hypervisor_unserved_location(self) -> str:
+        return "fr"
+
+
 def test_a_host_that_stops_answering_fails_calls_within_the_keepalive(libvirtd_uri, tmp_path):
     """A host that loses power or its network answers nothing and closes nothing: without keepalive
     probes a call would wait for TCP to give up (many minutes) while its job kept renewing its lease.

@@ -94,3 +94,43 @@ def test_dashboard_migration_0008_adds_and_removes_its_tables_keeping_accounts(v
             )
     finally:
         db.dispose()
+
+
+def test_power_migration_0013_derives_the_power_of_existing_servers(vpsshop_database_url):
+    db = Database(vpsshop_database_url)
+    try:
+        db.migrate()
+        with db.engine.connect() as conn:
+            command.downgrade(_alembic(conn), "0009")
+            conn.commit()
+            conn.execute(
+                sa.text(
+                    "INSERT INTO accounts (id, balance_micros, totp_enabled, login_selector, login_hash, created_at) "
+                    "VALUES (5, 0, false, 'sel5', 'hash', '2026-01-01 00:00:00')"
+                )
+            )
+            for sid, status in ((1, "provisioning"), (2, "active"), (3, "active"), (4, "suspended"), (5, "terminated")):
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO servers (id, account_id, plan, location, os, hostname, cycle, price_micros, "
+                        "status, username, created_at, expires_at, auto_renew) VALUES (:id, 5, 'pup', 'nl', "
+                        "'debian-12', 'h', 'monthly', 1, :status, 'root', '2026-01-01 00:00:00', "
+                        "'2026-02-01 00:00:00', true)"
+                    ),
+                    {"id": sid, "status": status},
+                )
+            for sid, kind in ((2, "power_stop"), (2, "power_start"), (3, "power_start"), (3, "power_stop")):
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO server_events (server_id, kind, created_at) "
+                        "VALUES (:sid, :kind, '2026-01-02 00:00:00')"
+                    ),
+                    {"sid": sid, "kind": kind},
+                )
+            conn.commit()
+        db.migrate()
+        with db.engine.connect() as conn:
+            power = dict(conn.execute(sa.text("SELECT id, power FROM servers ORDER BY id")).all())
+        assert power == {1: None, 2: "running", 3: "stopped", 4: "stopped", 5: None}
+    finally:
+        db.dispose()

@@ -28,11 +28,11 @@ def production_config(tmp_path: Path, body: str, mode: str = "production") -> Pa
     return config
 
 
-def libvirt_table(uri: str = "test:///default", domain_type: str = "test") -> str:
+def libvirt_table(uri: str = "test:///default", domain_type: str = "test", location: str = "nl") -> str:
     return (
         f'[hypervisor]\nbackend = "libvirt"\n[hypervisor.libvirt]\ndomain_type = "{domain_type}"\n'
-        f'[hypervisor.libvirt.locations.nl]\npool = "default-pool"\naddresses = "10.0.0.0/24"\n'
-        f'[[hypervisor.libvirt.locations.nl.hosts]]\nuri = "{uri}"\n'
+        f'[hypervisor.libvirt.locations.{location}]\npool = "default-pool"\naddresses = "10.0.0.0/24"\n'
+        f'[[hypervisor.libvirt.locations.{location}.hosts]]\nuri = "{uri}"\n'
     )
 
 
@@ -97,8 +97,10 @@ def test_production_refuses_the_simulator(tmp_path):
 
 
 def test_a_working_production_config_starts(tmp_path):
-    """The libvirt test driver answers and genisoimage is installed: nothing to refuse."""
-    config = production_config(tmp_path, libvirt_table())
+    """The libvirt test driver answers, genisoimage is installed and a "*" location serves every catalog
+    location: nothing to refuse (hosts in nl alone would leave seven locations unserved:
+    tests/test_server_locations.py)."""
+    config = production_config(tmp_path, libvirt_table(location='"*"'))
     env = clean_env()
     with serve(tmp_path, env, "--config", str(config)) as served:
         import httpx

@@ -123,6 +123,13 @@ def test_order_keys_and_user_data_reach_the_spec(vpsshop_client, vpsshop_account
     assert spec.root_password == order.json()["root_password"]
 
 
+def alias_bomb(levels: int) -> str:
+    """``levels`` nested levels of 10 aliases each: 9 levels are about 500 bytes and 10^9 strings."""
+    lines = ["#cloud-config", "l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize(
     "user_data, says",
     [
@@ -130,6 +137,12 @@ def test_order_keys_and_user_data_reach_the_spec(vpsshop_client, vpsshop_account
         ("#cloud-config\n- a list\n", "YAML mapping"),
         ("#cloud-config\nkey: [unclosed\n", "not valid YAML"),
         ("#!/bin/sh\n" + "x" * 17000, "at most"),
+        (alias_bomb(9), "aliases expand it to more than 65536 characters"),
+        (alias_bomb(6), "aliases expand it to more than 65536 characters"),
+        ("#cloud-config\nloop: &me [*me]\n", "contains itself through a YAML alias"),
+        ("#cloud-config\ndeep: " + "[" * 3000 + "]" * 3000 + "\n", "more than 64 levels deep"),
+        ("#cloud-config\nruncmd: echo hi\n", "runcmd must be a YAML list"),
+        ("#cloud-config\nssh_authorized_keys: {a: b}\n", "ssh_authorized_keys must be a list"),
     ],
 )
 def test_bad_user_data_is_400_before_any_charge(vpsshop_client, vpsshop_account, user_data, says):
@@ -179,6 +192,28 @@ def test_user_data_cannot_drop_keys_password_or_network():
     assert network["ethernets"]["primary"]["addresses"] == ["10.0.0.5/24"]
 
 
+def test_a_small_alias_bomb_would_have_been_megabytes():
+    """What the 400 above prevents: composing even a 6-level bomb wrote tens of megabytes."""
+    expanded = len(json.dumps(yaml.safe_load(alias_bomb(6))))
+    assert len(alias_bomb(6)) < 400 and expanded > 5_000_000
+
+
+def test_anchors_that_expand_modestly_are_accepted():
+    user_data = "#cloud-config\nx-base: &base {owner: root, permissions: '0644'}\nwrite_files:\n"
+    user_data += "".join(f"  - {{<<: *base, path: /etc/f{i}, content: '{i}'}}\n" for i in range(5))
+    user = yaml.safe_load(seed_files(_spec(user_data=user_data))["user-data"])
+    assert [f["path"] for f in user["write_files"]][:5] == [f"/etc/f{i}" for i in range(5)]
+    assert user["write_files"][0]["owner"] == "root"
+
+
+def test_one_ssh_key_as_a_string_is_kept_as_cloud_init_reads_it():
+    spec = _spec(
+        ssh_keys=("ssh-ed25519 AAAAours",), user_data="#cloud-config\nssh_authorized_keys: ssh-rsa AAAAtheirs\n"
+    )
+    user = yaml.safe_load(seed_files(spec)["user-data"])
+    assert user["ssh_authorized_keys"] == ["ssh-rsa AAAAtheirs", "ssh-ed25519 AAAAours"]
+
+
 def test_script_user_data_runs_after_vpsshops_cloud_config():
     composed = compose_user_data({"hostname": "web"}, "#!/bin/sh\necho hello > /tmp/hi\n")
     parts = [p for p in email.message_from_string(composed).walk() if not p.is_multipart()]
@@ -197,7 +232,19 @@ def _balance_micros(client, account) -> int:
 @pytest.mark.parametrize("cycle", ["monthly", "annual"])
 def test_order_quote_writes_nothing_and_equals_the_charge(vpsshop_client, vpsshop_account, cycle):
     vpsshop_account.credit("100")
+    key = vpsshop_client.post(
+        "/v1/ssh-keys",
+        headers=vpsshop_account.headers,
+        json={"name": "k", "public_key": openssh(ed25519.Ed25519PrivateKey.generate())},
+    ).json()
     body = {**ORDER, "location": "ro", "cycle": cycle} if cycle == "annual" else {**ORDER, "cycle": cycle}
+    # The exact order is quoted, settings that change no price included.
+    body |= {
+        "hostname": "web-1",
+        "root_password": "Chosen-pass-123",
+        "ssh_keys": [key["id"]],
+        "user_data": "#cloud-config\npackages: [htop]\n",
+    }
     quote = vpsshop_client.post("/v1/servers/quote", headers=vpsshop_account.headers, json=body)
     assert quote.status_code == 200, quote.text
     q = quote.json()
@@ -216,6 +263,20 @@ def test_quote_shows_the_deficit(vpsshop_client, vpsshop_account):
     assert (q["price_usd"], q["balance_usd"], q["deficit_usd"], q["sufficient"]) == (3.99, 1, 2.99, False)
     bad = vpsshop_client.post("/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "plan": "nope"})
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_plan"
+    # What the order would refuse, the quote refuses too: a key of another account, user data it takes not.
+    other = create_test_account(vpsshop_client)
+    theirs = vpsshop_client.post(
+        "/v1/ssh-keys",
+        headers=other.headers,
+        json={"name": "k", "public_key": openssh(ed25519.Ed25519PrivateKey.generate())},
+    ).json()
+    for change, code in (
+        ({"ssh_keys": [theirs["id"]]}, "invalid_ssh_keys"),
+        ({"user_data": alias_bomb(9)}, "invalid_user_data"),
+    ):
+        for path in ("/v1/servers/quote", "/v1/servers"):
+            refused = vpsshop_client.post(path, headers=vpsshop_account.headers, json={**ORDER, **change})
+            assert (refused.status_code, refused.json()["error"]) == (400, code), path
 
 
 def test_renewal_for_several_periods_quote_equals_charge(vpsshop_client, vpsshop_account):

@@ -1,4 +1,5 @@
-"""Reinstall and the serial console through the API, on the simulator (SQLite and PostgreSQL).
+"""Reinstall, the power state and the serial console through the API, on the simulator (SQLite and
+PostgreSQL).
 
 The real guest (tests/test_real_guest.py) does both on libvirtd with a booted Debian.
 """
@@ -9,15 +10,18 @@ import asyncio
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from sqlmodel import select
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from vpsshop.servers.console import CLOSE_BAD_TICKET, TICKET_SECONDS
+from vpsshop.events import delivery, outbox
+from vpsshop.hypervisor import ServerHandle
+from vpsshop.servers.console import CLOSE_BAD_TICKET, CLOSE_UNAVAILABLE, TICKET_SECONDS
 from vpsshop.servers.jobs import _prepare, run_jobs
-from vpsshop.servers.models import ConsoleTicket, ServerEvent
+from vpsshop.servers.models import ConsoleTicket, ServerEvent, ServerJob
 from vpsshop.testing import create_test_account
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
@@ -50,6 +54,11 @@ def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account)
     key = vpsshop_client.post(
         "/v1/ssh-keys", headers=vpsshop_account.headers, json={"name": "k", "public_key": line}
     ).json()
+    hook = vpsshop_client.post(
+        "/v1/webhooks",
+        headers=vpsshop_account.headers,
+        json={"url": "http://127.0.0.1:9/hook", "event_types": ["server.*"]},
+    ).json()
     old = vpsshop_client.get(f"/v1/servers/{sid}/credentials", headers=vpsshop_account.headers).json()["password"]
     balance = vpsshop_client.get("/v1/account", headers=vpsshop_account.headers).json()["balance_usd"]
     response = vpsshop_client.post(
@@ -62,6 +71,9 @@ def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account)
     body = response.json()
     new = body["root_password"]
     assert new and new != old and body["server"]["os"] == "debian-13" and body["server"]["status"] == "active"
+    # Until the job is done, the server says it is reinstalling.
+    shown = vpsshop_client.get(f"/v1/servers/{sid}", headers=vpsshop_account.headers).json()
+    assert shown["status_reason"].startswith("Reinstalling debian-13") and body["server"] == shown
     again = vpsshop_client.post(
         f"/v1/servers/{sid}/reinstall", headers=vpsshop_account.headers, json={"os": "debian-13"}
     )
@@ -77,6 +89,16 @@ def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account)
     with ctx.db.session() as session:
         kinds = [e.kind for e in session.exec(select(ServerEvent).where(ServerEvent.server_id == sid))]
     assert kinds[-2:] == ["reinstall", "reinstalled"]
+    # Done: the reason is gone, the server runs, and server.reinstalled reaches GET /events and webhooks.
+    shown = vpsshop_client.get(f"/v1/servers/{sid}", headers=vpsshop_account.headers).json()
+    assert (shown["status_reason"], shown["power"], shown["os"]) == (None, "running", "debian-13")
+    listed = vpsshop_client.get("/v1/events", headers=vpsshop_account.headers, params={"type": "server.*"}).json()
+    assert [e["type"] for e in listed["events"]][-1] == "server.reinstalled"
+    assert listed["events"][-1]["data"] == {"object": "server", **shown}
+    outbox.publish_pending(ctx.db)
+    delivery.fan_out(ctx)
+    sent = vpsshop_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=vpsshop_account.headers).json()
+    assert "server.reinstalled" in [d["event_type"] for d in sent["deliveries"]]
     # A given password is not echoed back.
     given = vpsshop_client.post(
         f"/v1/servers/{sid}/reinstall",
@@ -84,6 +106,27 @@ def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account)
         json={"os": "debian-12", "root_password": "Chosen-pass-123"},
     )
     assert given.status_code == 202 and given.json()["root_password"] is None
+
+
+def test_a_reinstall_that_fails_says_so_on_the_server(vpsshop_client, vpsshop_account):
+    sid = _active_server(vpsshop_client, vpsshop_account)
+    ctx = vpsshop_client.app.state.ctx
+    domain = _prepare(ctx, sid, "active")[1].name
+    asyncio.run(ctx.hypervisor.destroy(ServerHandle("simulator", domain)))  # the domain vanished on the host
+    response = vpsshop_client.post(
+        f"/v1/servers/{sid}/reinstall", headers=vpsshop_account.headers, json={"os": "debian-13"}
+    )
+    assert response.status_code == 202
+    for _ in range(ctx.settings.servers.provision_attempts):
+        with ctx.db.session() as session:  # each retry due at once
+            session.execute(sa.update(ServerJob).values(run_after=ctx.clock.now()))
+        asyncio.run(run_jobs(ctx))
+    shown = vpsshop_client.get(f"/v1/servers/{sid}", headers=vpsshop_account.headers).json()
+    assert shown["status"] == "active" and shown["status_reason"].startswith("The reinstall of debian-13 did not")
+    assert domain not in shown["status_reason"]  # the operator's error stays in the job, not on the resource
+    assert "server.reinstalled" not in [
+        e["type"] for e in vpsshop_client.get("/v1/events", headers=vpsshop_account.headers).json()["events"]
+    ]
 
 
 def test_reinstall_refusals(vpsshop_client, vpsshop_account):
@@ -177,3 +220,121 @@ def test_a_backend_without_console_says_so(tmp_path):
         assert response.status_code == 409 and response.json()["error"] == "not_supported"
         assert "libvirt" in response.json()["message"]
         asyncio.run(run_jobs(client.app.state.ctx))
+
+
+def test_a_console_the_client_closes_logs_no_error(tmp_path):
+    """A served shop (uvicorn, a real WebSocket client): sessions that the client ends, after reading
+    or at once, leave no ERROR and no traceback in the process's log."""
+    import subprocess
+    import time
+
+    import httpx
+    from served import VPSSHOP, serve, shop_env
+    from websockets.sync.client import connect
+
+    env = shop_env(
+        f"sqlite:///{tmp_path}/shop.db",
+        VPSSHOP__SERVERS__JOBS_INTERVAL_SECONDS="0.2",
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0",
+    )
+    with serve(tmp_path, env) as api:
+        created = httpx.post(f"{api.base}/account").json()
+        headers = {"Authorization": f"Bearer {created['api_key']}"}
+        credit = [VPSSHOP, "admin", "credit", str(created["user_id"]), "10", "--reason", "console"]
+        assert subprocess.run(credit, cwd=tmp_path, env=env, capture_output=True, timeout=60).returncode == 0
+        sid = httpx.post(f"{api.base}/servers", headers=headers, json=ORDER).json()["server"]["id"]
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{api.base}/servers/{sid}", headers=headers).json()["status"] != "active":
+            assert time.monotonic() < deadline, api.output()
+            time.sleep(0.2)
+        ws_base = api.base.replace("http://", "ws://").removesuffix("/v1")
+        for read_first in (True, False):
+            ticket = httpx.post(f"{api.base}/servers/{sid}/console", headers=headers).json()
+            with connect(ws_base + ticket["url"]) as ws:
+                if read_first:
+                    seen = b""
+                    while b"login: " not in seen:
+                        seen += ws.recv(timeout=10)
+                    ws.send("root\r")
+                    assert ws.recv(timeout=10) == b"root\r\n"
+        time.sleep(1)  # the server side notices the close
+        assert httpx.get(f"{api.base}/health").status_code == 200
+        log = api.output()
+    assert "console/ws" in log  # the sessions reached the served process
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+    assert not [line for line in log.splitlines() if '"level":"error"' in line], log
+
+
+# ---- the power state -----------------------------------------------------------------------------
+
+
+def _power(client, account, sid) -> str | None:
+    return client.get(f"/v1/servers/{sid}", headers=account.headers).json()["power"]
+
+
+def test_power_follows_the_jobs_through_the_servers_life(vpsshop_client, vpsshop_account, vpsshop_clock):
+    from datetime import datetime, timedelta
+
+    from vpsshop.servers.lifecycle import run_lifecycle
+
+    client, account = vpsshop_client, vpsshop_account
+    ctx = client.app.state.ctx
+    account.credit("20")
+    sid = client.post("/v1/servers", headers=account.headers, json=ORDER).json()["server"]["id"]
+    assert _power(client, account, sid) is None  # provisioning: nothing runs yet
+    asyncio.run(run_jobs(ctx))
+    assert _power(client, account, sid) == "running"
+    for action, after in (("stop", "stopped"), ("stop", "stopped"), ("start", "running"), ("stop", "stopped")):
+        assert client.post(f"/v1/servers/{sid}/{action}", headers=account.headers).status_code == 202
+        asyncio.run(run_jobs(ctx))
+        shown = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+        assert (shown["status"], shown["power"]) == ("active", after)  # the billing status stays
+    assert client.post(f"/v1/servers/{sid}/reboot", headers=account.headers).status_code == 202
+    asyncio.run(run_jobs(ctx))
+    assert _power(client, account, sid) == "running"
+    # Expiry unrenewed: suspended and stopped; renewed: active and running; the grace over: no power at all.
+    client.patch(f"/v1/servers/{sid}", headers=account.headers, json={"auto_renew": False})
+    expires = datetime.fromisoformat(client.get(f"/v1/servers/{sid}", headers=account.headers).json()["expires_at"])
+    vpsshop_clock.set(expires + timedelta(minutes=1))
+    asyncio.run(run_lifecycle(ctx))
+    asyncio.run(run_jobs(ctx))
+    shown = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+    assert (shown["status"], shown["power"]) == ("suspended", "stopped")
+    assert client.post(f"/v1/servers/{sid}/renew", headers=account.headers).status_code == 200
+    asyncio.run(run_jobs(ctx))
+    assert _power(client, account, sid) == "running"
+    vpsshop_clock.advance(days=80)
+    asyncio.run(run_lifecycle(ctx))
+    asyncio.run(run_lifecycle(ctx))
+    asyncio.run(run_jobs(ctx))
+    shown = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+    assert (shown["status"], shown["power"]) == ("terminated", None)
+    # Every server event carries it too.
+    data = [
+        e["data"]
+        for e in client.get("/v1/events", headers=account.headers).json()["events"]
+        if e["type"] == "server.active"
+    ]
+    assert data[0]["power"] == "running"
+
+
+def test_the_console_of_a_stopped_server_is_refused_in_plain_words(vpsshop_client, vpsshop_account):
+    client, account = vpsshop_client, vpsshop_account
+    ctx = client.app.state.ctx
+    sid = _active_server(client, account)
+    early = _ticket(client, account, sid)  # taken while it ran
+    assert client.post(f"/v1/servers/{sid}/stop", headers=account.headers).status_code == 202
+    asyncio.run(run_jobs(ctx))
+    refused = client.post(f"/v1/servers/{sid}/console", headers=account.headers)
+    assert refused.status_code == 409 and refused.json()["error"] == "server_stopped"
+    assert "powered off" in refused.json()["message"] and f"/servers/{sid}/start" in refused.json()["message"]
+    domain = _prepare(ctx, sid, "active")[1].name
+    with client.websocket_connect(early["url"]) as ws, pytest.raises(WebSocketDisconnect) as closed:
+        ws.receive_bytes()
+    assert closed.value.code == CLOSE_UNAVAILABLE
+    assert "powered off" in closed.value.reason and f"/v1/servers/{sid}/start" in closed.value.reason
+    assert domain not in closed.value.reason and "simulator" not in closed.value.reason  # no internal handle
+    assert client.post(f"/v1/servers/{sid}/start", headers=account.headers).status_code == 202
+    asyncio.run(run_jobs(ctx))
+    with client.websocket_connect(_ticket(client, account, sid)["url"]) as ws:
+        assert b"Linux version" in ws.receive_bytes()

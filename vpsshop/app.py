@@ -71,6 +71,11 @@ def create_app(
         kind: [item.id for item in getattr(ctx.catalog_data, kind)]
         for kind in ("plans", "locations", "operating_systems")
     }
+    # A location the hypervisor does not serve is not orderable: the request bodies' enum leaves it out
+    # (unless none is served, a start-up problem: then the enum stays whole rather than empty).
+    unserved = set(unserved_locations(ctx))
+    served = [loc for loc in catalog_ids["locations"] if loc not in unserved]
+    catalog_ids["locations"] = served or catalog_ids["locations"]
     catalog_ids["coins"] = list(ctx.coins)
     event_models, webhooks = openapi_webhooks()
     openapi = build_openapi(
@@ -153,6 +158,10 @@ async def preflight(ctx: AppContext) -> list[str]:
             problems.append(
                 f"{item.kind} {item.key} (plugin {item.plugin}): preflight failed: {type(exc).__name__}: {exc}"
             )
+        if item.component is ctx.hypervisor:
+            unserved = unserved_locations(ctx)
+            if unserved:
+                problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): {_unserved_problem(ctx, unserved)}")
     if problems and not ctx.settings.sandbox:
         raise StartupError(
             "configured components cannot work (fix each, then start again):\n  " + "\n  ".join(problems)
@@ -160,6 +169,24 @@ async def preflight(ctx: AppContext) -> list[str]:
     for problem in problems:
         log.warning("sandbox: %s", problem)
     return problems
+
+
+def unserved_locations(ctx: AppContext) -> list[str]:
+    """The catalog's location ids the hypervisor backend does not serve (none without a backend)."""
+    backend = ctx.hypervisor
+    if backend is None:
+        return []
+    return [loc.id for loc in ctx.catalog_data.locations if not backend.serves(loc.id)]
+
+
+def _unserved_problem(ctx: AppContext, unserved: list[str]) -> str:
+    assert ctx.hypervisor is not None
+    settings = ", ".join(ctx.hypervisor.location_setting(loc) for loc in unserved)
+    return (
+        f"the catalog sells location(s) {', '.join(unserved)}, where this backend has no hosts (orders there are "
+        f"refused with 409 location_unavailable): add {settings}, or limit the catalog to the locations "
+        "you serve (with the file catalog: [catalog.file] path naming a catalog file without them)"
+    )
 
 
 async def start_services(ctx: AppContext, *, background: bool, check: bool = True) -> TaskRunner | None:

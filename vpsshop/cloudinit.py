@@ -30,6 +30,12 @@ MAX_PUBLIC_KEY_CHARS = 8192
 """An RSA key of 16384 bits is about 2,800 characters; anything longer is not a key."""
 MAX_USER_DATA_BYTES = 16384
 """User data is capped at 16 KiB (EC2's limit; enough for a cloud-config or a script)."""
+MAX_EXPANDED_CHARS = 65536
+"""A cloud-config may use YAML anchors and aliases, but written out (as the seed's user-data is) it
+may hold at most this many characters of keys and values: a few aliases of aliases (an "alias
+bomb") would otherwise turn 500 bytes into gigabytes."""
+MAX_DEPTH = 64
+"""Mappings and lists nested deeper than this are refused (cloud-configs are a few levels deep)."""
 
 _KEY_TYPES = {
     "ssh-ed25519": "ed25519",
@@ -126,16 +132,71 @@ def check_user_data(text: str) -> str:
 
 def _cloud_config(text: str) -> dict[str, Any]:
     try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)  # aliases stay shared nodes: nothing is expanded
+        if node is None:
+            return {}
+        _check_expansion(node)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise InvalidInput(f"the cloud-config is not valid YAML{where}") from None
-    if data is None:
-        return {}
+    except RecursionError:
+        raise InvalidInput(f"the cloud-config nests lists or mappings more than {MAX_DEPTH} levels deep") from None
     if not isinstance(data, dict):
         raise InvalidInput("a cloud-config must be a YAML mapping (key: value lines)")
+    _check_combined(data)
     return data
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a document nested too deeply, one that contains itself through an alias, or one whose
+    aliases expand it past :data:`MAX_EXPANDED_CHARS`. Each node is sized once (an alias is the
+    same node object again), so this costs as little as the document's length."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    open_: set[int] = set()
+    while stack:
+        node, depth, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[key] = len(node.value) + 1
+            continue
+        items = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if children_done:
+            open_.discard(key)
+            sizes[key] = 2 + sum(sizes[id(item)] + 1 for item in items)
+            if sizes[key] > MAX_EXPANDED_CHARS:
+                raise InvalidInput(
+                    f"the cloud-config's YAML aliases expand it to more than {MAX_EXPANDED_CHARS} characters; "
+                    "write the repeated parts out, or repeat less"
+                )
+            continue
+        if key in open_:
+            raise InvalidInput("the cloud-config contains itself through a YAML alias")
+        if depth > MAX_DEPTH:
+            raise InvalidInput(f"the cloud-config nests lists or mappings more than {MAX_DEPTH} levels deep")
+        open_.add(key)
+        stack.append((node, depth, True))
+        for item in items:
+            if id(item) in open_:
+                raise InvalidInput("the cloud-config contains itself through a YAML alias")
+            stack.append((item, depth + 1, False))
+
+
+def _check_combined(data: dict[str, Any]) -> None:
+    """The lists vpsshop extends must be lists (``ssh_authorized_keys`` may be one key as a string,
+    as cloud-init takes it); anything else would be lost in the merge."""
+    keys = data.get("ssh_authorized_keys")
+    if keys is not None and not isinstance(keys, str | list):
+        raise InvalidInput("ssh_authorized_keys must be a list of public keys (or one key as a string)")
+    if isinstance(keys, list) and not all(isinstance(k, str) for k in keys):
+        raise InvalidInput("each entry of ssh_authorized_keys must be a public key line (a string)")
+    for key in COMBINED_KEYS:
+        if key != "ssh_authorized_keys" and key in data and not isinstance(data[key], list):
+            raise InvalidInput(f"{key} must be a YAML list")
 
 
 def compose_user_data(base: dict[str, Any], user_data: str | None) -> str:
@@ -154,6 +215,8 @@ def compose_user_data(base: dict[str, Any], user_data: str | None) -> str:
         merged = dict(_cloud_config(user_data))
         for key, value in base.items():
             theirs = merged.get(key)
+            if key == "ssh_authorized_keys" and isinstance(theirs, str):
+                theirs = [theirs]  # one key as a string: cloud-init reads it as a list of one
             if key in COMBINED_KEYS and isinstance(theirs, list) and isinstance(value, list):
                 merged[key] = [*theirs, *value]
             else:

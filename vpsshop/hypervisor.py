@@ -192,6 +192,28 @@ class HypervisorBackend(Component):
 
     .. versionadded:: 1.1"""
 
+    def serves(self, location: str) -> bool:
+        """Whether this backend can place servers in catalog location ``location``.
+
+        Core asks before it takes an order (and prices a quote): a location the backend does not
+        serve is refused with ``409 location_unavailable`` before anything is charged, it is left
+        out of the location ids the API description lists as orderable, and a production shop does
+        not start while a catalog location is served by none (the sandbox's banner says so). Must
+        be cheap (no network calls) and not change while the process runs. Default: True (every
+        location).
+
+        .. versionadded:: 1.1
+        """
+        return True
+
+    def location_setting(self, location: str) -> str:
+        """The setting an operator adds so that :meth:`serves` says yes for ``location``; the start-up
+        refusal of an unserved catalog location names it. Default: ``hypervisor.<kind>``.
+
+        .. versionadded:: 1.1
+        """
+        return f"hypervisor.{self.kind}"
+
     def address_pool(self, location: str) -> AddressPool | None:
         """The address pool of ``location``, or None when the backend assigns addresses itself.
 

@@ -127,6 +127,9 @@ class Server(SQLModel, table=True):
     suspended_by: str | None = Field(default=None, max_length=16)
     """Set while ``suspended``: ``nonpayment`` (the paid period ended; a renewal resumes it) or ``admin``
     (``vpsshop admin suspend``; only ``vpsshop admin unsuspend`` lifts it)."""
+    # Added by migration 0013: the VM's power as the last hypervisor job left it (vpsshop/servers/jobs.py).
+    power: str | None = Field(default=None, max_length=16)
+    """``running`` or ``stopped``; None while provisioning and once terminated."""
 
 
 class RecoveryCode(SQLModel, table=True):

@@ -463,6 +463,13 @@ class LibvirtBackend(HypervisorBackend):
 
     # ---- configuration lookups ----------------------------------------------------------------
 
+    def serves(self, location: str) -> bool:
+        """A location with its own ``[hypervisor.libvirt.locations.<id>]`` table, or any when there is a ``"*"``."""
+        return location in self.cfg.locations or "*" in self.cfg.locations
+
+    def location_setting(self, location: str) -> str:
+        return f"hypervisor.libvirt.locations.{location}"
+
     def location(self, location: str) -> LocationConfig:
         loc = self.cfg.locations.get(location) or self.cfg.locations.get("*")
         if loc is None:

@@ -226,10 +226,18 @@ def _list_events(
                 query = query.where(StoredEvent.type.startswith(type_[:-1]))  # type: ignore[attr-defined]
             else:
                 query = query.where(StoredEvent.type == type_)
-        if after is not None:
-            query = query.where(StoredEvent.seq > _anchor(session, account_id, after))  # type: ignore[operator]
-        if before is not None:
-            query = query.where(StoredEvent.seq < _anchor(session, account_id, before))  # type: ignore[operator]
+        low = _anchor(session, account_id, after) if after is not None else None
+        high = _anchor(session, account_id, before) if before is not None else None
+        if low is not None and high is not None and low >= high:
+            raise BadRequest(
+                "invalid_cursor",
+                "With both after and before, after must name an older event than before (the events between "
+                "them are listed, oldest first); these two are the other way round or the same event.",
+            )
+        if low is not None:
+            query = query.where(StoredEvent.seq > low)  # type: ignore[operator]
+        if high is not None:
+            query = query.where(StoredEvent.seq < high)  # type: ignore[operator]
         newest_first = before is not None and after is None
         query = query.order_by(StoredEvent.seq.desc() if newest_first else StoredEvent.seq)  # type: ignore[union-attr]
         rows = list(session.exec(outbox.visible(query.limit(limit + 1))).all())
@@ -562,7 +570,8 @@ def routes() -> list[ApiRoute]:
             "List the account's events",
             EventList,
             description="The account's own events, oldest first: page with `after` (the `cursor` of the previous "
-            "page), or newest first with `before` alone (both: the events between them, oldest first). "
+            "page), or newest first with `before` alone. Both: the events between them, oldest first; `after` "
+            "must then be the older of the two (else 400 invalid_cursor). "
             "A client that missed a webhook (or uses none) polls with "
             "`after=<last id seen>`. Events are listed in the order they were committed, and an event is listed "
             "only once every event before it is, so paging forward never skips one. " + _EVENTS_DOC,
@@ -581,7 +590,7 @@ def routes() -> list[ApiRoute]:
                 Query("type", "Only this type, or `<resource>.*`.", {"type": "string", "enum": PATTERNS}),
             ),
             errors={
-                400: "invalid_cursor, invalid_limit, invalid_type",
+                400: "invalid_cursor (not an event id; or after not older than before), invalid_limit, invalid_type",
                 404: "after or before names no event of this account.",
             },
             tags=TAG,

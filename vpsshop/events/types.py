@@ -89,7 +89,12 @@ _TYPES = [
         "The server was deleted: after the grace period, or because "
         "provisioning failed (then the order was refunded); data.status_reason says which.",
     ),
-    EventType("server.reinstalled", "server", "The server's operating system was reinstalled."),
+    EventType(
+        "server.reinstalled",
+        "server",
+        "A reinstall (POST /servers/{id}/reinstall) is done: the new disk is made and the server is powered on; "
+        "data.status_reason is null again. The guest answers once the new system has booted.",
+    ),
     EventType(
         "webhook.disabled",
         "webhook",

@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from vpsshop import events, ledger
 from vpsshop.catalog import price_cents
-from vpsshop.cloudinit import MAX_USER_DATA_BYTES, InvalidInput, check_user_data
+from vpsshop.cloudinit import MAX_DEPTH, MAX_EXPANDED_CHARS, MAX_USER_DATA_BYTES, InvalidInput, check_user_data
 from vpsshop.context import AppContext
 from vpsshop.encryption import encrypt_text
 from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
@@ -111,30 +111,17 @@ class OrderBody(ApiModel):
         "YAML mapping, or a script starting with '#!' (run once at the end of the first boot). It is combined "
         "with vpsshop's own cloud-config, which keeps the hostname, the root password, password login and the "
         "SSH keys: those keys of a customer cloud-config are replaced, and its ssh_authorized_keys, write_files, "
-        "runcmd and bootcmd lists are extended. The network configuration is a separate file it cannot change "
-        "(invalid_user_data). Stored encrypted.",
+        "runcmd and bootcmd lists are extended (they must be lists; ssh_authorized_keys may be one key as a string). "
+        f"YAML anchors and aliases may not expand it past {MAX_EXPANDED_CHARS} characters, nor nest it more than "
+        f"{MAX_DEPTH} levels. The network configuration is a separate file it cannot change (invalid_user_data). "
+        "Stored encrypted.",
     )
 
 
-class QuoteBody(ApiModel):
-    """Body of ``POST /servers/quote``: what an order would be, without the server's settings."""
-
-    plan: str = Field(
-        min_length=1, max_length=32, description="A plan id (invalid_plan).", json_schema_extra={"x-catalog": "plans"}
-    )
-    location: str = Field(
-        min_length=1,
-        max_length=32,
-        description="A location id (invalid_location).",
-        json_schema_extra={"x-catalog": "locations"},
-    )
-    os: str = Field(
-        min_length=1,
-        max_length=32,
-        description="An operating system id (invalid_os).",
-        json_schema_extra={"x-catalog": "operating_systems"},
-    )
-    cycle: Literal["monthly", "annual"] = Field(DEFAULT_CYCLE, description="Billing cycle (invalid_cycle).")
+class QuoteBody(OrderBody):
+    """Body of ``POST /servers/quote``: the body of the order to price, exactly as it would be sent to
+    ``POST /servers``. Only plan, location, os and cycle change the price; the other fields are
+    checked as the order checks them, and change nothing."""
 
 
 class RenewBody(ApiModel):
@@ -201,7 +188,15 @@ class ServerOut(BaseModel):
     created_at: datetime
     expires_at: datetime = Field(description="End of the paid period; see docs/servers.md for what follows.")
     auto_renew: bool = Field(description="Renewed from the balance shortly before expires_at.")
-    status_reason: str | None = Field(description="Why the server is suspended or terminated, else null.")
+    status_reason: str | None = Field(
+        description="Why the server is suspended or terminated; while a reinstall is under way, that it is "
+        "reinstalling (null again once it is done, or why it failed); else null."
+    )
+    power: Literal["running", "stopped"] | None = Field(
+        description="Whether the VM is powered on, as the last hypervisor job left it: running once provisioned "
+        "and after start, reboot, resume or reinstall; stopped after stop or suspension. Null while provisioning "
+        "and once terminated. A power action changes it when its job has run (within seconds)."
+    )
     reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
 
 
@@ -258,6 +253,7 @@ def server_out(server: Server) -> ServerOut:
         expires_at=server.expires_at,
         auto_renew=server.auto_renew,
         status_reason=server.status_reason,
+        power=server.power,  # type: ignore[arg-type]
         reverse_dns=server.reverse_dns,
     )
 
@@ -307,6 +303,12 @@ def _resolve(ctx: AppContext, body: OrderBody | QuoteBody) -> int:
     location = next((loc for loc in data.locations if loc.id == body.location), None)
     if location is None:
         raise BadRequest("invalid_location", f"No location {body.location!r}; GET /catalog lists the locations.")
+    if ctx.hypervisor is not None and not ctx.hypervisor.serves(location.id):
+        raise Conflict(
+            "location_unavailable",
+            f"Servers cannot be ordered in {location.name} ({location.id}) at the moment: this shop has no "
+            "hosts there. Nothing was charged; choose another location.",
+        )
     if not any(o.id == body.os for o in data.operating_systems):
         raise BadRequest("invalid_os", f"No operating system {body.os!r}; GET /catalog lists them.")
     return price_cents(plan, location, body.cycle) * MICROS_PER_CENT
@@ -466,19 +468,32 @@ def replay_order(ctx: AppContext, account_id: int, key: str, body: OrderBody) ->
         return _replay(ctx, session, account_id, key, body)
 
 
-def _user_data_enc(ctx: AppContext, user_data: str | None) -> str | None:
-    if user_data is None:
-        return None
+def _check_user_data(user_data: str) -> None:
     try:
         check_user_data(user_data)
     except InvalidInput as exc:
         raise BadRequest("invalid_user_data", f"This user data is not accepted: {exc}.") from None
+
+
+def _user_data_enc(ctx: AppContext, user_data: str | None) -> str | None:
+    if user_data is None:
+        return None
+    _check_user_data(user_data)
     return encrypt_text(ctx, user_data)
 
 
 def quote_order(ctx: AppContext, account_id: int, balance_micros: int, body: QuoteBody) -> QuoteOut:
-    """What :func:`place_order` would charge for ``body`` now; priced by the same ``_resolve``."""
+    """What :func:`place_order` would charge for ``body`` now; priced by the same ``_resolve``.
+
+    The fields that set no price are checked as the order checks them (so a quote refuses what the
+    order would refuse), and change nothing.
+    """
     price = _resolve(ctx, body)
+    if body.user_data is not None:
+        _check_user_data(body.user_data)
+    if body.ssh_keys:
+        with ctx.db.session() as session:
+            keys_for_server(session, account_id, body.ssh_keys)
     return _quote(price, 1, price, balance_micros, period_end(ctx.clock.now(), body.cycle))
 
 
@@ -816,8 +831,9 @@ def routes() -> list[ApiRoute]:
             summary,
             PowerActionOut,
             status=202,
-            description=f"{text} The action runs as a job on the hypervisor within seconds; poll GET /servers/{{id}}. "
-            "Only an active server takes power actions; a power action does not change the billing status.",
+            description=f"{text} The action runs as a job on the hypervisor within seconds; GET /servers/{{id}} shows "
+            "the result in its power field once the job has run. Only an active server takes power actions; a power "
+            "action does not change the billing status.",
             errors={404: _NOT_YOURS, 409: "server_not_active: the server is provisioning, suspended or terminated."},
             tags=TAG,
             operation_id=f"{action}Server",
@@ -858,8 +874,9 @@ def routes() -> list[ApiRoute]:
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
                 "invalid_root_password, invalid_ssh_keys, invalid_user_data, invalid_idempotency_key, unknown_field, "
                 "invalid_payment, invalid_coin (a payment header sent to a shop without x402)",
-                409: "idempotency_key_reused: this key was used for a different order; nonce_used: the x402 "
-                "authorization was used for another request.",
+                409: "location_unavailable: the location is in the catalog but the shop has no hosts there (nothing "
+                "is charged; choose another); idempotency_key_reused: this key was used for a different order; "
+                "nonce_used: the x402 authorization was used for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
                 "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
@@ -881,10 +898,16 @@ def routes() -> list[ApiRoute]:
             "Price an order without placing it",
             QuoteOut,
             body=QuoteBody,
-            description="What POST /servers with this plan, location, os and cycle would charge now, the balance, "
-            "and the deficit to top up first. Computed by the same pricing code as the order itself; nothing is "
-            "written or reserved, so the price is only guaranteed by the order.",
-            errors={400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, unknown_field"},
+            description="What POST /servers with this body would charge now, the balance, and the deficit to top "
+            "up first. Send the order's own body: plan, location, os and cycle set the price; hostname, "
+            "root_password, ssh_keys and user_data are accepted, checked as the order checks them (a quote refuses "
+            "what the order would), and change nothing. Computed by the same pricing code as the order itself; "
+            "nothing is written or reserved, so the price is only guaranteed by the order.",
+            errors={
+                400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
+                "invalid_root_password, invalid_ssh_keys, invalid_user_data, unknown_field",
+                409: "location_unavailable: the shop has no hosts in this catalog location.",
+            },
             tags=TAG,
             operation_id="quoteOrder",
         ),
@@ -908,7 +931,9 @@ def routes() -> list[ApiRoute]:
             operation_id="getServer",
             description="status: provisioning (paid, being created) -> active (running, ip set) -> suspended "
             "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted after the grace period). "
-            "A suspended server returns to active when renewed.",
+            "A suspended server returns to active when renewed. status is the billing state: power says whether "
+            "the VM is running or stopped (a stopped server is still active and still renews), and status_reason "
+            "says when a reinstall is under way.",
         ),
         ApiRoute(
             "PATCH",

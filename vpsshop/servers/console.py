@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import secrets
 from datetime import datetime, timedelta
 
@@ -27,12 +28,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from vpsshop.context import AppContext
 from vpsshop.errors import Conflict, PluginError
-from vpsshop.hypervisor import CAPABILITY_CONSOLE, ServerHandle
+from vpsshop.hypervisor import CAPABILITY_CONSOLE, DomainState, ServerHandle
 from vpsshop.models import Server
 from vpsshop.routing import ApiRoute, Call, Reply
 from vpsshop.servers.api import _NOT_YOURS, TAG, _owned
 from vpsshop.servers.models import ConsoleTicket
 from vpsshop.servers.reinstall import _require
+
+log = logging.getLogger("vpsshop.servers")
 
 TICKET_SECONDS = 30
 WS_PATH = "/servers/{id}/console/ws"
@@ -59,6 +62,11 @@ def issue_ticket(ctx: AppContext, account_id: int, server_id: int) -> ConsoleTic
         server = _owned(session, account_id, server_id)
         if server.status != "active" or server.domain is None:
             raise Conflict("server_not_active", f"The console needs an active server; this one is {server.status}.")
+        if server.power == "stopped":
+            raise Conflict(
+                "server_stopped",
+                f"The server is powered off: start it (POST /servers/{server_id}/start), then open the console.",
+            )
         expires = now + timedelta(seconds=TICKET_SECONDS)
         session.add(
             ConsoleTicket(
@@ -117,7 +125,9 @@ async def console_socket(websocket: WebSocket) -> None:
     try:
         stream = await ctx.hypervisor.open_console(handle)
     except PluginError as exc:
-        await websocket.close(CLOSE_UNAVAILABLE, str(exc)[:120])
+        # The plugin's text names hosts and domains: the operator's log has it, the customer plain words.
+        log.warning("server %s: the console could not be opened: %s", server_id, exc)
+        await websocket.close(CLOSE_UNAVAILABLE, await _why_no_console(ctx, server_id, handle))
         return
 
     async def guest_to_client() -> None:
@@ -143,8 +153,23 @@ async def console_socket(websocket: WebSocket) -> None:
             with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, PluginError, RuntimeError):
                 await task
         await stream.close()
-        with contextlib.suppress(RuntimeError):
+        # The client may have closed first: then there is nobody to tell, which is no error.
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await websocket.close(1000, "console closed")
+
+
+async def _why_no_console(ctx: AppContext, server_id: int, handle: ServerHandle) -> str:
+    """The close reason for a console the backend would not open, in the customer's words."""
+    assert ctx.hypervisor is not None
+    try:
+        state = await ctx.hypervisor.state(handle)
+    except PluginError:
+        state = None
+    if state in (DomainState.STOPPED, DomainState.PAUSED):
+        return f"the server is powered off: start it (POST /v1/servers/{server_id}/start), then open the console again"
+    if state == DomainState.STARTING:
+        return "the server is still starting: open the console again in a few seconds"
+    return "the console is not available right now: try again shortly, or ask the shop if it persists"
 
 
 def websocket_route(prefix: str) -> WebSocketRoute:
@@ -166,11 +191,13 @@ def routes() -> list[ApiRoute]:
             "needed, the ticket is bound to this account and server). The socket carries the console both ways: "
             "binary frames from the guest (boot messages, the login prompt), binary or text frames to it "
             f"(keystrokes). A bad, used or expired ticket: the socket closes with code {CLOSE_BAD_TICKET}; a "
-            f"console the hypervisor cannot open: code {CLOSE_UNAVAILABLE}, with the reason.",
+            f"console that cannot be opened (the server was powered off meanwhile, or the hypervisor cannot): code "
+            f"{CLOSE_UNAVAILABLE}, with the reason in plain words.",
             errors={
                 404: _NOT_YOURS,
-                409: "server_not_active: the server is not active; not_supported: the shop's "
-                "hypervisor backend has no serial console.",
+                409: "server_not_active: the server is not active; server_stopped: the server is powered off "
+                "(its power is stopped): start it first; not_supported: the shop's hypervisor backend has no serial "
+                "console.",
             },
             tags=TAG,
             operation_id="openServerConsole",

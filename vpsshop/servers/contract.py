@@ -18,8 +18,9 @@ Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs). Two wa
                asyncio.run(backend.close())
 
    Optional fixtures: ``hypervisor_location`` (a location the backend serves, default ``"nl"``),
-   ``hypervisor_spec_overrides`` (fields of the :class:`~vpsshop.ServerSpec`, e.g. the OS image
-   your test host has) and ``hypervisor_boot_timeout`` (seconds a domain may report
+   ``hypervisor_unserved_location`` (a location your configuration does not serve, default None:
+   not checked), ``hypervisor_spec_overrides`` (fields of the :class:`~vpsshop.ServerSpec`, e.g.
+   the OS image your test host has) and ``hypervisor_boot_timeout`` (seconds a domain may report
    ``starting``, default 60).
 
 2. **One walk.** :func:`check_hypervisor` takes one server through every verb in the order core
@@ -28,6 +29,8 @@ Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs). Two wa
 
 What the contract says (``docs/plugins.md``, "Hypervisor backends"):
 
+* ``serves`` answers a bool, True for the location the server is made in; for a location the
+  configuration does not serve it is False, and ``create`` there raises :class:`vpsshop.PluginError`;
 * ``create`` returns a handle whose ``domain`` is ``spec.name`` and whose ``host`` is set; the
   domain is powered on: ``state`` reports ``starting`` and then ``running`` within the boot time;
 * ``create`` again with the same spec returns the same host and domain (a retried job);
@@ -118,6 +121,7 @@ async def check_hypervisor(
 
     :return: the handle ``create`` returned (the domain is gone by then).
     """
+    check_serves(backend, spec.location)
     handle = await backend.create(spec)
     try:
         assert handle.domain == spec.name, f"create returned domain {handle.domain!r}, not spec.name {spec.name!r}"
@@ -152,6 +156,25 @@ async def check_hypervisor(
     await backend.destroy(handle)
     await expect_state(backend, handle, DomainState.MISSING, "destroy of a missing domain")
     return handle
+
+
+def check_serves(backend: HypervisorBackend, location: str, unserved: str | None = None) -> None:
+    """``serves`` is a bool, True for ``location`` and (when given) False for ``unserved``."""
+    answer = backend.serves(location)
+    assert answer is True, f"serves({location!r}) is {answer!r}: the contract's location must be served"
+    if unserved is not None:
+        answer = backend.serves(unserved)
+        assert answer is False, f"serves({unserved!r}) is {answer!r}, expected False for a location not configured"
+
+
+async def check_unserved_location(backend: HypervisorBackend, spec: ServerSpec) -> None:
+    """A spec in a location the backend does not serve: ``create`` raises PluginError (and makes nothing)."""
+    try:
+        handle = await backend.create(spec)
+    except PluginError:
+        return
+    await backend.destroy(handle)
+    raise AssertionError(f"create in location {spec.location!r}, which serves() says is not served, did not raise")
 
 
 async def check_optional_verbs(
@@ -199,6 +222,10 @@ class HypervisorContract:
     @pytest.fixture
     def hypervisor_location(self) -> str:
         return "nl"
+
+    @pytest.fixture
+    def hypervisor_unserved_location(self) -> str | None:
+        return None
 
     @pytest.fixture
     def hypervisor_spec_overrides(self) -> dict[str, Any]:
@@ -275,6 +302,19 @@ class HypervisorContract:
         for verb in ("start", "reboot"):
             with pytest.raises(PluginError):
                 asyncio.run(getattr(hypervisor_backend, verb)(handle))
+
+    def test_serves_its_locations(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        hypervisor_location: str,
+        hypervisor_unserved_location: str | None,
+        hypervisor_spec_overrides: dict[str, Any],
+    ) -> None:
+        """serves() is True where servers are made; where it is False, create refuses."""
+        check_serves(hypervisor_backend, hypervisor_location, hypervisor_unserved_location)
+        if hypervisor_unserved_location is not None:
+            spec = contract_spec(hypervisor_unserved_location, **hypervisor_spec_overrides)
+            asyncio.run(check_unserved_location(hypervisor_backend, spec))
 
     def test_capabilities_are_known(self, hypervisor_backend: HypervisorBackend) -> None:
         assert set(hypervisor_backend.capabilities) <= KNOWN_CAPABILITIES

@@ -17,6 +17,10 @@ can prove dead: one on the same host, in the same PID namespace, whose process n
 (:func:`reclaim_dead`, each pass). The next worker runs such a job again; the hypervisor verbs are
 idempotent, so that is safe. Jobs of one server run one at a time in id order.
 
+Each power verb's job leaves ``servers.power`` as the verb made it (``running`` after start, reboot,
+resume, provisioning and reinstall; ``stopped`` after stop and suspend; null once destroyed), so
+``GET /servers/{id}`` shows a stopped server without asking the hypervisor.
+
 A provisioning attempt that fails is retried after ``retry_seconds`` x 2^(attempt-1). After
 ``provision_attempts`` failures the server is ``terminated`` with the reason in
 ``status_reason``, the order's charge is refunded through the ledger (reason ``refund``, dedupe key
@@ -306,7 +310,9 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
             moved = session.execute(
                 sa.update(Server)
                 .where(Server.id == server.id, Server.status == "provisioning")
-                .values(status="active", ip=ip, host=handle.host, domain=handle.domain, status_reason=None)
+                .values(
+                    status="active", ip=ip, host=handle.host, domain=handle.domain, status_reason=None, power="running"
+                )
             ).rowcount
             if moved:
                 record(session, server.id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")  # type: ignore[arg-type]
@@ -380,8 +386,21 @@ def abandon_provisioning(session: Session, server: Server, now: datetime, reason
 # ---- reinstall -----------------------------------------------------------------------------------
 
 
+REINSTALLING = (
+    "Reinstalling {os}: the disk is being made anew; this clears once the new system is installed and started."
+)
+"""``status_reason`` of an active server from its reinstall request until its job is done."""
+REINSTALL_FAILED = (
+    "The reinstall of {os} did not complete, and the server may not boot: reinstall it again "
+    "(POST /servers/{id}/reinstall) or ask the shop."
+)
+"""``status_reason`` of an active server whose reinstall job failed its last attempt."""
+
+
 async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
-    """Recreate an active server's disk from its (new) OS with its new first-boot data."""
+    """Recreate an active server's disk from its (new) OS with its new first-boot data; then the
+    server's ``status_reason`` clears, ``power`` is running and ``server.reinstalled`` is emitted,
+    in one transaction."""
     prepared = await to_thread.run_sync(_prepare, ctx, job.server_id, "active")
     if prepared is None:
         return  # suspended or terminated since the request: nothing to reinstall
@@ -390,12 +409,29 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
     handle = await ctx.hypervisor.reinstall(_handle(server), spec)
 
     def reinstalled() -> None:
+        now = ctx.clock.now()
         with ctx.db.session() as session:
-            record(
-                session, job.server_id, "reinstalled", ctx.clock.now(), f"{handle.host} {handle.domain} {spec.os_id}"
-            )
+            record(session, job.server_id, "reinstalled", now, f"{handle.host} {handle.domain} {spec.os_id}")
+            moved = session.execute(
+                sa.update(Server)
+                .where(Server.id == job.server_id, Server.status == "active")
+                .values(status_reason=None, power="running")
+            ).rowcount
+            if moved:
+                events.emit(
+                    session, "server.reinstalled", server.account_id, server_data(session, job.server_id), now=now
+                )
 
     await to_thread.run_sync(reinstalled)
+
+
+def _reinstall_failed(ctx: AppContext, server_id: int) -> None:
+    with ctx.db.session() as session:
+        server = session.get(Server, server_id)
+        if server is None or server.status != "active":
+            return
+        server.status_reason = REINSTALL_FAILED.format(os=server.os, id=server_id)
+        session.add(server)
 
 
 # ---- reverse DNS ---------------------------------------------------------------------------------
@@ -419,6 +455,9 @@ async def _rdns(ctx: AppContext, job: ClaimedJob) -> None:
 
 # ---- other verbs ---------------------------------------------------------------------------------
 
+_POWER_AFTER = {"start": "running", "reboot": "running", "resume": "running", "stop": "stopped", "suspend": "stopped"}
+"""What ``servers.power`` says once each power verb has run."""
+
 
 async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
     def load() -> Server | None:
@@ -433,6 +472,17 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
     if job.kind in ("start", "stop", "reboot") and server.status != "active":
         return  # a power action queued before a suspension or termination: dropped
     await getattr(ctx.hypervisor, job.kind)(handle)
+    if job.kind in _POWER_AFTER:
+
+        def powered() -> None:
+            with ctx.db.session() as session:
+                session.execute(
+                    sa.update(Server)
+                    .where(Server.id == job.server_id, Server.status != "terminated")
+                    .values(power=_POWER_AFTER[job.kind])
+                )
+
+        await to_thread.run_sync(powered)
     if job.kind == "destroy":
         if ctx.dns is not None and server.ip and server.reverse_dns:
             await ctx.dns.clear_ptr(server.ip)  # the address goes back to the pool: its name must not stay
@@ -446,6 +496,7 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
         def destroyed() -> None:
             with ctx.db.session() as session:
+                session.execute(sa.update(Server).where(Server.id == job.server_id).values(power=None))
                 record(
                     session,
                     job.server_id,
@@ -529,6 +580,8 @@ def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:
         _finish(session, job, now, status="failed", finished_at=now, locked_until=None, last_error=error[:500])
     if job.kind == "provision":
         _give_up_provisioning(ctx, job.server_id, job.attempts, error)
+    elif job.kind == "reinstall":
+        _reinstall_failed(ctx, job.server_id)
 
 
 def _done(ctx: AppContext, job: ClaimedJob) -> None:

@@ -4,6 +4,8 @@ The request changes the server's row (OS, keys, user data, encrypted password) a
 ``reinstall`` job in one transaction; the job (:func:`vpsshop.servers.jobs._reinstall`) asks the
 hypervisor to recreate the disk from the base image and boot it with new first-boot data. The
 server stays ``active`` throughout; its address, hostname, paid period and price do not change.
+From the request until the job is done its ``status_reason`` says it is reinstalling; the job
+clears it and emits ``server.reinstalled`` (or, after its last failed attempt, says so there).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from vpsshop.hypervisor import CAPABILITY_REINSTALL
 from vpsshop.routing import ApiModel, ApiRoute, Call, Reply
 from vpsshop.servers.api import _NOT_YOURS, _PRINTABLE, TAG, ServerOut, _owned, _user_data_enc, server_out
 from vpsshop.servers.credentials import encrypt_password, generate_root_password
+from vpsshop.servers.jobs import REINSTALLING
 from vpsshop.servers.lifecycle import enqueue, record
 from vpsshop.servers.models import ServerJob
 from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
@@ -99,6 +102,7 @@ def reinstall_server(ctx: AppContext, account_id: int, server_id: int, body: Rei
         server.ssh_keys = keys_for_server(session, account_id, body.ssh_keys)
         server.user_data_enc = user_data_enc
         server.root_password_enc = encrypt_password(ctx, password)
+        server.status_reason = REINSTALLING.format(os=body.os)
         session.add(server)
         job = enqueue(session, server_id, "reinstall", now)
         record(session, server_id, "reinstall", now, f"customer; {body.os}")
@@ -128,8 +132,10 @@ def routes() -> list[ApiRoute]:
             "off, recreates its disk from the OS's base image and boots it with new first-boot data (root password, "
             "the chosen SSH keys, user data). Everything on the old disk is lost. Address, hostname, plan, paid "
             "period and price stay; nothing is charged. The new password (generated unless given) is returned "
-            "once, with Cache-Control: no-store, and by GET /servers/{id}/credentials afterwards. Poll GET "
-            "/servers/{id}; the server stays active throughout and answers again once the guest has booted.",
+            "once, with Cache-Control: no-store, and by GET /servers/{id}/credentials afterwards. The server stays "
+            "active throughout; poll GET /servers/{id}: its status_reason says it is reinstalling until the job is "
+            "done, then is null again (power running, and a server.reinstalled event is emitted; the guest answers "
+            "once the new system has booted). If the job fails after its retries, status_reason says so.",
             errors={
                 400: "invalid_os, invalid_ssh_keys, invalid_root_password, invalid_user_data, unknown_field",
                 404: _NOT_YOURS,
