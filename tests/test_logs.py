@@ -128,6 +128,11 @@ def test_request_ids_are_echoed_or_made(vpsshop_client):
     assert vpsshop_client.get("/v1/nope").headers["x-request-id"]
 
 
+def test_scrub_hides_query_credentials():
+    line = '127.0.0.1:5 - "WebSocket /v1/servers/1/console?ticket=cT_abc123&cols=80" [accepted]'
+    assert scrub(line) == '127.0.0.1:5 - "WebSocket /v1/servers/1/console?ticket=***&cols=80" [accepted]'
+
+
 def test_scrub_hides_url_credentials_and_bearer_tokens():
     assert scrub("connect to http://user:pa55@node:8332/ failed") == "connect to http://***@node:8332/ failed"
     assert scrub("Authorization: Bearer vpsk_abcdef") == "Authorization: Bearer ***"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']+@")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:ticket|token|key|api_key|secret)=)[^&\s\"']+")
 _HANDLER_NAME = "vpsshop.logs"
 CLI_HANDLER_NAME = "vpsshop.cli"
 """The root handler ``vpsshop`` commands install: it carries other loggers' lines (plugins, libraries)."""
@@ -37,8 +38,9 @@ path): only their warnings are logged."""
 
 
 def scrub(text: str) -> str:
-    """``text`` without URL credentials and bearer tokens."""
-    return _BEARER.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
+    """``text`` without URL credentials, bearer tokens and credential-like query values (the
+    console's ``?ticket=``, which uvicorn logs with the WebSocket path)."""
+    return _QUERY_SECRET.sub(r"\1***", _BEARER.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text)))
 
 
 class JsonFormatter(logging.Formatter):
