@@ -148,6 +148,18 @@ def test_renewal_for_several_cycles_charges_the_quoted_price(vpsshop_client, me)
     assert "Top up at least $1.87" in poor.text
 
 
+def test_the_server_page_shows_the_power_state_and_only_the_actions_that_fit(vpsshop_client, me):
+    path = _active(vpsshop_client, me)
+    page = vpsshop_client.get(path).text
+    assert "<dt>Power</dt><dd>on</dd>" in page
+    assert 'value="stop"' in page and 'value="start"' not in page
+    assert post_form(vpsshop_client, f"{path}/power", {"action": "stop"}, page=path).status_code == 303
+    asyncio.run(run_jobs(vpsshop_client.app.state.ctx))
+    page = vpsshop_client.get(path).text
+    assert "<dt>Power</dt><dd>off (stopped)</dd>" in page
+    assert 'value="start"' in page and 'value="stop"' not in page and "Serial console" not in page
+
+
 # ---- reverse DNS ------------------------------------------------------------------------------------------------
 
 

@@ -55,7 +55,7 @@ async def order_form(
     catalog = page.shop.catalog
     form = {
         "plan": catalog.plans[0].id,
-        "location": catalog.locations[0].id,
+        "location": (page.shop.orderable_locations or catalog.locations)[0].id,
         "os": catalog.operating_systems[0].id,
         "cycle": "monthly",
         **page.form,
@@ -68,6 +68,7 @@ async def order_form(
         headers,
         title="Order a server",
         account=account,
+        locations=page.shop.orderable_locations,
         catalog=catalog,
         form=form,
         ssh_keys=keys.ssh_keys,

@@ -165,6 +165,12 @@ class Shop:
     def catalog(self) -> Catalog:
         return self.ctx.catalog
 
+    @property
+    def orderable_locations(self) -> list[Any]:
+        """The catalog's locations the hypervisor serves (an order elsewhere is refused with 409)."""
+        backend = self.ctx.hypervisor
+        return [loc for loc in self.ctx.catalog.locations if backend is None or backend.serves(loc.id)]
+
     def topup_body(self, amount: str, coin: str | None) -> TopupBody:
         """The API's body model validates the form: the same limits, codes and messages."""
         try:
