@@ -164,19 +164,7 @@ def test_core_module_imports_have_no_cycle() -> None:
     assert cycles(graph) == []
 
 
-KNOWN_LATE_CYCLES = [
-    # ledger -> events.resources -> servers.api (server_out, imported inside a function) -> ledger:
-    # the server view belongs beside the events' other views, or in a module servers.api imports.
-    # (servers.api -> x402.orders -> x402.settlement -> ledger closes the same loop a second way.)
-    {
-        "vpsshop.events.resources",
-        "vpsshop.ledger",
-        "vpsshop.servers.api",
-        "vpsshop.servers.lifecycle",
-        "vpsshop.x402.orders",
-        "vpsshop.x402.settlement",
-    },
-]
+KNOWN_LATE_CYCLES: list[set[str]] = []
 """Cycles held apart only by imports inside functions. Each must go; the test fails when one is
 gone and still listed, so the list only shrinks."""
 

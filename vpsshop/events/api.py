@@ -20,7 +20,7 @@ from vpsshop.events.sender import InvalidUrl, normalize_url
 from vpsshop.events.settings import event_settings
 from vpsshop.events.types import EVENT_TYPES, OBJECTS_BY_PREFIX, valid_pattern
 from vpsshop.routing import LABEL_PATTERN, ApiModel, ApiRoute, Call, JsonBody, Query, Reply
-from vpsshop.servers.api import ServerOut
+from vpsshop.servers.resource import ServerOut
 
 TAG = ("events",)
 NO_STORE = {"Cache-Control": "no-store"}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from vpsshop.coins import format_atomic
 from vpsshop.money import UsdAmount, micros_to_usd
+from vpsshop.servers.resource import server_out
 
 if TYPE_CHECKING:  # pragma: no cover
     from sqlmodel import Session
@@ -165,7 +166,6 @@ def credited_totals(session: Session, topup: Topup) -> tuple[int, int]:
 def server_data(session: Session, server_id: int) -> Any:
     """The server as ``GET /servers/{id}`` shows it, read in ``session`` (after the change)."""
     from vpsshop.models import Server
-    from vpsshop.servers.api import server_out
 
     session.flush()
     server = session.get(Server, server_id, populate_existing=True)
