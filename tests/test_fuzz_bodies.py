@@ -85,7 +85,7 @@ def test_no_body_gets_a_5xx_or_moves_the_ledger_on_a_4xx(vpsshop_client, vpsshop
     ).json()["server"]
     topup = vpsshop_client.post("/v1/topups", headers=headers, json={"amount": 30, "coin": "LTC"}).json()
     ids = {"{id}": str(server["id"]), "{ref}": topup["ref"]}
-    routes = [r for r in ctx.extras["routes"] if r.body is not None]
+    routes = [r for r in ctx.routes if r.body is not None]
     assert len(routes) >= 6, [r.path for r in routes]
 
     @hypothesis.settings(

@@ -81,9 +81,9 @@ def create_app(
     openapi = build_openapi(
         routes, extra_models=[InsufficientBalanceBody, *event_models], catalog_ids=catalog_ids, webhooks=webhooks
     )
-    ctx.extras["openapi"] = openapi
-    ctx.extras["openapi_json"] = json.dumps(openapi, separators=(",", ":")).encode()
-    ctx.extras["routes"] = routes
+    ctx.openapi = openapi
+    ctx.openapi_json = json.dumps(openapi, separators=(",", ":")).encode()
+    ctx.routes = routes
     run_background = settings.server.background if background is None else background
 
     access_log = AccessLogWriter() if settings.server.access_log else None
@@ -251,7 +251,7 @@ def _wants_html(request: Request) -> bool:
 
 async def _root(request: Request) -> Response:
     """``/``: a browser goes to the dashboard; anything else is told where the API is (404)."""
-    dash = request.app.state.ctx.extras.get("dashboard")
+    dash = request.app.state.ctx.dashboard
     if dash is not None and _wants_html(request):
         return RedirectResponse(f"{dash.base}/", 303)
     raise HTTPException(404)
@@ -261,7 +261,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     path = request.url.path
-    dash = request.app.state.ctx.extras.get("dashboard")
+    dash = request.app.state.ctx.dashboard
     in_api = path == BASE_PATH or path.startswith(BASE_PATH + "/")
     if dash is not None and not in_api and (path.startswith(dash.base + "/") or _wants_html(request)):
         return dash.http_error_page(request, exc.status_code)

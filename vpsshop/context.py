@@ -15,9 +15,10 @@ Settings layout of the components (``docs/configuration.md``)::
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -32,6 +33,15 @@ from vpsshop.hypervisor import HypervisorBackend
 from vpsshop.plugins import Registered, blocked_from_env, build_plugin_manager, collect_classes
 from vpsshop.rates import RateSource
 from vpsshop.settings import Settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cryptography.fernet import MultiFernet
+
+    from vpsshop.dashboard.web import Dashboard
+    from vpsshop.events.settings import EventSettings
+    from vpsshop.payments.engine import PaymentEngine
+    from vpsshop.ratelimit import RateLimiter
+    from vpsshop.routing import ApiRoute, Reply
 
 log = logging.getLogger("vpsshop")
 
@@ -62,9 +72,39 @@ class AppContext:
     loaded: list[LoadedComponent]
     registered: dict[str, dict[str, Registered]]
     extras: dict[str, Any] = field(default_factory=dict)
-    """Room for plugins to keep per-app state, under their own plugin name."""
+    """Room for plugins to keep per-app state, under their own plugin name. Core keeps nothing here:
+    its services are the typed fields below."""
     dns: DnsProvider | None = None
     """The reverse-DNS provider named by ``dns.provider``; None when the shop names none."""
+
+    # ---- core services and per-app memory, built on first use by the module named --------------------
+    payments: PaymentEngine | None = None
+    """Top-ups and payments (:func:`vpsshop.payments.engine_for`)."""
+    routes: list[ApiRoute] = field(default_factory=list)
+    """The API's routes, core's and plugins' (set by :func:`vpsshop.app.create_app`)."""
+    openapi: dict[str, Any] = field(default_factory=dict)
+    """This app's OpenAPI document, and the same as JSON bytes (``GET /v1/openapi.json``)."""
+    openapi_json: bytes = b""
+    dashboard: Dashboard | None = None
+    """The customer dashboard when it is mounted (:func:`vpsshop.dashboard.mount_dashboard`)."""
+    events_settings: EventSettings | None = None
+    """``[events]`` checked once (:func:`vpsshop.events.settings.event_settings`)."""
+    request_limiter: RateLimiter | None = None
+    """The per-request limits' counters (:func:`vpsshop.limits.limiter`)."""
+    shared_limiter: RateLimiter | None = None
+    """The database limiter shared by every process (:func:`vpsshop.ratelimit.limiter_for`)."""
+    auth_blocked: dict[str, float] = field(default_factory=dict)
+    """Client address -> when its authentication-failure block ends (:mod:`vpsshop.limits`)."""
+    fernet: MultiFernet | None = None
+    """``encryption_key`` then ``old_encryption_keys`` (:func:`vpsshop.encryption.fernet`)."""
+    catalog_json: bytes = b""
+    """``GET /v1/catalog``'s body, rendered once."""
+    llms_txt: bytes = b""
+    """``GET /llms.txt``'s body, rendered once."""
+    health: tuple[float, Reply] | None = None
+    """The last ``GET /v1/health`` answer and when it was made (answered again for a few seconds)."""
+    sqlite_order_lock: threading.Lock = field(default_factory=threading.Lock)
+    """On SQLite, orders of this process queue here instead of on the database's write lock."""
 
     @classmethod
     def build(

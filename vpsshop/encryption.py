@@ -30,8 +30,6 @@ from vpsshop.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
 
-_EXTRA_KEY = "encryption.fernet"
-
 
 ENCRYPTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("servers", "id", "root_password_enc"),
@@ -47,7 +45,7 @@ def fernet(ctx: AppContext) -> MultiFernet:
 
     :raises ConfigError: a key is not a Fernet key.
     """
-    cached = ctx.extras.get(_EXTRA_KEY)
+    cached = ctx.fernet
     if cached is None:
         keys = [ctx.settings.encryption_key, *ctx.settings.old_encryption_keys]
         fernets = []
@@ -61,7 +59,7 @@ def fernet(ctx: AppContext) -> MultiFernet:
                     "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
                 ) from None
         cached = MultiFernet(fernets)
-        ctx.extras[_EXTRA_KEY] = cached
+        ctx.fernet = cached
     return cached
 
 

@@ -66,7 +66,7 @@ class RateLimitSettings(BaseModel):
 
 def limiter(ctx: AppContext) -> RateLimiter:
     """The limiter of the API's per-request limits (built once per context)."""
-    cached = ctx.extras.get("limits.limiter")
+    cached = ctx.request_limiter
     if cached is None:
         backend = ctx.settings.ratelimit.backend
         if backend == "auto":
@@ -76,7 +76,7 @@ def limiter(ctx: AppContext) -> RateLimiter:
             return ctx.clock.now().timestamp()
 
         cached = DatabaseRateLimiter(ctx.db, clock=clock) if backend == "database" else MemoryRateLimiter(clock)
-        ctx.extras["limits.limiter"] = cached
+        ctx.request_limiter = cached
     return cached
 
 
@@ -112,7 +112,7 @@ def _auth_rule(ctx: AppContext) -> Rule:
 def auth_blocked(ctx: AppContext, client: str) -> None:
     """Refuse ``client`` while it is over the failed-authentication limit (a dictionary lookup: this
     process remembers the blocks it has seen; the count itself is shared)."""
-    blocked: dict[str, float] = ctx.extras.setdefault("limits.auth_blocked", {})
+    blocked = ctx.auth_blocked
     until = blocked.get(client) if blocked else None
     if until is None:
         return
@@ -129,7 +129,7 @@ def auth_failed(ctx: AppContext, client: str) -> None:
         return
     decision = limiter(ctx).hit(_auth_rule(ctx), client)
     if not decision.allowed:
-        blocked: dict[str, float] = ctx.extras.setdefault("limits.auth_blocked", {})
+        blocked = ctx.auth_blocked
         if len(blocked) > 100_000:
             blocked.clear()
         blocked[client] = time.monotonic() + decision.retry_after

@@ -403,14 +403,15 @@ async def metrics_endpoint(request: Request) -> Response:
     flush_requests()  # this process's requests so far, before it reads every process's files
 
     def render() -> bytes:
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
         registry = CollectorRegistry()
         if "dir" in _state:
             multiprocess.MultiProcessCollector(registry, path=str(_state["dir"]))
         registry.register(DatabaseCollector(ctx))
-        ctx.extras["metrics.content_type"] = CONTENT_TYPE_LATEST
         return generate_latest(registry)
 
+    from prometheus_client import CONTENT_TYPE_LATEST
+
     body = await to_thread.run_sync(render)
-    return Response(body, media_type=ctx.extras["metrics.content_type"], headers={"Cache-Control": "no-store"})
+    return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})

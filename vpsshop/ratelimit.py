@@ -205,7 +205,7 @@ class DatabaseRateLimiter:
 
 def limiter_for(ctx: AppContext) -> RateLimiter:
     """The shop's shared limiter (a :class:`DatabaseRateLimiter`, built once per context)."""
-    limiter = ctx.extras.get("ratelimit")
+    limiter = ctx.shared_limiter
     if limiter is None:
-        limiter = ctx.extras["ratelimit"] = DatabaseRateLimiter(ctx.db, clock=lambda: ctx.clock.now().timestamp())
+        limiter = ctx.shared_limiter = DatabaseRateLimiter(ctx.db, clock=lambda: ctx.clock.now().timestamp())
     return limiter

@@ -52,7 +52,7 @@ def render(ctx: AppContext) -> str:
     settings = ctx.settings
     api = settings.public_url.rstrip("/")
     data = ctx.catalog_data
-    openapi: dict[str, Any] = ctx.extras.get("openapi") or {}
+    openapi: dict[str, Any] = ctx.openapi
     x402_coins = [c for c in ctx.coins.values() if isinstance(c, X402Coin)]
     deposit_coins = [c for c in ctx.coins.values() if isinstance(c, DepositCoin)]
     lines = [
@@ -145,7 +145,7 @@ def render(ctx: AppContext) -> str:
 
 async def llms_txt(request: Request) -> Response:
     ctx = request.app.state.ctx
-    text = ctx.extras.get("llms_txt")
-    if text is None:
-        text = ctx.extras["llms_txt"] = render(ctx).encode()
+    text = ctx.llms_txt
+    if not text:
+        text = ctx.llms_txt = render(ctx).encode()
     return Response(text, media_type="text/markdown; charset=utf-8", headers={"Cache-Control": "public, max-age=300"})

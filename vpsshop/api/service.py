@@ -57,9 +57,9 @@ class Health(BaseModel):
 
 
 async def get_catalog(call: Call) -> Response:
-    cached = call.ctx.extras.get("catalog_json")
-    if cached is None:
-        cached = call.ctx.extras["catalog_json"] = call.ctx.catalog.__pydantic_serializer__.to_json(call.ctx.catalog)
+    cached = call.ctx.catalog_json
+    if not cached:
+        cached = call.ctx.catalog_json = call.ctx.catalog.__pydantic_serializer__.to_json(call.ctx.catalog)
     return Response(cached, media_type="application/json", headers={"Cache-Control": "public, max-age=60"})
 
 
@@ -89,7 +89,7 @@ def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:
 
 async def get_health(call: Call) -> Reply:
     ctx = call.ctx
-    cached = ctx.extras.get("health")
+    cached = ctx.health
     if cached is not None and time.monotonic() - cached[0] < HEALTH_CACHE_SECONDS:
         return cached[1]
     db_ok, checked = await asyncio.gather(run_in_threadpool(ctx.db.check), component_readiness(ctx))
@@ -119,12 +119,12 @@ async def get_health(call: Call) -> Reply:
     )
     content = body.model_dump(mode="json", exclude_unset=True)
     reply = Reply(content, 503 if status == "down" else 200, {"Cache-Control": "no-store"})
-    ctx.extras["health"] = (time.monotonic(), reply)
+    ctx.health = (time.monotonic(), reply)
     return reply
 
 
 async def get_openapi(call: Call) -> Response:
-    return Response(call.ctx.extras["openapi_json"], media_type="application/json")
+    return Response(call.ctx.openapi_json, media_type="application/json")
 
 
 class OpenApiDocument(BaseModel):

@@ -27,5 +27,5 @@ def mount(ctx: AppContext) -> Mount | None:
     from vpsshop.dashboard.web import Dashboard
 
     dash = Dashboard(ctx, settings.path)
-    ctx.extras["dashboard"] = dash
+    ctx.dashboard = dash
     return Mount(settings.path, routes=routes(dash))

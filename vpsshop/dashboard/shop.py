@@ -71,7 +71,7 @@ class Shop:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.routes: dict[tuple[str, str], ApiRoute] = {
-            (route.method.upper(), route.path): route for route in ctx.extras.get("routes", ())
+            (route.method.upper(), route.path): route for route in ctx.routes
         }
 
     # ---- limits --------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def build_settings(section: dict[str, Any], *, sandbox: bool) -> EventSettings:
 
 def event_settings(ctx: AppContext) -> EventSettings:
     """The validated ``[events]`` section of this app or worker (cached on the context)."""
-    cached = ctx.extras.get("events.settings")
+    cached = ctx.events_settings
     if cached is None:
-        cached = ctx.extras["events.settings"] = build_settings(ctx.settings.events, sandbox=ctx.settings.sandbox)
+        cached = ctx.events_settings = build_settings(ctx.settings.events, sandbox=ctx.settings.sandbox)
     return cached

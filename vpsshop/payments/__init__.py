@@ -23,9 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def engine_for(ctx: AppContext) -> PaymentEngine:
     """The payment engine of this app or worker (built on first use, one per context)."""
-    engine = ctx.extras.get("payments")
+    engine = ctx.payments
     if engine is None:
         from vpsshop.payments.engine import PaymentEngine
 
-        engine = ctx.extras["payments"] = PaymentEngine(ctx)
+        engine = ctx.payments = PaymentEngine(ctx)
     return engine

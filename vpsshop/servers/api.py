@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -274,10 +273,7 @@ def _writers(ctx: AppContext) -> Any:
     """
     if ctx.db.dialect != "sqlite":
         return contextlib.nullcontext()
-    lock = ctx.extras.get("servers.sqlite_writer")
-    if lock is None:
-        lock = ctx.extras.setdefault("servers.sqlite_writer", threading.Lock())
-    return lock
+    return ctx.sqlite_order_lock
 
 
 def _insert_order_pg(values: dict[str, Any], default_hostname: bool, detail: str, now: datetime) -> Any:

@@ -85,7 +85,7 @@ def _example(schema: dict[str, Any], ctx: AppContext) -> dict[str, Any]:
 
 def bazaar(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any] | None:
     """The ``bazaar`` extension of ``method path`` (an OpenAPI path under /v1), or None if not described."""
-    openapi = ctx.extras.get("openapi") or {}
+    openapi = ctx.openapi
     operation = openapi.get("paths", {}).get(path, {}).get(method.lower())
     if operation is None:
         return None
