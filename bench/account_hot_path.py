@@ -137,7 +137,11 @@ def main() -> None:
     if url.startswith("postgresql"):
         reset_postgres(url)
     bare, bare_base = start_baseline(work / "baseline.log")
-    shop, shop_base = start_vpsshop(url, work)
+    try:
+        shop, shop_base = start_vpsshop(url, work)
+    except BaseException:  # the baseline must not outlive a failed start
+        bare.terminate()
+        raise
     try:
         for _ in range(20):  # other accounts and keys, so the lookup is not against a one-row table
             httpx.post(shop_base + "/v1/account")
