@@ -70,3 +70,21 @@ def test_insufficient_balance_body_carries_numbers(vpsshop_client, vpsshop_accou
         str(body["balance"]),
         str(body["deficit"]),
     ) == ("5.00", "3.50", "1.50")
+
+
+def test_a_database_outage_is_told_apart_from_a_bug():
+    """A database that does not answer becomes a 503 (and one log line); an SQL error stays a 500."""
+    import sqlite3
+
+    import psycopg
+    import sqlalchemy as sa
+
+    from vpsshop.db import unavailable
+
+    locked = sa.exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked"))
+    assert unavailable(locked) == "OperationalError: database is locked"
+    refused = sa.exc.OperationalError("SELECT 1", {}, psycopg.OperationalError("connection failed: refused"))
+    assert unavailable(refused) and unavailable(psycopg.OperationalError("connection failed"))
+    assert unavailable(sa.exc.OperationalError("SELECT x", {}, sqlite3.OperationalError("no such column: x"))) is None
+    assert unavailable(sa.exc.IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE"))) is None
+    assert unavailable(ValueError("not a database error")) is None

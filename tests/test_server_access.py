@@ -92,6 +92,10 @@ def test_keys_are_per_account_and_deletable(vpsshop_client, vpsshop_account):
     order = vpsshop_client.post("/v1/servers", headers=other.headers, json={**ORDER, "ssh_keys": [key["id"]]})
     assert order.status_code == 400 and order.json()["error"] == "invalid_ssh_keys"
     assert vpsshop_client.get("/v1/account", headers=other.headers).json()["balance_usd"] == 10  # nothing charged
+    for huge in (2**63, 10**35):  # past the database's integer: refused, not an overflow (found by schemathesis)
+        for path in ("/v1/servers", "/v1/servers/quote"):
+            answer = vpsshop_client.post(path, headers=other.headers, json={**ORDER, "ssh_keys": [huge]})
+            assert answer.status_code == 400 and answer.json()["error"] == "invalid_ssh_keys", answer.text
     assert vpsshop_client.delete(f"/v1/ssh-keys/{key['id']}", headers=vpsshop_account.headers).status_code == 200
     assert vpsshop_client.get("/v1/ssh-keys", headers=vpsshop_account.headers).json()["ssh_keys"] == []
 

@@ -8,9 +8,12 @@ import inspect
 import json
 import logging
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 
 import pluggy
+import psycopg
+from sqlalchemy import exc as sa_exc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -25,6 +28,7 @@ from vpsshop.api import core_routes, llms
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
+from vpsshop.db import unavailable as database_unavailable
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.events.api import openapi_webhooks
 from vpsshop.logs import configure_logging
@@ -117,6 +121,7 @@ def create_app(
             ApiError: _api_error,
             HTTPException: _http_error,
             PluginError: _plugin_error,
+            **dict.fromkeys(DATABASE_UNAVAILABLE, _database_unavailable),
             Exception: _internal_error,
         },
         lifespan=lifespan,
@@ -194,6 +199,7 @@ async def start_services(ctx: AppContext, *, background: bool, check: bool = Tru
     the background tasks."""
     if check:
         await preflight(ctx)
+    await asyncio.to_thread(ctx.db.wait_until_it_answers, ctx.settings.server.database_wait_seconds)
     ctx.db.migrate()
     for result in ctx.pm.hook.vpsshop_startup(ctx=ctx):
         if inspect.isawaitable(result):
@@ -283,6 +289,28 @@ async def _plugin_error(request: Request, exc: Exception) -> Response:
     return json_response(
         {"error": "service_unavailable", "message": "A backend this request needs is not available; retry shortly."},
         503,
+    )
+
+
+DATABASE_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    psycopg.OperationalError,
+    sqlite3.OperationalError,
+)
+"""What a database that does not answer (stopped, restarting, unreachable, locked) raises."""
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> Response:
+    why = database_unavailable(exc)
+    if why is None:
+        return await _internal_error(request, exc)  # "no such column" and the like are bugs, not outages
+    # One line, no traceback: during an outage every request lands here, and /health says the rest.
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, why)
+    return json_response(
+        {"error": "service_unavailable", "message": "The shop's database is not answering; retry shortly."},
+        503,
+        {"Retry-After": "5"},
     )
 
 

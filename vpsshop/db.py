@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import sqlite3
@@ -18,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlmodel import Session
 
 from vpsshop.authcache import MISS
-from vpsshop.errors import ConfigError
+from vpsshop.errors import ConfigError, StartupError
 
 _PG_MIGRATION_LOCK = 0x7670_7373  # "vpss": serialises concurrent `upgrade head` on PostgreSQL
 _TOUCHED = "vpsshop.touched_accounts"
@@ -50,6 +51,25 @@ def touch_account(session: Session, account_id: int) -> None:
     authentication cache, so the writer's next request never sees the old state. Other processes
     learn it from the database's ``NOTIFY`` (``vpsshop/authcache.py``)."""
     session.info.setdefault(_TOUCHED, set()).add(account_id)
+
+
+_SQLITE_UNAVAILABLE = ("database is locked", "unable to open", "disk i/o error", "database or disk is full")
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """One line saying why the database did not answer, when ``exc`` means just that (stopped,
+    restarting, unreachable, locked); None for any other error (a bug keeps its traceback)."""
+    import psycopg
+
+    cause = getattr(exc, "orig", None) or exc
+    if not isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError)) and not (
+        isinstance(cause, sqlite3.OperationalError)
+    ):
+        return None
+    text = str(cause).strip()
+    if isinstance(cause, sqlite3.OperationalError) and not any(s in text.lower() for s in _SQLITE_UNAVAILABLE):
+        return None  # "no such column" and the like
+    return f"{type(cause).__name__}: {(text.splitlines() or [''])[0][:200]}"
 
 
 class Database:
@@ -102,6 +122,35 @@ class Database:
             for reader in list(self.__dict__.get("_pg_readers", {}).values()):
                 for account_id in touched:
                     reader.cache.evict(account_id)
+
+    def wait_until_it_answers(self, seconds: float) -> None:
+        """Return once the database takes a connection; meanwhile say so in the log every few seconds.
+
+        A service started before its database (a host booting, PostgreSQL restarting) waits instead
+        of exiting. :raises StartupError: still no answer after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        delay = 0.5
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+                return
+            except Exception as exc:
+                why = unavailable(exc)
+                if why is None:
+                    raise
+                left = deadline - time.monotonic()
+                shown = self.url.render_as_string(hide_password=True)
+                if left <= 0:
+                    raise StartupError(
+                        f"the database at {shown} did not answer within {seconds:g} s ({why}); is it running, and "
+                        "is database_url right?"
+                    ) from None
+                logging.getLogger("vpsshop").warning(
+                    "waiting for the database at %s (%s); %.0f s left", shown, why, left
+                )
+                time.sleep(min(delay, max(left, 0.1)))
+                delay = min(delay * 2, 5.0)
 
     def migrate(self) -> None:
         """Bring the schema to the newest migration. Safe to call from several processes at once."""

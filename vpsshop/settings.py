@@ -63,6 +63,13 @@ class ServerSettings(_Section):
         "within this many seconds of the request's start; else 408 body_timeout.",
     )
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
+    database_wait_seconds: float = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="At start-up, wait this long for a database that does not answer yet (a host booting, "
+        "PostgreSQL restarting), logging every few seconds, before giving up.",
+    )
     access_log: bool = Field(True, description="One JSON line per request on stderr (vpsshop/accesslog.py).")
     forwarded_allow_ips: list[str] = Field(
         default_factory=list,

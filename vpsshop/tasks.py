@@ -33,8 +33,16 @@ async def run_forever(task: BackgroundTask, stop: asyncio.Event) -> None:
                 await result
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("background task %s failed; it runs again in %ss", task.name, task.interval)
+        except Exception as exc:
+            from vpsshop.db import unavailable
+
+            why = unavailable(exc)
+            if why is not None:  # an outage: one line per pass, /health says the rest
+                log.warning(
+                    "background task %s: the database did not answer (%s); again in %ss", task.name, why, task.interval
+                )
+            else:
+                log.exception("background task %s failed; it runs again in %ss", task.name, task.interval)
         try:
             await asyncio.wait_for(stop.wait(), timeout=task.interval)
         except TimeoutError:

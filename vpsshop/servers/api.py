@@ -49,7 +49,7 @@ from vpsshop.servers.lifecycle import (
 )
 from vpsshop.servers.models import ServerEvent, ServerJob
 from vpsshop.servers.resource import ServerOut, server_out
-from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
+from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, SshKeyId, keys_for_server
 from vpsshop.x402 import headers as x402_headers
 from vpsshop.x402 import orders as x402_orders
 
@@ -98,7 +98,7 @@ class OrderBody(ApiModel):
         "Omit it to have a 20-character password generated "
         "and returned once in this response (invalid_root_password).",
     )
-    ssh_keys: list[int] | None = Field(
+    ssh_keys: list[SshKeyId] | None = Field(
         None,
         max_length=MAX_KEYS_PER_SERVER,
         description=f"Ids of the caller's stored keys (POST /ssh-keys), at most {MAX_KEYS_PER_SERVER}: cloud-init "

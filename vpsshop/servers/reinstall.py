@@ -26,7 +26,7 @@ from vpsshop.servers.credentials import encrypt_password, generate_root_password
 from vpsshop.servers.jobs import REINSTALLING
 from vpsshop.servers.lifecycle import enqueue, record
 from vpsshop.servers.models import ServerJob
-from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, keys_for_server
+from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, SshKeyId, keys_for_server
 
 
 class ReinstallBody(ApiModel):
@@ -38,7 +38,7 @@ class ReinstallBody(ApiModel):
         description="An operating system id from GET /catalog; another one than the server's is allowed (invalid_os).",
         json_schema_extra={"x-catalog": "operating_systems"},
     )
-    ssh_keys: list[int] | None = Field(
+    ssh_keys: list[SshKeyId] | None = Field(
         None,
         max_length=MAX_KEYS_PER_SERVER,
         description="Ids of the caller's stored keys for root's authorized_keys; omitted: none (invalid_ssh_keys).",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Annotated
 
 import sqlalchemy as sa
 from pydantic import BaseModel, Field
@@ -117,6 +118,11 @@ def delete_key(ctx: AppContext, account_id: int, key_id: int) -> None:
         ).rowcount
     if deleted != 1:
         raise NotFound("SSH key on this account")
+
+
+SshKeyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+"""The id of a stored key as a request names it: a database id (a larger number is an unknown key,
+refused by the model instead of overflowing the database's integer)."""
 
 
 def keys_for_server(session: Session, account_id: int, ids: list[int] | None) -> str | None:
