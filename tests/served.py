@@ -105,3 +105,25 @@ def stop(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def revocation_windows(a: Served, b: Served, rounds: int = 20, settle: float = 0.0) -> list[float]:
+    """Seconds, per revocation, from revoking a key through ``a`` (which refuses it at once) until
+    ``b`` refuses it too; each key is used through ``b`` first, so ``b`` remembers it."""
+    account = httpx.post(f"{a.base}/account").json()
+    main = {"Authorization": f"Bearer {account['api_key']}"}
+    windows = []
+    with httpx.Client() as http:
+        for _ in range(rounds):
+            key = http.post(f"{a.base}/keys", headers=main).json()
+            headers = {"Authorization": f"Bearer {key['api_key']}"}
+            assert http.get(f"{b.base}/account", headers=headers).status_code == 200
+            time.sleep(settle)
+            assert http.get(f"{b.base}/account", headers=headers).status_code == 200  # remembered in b now
+            assert http.delete(f"{a.base}/keys/{key['id']}", headers=main).status_code == 200
+            assert http.get(f"{a.base}/account", headers=headers).status_code == 401  # a: at once
+            started = time.monotonic()
+            while http.get(f"{b.base}/account", headers=headers).status_code != 401:
+                assert time.monotonic() - started < 5, "b never refused the revoked key"
+            windows.append(time.monotonic() - started)
+    return windows
