@@ -17,6 +17,11 @@ CONFIG = """
 # 402 belongs to the contract of valid requests (an order the balance does not cover, x402's
 # payment requirements); 409 and 404 to valid requests about state that does not exist.
 expected-statuses = ["2xx", "3xx", 401, 402, 403, 404, 409, 429]
+
+[checks.negative_data_rejection]
+# An invalid request may also be refused with 413: its body (a long string of escaped characters) is
+# larger than the server takes (body_too_large). Never with a 5xx.
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
 """
 
 
