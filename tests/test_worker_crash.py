@@ -50,8 +50,14 @@ def _kill_while_running(proc: subprocess.Popen[str], engine: sa.Engine, server_i
 
 
 def test_sigkilled_worker_job_is_taken_over_within_seconds(tmp_path, vpsshop_database_url):
+    # A lease far longer than the take-over this test allows: only freeing the dead worker's job
+    # explains a take-over within seconds (with the default 15 s lease a slow start of the second
+    # worker could see the lease run out by itself, and the test would pass without the freeing).
     env = shop_env(
-        vpsshop_database_url, VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="6", VPSSHOP__SERVER__ACCESS_LOG="false"
+        vpsshop_database_url,
+        VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="6",
+        VPSSHOP__SERVER__ACCESS_LOG="false",
+        VPSSHOP__SERVERS__JOB_LEASE_SECONDS="300",
     )
     engine = sa.create_engine(vpsshop_database_url)
     with serve(tmp_path, env, "--no-worker") as shop:
