@@ -132,6 +132,11 @@ def test_every_figure_moves_through_serve_and_worker(vpsshop_database_url, tmp_p
         assert value(final, "vpsshop_x402_settling") == 0
         assert value(final, "vpsshop_x402_settlements_total", outcome="settled") == 1
         assert not any(k[0] == "vpsshop_x402_settlements_total" and ("outcome", "settling") in k[1] for k in final)
+        # Components as GET /v1/health reports them: the simulated hypervisor is ready, the BTC coin
+        # whose node does not answer is not (the "node down" alert).
+        assert value(final, "vpsshop_component_ready", kind="hypervisor", component="simulator") == 1
+        assert ("vpsshop_component_ready", (("component", "BTC"), ("kind", "coin"))) in final
+        assert value(final, "vpsshop_component_ready", kind="coin", component="BTC") == 0
 
         _access_rules(api.base)
         _prometheus_scrapes(api.base, tmp_path)

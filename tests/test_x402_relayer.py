@@ -116,6 +116,7 @@ def test_relayer_without_gas_is_not_ready(chain: Chain, shop: Any, monkeypatch: 
     coin = make_coin(chain, shop, chain.new_account(), monkeypatch)
     ready = asyncio.run(coin.check_ready())
     assert not ready.ok and "no ETH for gas" in ready.detail
+    assert ready.figures == {"relayer_gas_wei": 0.0}  # /metrics shows the empty relayer too
 
 
 def test_direct_mode_on_the_wrong_chain_is_not_ready(

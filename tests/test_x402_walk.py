@@ -13,13 +13,29 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from served import free_port, serve, stop
 from x402_peers import ROOT, npm_bin
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = str(ROOT / "examples" / "x402_local_chain.py")
+
+
+def relayer_gas(base: str) -> float:
+    """The x402 relayer's balance as ``GET /metrics`` reports it (alongside USDCBASE's readiness)."""
+    text = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=10).text
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert samples[("vpsshop_component_ready", (("component", "USDCBASE"), ("kind", "coin")))] == 1
+    return samples[
+        ("vpsshop_component_figure", (("component", "USDCBASE"), ("kind", "coin"), ("name", "relayer_gas_wei")))
+    ]
 
 
 def test_the_local_chain_walk_orders_a_server_paid_by_x402(tmp_path: Path, vpsshop_database_url: str) -> None:
@@ -49,6 +65,8 @@ def test_the_local_chain_walk_orders_a_server_paid_by_x402(tmp_path: Path, vpssh
             # the relayer key was opened when the coin was built: the start-up banner says it is ready
             banner = [line for line in served.output().splitlines() if "USDCBASE" in line]
             assert banner and not [line for line in banner if "NOT READY" in line], served.output()[-3000:]
+            gas_before = relayer_gas(served.base)
+            assert gas_before == 10**18  # the script gave the relayer 1 ETH
             done = subprocess.run(
                 [sys.executable, SCRIPT, "order", served.base, str(workdir)],
                 env=env,
@@ -57,6 +75,9 @@ def test_the_local_chain_walk_orders_a_server_paid_by_x402(tmp_path: Path, vpssh
                 timeout=240,
             )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + served.output()[-3000:]
+            time.sleep(2.1)  # past the few seconds readiness checks are answered again
+            gas_after = relayer_gas(served.base)
+            assert 0 < gas_after < gas_before  # the relayer paid the settlement's gas: /metrics shows it
         assert "POST /v1/servers (paid by x402): 201" in done.stdout
         assert "'success': True" in done.stdout and ": active, ip " in done.stdout
         assert "balance after the order: 0.0 USD" in done.stdout

@@ -70,8 +70,8 @@ def _wrapped(text: str) -> str:
 
 async def _start_checks(ctx: AppContext) -> tuple[list[str], list[tuple[str, str, str, bool, str]]]:
     """Preflight, migrate, and (sandbox) the components' readiness for the banner; then close."""
-    from vpsshop.api.service import component_readiness
     from vpsshop.app import preflight
+    from vpsshop.readiness import component_readiness
 
     try:
         problems = await preflight(ctx)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
 
@@ -33,6 +34,10 @@ class Readiness:
     """Only read in the sandbox: True when the component is not ready for real use (``ok`` is
     False: a placeholder recipient, no node) but does everything a sandbox promises (test
     addresses, payment requirements, simulated servers). None: the same as ``ok``."""
+    figures: Mapping[str, float] = field(default_factory=dict)
+    """Numbers an operator should watch and alert on, by name: snake_case ending in the unit
+    (``relayer_gas_wei``). ``GET /metrics`` exports each as
+    ``vpsshop_component_figure{kind, component, name}``; report them whether or not ``ok``."""
 
 
 class ShopSecrets:

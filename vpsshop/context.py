@@ -25,7 +25,7 @@ import pluggy
 from vpsshop.catalog import Catalog, CatalogData, CatalogSource, PaymentOption, build_catalog
 from vpsshop.clock import Clock
 from vpsshop.coins import PaymentCoin, link_scan_groups
-from vpsshop.component import Component, ShopSecrets
+from vpsshop.component import Component, Readiness, ShopSecrets
 from vpsshop.db import Database
 from vpsshop.dns import DnsProvider
 from vpsshop.errors import ConfigError, StartupError
@@ -103,6 +103,8 @@ class AppContext:
     """``GET /llms.txt``'s body, rendered once."""
     health: tuple[float, Reply] | None = None
     """The last ``GET /v1/health`` answer and when it was made (answered again for a few seconds)."""
+    readiness: tuple[float, list[tuple[LoadedComponent, Readiness]]] | None = None
+    """The components' last readiness checks and when they ran (shared by health and metrics)."""
     sqlite_order_lock: threading.Lock = field(default_factory=threading.Lock)
     """On SQLite, orders of this process queue here instead of on the database's write lock."""
 

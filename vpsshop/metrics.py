@@ -11,6 +11,9 @@ Two kinds of figures, so that every process of a host shows the same numbers:
   oldest waiting job, x402 settlements by final outcome and those still settling. These are exact
   whichever process answers and survive restarts; while the database does not answer they are left
   out and ``/metrics`` serves the rest.
+* **Checked when scraped**: each component's readiness (``vpsshop_component_ready``, as
+  ``GET /v1/health`` shows it) and the figures it reports for alerting
+  (``vpsshop_component_figure``: the x402 relayer's gas, say).
 
 Who may read it (``[metrics]``): with ``token`` set, any client sending
 ``Authorization: Bearer <token>``; without the token, only TCP peers in ``allow_ips`` (default
@@ -44,7 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from vpsshop.context import AppContext
+    from vpsshop.component import Readiness
+    from vpsshop.context import AppContext, LoadedComponent
     from vpsshop.settings import Settings
 
 log = logging.getLogger("vpsshop.metrics")
@@ -357,6 +361,40 @@ class DatabaseCollector:
             )
 
 
+class ComponentCollector:
+    """Each loaded component's readiness and the figures it reports (:class:`vpsshop.Readiness`),
+    from checks made when scraped (shared with ``GET /v1/health`` for a few seconds)."""
+
+    def __init__(self, checked: list[tuple[LoadedComponent, Readiness]], sandbox: bool) -> None:
+        self.checked = checked
+        self.sandbox = sandbox
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from vpsshop.readiness import ready_in_mode
+
+        ready = GaugeMetricFamily(
+            "vpsshop_component_ready",
+            "1 when a component (a coin, the hypervisor, the catalog source, the rates source) is ready for "
+            "what this mode promises, as GET /v1/health reports it; 0 when not (its node does not answer, the "
+            "x402 relayer has no gas, ...). The API's log says why.",
+            labels=["kind", "component"],
+        )
+        figures = GaugeMetricFamily(
+            "vpsshop_component_figure",
+            "A figure a component reports for alerting, by name (the name ends in its unit), e.g. "
+            'name="relayer_gas_wei" for the USDCBASE coin\'s x402 relayer.',
+            labels=["kind", "component", "name"],
+        )
+        for item, readiness in self.checked:
+            ready.add_metric([item.kind, item.key], 1 if ready_in_mode(readiness, self.sandbox) else 0)
+            for name, value in sorted(readiness.figures.items()):
+                figures.add_metric([item.kind, item.key, name], float(value))
+        yield ready
+        yield figures
+
+
 def as_utc(value: Any) -> datetime:
     """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
     if isinstance(value, str):
@@ -401,6 +439,9 @@ async def metrics_endpoint(request: Request) -> Response:
     if not settings.enabled or not allowed(request, settings):
         return PlainTextResponse("Not Found", status_code=404)
     flush_requests()  # this process's requests so far, before it reads every process's files
+    from vpsshop.readiness import component_readiness
+
+    checked = await component_readiness(ctx)
 
     def render() -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
@@ -409,6 +450,7 @@ async def metrics_endpoint(request: Request) -> Response:
         if "dir" in _state:
             multiprocess.MultiProcessCollector(registry, path=str(_state["dir"]))
         registry.register(DatabaseCollector(ctx))
+        registry.register(ComponentCollector(checked, ctx.settings.sandbox))
         return generate_latest(registry)
 
     from prometheus_client import CONTENT_TYPE_LATEST

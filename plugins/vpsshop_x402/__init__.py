@@ -724,9 +724,14 @@ class USDCBASE(X402Coin):
                 return Readiness(False, f"Base RPC endpoint does not answer: {type(exc).__name__}")
             if chain_id != self.base_network.chain_id:
                 return Readiness(False, f"RPC endpoint is chain {chain_id}, not {self.config.network}")
+            figures = {"relayer_gas_wei": float(gas_wei)}  # /metrics: alert well before it runs dry
             if gas_wei < self.config.gas_limit * 10**6:  # not even one settlement at 0.001 gwei
-                return Readiness(False, f"relayer {relayer} has no ETH for gas: send some on {self.config.network}")
-            return Readiness(True, f"direct settlement on {self.config.network} from relayer {relayer}")
+                return Readiness(
+                    False, f"relayer {relayer} has no ETH for gas: send some on {self.config.network}", figures=figures
+                )
+            return Readiness(
+                True, f"direct settlement on {self.config.network} from relayer {relayer}", figures=figures
+            )
         try:
             supported = await asyncio.to_thread(self._facilitator_client().get_supported)
         except Exception as exc:  # noqa: BLE001

@@ -13,15 +13,14 @@ from starlette.responses import Response
 
 from vpsshop import __version__
 from vpsshop.catalog import Catalog
-from vpsshop.component import Readiness
+from vpsshop.readiness import component_readiness, ready_in_mode
 from vpsshop.routing import ApiRoute, Call, Reply
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext, LoadedComponent
+    pass
 
 log = logging.getLogger("vpsshop.health")
 
-HEALTH_CHECK_TIMEOUT = 3.0
 HEALTH_CACHE_SECONDS = 2.0
 
 
@@ -61,30 +60,6 @@ async def get_catalog(call: Call) -> Response:
     if not cached:
         cached = call.ctx.catalog_json = call.ctx.catalog.__pydantic_serializer__.to_json(call.ctx.catalog)
     return Response(cached, media_type="application/json", headers={"Cache-Control": "public, max-age=60"})
-
-
-async def _readiness(component: object | None) -> Readiness:
-    if component is None:
-        return Readiness(False, "no plugin loaded for this")
-    try:
-        return await asyncio.wait_for(component.check_ready(), HEALTH_CHECK_TIMEOUT)  # type: ignore[attr-defined]
-    except TimeoutError:
-        return Readiness(False, f"no answer within {HEALTH_CHECK_TIMEOUT:g}s")
-    except Exception as exc:  # noqa: BLE001 - a failing check is reported, never raised
-        return Readiness(False, f"check failed: {type(exc).__name__}")
-
-
-async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Readiness]]:
-    """Every loaded component with its readiness, checked concurrently, each within the time limit."""
-    items = list(ctx.components())
-    readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
-    return list(zip(items, readiness, strict=False))
-
-
-def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:
-    """Ready for what this mode promises: real use in production; in the sandbox, what a sandbox
-    does (a component may say so with ``Readiness.sandbox_ok`` while not ready for real use)."""
-    return readiness.ok or (sandbox and bool(readiness.sandbox_ok))
 
 
 async def get_health(call: Call) -> Reply:

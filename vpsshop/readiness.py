@@ -1,0 +1,49 @@
+"""The components' readiness, checked on demand: ``GET /v1/health``, ``GET /metrics`` and the
+sandbox banner ask here, and share one round of checks for a few seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from vpsshop.component import Readiness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.context import AppContext, LoadedComponent
+
+CHECK_TIMEOUT = 3.0
+"""Seconds each component's ``check_ready`` may take; a slower one counts as not ready."""
+SHARED_SECONDS = 2.0
+"""Checks this recent are answered again instead of asking every node once more."""
+
+
+async def _readiness(component: object | None) -> Readiness:
+    if component is None:
+        return Readiness(False, "no plugin loaded for this")
+    try:
+        return await asyncio.wait_for(component.check_ready(), CHECK_TIMEOUT)  # type: ignore[attr-defined]
+    except TimeoutError:
+        return Readiness(False, f"no answer within {CHECK_TIMEOUT:g}s")
+    except Exception as exc:  # noqa: BLE001 - a failing check is reported, never raised
+        return Readiness(False, f"check failed: {type(exc).__name__}")
+
+
+async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Readiness]]:
+    """Every loaded component with its readiness, checked concurrently, each within the time limit.
+    Checks made less than ``SHARED_SECONDS`` ago are answered again (health and /metrics share
+    them, so a scrape beside a health probe does not ask every node twice)."""
+    cached = ctx.readiness
+    if cached is not None and time.monotonic() - cached[0] < SHARED_SECONDS:
+        return cached[1]
+    items = list(ctx.components())
+    readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
+    checked = list(zip(items, readiness, strict=False))
+    ctx.readiness = (time.monotonic(), checked)
+    return checked
+
+
+def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:
+    """Ready for what this mode promises: real use in production; in the sandbox, what a sandbox
+    does (a component may say so with ``Readiness.sandbox_ok`` while not ready for real use)."""
+    return readiness.ok or (sandbox and bool(readiness.sandbox_ok))
