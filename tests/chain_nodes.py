@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from coincurve import PrivateKey
 from starlette.testclient import TestClient
 
+from vpsshop.hdkeys import b58check_encode
 from vpsshop.payments import engine_for
 
 
@@ -300,6 +305,33 @@ def peer_workdir(name: str) -> Path:
 def remove_workdir(path: Path) -> None:
     if not os.environ.get("VPSSHOP_KEEP_PEER_LOGS"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def running_litecoind(name: str) -> Iterator[Litecoind]:
+    """A litecoind -regtest in a private work directory (``peer_workdir(name)``), stopped and the
+    directory removed afterwards: the body of every test module's ``litecoind`` fixture."""
+    workdir = peer_workdir(name)
+    node = Litecoind(workdir)
+    try:
+        yield node
+    finally:
+        node.stop()
+        remove_workdir(workdir)
+
+
+def random_tpub() -> str:
+    """A fresh testnet account key (tpub) per call, so tests on one shared chain never share an address."""
+    key = PrivateKey().public_key.format(compressed=True)
+    raw = (
+        bytes.fromhex("045f1cf6")
+        + bytes([3])
+        + b"\0" * 4
+        + (0x80000000).to_bytes(4, "big")
+        + secrets.token_bytes(32)
+        + key
+    )
+    return b58check_encode(raw)
 
 
 # ---- helpers of the chain tests -------------------------------------------------------------------

@@ -5,7 +5,6 @@ range is scanned again, through the function and through the command."""
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
@@ -13,32 +12,23 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from chain_nodes import Litecoind, balance, peer_workdir, remove_workdir, run_pass
-from coincurve import PrivateKey
+from chain_nodes import Litecoind, balance, random_tpub, run_pass, running_litecoind
 from served import VPSSHOP, shop_env
 
 from vpsshop import admin
-from vpsshop.hdkeys import b58check_encode
 from vpsshop.testing import create_test_account
 
 
 @pytest.fixture(scope="module")
 def litecoind() -> Iterator[Litecoind]:
-    workdir = peer_workdir("ltc-rescan")
-    node = Litecoind(workdir)
-    try:
+    with running_litecoind("ltc-rescan") as node:
         yield node
-    finally:
-        node.stop()
-        remove_workdir(workdir)
 
 
 @pytest.fixture
 def ltc_xpub() -> str:
-    """A fresh account key per test (tests on one chain never share an address), as in test_bitcoin.py."""
-    key = PrivateKey().public_key.format(compressed=True)
-    raw = bytes.fromhex("045f1cf6") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big") + secrets.token_bytes(32)
-    return b58check_encode(raw + key)
+    """A fresh account key per test (tests on one chain never share an address)."""
+    return random_tpub()
 
 
 @pytest.fixture

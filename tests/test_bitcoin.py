@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from chain_nodes import Litecoind, balance, get, peer_workdir, remove_workdir, run_pass
-from coincurve import PrivateKey
+from chain_nodes import Litecoind, balance, get, random_tpub, run_pass, running_litecoind
 from starlette.testclient import TestClient
 
-from vpsshop.hdkeys import ExtendedPublicKey, b58check_encode, decode_segwit_v0, p2wpkh_address
+from vpsshop.hdkeys import ExtendedPublicKey, decode_segwit_v0, p2wpkh_address
 from vpsshop.testing import create_test_account
 
 BIP84_ZPUB = (
@@ -51,32 +49,13 @@ def test_bitcoin_plugin_derives_the_vectors_and_refuses_private_keys() -> None:
         Bitcoin.from_settings({}, sandbox=False, where="coins.BTC")
 
 
-def random_tpub() -> str:
-    """A fresh account key per test (so tests on one shared chain never share an address)."""
-    key = PrivateKey().public_key.format(compressed=True)
-    raw = (
-        bytes.fromhex("045f1cf6")
-        + bytes([3])
-        + b"\0" * 4
-        + (0x80000000).to_bytes(4, "big")
-        + secrets.token_bytes(32)
-        + key
-    )
-    return b58check_encode(raw)
-
-
 # ---- LTC on a real litecoind -regtest -------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def litecoind() -> Iterator[Litecoind]:
-    workdir = peer_workdir("ltc")
-    node = Litecoind(workdir)
-    try:
+    with running_litecoind("ltc") as node:
         yield node
-    finally:
-        node.stop()
-        remove_workdir(workdir)
 
 
 @pytest.fixture

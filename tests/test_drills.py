@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from chain_nodes import Litecoind, free_port, peer_workdir, remove_workdir
+from chain_nodes import Litecoind, free_port, peer_workdir, remove_workdir, running_litecoind
 from libvirt_peer import PrivateLibvirtd
 from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, VPSSHOP, stop, wait_for
 from test_bitcoin import random_tpub
@@ -180,11 +180,8 @@ confirmations = 2
 
 @pytest.fixture(scope="module")
 def litecoind() -> Iterator[Litecoind]:
-    workdir = peer_workdir("drill-ltc")
-    node = Litecoind(workdir)
-    yield node
-    node.stop()
-    remove_workdir(workdir)
+    with running_litecoind("drill-ltc") as node:
+        yield node
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ Prometheus scrapes it."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -16,13 +15,10 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from chain_nodes import Litecoind, peer_workdir, remove_workdir
-from coincurve import PrivateKey
+from chain_nodes import Litecoind, random_tpub, running_litecoind
 from prometheus_client.parser import text_string_to_metric_families
 from served import TEST_ENCRYPTION_KEY as TEST_KEY
 from served import VPSSHOP, free_port, serve, shop_env, stop, worker
-
-from vpsshop.hdkeys import b58check_encode
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
 METRICS_TOKEN = "metrics-token-for-the-test-0123456789"
@@ -254,21 +250,14 @@ def test_two_shops_on_one_host_never_share_a_metrics_directory(tmp_path: Path, m
 
 @pytest.fixture(scope="module")
 def litecoind() -> Iterator[Litecoind]:
-    workdir = peer_workdir("ltc-metrics")
-    node = Litecoind(workdir)
-    try:
+    with running_litecoind("ltc-metrics") as node:
         yield node
-    finally:
-        node.stop()
-        remove_workdir(workdir)
 
 
 def test_watcher_figures_move_and_the_worker_logs_json(vpsshop_database_url, tmp_path: Path, litecoind: Litecoind):
     """A worker watching LTC on a real litecoind: the last-pass time moves on, the lag follows the tip,
     and every line the worker writes (its start line too) is JSON."""
-    key = PrivateKey().public_key.format(compressed=True)
-    raw = bytes.fromhex("045f1cf6") + bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big") + os.urandom(32)
-    coin = litecoind.settings(b58check_encode(raw + key), 2)
+    coin = litecoind.settings(random_tpub(), 2)
     env = shop_env(
         vpsshop_database_url,
         VPSSHOP__TOPUPS__WATCH_INTERVAL_SECONDS="0.5",
