@@ -8,12 +8,9 @@ import inspect
 import json
 import logging
 import os
-import sqlite3
 from collections.abc import AsyncIterator
 
 import pluggy
-import psycopg
-from sqlalchemy import exc as sa_exc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -28,6 +25,7 @@ from vpsshop.api import core_routes, llms
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
+from vpsshop.db import UNAVAILABLE_ERRORS
 from vpsshop.db import unavailable as database_unavailable
 from vpsshop.errors import ApiError, PluginError, StartupError
 from vpsshop.events.api import openapi_webhooks
@@ -121,7 +119,7 @@ def create_app(
             ApiError: _api_error,
             HTTPException: _http_error,
             PluginError: _plugin_error,
-            **dict.fromkeys(DATABASE_UNAVAILABLE, _database_unavailable),
+            **dict.fromkeys(UNAVAILABLE_ERRORS, _database_unavailable),
             Exception: _internal_error,
         },
         lifespan=lifespan,
@@ -178,10 +176,7 @@ async def preflight(ctx: AppContext) -> list[str]:
 
 def unserved_locations(ctx: AppContext) -> list[str]:
     """The catalog's location ids the hypervisor backend does not serve (none without a backend)."""
-    backend = ctx.hypervisor
-    if backend is None:
-        return []
-    return [loc.id for loc in ctx.catalog_data.locations if not backend.serves(loc.id)]
+    return [loc.id for loc in ctx.catalog_data.locations if not ctx.serves_location(loc.id)]
 
 
 def _unserved_problem(ctx: AppContext, unserved: list[str]) -> str:
@@ -290,15 +285,6 @@ async def _plugin_error(request: Request, exc: Exception) -> Response:
         {"error": "service_unavailable", "message": "A backend this request needs is not available; retry shortly."},
         503,
     )
-
-
-DATABASE_UNAVAILABLE = (
-    sa_exc.OperationalError,
-    sa_exc.InterfaceError,
-    psycopg.OperationalError,
-    sqlite3.OperationalError,
-)
-"""What a database that does not answer (stopped, restarting, unreachable, locked) raises."""
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> Response:

@@ -246,11 +246,7 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
     if not args.reason.strip():
         print("error: --reason must say why", file=sys.stderr)
         return 2
-    try:
-        settings = _existing_shop_settings(args)
-    except NoShopDatabase as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    settings = _existing_shop_settings(args)
     db = Database(settings.database_url)
     db.migrate()
     try:
@@ -378,11 +374,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         if micros is None:
             print(f"error: AMOUNT must be a positive USD amount like 25 or 12.50, not {args.amount!r}", file=sys.stderr)
             return 2
-    try:
-        ctx = _admin_ctx(args)
-    except NoShopDatabase as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    ctx = _admin_ctx(args)
     try:
         if command == "lookup":
             print(json.dumps(admin.lookup(ctx, args.query), indent=2, default=str))
@@ -433,11 +425,7 @@ def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
     from vpsshop.context import AppContext
     from vpsshop.encryption import rotate_stored_secrets
 
-    try:
-        ctx = AppContext.build(_existing_shop_settings(args))
-    except NoShopDatabase as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    ctx = AppContext.build(_existing_shop_settings(args))
     try:
         ctx.db.migrate()
         counts = rotate_stored_secrets(ctx)
@@ -753,6 +741,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupError as exc:
         print(f"vpsshop: cannot start: {exc}", file=sys.stderr)
         return 2
+    except NoShopDatabase as exc:  # an admin command found no shop where the settings point
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -131,18 +131,25 @@ def check_user_data(text: str) -> str:
 
 
 def _cloud_config(text: str) -> dict[str, Any]:
+    loader = None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)  # aliases stay shared nodes: nothing is expanded
+        # Parsed once: the node graph first (aliases stay shared nodes: nothing is expanded yet), its
+        # expansion checked, then the data built from it, as yaml.safe_load would.
+        loader = yaml.SafeLoader(text)
+        node = loader.get_single_node()
         if node is None:
             return {}
         _check_expansion(node)
-        data = yaml.safe_load(text)
+        data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise InvalidInput(f"the cloud-config is not valid YAML{where}") from None
     except RecursionError:
         raise InvalidInput(f"the cloud-config nests lists or mappings more than {MAX_DEPTH} levels deep") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise InvalidInput("a cloud-config must be a YAML mapping (key: value lines)")
     _check_combined(data)

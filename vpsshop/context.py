@@ -208,6 +208,11 @@ class AppContext:
     def components(self) -> Iterator[LoadedComponent]:
         return iter(self.loaded)
 
+    def serves_location(self, location_id: str) -> bool:
+        """Whether servers can be made in this catalog location: the hypervisor has hosts there (any
+        location without a backend, as in a sandbox without one). Orders elsewhere are a 409."""
+        return self.hypervisor is None or self.hypervisor.serves(location_id)
+
     async def close(self) -> None:
         for item in self.loaded:
             if item.component is not None:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from importlib.resources import files
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlmodel import Session
@@ -56,15 +57,21 @@ def touch_account(session: Session, account_id: int) -> None:
 _SQLITE_UNAVAILABLE = ("database is locked", "unable to open", "disk i/o error", "database or disk is full")
 
 
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    psycopg.OperationalError,
+    sqlite3.OperationalError,
+)
+"""What a database that does not answer (stopped, restarting, unreachable, locked) may raise;
+:func:`unavailable` tells an outage from a bug among them."""
+
+
 def unavailable(exc: BaseException) -> str | None:
     """One line saying why the database did not answer, when ``exc`` means just that (stopped,
     restarting, unreachable, locked); None for any other error (a bug keeps its traceback)."""
-    import psycopg
-
     cause = getattr(exc, "orig", None) or exc
-    if not isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError)) and not (
-        isinstance(cause, sqlite3.OperationalError)
-    ):
+    if not isinstance(exc, UNAVAILABLE_ERRORS) and not isinstance(cause, sqlite3.OperationalError):
         return None
     text = str(cause).strip()
     if isinstance(cause, sqlite3.OperationalError) and not any(s in text.lower() for s in _SQLITE_UNAVAILABLE):

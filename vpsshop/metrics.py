@@ -84,8 +84,6 @@ def shop_identity(settings: Settings) -> str:
     """What tells this shop from another on the same host: the database's absolute location (a SQLite
     path resolved against the working directory, so two sandboxes in two directories differ; a server
     URL without its password) and the config file's absolute path."""
-    import sqlalchemy as sa
-
     url = settings.database_url
     try:
         parsed = sa.make_url(url)

@@ -129,7 +129,8 @@ class Server(SQLModel, table=True):
     (``vpsshop admin suspend``; only ``vpsshop admin unsuspend`` lifts it)."""
     # Added by migration 0013: the VM's power as the last hypervisor job left it (vpsshop/servers/jobs.py).
     power: str | None = Field(default=None, max_length=16)
-    """``running`` or ``stopped``; None while provisioning and once terminated."""
+    """``running`` or ``stopped``; None while provisioning and once the VM is destroyed (the job
+    that follows termination, within seconds)."""
 
 
 class RecoveryCode(SQLModel, table=True):

@@ -4,6 +4,7 @@ sandbox banner ask here, and share one round of checks for a few seconds."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,8 @@ from vpsshop.component import Readiness
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext, LoadedComponent
+
+log = logging.getLogger("vpsshop.health")
 
 CHECK_TIMEOUT = 3.0
 """Seconds each component's ``check_ready`` may take; a slower one counts as not ready."""
@@ -32,7 +35,8 @@ async def _readiness(component: object | None) -> Readiness:
 async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Readiness]]:
     """Every loaded component with its readiness, checked concurrently, each within the time limit.
     Checks made less than ``SHARED_SECONDS`` ago are answered again (health and /metrics share
-    them, so a scrape beside a health probe does not ask every node twice)."""
+    them, so a scrape beside a health probe does not ask every node twice). In production, each
+    component not ready is logged with the reason at every fresh check."""
     cached = ctx.readiness
     if cached is not None and time.monotonic() - cached[0] < SHARED_SECONDS:
         return cached[1]
@@ -40,6 +44,10 @@ async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Re
     readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
     checked = list(zip(items, readiness, strict=False))
     ctx.readiness = (time.monotonic(), checked)
+    if not ctx.settings.sandbox:  # health and /metrics show only ready or not: the reason goes to the log
+        for item, ready in checked:
+            if not ready.ok:
+                log.warning("health: %s %s (plugin %s) not ready: %s", item.kind, item.key, item.plugin, ready.detail)
     return checked
 
 

@@ -301,11 +301,6 @@ def unit_substitutions(state: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def program_names(state: dict[str, Any]) -> list[str]:
-    """vpsshop's programs as supervisorctl names them (group ``vpsshop`` of supervisor/vpsshop.conf)."""
-    return [f"vpsshop:vpsshop-api-{state['ports'][n]}" for n in ("api1", "api2")] + ["vpsshop:vpsshop-worker"]
-
-
 def supervisord_conf(state: dict[str, Any], own_libvirtd: bool) -> str:
     """supervisord's own configuration: the peers' programs, and vpsshop's programs included from
     ``supervisor/conf.d/vpsshop.conf`` (the shipped file, installed by :func:`install_units`)."""
@@ -1152,7 +1147,7 @@ class Walk:
         )
         if s["real_guest"]:
             self.step(f"Log in over SSH as root with the ordered key (ssh root@{server['ip']})")
-            hostname = guest_login(s, server["ip"], key)
+            hostname = guest_login(server["ip"], key)
             self.ok("ssh_key_login", hostname, f"logged in: hostname {hostname}")
 
         self.step("Read its credentials: GET /v1/servers/{id}/credentials")
@@ -1243,7 +1238,7 @@ SSH_OPTIONS = (
 )
 
 
-def guest_login(state: dict[str, Any], ip: str, key: Path, seconds: float = 600) -> str:
+def guest_login(ip: str, key: Path, seconds: float = 600) -> str:
     """Log in as root with ``key`` once the guest has booted and cloud-init has finished: its hostname."""
     deadline = time.monotonic() + seconds
     last = ""

@@ -82,9 +82,6 @@ class SimulatedBackend(HypervisorBackend):
         self.records = PluginState(ctx, "simulator")
         self.clock = ctx.clock
 
-    def serves(self, location: str) -> bool:
-        return True  # every catalog location: simulated servers need no host
-
     def address_pool(self, location: str) -> AddressPool | None:
         cfg = self.config
         return AddressPool.from_range("simulator", cfg.addresses, gateway=cfg.gateway, nameservers=cfg.nameservers)

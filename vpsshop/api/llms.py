@@ -85,8 +85,8 @@ def render(ctx: AppContext) -> str:
             f"disk, {plan.bandwidth_tb} TB traffic; base price {_usd(plan.base_price_cents)} USD/month"
         )
     lines += ["", "Locations:", ""]
-    backend = ctx.hypervisor  # only where servers can be made: an order elsewhere is a 409
-    locations = [loc for loc in data.locations if backend is None or backend.serves(loc.id)] or data.locations
+    # only where servers can be made: an order elsewhere is a 409
+    locations = [loc for loc in data.locations if ctx.serves_location(loc.id)] or data.locations
     for loc in locations:
         lines.append(f"- `{loc.id}` {loc.name} ({loc.country}), price x {loc.price_modifier}")
     lines += ["", "Operating systems: " + ", ".join(f"`{o.id}`" for o in data.operating_systems) + "."]

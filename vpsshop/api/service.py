@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -15,11 +14,6 @@ from vpsshop import __version__
 from vpsshop.catalog import Catalog
 from vpsshop.readiness import component_readiness, ready_in_mode
 from vpsshop.routing import ApiRoute, Call, Reply
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
-
-log = logging.getLogger("vpsshop.health")
 
 HEALTH_CACHE_SECONDS = 2.0
 
@@ -70,7 +64,8 @@ async def get_health(call: Call) -> Reply:
     db_ok, checked = await asyncio.gather(run_in_threadpool(ctx.db.check), component_readiness(ctx))
     sandbox = ctx.settings.sandbox
     # Anyone may call /health: in production it names each component and whether it is ready, and
-    # nothing else (no error text, node address, plugin or version); the log has the details.
+    # nothing else (no error text, node address, plugin or version); the log has the details
+    # (vpsshop.readiness logs each component not ready).
     components = [
         ComponentHealth(
             kind=item.kind,
@@ -80,10 +75,6 @@ async def get_health(call: Call) -> Reply:
         )
         for item, r in checked
     ]
-    if not sandbox:
-        for item, r in checked:
-            if not r.ok:
-                log.warning("health: %s %s (plugin %s) not ready: %s", item.kind, item.key, item.plugin, r.detail)
     status = "down" if not db_ok else ("ok" if all(c.ready for c in components) else "degraded")
     body = Health(
         status=status,

@@ -107,11 +107,7 @@ async def place_order(page: Page) -> Response:
         done = await page.shop.order(page.account_id, body, f"dashboard:{key}" if key else None)
     except InsufficientBalance as exc:
         page.form.pop("root_password", None)
-        message = (
-            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
-            f"{format_usd(exc.extra['price'])}. Nothing was charged."
-        )
-        return await order_form(page, error=message, deficit=exc.extra.get("deficit"), status=402)
+        return await order_form(page, error=friendly(exc), deficit=exc.extra.get("deficit"), status=402)
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -215,12 +211,8 @@ async def renew(page: Page) -> Response:
     try:
         result = await page.shop.renew(page.account_id, server_id, periods)
     except InsufficientBalance as exc:
-        message = (
-            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
-            f"{format_usd(exc.extra['price'])}. Nothing was charged."
-        )
         return await server_page(
-            page, status=402, periods=periods, renew_error=message, renew_deficit=exc.extra.get("deficit")
+            page, status=402, periods=periods, renew_error=friendly(exc), renew_deficit=exc.extra.get("deficit")
         )
     except ApiError as exc:
         if exc.status >= 500:

@@ -18,7 +18,6 @@ import json
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
 from starlette.concurrency import run_in_threadpool
 
 from vpsshop import accounts, limits, sessions, twofactor
@@ -31,8 +30,6 @@ from vpsshop.coins import DepositCoin, X402Coin
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest
 from vpsshop.events import api as events_api
-from vpsshop.events import outbox
-from vpsshop.events.models import StoredEvent
 from vpsshop.money import usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.models import Topup
@@ -168,8 +165,7 @@ class Shop:
     @property
     def orderable_locations(self) -> list[Any]:
         """The catalog's locations the hypervisor serves (an order elsewhere is refused with 409)."""
-        backend = self.ctx.hypervisor
-        return [loc for loc in self.ctx.catalog.locations if backend is None or backend.serves(loc.id)]
+        return [loc for loc in self.ctx.catalog.locations if self.ctx.serves_location(loc.id)]
 
     def topup_body(self, amount: str, coin: str | None) -> TopupBody:
         """The API's body model validates the form: the same limits, codes and messages."""
@@ -335,25 +331,9 @@ class Shop:
         next (older) page (None at the end). The first page starts at the newest event."""
 
         def run() -> tuple[list[dict[str, Any]], str | None]:
-            ctx = self.ctx
-            first: list[dict[str, Any]] = []
-            anchor = before
-            if anchor is None:
-                anchor = self._newest_event(account_id, type_)
-                if anchor is None:
-                    return [], None
-                first = [json.loads(events_api._get_event(ctx, account_id, anchor).body)]
-            page = json.loads(events_api._list_events(ctx, account_id, None, anchor, limit - len(first), type_).body)
-            return first + page["events"], page["cursor"] if page["has_more"] else None
+            page = json.loads(
+                events_api._list_events(self.ctx, account_id, None, before, limit, type_, newest_first=True).body
+            )
+            return page["events"], page["cursor"] if page["has_more"] else None
 
         return await run_in_threadpool(run)
-
-    def _newest_event(self, account_id: int, type_: str | None) -> str | None:
-        outbox.publish_pending(self.ctx.db)
-        query = sa.select(StoredEvent.public_id).where(StoredEvent.account_id == account_id)
-        if type_ is not None and type_ != "*":
-            column = StoredEvent.type
-            query = query.where(column.startswith(type_[:-1]) if type_.endswith(".*") else column == type_)  # type: ignore[attr-defined]
-        query = outbox.visible(query).order_by(StoredEvent.seq.desc()).limit(1)  # type: ignore[union-attr]
-        with self.ctx.db.session() as session:
-            return session.execute(query).scalar()

@@ -62,6 +62,11 @@ def friendly(exc: ApiError) -> str:
     """
     if exc.error == "invalid_periods" and "max_periods" in exc.extra:
         return exc.message
+    if exc.error == "insufficient_balance":
+        return (
+            f"Your balance of {format_usd(exc.extra['balance'])} does not cover the price of "
+            f"{format_usd(exc.extra['price'])}. Nothing was charged."
+        )
     if exc.error in FRIENDLY:
         return FRIENDLY[exc.error]
     field = exc.error.removeprefix("invalid_")

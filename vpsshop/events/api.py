@@ -216,8 +216,17 @@ def _anchor(session: Session, account_id: int, public_id: str) -> int:
 
 
 def _list_events(
-    ctx: AppContext, account_id: int, after: str | None, before: str | None, limit: int, type_: str | None
+    ctx: AppContext,
+    account_id: int,
+    after: str | None,
+    before: str | None,
+    limit: int,
+    type_: str | None,
+    *,
+    newest_first: bool = False,
 ) -> Response:
+    """The events page ``GET /v1/events`` answers. Oldest first, except with only ``before`` or with
+    ``newest_first`` (the dashboard's list, from the newest event down)."""
     outbox.publish_pending(ctx.db)
     with ctx.db.session() as session:
         query = select(StoredEvent).where(StoredEvent.account_id == account_id)
@@ -238,7 +247,7 @@ def _list_events(
             query = query.where(StoredEvent.seq > low)  # type: ignore[operator]
         if high is not None:
             query = query.where(StoredEvent.seq < high)  # type: ignore[operator]
-        newest_first = before is not None and after is None
+        newest_first = newest_first or (before is not None and after is None)
         query = query.order_by(StoredEvent.seq.desc() if newest_first else StoredEvent.seq)  # type: ignore[union-attr]
         rows = list(session.exec(outbox.visible(query.limit(limit + 1))).all())
     has_more = len(rows) > limit

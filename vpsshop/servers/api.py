@@ -253,7 +253,7 @@ def _resolve(ctx: AppContext, body: OrderBody | QuoteBody) -> int:
     location = next((loc for loc in data.locations if loc.id == body.location), None)
     if location is None:
         raise BadRequest("invalid_location", f"No location {body.location!r}; GET /catalog lists the locations.")
-    if ctx.hypervisor is not None and not ctx.hypervisor.serves(location.id):
+    if not ctx.serves_location(location.id):
         raise Conflict(
             "location_unavailable",
             f"Servers cannot be ordered in {location.name} ({location.id}) at the moment: this shop has no "

@@ -41,7 +41,8 @@ class ServerOut(BaseModel):
     power: Literal["running", "stopped"] | None = Field(
         description="Whether the VM is powered on, as the last hypervisor job left it: running once provisioned "
         "and after start, reboot, resume or reinstall; stopped after stop or suspension. Null while provisioning "
-        "and once terminated. A power action changes it when its job has run (within seconds)."
+        "and once the VM is destroyed (by the job that follows termination). A power action changes it when its "
+        "job has run (within seconds)."
     )
     reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
 

@@ -120,7 +120,7 @@ def delete_key(ctx: AppContext, account_id: int, key_id: int) -> None:
         raise NotFound("SSH key on this account")
 
 
-SshKeyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+SshKeyId = Annotated[int, Field(ge=1, le=ApiRoute.MAX_ID)]
 """The id of a stored key as a request names it: a database id (a larger number is an unknown key,
 refused by the model instead of overflowing the database's integer)."""
 
