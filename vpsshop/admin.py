@@ -239,9 +239,8 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
         still provisioning gets its whole order back (see the module docstring).
     """
     from vpsshop.events.resources import server_data
-    from vpsshop.servers.jobs import abandon_provisioning
+    from vpsshop.servers.jobs import abandon_provisioning, cancel_queued_provisioning
     from vpsshop.servers.lifecycle import enqueue, record
-    from vpsshop.servers.models import ServerJob
 
     reason = _need_reason(reason)
     now = ctx.clock.now()
@@ -296,11 +295,7 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
             raise AdminError(f"server {server_id} changed meanwhile: try again")
         record(session, server_id, history, now, f"admin: {reason}"[:500])
         if action == "terminate":  # a provisioning job still waiting has nothing left to do
-            session.execute(
-                sa.update(ServerJob)
-                .where(ServerJob.server_id == server_id, ServerJob.kind == "provision", ServerJob.status == "queued")  # type: ignore[arg-type]
-                .values(status="cancelled", finished_at=now, last_error=f"cancelled: server terminated: {reason}"[:500])
-            )
+            cancel_queued_provisioning(session, server_id, now, f"server terminated: {reason}")
         job = enqueue(session, server_id, job_kind, now)
         events.emit(session, event, server.account_id, server_data(session, server_id), now=now)
         if refunded > 0:

@@ -332,6 +332,15 @@ def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error:
         abandon_provisioning(session, server, now, reason, "provision_failed")
 
 
+def cancel_queued_provisioning(session: Session, server_id: int, now: datetime, reason: str) -> None:
+    """Cancel ``server_id``'s provisioning job if it still waits: the server will not be made."""
+    session.execute(
+        sa.update(ServerJob)
+        .where(ServerJob.server_id == server_id, ServerJob.kind == "provision", ServerJob.status == "queued")  # type: ignore[arg-type]
+        .values(status="cancelled", finished_at=now, locked_until=None, last_error=f"cancelled: {reason}"[:500])
+    )
+
+
 def abandon_provisioning(session: Session, server: Server, now: datetime, reason: str, history: str) -> int | None:
     """Terminate ``server`` while it is still ``provisioning``, refund its order and queue the clean-up,
     in the caller's transaction.
@@ -371,11 +380,7 @@ def abandon_provisioning(session: Session, server: Server, now: datetime, reason
         now=now,
     )
     refunded = posting.entry.amount_micros if posting.created else 0
-    session.execute(
-        sa.update(ServerJob)
-        .where(ServerJob.server_id == server_id, ServerJob.kind == "provision", ServerJob.status == "queued")  # type: ignore[arg-type]
-        .values(status="cancelled", finished_at=now, locked_until=None, last_error=f"cancelled: {reason}"[:500])
-    )
+    cancel_queued_provisioning(session, server_id, now, reason)
     record(session, server_id, history, now, reason[:500])
     record(session, server_id, "refunded", now, str(refunded))
     events.emit(session, "server.terminated", server.account_id, server_data(session, server_id), now=now)
