@@ -91,7 +91,8 @@ def test_keys_list_mint_revoke(vpsshop_client, vpsshop_account):
     h = vpsshop_account.headers
     listed = vpsshop_client.get("/v1/keys", headers=h).json()["keys"]
     assert [k["id"] for k in listed] == [vpsshop_account.key_id]
-    assert set(listed[0]) == {"id", "prefix", "name", "created_at"}
+    assert set(listed[0]) == {"id", "prefix", "name", "created_at", "revoked_at"}
+    assert listed[0]["revoked_at"] is None
     assert vpsshop_account.api_key.startswith(listed[0]["prefix"])
 
     minted = vpsshop_client.post("/v1/keys", headers=h, json={"name": "ci"})

@@ -17,11 +17,14 @@ from served import VPSSHOP, shop_env
 from sqlmodel import select
 
 from vpsshop import admin
+from vpsshop.actors import Operator
 from vpsshop.models import AdminAudit, LedgerEntry, Server
 from vpsshop.payments.models import Topup, X402Record
 from vpsshop.servers.jobs import claim, run_jobs
 from vpsshop.servers.lifecycle import add_months, run_lifecycle
 from vpsshop.servers.models import ServerEvent, ServerJob
+
+OPERATOR = Operator("support@test")
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}  # 3.99 a month
 PRICE = 3_990_000
@@ -87,7 +90,9 @@ def test_refund_gives_back_every_unused_prepaid_period_once(vpsshop_client, vpss
     assert _balance(vpsshop_client, vpsshop_account) == Decimal("34.04")  # 50 - 4 x 3.99
 
     vpsshop_clock.advance(days=1)
-    done = admin.set_server_state(_ctx(vpsshop_client), sid, "terminate", "customer asked", refund_unused=True)
+    done = admin.set_server_state(
+        _ctx(vpsshop_client), OPERATOR, sid, "terminate", "customer asked", refund_unused=True
+    )
     assert "refunded 15.8" in done
     [refund] = _refunds(vpsshop_client, sid)
     # Three whole periods still to come, and the first month less the day used.
@@ -100,7 +105,7 @@ def test_refund_gives_back_every_unused_prepaid_period_once(vpsshop_client, vpss
     assert _row(vpsshop_client, sid).status == "terminated"
     # Once: the server is terminated, a second refund is refused.
     with pytest.raises(admin.AdminError, match="terminated"):
-        admin.set_server_state(_ctx(vpsshop_client), sid, "terminate", "again", refund_unused=True)
+        admin.set_server_state(_ctx(vpsshop_client), OPERATOR, sid, "terminate", "again", refund_unused=True)
     assert len(_refunds(vpsshop_client, sid)) == 1
     entry = _audits(vpsshop_client)[-1]
     assert entry.action == "refund" and json.loads(entry.detail)["refunded_micros"] == refund
@@ -115,7 +120,7 @@ def test_refund_never_exceeds_what_the_server_was_charged(vpsshop_client, vpssho
         session.execute(
             sa.update(Server).where(Server.id == sid).values(expires_at=add_months(vpsshop_clock.now(), 10))
         )
-    admin.set_server_state(_ctx(vpsshop_client), sid, "terminate", "goodwill", refund_unused=True)
+    admin.set_server_state(_ctx(vpsshop_client), OPERATOR, sid, "terminate", "goodwill", refund_unused=True)
     assert _refunds(vpsshop_client, sid) == [PRICE]
     assert _balance(vpsshop_client, vpsshop_account) == Decimal("10")
 
@@ -123,7 +128,7 @@ def test_refund_never_exceeds_what_the_server_was_charged(vpsshop_client, vpssho
 def test_refund_of_a_server_still_provisioning_returns_the_whole_order(vpsshop_client, vpsshop_account):
     vpsshop_account.credit("10")
     sid = _order(vpsshop_client, vpsshop_account)  # no job has run: still provisioning
-    done = admin.set_server_state(_ctx(vpsshop_client), sid, "terminate", "never mind", refund_unused=True)
+    done = admin.set_server_state(_ctx(vpsshop_client), OPERATOR, sid, "terminate", "never mind", refund_unused=True)
     assert "order refunded (3.990000 USD)" in done
     assert _refunds(vpsshop_client, sid) == [PRICE]
     assert _balance(vpsshop_client, vpsshop_account) == Decimal("10")
@@ -132,7 +137,7 @@ def test_refund_of_a_server_still_provisioning_returns_the_whole_order(vpsshop_c
     assert _jobs_of(vpsshop_client, sid) == [("provision", "cancelled"), ("destroy", "queued")]
     assert _jobs(vpsshop_client)["done"] == 1
     with pytest.raises(admin.AdminError, match="terminated"):
-        admin.set_server_state(_ctx(vpsshop_client), sid, "terminate", "again", refund_unused=True)
+        admin.set_server_state(_ctx(vpsshop_client), OPERATOR, sid, "terminate", "again", refund_unused=True)
     assert _refunds(vpsshop_client, sid) == [PRICE]
 
 
@@ -142,7 +147,7 @@ def test_cancelling_a_provision_job_terminates_and_refunds_its_server(vpsshop_cl
     sid = _order(vpsshop_client, vpsshop_account)
     with ctx.db.session() as session:
         job_id = session.exec(select(ServerJob.id).where(ServerJob.server_id == sid)).one()
-    done = admin.job_action(ctx, job_id, "cancel", "ordered by mistake")
+    done = admin.job_action(ctx, OPERATOR, job_id, "cancel", "ordered by mistake")
     assert "terminated and its order refunded" in done
     assert _row(vpsshop_client, sid).status == "terminated"
     assert _refunds(vpsshop_client, sid) == [PRICE]
@@ -151,7 +156,7 @@ def test_cancelling_a_provision_job_terminates_and_refunds_its_server(vpsshop_cl
     assert (entry.action, json.loads(entry.detail)["was"]) == ("cancel_job", "queued")
     # Nothing to provision any more: a retry is refused rather than queued for nothing.
     with pytest.raises(admin.AdminError, match="terminated: nothing to provision"):
-        admin.job_action(ctx, job_id, "retry", "oops")
+        admin.job_action(ctx, OPERATOR, job_id, "retry", "oops")
     with ctx.db.session() as session:
         kinds = [e.kind for e in session.exec(select(ServerEvent).where(ServerEvent.server_id == sid))]
     assert kinds == ["ordered", "provision_cancelled", "refunded"]
@@ -170,7 +175,7 @@ def test_stuck_lists_a_server_provisioning_with_no_live_job_and_retry_records_it
     vpsshop_clock.advance(seconds=1)
     assert [s["id"] for s in admin.stuck(ctx, 0)["servers"]] == [sid]
     assert admin.stuck(ctx, 0)["jobs"] == []
-    admin.job_action(ctx, job_id, "retry", "finish it")
+    admin.job_action(ctx, OPERATOR, job_id, "retry", "finish it")
     entry = _audits(vpsshop_client)[-1]
     assert (entry.action, json.loads(entry.detail)["was"]) == ("retry_job", "cancelled")
     assert admin.stuck(ctx, 0)["servers"] == []  # its job is queued again
@@ -185,11 +190,11 @@ def test_retry_refuses_a_job_running_under_a_live_lease(vpsshop_client, vpsshop_
     job = claim(ctx, worker="other-host:1:2:abc")  # another worker is creating the domain now
     assert job is not None and job.server_id == sid
     with pytest.raises(admin.AdminError, match="live lease"):
-        admin.job_action(ctx, job.id, "retry", "looks stuck")
+        admin.job_action(ctx, OPERATOR, job.id, "retry", "looks stuck")
     with pytest.raises(admin.AdminError, match="only a queued or failed"):
-        admin.job_action(ctx, job.id, "cancel", "looks stuck")
+        admin.job_action(ctx, OPERATOR, job.id, "cancel", "looks stuck")
     vpsshop_clock.advance(seconds=ctx.settings.servers.job_lease_seconds + 1)  # that worker is gone
-    admin.job_action(ctx, job.id, "retry", "worker died")
+    admin.job_action(ctx, OPERATOR, job.id, "retry", "worker died")
     entry = _audits(vpsshop_client)[-1]
     assert json.loads(entry.detail)["was"] == "running"
     assert _jobs_of(vpsshop_client, sid) == [("provision", "queued")]
@@ -201,7 +206,7 @@ def test_a_renewal_does_not_lift_a_suspension_by_the_shop(vpsshop_client, vpssho
     vpsshop_account.credit("20")
     sid = _order(vpsshop_client, vpsshop_account)
     _jobs(vpsshop_client)
-    admin.set_server_state(ctx, sid, "suspend", "abuse report")
+    admin.set_server_state(ctx, OPERATOR, sid, "suspend", "abuse report")
     _jobs(vpsshop_client)
     assert _row(vpsshop_client, sid).suspended_by == "admin"
     balance = _balance(vpsshop_client, vpsshop_account)
@@ -214,7 +219,7 @@ def test_a_renewal_does_not_lift_a_suspension_by_the_shop(vpsshop_client, vpssho
     assert _row(vpsshop_client, sid).status == "suspended"
     asyncio.run(run_lifecycle(ctx))
     assert _row(vpsshop_client, sid).status == "suspended"
-    admin.set_server_state(ctx, sid, "unsuspend", "resolved")
+    admin.set_server_state(ctx, OPERATOR, sid, "unsuspend", "resolved")
     assert (_row(vpsshop_client, sid).status, _row(vpsshop_client, sid).suspended_by) == ("active", None)
 
     # A suspension for non-payment is still lifted by a renewal.

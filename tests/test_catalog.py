@@ -104,7 +104,7 @@ def test_catalog_file_with_duplicate_ids_is_refused():
 
 
 def test_reseller_catalog_file_replaces_the_shipped_one(tmp_path, vpsshop_settings):
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
 
     path = tmp_path / "catalog.toml"
     path.write_text(
@@ -113,5 +113,5 @@ def test_reseller_catalog_file_replaces_the_shipped_one(tmp_path, vpsshop_settin
         '[[operating_systems]]\nid = "debian-12"\nname = "Debian 12"\nfamily = "debian"\nimage = "d12.qcow2"\n'
     )
     settings = vpsshop_settings.model_copy(update={"catalog": {"source": "file", "file": {"path": str(path)}}})
-    ctx = AppContext.build(settings, environ={})
+    ctx = build_context(settings, environ={})
     assert [(p.plan, p.location, str(p.monthly_usd)) for p in ctx.catalog.pricing] == [("solo", "is", "6.00")]

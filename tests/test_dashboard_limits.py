@@ -149,7 +149,7 @@ def test_another_browser_used_a_moment_ago_reads_as_in_the_past(vpsshop_client, 
 def test_relative_times_keep_their_sign(vpsshop_app, vpsshop_clock):
     from datetime import timedelta
 
-    relative = vpsshop_app.state.ctx.dashboard.relative
+    relative = vpsshop_app.state.dashboard.relative
     now = vpsshop_clock.now()
     assert relative(now - timedelta(milliseconds=400)) == "less than a minute ago"
     assert relative(now + timedelta(milliseconds=400)) == "in less than a minute"

@@ -14,8 +14,9 @@ from sqlmodel import SQLModel, select
 from starlette.testclient import TestClient
 
 from vpsshop import twofactor
+from vpsshop.actors import Customer
 from vpsshop.app import create_app
-from vpsshop.context import AppContext
+from vpsshop.assembly import build_context
 from vpsshop.encryption import ENCRYPTED_COLUMNS, rotate_stored_secrets
 from vpsshop.events import signing
 from vpsshop.events.models import WebhookEndpoint
@@ -40,7 +41,7 @@ def _every_kind_of_secret(client, account) -> int:
     account.credit("10")
     ordered = client.post("/v1/servers", headers=account.headers, json={**ORDER, "user_data": USER_DATA})
     assert ordered.status_code == 201, ordered.text
-    twofactor.begin_enrolment(client.app.state.ctx, account.user_id)
+    asyncio.run(twofactor.begin_enrolment(client.app.state.ctx, Customer(account.user_id)))
     hook = client.post("/v1/webhooks", headers=account.headers, json={"url": "https://example.com/hook"})
     assert hook.status_code == 201, hook.text
     return ordered.json()["server"]["id"]
@@ -106,7 +107,7 @@ def test_after_rotation_the_new_key_alone_opens_every_stored_secret(
     vpsshop_client, vpsshop_account, vpsshop_database_url, vpsshop_clock
 ):
     sid = _every_kind_of_secret(vpsshop_client, vpsshop_account)  # not provisioned yet
-    rotating = AppContext.build(_settings(vpsshop_database_url, NEW_KEY, [TEST_ENCRYPTION_KEY]))
+    rotating = build_context(_settings(vpsshop_database_url, NEW_KEY, [TEST_ENCRYPTION_KEY]))
     try:
         counts = rotate_stored_secrets(rotating)
     finally:
@@ -122,6 +123,6 @@ def test_after_rotation_the_new_key_alone_opens_every_stored_secret(
             assert session.get(Server, sid).status == "active"
             endpoint = session.exec(select(WebhookEndpoint)).one()
         assert signing.decrypt_secret(ctx, endpoint.secret_enc).startswith("whsec_")
-        assert twofactor.begin_enrolment(ctx, vpsshop_account.user_id).secret
+        assert asyncio.run(twofactor.begin_enrolment(ctx, Customer(vpsshop_account.user_id))).secret
         revealed = client.get(f"/v1/servers/{sid}/credentials", headers=vpsshop_account.headers)
         assert revealed.status_code == 200 and revealed.json()["password"]

@@ -169,6 +169,7 @@ def test_server_lifecycle_events(vpsshop_client: TestClient, vpsshop_clock: Any)
         "server.suspended",
         "server.renewed",
         "server.unsuspended",
+        "server.updated",
         "server.suspended",
         "server.terminated",
     ]
@@ -179,9 +180,11 @@ def test_server_lifecycle_events(vpsshop_client: TestClient, vpsshop_clock: Any)
         "suspended",
         "active",
         "active",
+        "active",
         "suspended",
         "terminated",
     ]
+    assert server_events[6]["data"]["auto_renew"] is False
     assert server_events[-1]["data"]["status_reason"].startswith("Not renewed within 7 days")
     assert server_events[4]["data"]["expires_at"] > server_events[1]["data"]["expires_at"]
 

@@ -3,7 +3,9 @@
 The public API (docs/plugins.md, "What a plugin may import"): the names in ``vpsshop.__all__``,
 ``vpsshop.chains`` (the chain kit) and ``vpsshop.testing`` (fixtures and contract kits). Every
 other module of ``vpsshop`` is internal. Imports are read with :mod:`ast`, so an import inside a
-function or under ``TYPE_CHECKING`` counts too.
+function or under ``TYPE_CHECKING`` (an import for type annotations only) counts too: core's modules
+form no cycle, not even through type annotations, and import only from their own layer or below
+(:data:`LAYERS`, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -74,37 +76,20 @@ def test_public_names_exist() -> None:
         assert [name for name in names if not hasattr(loaded, name)] == [], module
 
 
-def runtime_nodes(tree: ast.Module, late: bool) -> Iterator[ast.stmt]:
-    """The import statements that run: module level, and with ``late`` those inside functions too;
-    never those under ``if TYPE_CHECKING:``."""
-    pending: list[ast.AST] = list(tree.body)
-    while pending:
-        node = pending.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            pending.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not late:
-            if isinstance(node, ast.ClassDef):
-                pending.extend(node.body)
-        else:
-            pending.extend(ast.iter_child_nodes(node))
-
-
-def core_graph(late: bool = False) -> dict[str, set[str]]:
-    """Imports between vpsshop's modules (``import a.b`` counts as an edge to a.b); with ``late``,
-    imports inside functions count too."""
+def core_graph() -> dict[str, set[str]]:
+    """Every import between vpsshop's modules: at module level, inside functions and under
+    ``TYPE_CHECKING``. ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``."""
     modules = {module_name(path): path for path in CORE.rglob("*.py") if "migrations" not in path.parts}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
-        for node in runtime_nodes(tree, late):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.append(full if full in modules else node.module)
             graph[name].update(t for t in targets if t in modules and t != name)
     return graph
 
@@ -156,24 +141,127 @@ def test_no_default_plugin_module_is_imported_by_core() -> None:
     assert offenders == []
 
 
-def test_core_module_imports_have_no_cycle() -> None:
-    """Package ``__init__`` re-exports aside (``vpsshop`` imports what it re-exports), core's
-    module-level imports form no cycle."""
+def test_core_imports_have_no_cycle_counting_type_only_imports() -> None:
+    """Not one cycle among core's modules, counting the imports inside functions and those made only
+    for type annotations: each module can be read, tested and replaced from the bottom up."""
+    assert cycles(core_graph()) == []
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles between core's packages (``vpsshop.servers`` as one node) and top-level modules."""
+
+    def node(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 or (CORE / parts[-1]).is_dir() else module
+
+    packages: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        packages.setdefault(node(source), set()).update(node(t) for t in targets if node(t) != node(source))
+    for targets in list(packages.values()):
+        for target in targets:
+            packages.setdefault(target, set())
+    return cycles(packages)
+
+
+def test_core_packages_have_no_cycle() -> None:
+    """A package (servers/, payments/, x402/, events/ ...) depends on another one way only."""
+    assert package_cycles(core_graph()) == []
+
+
+LAYERS: list[tuple[str, set[str]]] = [
+    (
+        "foundation: values, tables, errors, inputs, who acts",
+        {
+            "vpsshop.version",
+            "vpsshop.clock",
+            "vpsshop.errors",
+            "vpsshop.money",
+            "vpsshop.models",
+            "vpsshop.auth",
+            "vpsshop.authcache",
+            "vpsshop.hdkeys",
+            "vpsshop.cloudinit",
+            "vpsshop.qrcodes",
+            "vpsshop.httpserver",
+            "vpsshop.actors",
+            "vpsshop.markers",
+            "vpsshop.inputs",
+            "vpsshop.idempotency",
+        },
+    ),
+    (
+        "platform: settings, database, the plugin contracts and the context that holds them",
+        {
+            "vpsshop.settings",
+            "vpsshop.logs",
+            "vpsshop.db",
+            "vpsshop.backup",
+            "vpsshop.component",
+            "vpsshop.coins",
+            "vpsshop.hypervisor",
+            "vpsshop.catalog",
+            "vpsshop.rates",
+            "vpsshop.dns",
+            "vpsshop.tasks",
+            "vpsshop.chains",
+            "vpsshop.plugin_state",
+            "vpsshop.context",
+            "vpsshop.encryption",
+            "vpsshop.ratelimit",
+            "vpsshop.readiness",
+            "vpsshop.metrics",
+        },
+    ),
+    (
+        "operations: the services every front end calls",
+        {
+            "vpsshop.events",
+            "vpsshop.ledger",
+            "vpsshop.limits",
+            "vpsshop.accounts",
+            "vpsshop.sessions",
+            "vpsshop.twofactor",
+            "vpsshop.signin",
+            "vpsshop.payments",
+            "vpsshop.x402",
+            "vpsshop.topups",
+            "vpsshop.servers",
+            "vpsshop.admin",
+        },
+    ),
+    (
+        "front ends: the REST API, the dashboard, MCP",
+        {"vpsshop.accesslog", "vpsshop.routing", "vpsshop.openapi", "vpsshop.api", "vpsshop.dashboard", "vpsshop.mcp"},
+    ),
+    (
+        "assembly: the plugin contract, loading plugins, the app, the command line, the public facade",
+        {
+            "vpsshop.hookspecs",
+            "vpsshop.plugins",
+            "vpsshop.assembly",
+            "vpsshop.app",
+            "vpsshop.cli",
+            "vpsshop.testing",
+            "vpsshop",
+        },
+    ),
+]
+"""Core's layers, bottom up: a module imports from its own layer and those below, never above."""
+
+
+def layer_of(module: str) -> int:
+    for number, (_, members) in enumerate(LAYERS):
+        if module in members or any(module.startswith(member + ".") for member in members if member != "vpsshop"):
+            return number
+    raise AssertionError(f"{module} is in no layer of LAYERS: place it")
+
+
+def test_core_imports_point_down_the_layers() -> None:
     graph = core_graph()
-    graph["vpsshop"] = set()  # the public facade imports its parts; parts importing it is no cycle
-    assert cycles(graph) == []
-
-
-KNOWN_LATE_CYCLES: list[set[str]] = []
-"""Cycles held apart only by imports inside functions. Each must go; the test fails when one is
-gone and still listed, so the list only shrinks."""
-
-
-def test_core_imports_have_no_cycle_counting_imports_inside_functions() -> None:
-    graph = core_graph(late=True)
-    graph["vpsshop"] = set()
-    found = [set(c) for c in cycles(graph)]
-    assert [c for c in found if not any(c <= known for known in KNOWN_LATE_CYCLES)] == []
-    assert [known for known in KNOWN_LATE_CYCLES if not any(c <= known for c in found)] == [], (
-        "a known cycle is gone: delete it from KNOWN_LATE_CYCLES"
-    )
+    upward = [
+        f"{source} (layer {layer_of(source) + 1}) imports {target} (layer {layer_of(target) + 1})"
+        for source, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(source)
+    ]
+    assert upward == []

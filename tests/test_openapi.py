@@ -116,14 +116,14 @@ def test_x402_operations_declare_the_x402_headers(vpsshop_client):
 
 
 def test_document_schemas_are_the_validating_models(vpsshop_client):
-    from vpsshop.api.accounts import AccountOut, NewKeyBody
+    from vpsshop.accounts import AccountOut, NewKeyInput
 
     schemas = vpsshop_client.get("/v1/openapi.json").json()["components"]["schemas"]
     assert set(schemas["AccountOut"]["required"]) == set(AccountOut.model_fields) - {"currency"}
-    assert schemas["NewKeyBody"]["additionalProperties"] is False
+    assert schemas["NewKeyInput"]["additionalProperties"] is False
     assert (
-        schemas["NewKeyBody"]["properties"]["name"]["anyOf"][0]["maxLength"]
-        == NewKeyBody.model_fields["name"].metadata[1].max_length
+        schemas["NewKeyInput"]["properties"]["name"]["anyOf"][0]["maxLength"]
+        == NewKeyInput.model_fields["name"].metadata[1].max_length
     )
 
 

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from vpsshop import CatalogSource, PaymentCoin, RateSource, StartupError, hookimpl
-from vpsshop.context import AppContext
+from vpsshop.assembly import build_context
 from vpsshop.plugins import DEFAULT_PLUGINS, blocked_from_env, build_plugin_manager, collect_classes
 from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
 
@@ -70,7 +70,7 @@ def test_blocked_plugin_is_not_loaded(tmp_path):
         hypervisor={"backend": "libvirt"},
     )
     with pytest.raises(StartupError, match=r"rates\.source"):
-        AppContext.build(settings, pm=pm)
+        build_context(settings, pm=pm)
 
 
 def test_block_env_variable_is_parsed():
@@ -100,7 +100,7 @@ def test_duplicate_coin_code_names_both_plugins(tmp_path):
     second = _plugin("second_coins", vpsshop_register_coins=lambda: [OtherFake])
     pm = build_plugin_manager(extra=[first, second], entry_points=False)
     with pytest.raises(StartupError) as info:
-        AppContext.build(_settings(tmp_path), pm=pm)
+        build_context(_settings(tmp_path), pm=pm)
     message = str(info.value)
     assert "'FAKE'" in message and "first_coins" in message and "second_coins" in message
     assert "VPSSHOP_BLOCK_PLUGINS" in message
@@ -114,7 +114,7 @@ def test_class_without_identifier_is_refused(tmp_path):
         extra=[_plugin("nameless", vpsshop_register_rate_sources=lambda: [Nameless])], entry_points=False
     )
     with pytest.raises(StartupError, match="without a 'name'"):
-        AppContext.build(_settings(tmp_path), pm=pm)
+        build_context(_settings(tmp_path), pm=pm)
 
 
 def test_installed_plugin_wins_over_default_catalog(tmp_path):
@@ -147,7 +147,7 @@ def test_installed_plugin_wins_over_default_catalog(tmp_path):
     pm = build_plugin_manager(
         extra=[_plugin("tiny", vpsshop_register_catalog_sources=lambda: [TinyCatalog])], entry_points=False
     )
-    ctx = AppContext.build(_settings(tmp_path, catalog={"source": "tiny"}), pm=pm)
+    ctx = build_context(_settings(tmp_path, catalog={"source": "tiny"}), pm=pm)
     assert [p.id for p in ctx.catalog.plans] == ["one"]
     assert str(ctx.catalog.pricing[0].monthly_usd) == "1.50"
 
@@ -156,7 +156,7 @@ def test_coin_plugin_appears_in_catalog_payment_options(tmp_path):
     pm = build_plugin_manager(
         extra=[_plugin("fake_coins", vpsshop_register_coins=lambda: [FakeCoin])], entry_points=False
     )
-    ctx = AppContext.build(_settings(tmp_path), pm=pm)
+    ctx = build_context(_settings(tmp_path), pm=pm)
     assert ctx.coins["FAKE"].network == "fake-testnet"
     assert {"coin": "FAKE", "name": "Fake coin", "network": "fake-testnet", "method": "deposit"} in [
         o.model_dump() for o in ctx.catalog.payment_options

@@ -199,6 +199,51 @@ def test_power_actions_run_as_jobs(vpsshop_client, vpsshop_account):
     assert _jobs(vpsshop_client)["done"] == 2
     assert _domain_state(vpsshop_client, sid) == DomainState.RUNNING
     assert _server(vpsshop_client, vpsshop_account, sid)["status"] == "active"
+    # each action, once its job has run, is an event of the account (and so a webhook)
+    events = vpsshop_client.get("/v1/events", headers=h, params={"type": "server.*"}).json()["events"]
+    assert [(e["type"], e["data"]["power"]) for e in events] == [
+        ("server.provisioning", None),
+        ("server.active", "running"),
+        ("server.stopped", "stopped"),
+        ("server.rebooted", "running"),
+        ("server.stopped", "stopped"),
+        ("server.started", "running"),
+    ]
+
+
+def test_renewal_under_an_idempotency_key_is_made_once(vpsshop_client, vpsshop_account):
+    h = vpsshop_account.headers
+    vpsshop_account.credit("20")
+    sid = _order(vpsshop_client, vpsshop_account)["id"]
+    _jobs(vpsshop_client)
+    keyed = {**h, "Idempotency-Key": "renew-once"}
+    first = vpsshop_client.post(f"/v1/servers/{sid}/renew", headers=keyed, json={"periods": 2})
+    assert first.status_code == 200 and "Idempotent-Replayed" not in first.headers, first.text
+    balance = vpsshop_client.get("/v1/account", headers=h).json()["balance_usd"]
+    again = vpsshop_client.post(f"/v1/servers/{sid}/renew", headers=keyed, json={"periods": 2})
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()  # the first answer, charged once
+    assert vpsshop_client.get("/v1/account", headers=h).json()["balance_usd"] == balance
+    for body in ({"periods": 1}, {}):  # the same key, another renewal: refused, nothing charged
+        changed = vpsshop_client.post(f"/v1/servers/{sid}/renew", headers=keyed, json=body)
+        assert changed.status_code == 409 and changed.json()["error"] == "idempotency_key_reused", changed.text
+    assert vpsshop_client.get("/v1/account", headers=h).json()["balance_usd"] == balance
+    assert _server(vpsshop_client, vpsshop_account, sid)["expires_at"] == first.json()["server"]["expires_at"]
+    bad = vpsshop_client.post(f"/v1/servers/{sid}/renew", headers={**h, "Idempotency-Key": "two words"})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_idempotency_key"
+
+
+def test_server_changes_are_events(vpsshop_client, vpsshop_account):
+    h = vpsshop_account.headers
+    vpsshop_account.credit("10")
+    sid = _order(vpsshop_client, vpsshop_account)["id"]
+    _jobs(vpsshop_client)
+    off = vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"auto_renew": False})
+    assert off.status_code == 200 and off.json()["auto_renew"] is False
+    same = vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"auto_renew": False})
+    assert same.status_code == 200  # nothing changed: no event
+    events = vpsshop_client.get("/v1/events", headers=h, params={"type": "server.updated"}).json()["events"]
+    assert [e["data"]["auto_renew"] for e in events] == [False]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 from served import TEST_ENCRYPTION_KEY, VPSSHOP, free_port, serve, shop_env
 
 from vpsshop.app import preflight
-from vpsshop.context import AppContext
+from vpsshop.assembly import build_context
 from vpsshop.errors import StartupError
 from vpsshop.settings import load_settings
 
@@ -70,7 +70,7 @@ def test_an_order_or_quote_where_no_host_serves_is_refused_before_any_charge(vps
 def test_the_api_description_offers_only_served_locations(vpsshop_client):
     document = vpsshop_client.get("/v1/openapi.json").json()
     schemas = document["components"]["schemas"]
-    for name in ("OrderBody", "QuoteBody"):
+    for name in ("OrderInput", "QuoteInput"):
         assert schemas[name]["properties"]["location"]["enum"] == ["nl"], name
     assert "location_unavailable" in document["paths"]["/servers"]["post"]["responses"]["409"]["description"]
     catalog = vpsshop_client.get("/v1/catalog").json()  # the catalog itself still says what it sells
@@ -140,7 +140,7 @@ def test_production_passes_once_the_catalog_or_the_hosts_match(tmp_path, remedy)
         config = _production(tmp_path, NL_ONLY_TOML, _limited_catalog(tmp_path))
     else:
         config = _production(tmp_path, NL_ONLY_TOML.replace("locations.nl", 'locations."*"'))
-    ctx = AppContext.build(load_settings(config, environ={}))
+    ctx = build_context(load_settings(config, environ={}))
     try:
         served = [loc.id for loc in ctx.catalog_data.locations if ctx.hypervisor.serves(loc.id)]
         assert served == (["nl"] if remedy == "catalog" else ["nl", *UNSERVED])

@@ -17,9 +17,10 @@ from sqlmodel import select
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from vpsshop.api.console import CLOSE_BAD_TICKET, CLOSE_UNAVAILABLE
 from vpsshop.events import delivery, outbox
 from vpsshop.hypervisor import ServerHandle
-from vpsshop.servers.console import CLOSE_BAD_TICKET, CLOSE_UNAVAILABLE, TICKET_SECONDS
+from vpsshop.servers.console import TICKET_SECONDS
 from vpsshop.servers.jobs import _prepare, run_jobs
 from vpsshop.servers.models import ConsoleTicket, ServerEvent, ServerJob
 from vpsshop.testing import create_test_account

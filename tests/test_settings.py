@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from vpsshop import ConfigError
-from vpsshop.context import AppContext
+from vpsshop.assembly import build_context
 from vpsshop.settings import load_settings
 
 
@@ -21,7 +21,7 @@ def test_no_config_file_is_a_sandbox(tmp_path, monkeypatch):
     # No backend is named: the sandbox runs the registered one with the highest sandbox_priority,
     # the simulator, which needs nothing native (libvirt has none: it needs libvirt-python and a daemon).
     assert "backend" not in settings.hypervisor
-    ctx = AppContext.build(settings)
+    ctx = build_context(settings)
     try:
         assert ctx.hypervisor is not None and ctx.hypervisor.kind == "simulator"
     finally:
@@ -62,7 +62,7 @@ def test_production_component_settings_do_not_fall_back(tmp_path):
     assert settings.mode == "production"
     # The fixed source has sandbox prices, but production must write them.
     with pytest.raises(ConfigError, match=r"missing\ setting\ 'rates\.fixed\.prices'"):
-        AppContext.build(settings, environ={})
+        build_context(settings, environ={})
 
 
 def test_production_requires_rate_source_and_hypervisor(tmp_path):
@@ -72,7 +72,7 @@ def test_production_requires_rate_source_and_hypervisor(tmp_path):
         'public_url = "https://shop.example/v1"\n'
     )
     with pytest.raises(ConfigError, match=r"missing\ setting\ 'rates\.source'"):
-        AppContext.build(load_settings(config, environ={}), environ={})
+        build_context(load_settings(config, environ={}), environ={})
 
 
 def test_environment_overrides(tmp_path):

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from served import serve, shop_env, worker
 
 from vpsshop import DomainState, PluginState, ServerHandle
+from vpsshop.assembly import build_context
 from vpsshop.context import AppContext
 from vpsshop.servers.jobs import run_jobs
 from vpsshop.servers.models import ServerJob
@@ -37,7 +38,7 @@ def _context(database_url: str, **simulator: Any) -> AppContext:
             "hypervisor": {"simulator": simulator},
         },
     )
-    ctx = AppContext.build(settings)
+    ctx = build_context(settings)
     ctx.db.migrate()
     return ctx
 

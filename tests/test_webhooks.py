@@ -80,13 +80,20 @@ def test_register_and_receive_signed_events(vpsshop_client: TestClient, receiver
     key = client.post("/v1/keys", headers=account.headers).json()
     client.delete(f"/v1/keys/{key['id']}", headers=account.headers)
     account.credit("5")
-    assert run(client)["succeeded"] == 5
-    got = receiver.wait_for(lambda r: len(r) == 5)
+    assert run(client)["succeeded"] == 8
+    got = receiver.wait_for(lambda r: len(r) == 8)
     assert all(r.verified for r in got), [r.error for r in got]
     by_path = {p: sorted(r.json()["type"] for r in got if r.path == p) for p in ("/a", "/b")}  # sent concurrently
     assert by_path == {
         "/a": ["api_key.created", "api_key.revoked"],
-        "/b": ["api_key.created", "api_key.revoked", "ledger.credit"],
+        "/b": [
+            "api_key.created",
+            "api_key.revoked",
+            "ledger.credit",
+            "webhook.created",  # its own registration (a first event to check the endpoint with)
+            "webhook.created",  # /c
+            "webhook.deleted",  # /c again
+        ],
     }  # account.created predates /b
     listed_events = client.get("/v1/events", headers=account.headers).json()["events"]
     for r in got:
@@ -95,7 +102,14 @@ def test_register_and_receive_signed_events(vpsshop_client: TestClient, receiver
         assert r.headers["content-type"] == "application/json" and r.headers["user-agent"].startswith("vpsshop")
     assert run(client)["succeeded"] == 0  # accepted once: never sent again
     log = client.get(f"/v1/webhooks/{b['id']}/deliveries", headers=account.headers).json()
-    assert [d["event_type"] for d in log["deliveries"]] == ["ledger.credit", "api_key.revoked", "api_key.created"]
+    assert [d["event_type"] for d in log["deliveries"]] == [
+        "ledger.credit",
+        "api_key.revoked",
+        "api_key.created",
+        "webhook.deleted",
+        "webhook.created",
+        "webhook.created",
+    ]
     assert all(
         d["status"] == "succeeded" and [x["outcome"] for x in d["log"]] == ["accepted"] for d in log["deliveries"]
     )
@@ -374,9 +388,14 @@ def test_plugins_see_events_and_a_failing_plugin_blocks_nobody(
             return asyncio.run(dispatch.run_hooks(ctx))
 
         hooks()
-        assert [t for t, _ in recorder.seen] == ["account.created", "api_key.created", "api_key.created"]
+        assert [t for t, _ in recorder.seen] == [
+            "account.created",
+            "api_key.created",
+            "webhook.created",
+            "api_key.created",
+        ]
         assert flaky.calls == ["account.created", "api_key.created"] and broken.calls == 1
-        assert run(client)["succeeded"] == 1  # webhooks do not wait for plugins
+        assert run(client)["succeeded"] == 2  # webhooks do not wait for plugins (/w gets its own registration too)
         hooks()
         assert flaky.calls == ["account.created", "api_key.created"]  # waits hook_retry_seconds
         vpsshop_clock.advance(seconds=31)
@@ -389,11 +408,12 @@ def test_plugins_see_events_and_a_failing_plugin_blocks_nobody(
             "api_key.created",
             "api_key.created",
             "api_key.created",
+            "webhook.created",
             "api_key.created",
         ]
         assert broken.calls == 3 + 1  # account.created given up after 3 calls, the next event tried at once
-        for _ in range(4):
+        for _ in range(6):
             vpsshop_clock.advance(minutes=10)
             hooks()
-        assert broken.calls == 9  # every event offered hook_max_attempts times, then skipped
-        assert len(recorder.seen) == 3 and len({i for _, i in recorder.seen}) == 3
+        assert broken.calls == 12  # every event offered hook_max_attempts times, then skipped
+        assert len(recorder.seen) == 4 and len({i for _, i in recorder.seen}) == 4

@@ -386,6 +386,7 @@ def test_customer_gets_signed_events_for_a_topup_and_an_order_and_a_plugin_sees_
     assert order.status_code == 201, order.text
     server_id = order.json()["server"]["id"]
     expected = [
+        "webhook.created",  # the endpoint's own registration is its first event
         "topup.created",
         "topup.payment_seen",
         "topup.payment_confirmed",

@@ -22,7 +22,7 @@ def production_block() -> str:
 def test_documented_production_config_builds_a_usdcbase_only_shop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
     from vpsshop.settings import load_settings
 
     config = tmp_path / "vpsshop.toml"
@@ -30,7 +30,7 @@ def test_documented_production_config_builds_a_usdcbase_only_shop(
     monkeypatch.setenv("VPSSHOP_X402_RELAYER_KEY", "0x" + "ab" * 32)
     settings = load_settings(str(config), environ={})
     assert settings.mode == "production"
-    ctx = AppContext.build(settings)
+    ctx = build_context(settings)
     assert list(ctx.coins) == ["USDCBASE"] and type(ctx.hypervisor).__name__ == "LibvirtBackend"
     coin = ctx.coins["USDCBASE"]
     assert coin.config.mode == "direct" and coin.chain is not None and coin.chain.relayer is not None
@@ -43,7 +43,7 @@ def test_documented_production_config_builds_a_usdcbase_only_shop(
         end = text.index("[coins.USDCBASE]") if section == "[hypervisor]" else text.index("[topups]")
         config.write_text(text[:start] + text[end:])
         with pytest.raises(StartupError, match=section.strip("[]")):
-            AppContext.build(load_settings(str(config), environ={}))
+            build_context(load_settings(str(config), environ={}))
 
 
 def test_init_template_has_a_usdcbase_block_that_validates(tmp_path: Path) -> None:

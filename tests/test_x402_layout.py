@@ -1,14 +1,16 @@
-"""x402 lives in one place (``vpsshop/x402/``) and payments import one way.
+"""x402 lives in one place (``vpsshop/x402/``, and its HTTP headers in ``vpsshop/api/x402.py``) and
+payments import one way.
 
 The import graph is read from the source (every ``import`` statement, at module level or inside a
 function): nothing under ``vpsshop/payments/`` imports ``vpsshop.x402``, no x402 code is left in
-``vpsshop/payments/``, and the x402 package reaches into payments only for its tables and
-``engine_for``, never the engine or the watcher modules.
+``vpsshop/payments/``, and the x402 package reaches into payments only for its tables, the Top-up
+resource and ``engine_for``, never the engine or the watcher modules.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "vpsshop"
@@ -39,15 +41,20 @@ def test_x402_uses_only_the_tables_of_payments() -> None:
         "vpsshop.payments.models.Topup",
         "vpsshop.payments.models.X402Record",
         "vpsshop.payments.models.new_ref",
+        "vpsshop.payments.resource",
+        "vpsshop.payments.resource.topup_event",
+        "vpsshop.payments.resource.x402_payment_event",
     }
     modules = sorted((PACKAGE / "x402").glob("*.py"))
-    assert {p.stem for p in modules} >= {"headers", "settlement", "orders", "discovery", "hooks"}
+    assert {p.stem for p in modules} >= {"messages", "offers", "settlement", "purchases", "hooks"}
     for path in modules:
         used = {name for name in imports(path) if name.startswith("vpsshop.payments")}
         assert used <= allowed, (path.name, used - allowed)
 
 
-def test_headers_are_read_outside_the_endpoints() -> None:
-    for endpoint in (PACKAGE / "api" / "topups.py", PACKAGE / "servers" / "api.py"):
-        text = endpoint.read_text()
-        assert '"x-payment"' not in text.replace('"x-payment-mode"', "") and '"payment-signature"' not in text, endpoint
+def test_headers_are_read_in_one_place() -> None:
+    """The x402 headers are read and written by vpsshop/api/x402.py only: not by the endpoints, and not by
+    the operations, which take and give x402 payments as values (the MCP tools pass them as arguments)."""
+    reads = re.compile(r"""\.get\(\s*["'](x-payment|payment-signature)["']""", re.IGNORECASE)
+    readers = [path for path in sorted(PACKAGE.rglob("*.py")) if reads.search(path.read_text())]
+    assert readers == [PACKAGE / "api" / "x402.py"]

@@ -1,8 +1,9 @@
-"""``vpsshop mcp`` when the agent pays by x402 through its tools: a USDCBASE-only shop (``vpsshop serve``
-with a config file, sandbox servers) settling directly on anvil, driven by the ``mcp`` SDK's client over
-stdio. The tools hand over the 402's x402 requirements (``payment_required``, ``accepts``); the agent's
-payments are signed by the PyPI ``x402`` client (v2 for the order, v1 for the renewal) and sent back as the
-tools' ``payment``; the order, its replay and the renewal each answer with the settlement.
+"""The MCP tools when the agent pays by x402 through them: a USDCBASE-only shop (``vpsshop serve`` with a
+config file, sandbox servers) settling directly on anvil, driven by the ``mcp`` SDK's client over stdio
+(``vpsshop mcp``, relaying to the shop's own ``/mcp``). A tool's refused call (``isError``) hands over the
+402's x402 requirements (``payment_required``, ``accepts``); the agent's payments are signed by the PyPI
+``x402`` client (v2 for the order, v1 for the renewal) and sent back as the tools' ``payment``; the order,
+its replay and the renewal each answer with the settlement, and a replay with another body is refused.
 """
 
 from __future__ import annotations
@@ -50,24 +51,29 @@ max_timeout_seconds = 120
     paid_total: list[int] = []
 
     async def session(client: Any) -> None:
-        async def tool(name: str, **arguments: Any) -> dict[str, Any]:
+        async def tool(name: str, /, **arguments: Any) -> dict[str, Any]:
             result = await client.call_tool(name, arguments)
             assert not result.is_error, result
             return result.structured_content
 
-        asked = await tool("start_topup", amount_usd=25)  # no coin: the shop's only one, USDCBASE
-        assert asked["http_status"] == 402 and asked["payment_required"]["accepts"][0]["network"] == "eip155:8453"
+        async def refused(name: str, /, **arguments: Any) -> dict[str, Any]:
+            result = await client.call_tool(name, arguments)
+            assert result.is_error, result
+            return result.structured_content
+
+        asked = await refused("start_topup", amount=25)  # no coin: the shop's only one, USDCBASE
+        assert asked["status"] == 402 and asked["payment_required"]["accepts"][0]["network"] == "eip155:8453"
         catalog = await tool("get_catalog")
         order = {
             "plan": catalog["plans"][0]["id"],
             "location": catalog["locations"][0]["id"],
             "os": catalog["operating_systems"][0]["id"],
         }
-        short = await tool("order_server", **order)
+        short = await refused("order_server", **order)
         required = short["payment_required"]
         payment = sign_v2_header(customer, required["accepts"][0], required["resource"]["url"])
         paid = await tool("order_server", **order, payment=payment)
-        assert paid["http_status"] == 201 and paid["server"]["status"] == "provisioning", paid
+        assert paid["server"]["status"] == "provisioning", paid
         settled = paid["payment_response"]
         assert settled["success"] is True and settled["payer"] == customer.address
         assert settled["network"] == "eip155:8453" and int(settled["amount"]) == int(required["accepts"][0]["amount"])
@@ -77,12 +83,17 @@ max_timeout_seconds = 120
 
         server_id = paid["server"]["id"]
         assert (await tool("wait_for_server", server_id=server_id))["status"] == "active"
-        renewal = await tool("renew_server", server_id=server_id)
-        assert renewal["http_status"] == 402 and renewal["error"] == "insufficient_balance"
-        renewed = await tool(
-            "renew_server", server_id=server_id, payment=sign_v1_header(customer, renewal["accepts"][0])
-        )
-        assert renewed["http_status"] == 200 and renewed["payment_response"]["network"] == "base", renewed
+        renewal = await refused("renew_server", server_id=server_id)
+        assert renewal["status"] == 402 and renewal["error"] == "insufficient_balance"
+        renewing = sign_v1_header(customer, renewal["accepts"][0])
+        renewed = await tool("renew_server", server_id=server_id, payment=renewing)
+        assert renewed["server"]["expires_at"] > paid["server"]["expires_at"], renewed
+        assert renewed["payment_response"]["network"] == "base", renewed
+        replayed = await tool("renew_server", server_id=server_id, payment=renewing)  # the same payment: nothing more
+        assert replayed["idempotent_replayed"] is True and replayed["server"] == renewed["server"]
+        assert replayed["payment_response"] == renewed["payment_response"]
+        changed = await refused("renew_server", server_id=server_id, periods=2, payment=renewing)  # another body
+        assert (changed["status"], changed["error"]) == (409, "idempotency_key_reused")
         assert (await tool("get_account"))["balance_usd"] == 0
         paid_total.append(int(settled["amount"]) + int(renewal["accepts"][0]["maxAmountRequired"]))
 

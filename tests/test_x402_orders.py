@@ -284,23 +284,23 @@ def test_order_that_fails_after_settlement_leaves_the_money_on_the_balance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Between the settlement and the order another request spends part of the balance (done here
-    by an admin debit through the ledger just before the real ``place_order`` runs): the order is
+    by an admin debit through the ledger just before the order's transaction runs): the order is
     refused with its own 402, the answer says the payment stays on the balance, and it does."""
     from vpsshop import ledger
-    from vpsshop.servers import api
+    from vpsshop.servers import orders
 
     body = order_body(http)
     price = price_of(http, body)
-    real = api.place_order
+    real = orders._place
 
-    def spent_meanwhile(ctx: Any, account_id: int, order: Any, key: Any) -> Any:
+    def spent_meanwhile(ctx: Any, customer: Any, order: Any, key: Any, **kwargs: Any) -> Any:
         with ctx.db.session() as session:
-            ledger.post(session, account_id, -10_000, "admin_debit", memo="a concurrent spend")
-        return real(ctx, account_id, order, key)
+            ledger.post(session, customer.account_id, -10_000, "admin_debit", memo="a concurrent spend")
+        return real(ctx, customer, order, key, **kwargs)
 
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
     req = http.post("/servers", json=body, headers=auth).json()["accepts"][0]
-    monkeypatch.setattr(api, "place_order", spent_meanwhile)
+    monkeypatch.setattr(orders, "_place", spent_meanwhile)
     header = sign_v1_header(payer, req)
     failed = http.post("/servers", json=body, headers={**auth, "X-PAYMENT": header})
     assert failed.status_code == 402 and failed.json()["error"] == "insufficient_balance", failed.text
@@ -311,7 +311,7 @@ def test_order_that_fails_after_settlement_leaves_the_money_on_the_balance(
     assert balance(http, auth) == price - Decimal("0.01") and servers(http, auth) == []
     got = http.get(f"/topups/{payment['topup']}", headers=auth).json()
     assert got["status"] == "completed" and Decimal(str(got["credited_usd"])) == price
-    monkeypatch.setattr(api, "place_order", real)
+    monkeypatch.setattr(orders, "_place", real)
     # the retry of the same payment credits nothing more; the balance still lacks a cent
     retry = http.post("/servers", json=body, headers={**auth, "X-PAYMENT": header})
     assert retry.status_code == 402 and retry.json()["error"] == "insufficient_balance", retry.text
@@ -355,4 +355,9 @@ def test_v1_client_pays_a_renewal_once(
     assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true", again.text
     assert again.json()["server"]["expires_at"] == after
     assert decode_header(again.headers["X-PAYMENT-RESPONSE"]) == decode_header(renewed.headers["X-PAYMENT-RESPONSE"])
+    assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == int(price * USDC_UNIT)
+    # the same payment with another body is refused, as an order's is: it must not look like two periods paid
+    changed = http.post(f"/servers/{server_id}/renew", json={"periods": 2}, headers={**auth, "X-PAYMENT": header})
+    assert changed.status_code == 409 and changed.json()["error"] == "idempotency_key_reused", changed.text
+    assert http.get(f"/servers/{server_id}", headers=auth).json()["expires_at"] == after
     assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == int(price * USDC_UNIT)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "1.0.0"
-
 from vpsshop.catalog import CatalogData, CatalogSource, Location, OperatingSystem, Plan
 from vpsshop.clock import Clock, FrozenClock
 from vpsshop.coins import (
@@ -30,10 +28,9 @@ from vpsshop.coins import (
     X402Rejected,
     X402Settlement,
 )
-from vpsshop.component import Component, NoConfig, Readiness, ShopSecrets, require_reachable
+from vpsshop.component import Component, NoConfig, Readiness, ShopContext, ShopSecrets, require_reachable
 from vpsshop.dns import DnsProvider, ptr_name
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError, StartupError
-from vpsshop.hookspecs import hookimpl
 from vpsshop.hypervisor import (
     AddressPool,
     ConsoleStream,
@@ -43,11 +40,14 @@ from vpsshop.hypervisor import (
     ServerSpec,
     check_address_range,
 )
+from vpsshop.markers import hookimpl
 from vpsshop.rates import RateSource
 from vpsshop.tasks import BackgroundTask
+from vpsshop.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.app import create_app
+    from vpsshop.assembly import build_context
     from vpsshop.cloudinit import compose_user_data, parse_ssh_public_key
     from vpsshop.context import AppContext
     from vpsshop.events import Event
@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _LAZY = {
     "create_app": "vpsshop.app",
+    "build_context": "vpsshop.assembly",
     "AppContext": "vpsshop.context",
     "PluginRecord": "vpsshop.plugin_state",
     "PluginState": "vpsshop.plugin_state",
@@ -113,6 +114,7 @@ __all__ = [
     "ServerHandle",
     "ServerSpec",
     "Settings",
+    "ShopContext",
     "ShopSecrets",
     "StartupError",
     "WatchSet",
@@ -121,6 +123,7 @@ __all__ = [
     "X402Rejected",
     "X402Settlement",
     "__version__",
+    "build_context",
     "check_address_range",
     "compose_user_data",
     "create_app",

@@ -1,29 +1,54 @@
-"""Accounts, API keys and signing in with the login token: the services behind ``/v1/account``,
-``/v1/keys``, ``/v1/login`` and the dashboard's account pages.
+"""Accounts and API keys: creating an account, reading it, minting, listing and revoking keys, and
+authenticating a request's key.
 
-Both the API endpoints (:mod:`vpsshop.api.accounts`) and the dashboard call these functions; they
-are synchronous (the database), so async callers run them in the thread pool.
+The Account and API key resources are defined here once: the API answers them and the
+``account.*`` and ``api_key.*`` events carry them. Signing in with the login token is
+:mod:`vpsshop.signin`; two-factor sign-in :mod:`vpsshop.twofactor`.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
+from anyio import to_thread
 from pydantic import BaseModel, Field
-from sqlmodel import select
+from sqlmodel import Session, col, select
 
-from vpsshop import events, twofactor
-from vpsshop.auth import login_token_selector, new_api_key, new_login_token, verify_login_token
-from vpsshop.context import AppContext
+import vpsshop.events as events
+from vpsshop import limits
+from vpsshop.actors import AccountSummary, Customer
+from vpsshop.auth import api_key_digester, new_api_key, new_login_token, parse_bearer
+from vpsshop.context import AppContext, StateKey
 from vpsshop.db import touch_account
-from vpsshop.errors import ApiError, NotFound, Unauthorized
-from vpsshop.events.resources import account_data, api_key_data
-from vpsshop.models import Account, ApiKey, LedgerEntry, Server
+from vpsshop.errors import NotFound, Unauthorized
+from vpsshop.inputs import LABEL_PATTERN, Input
+from vpsshop.models import Account, ApiKey, Server
 from vpsshop.money import UsdAmount, micros_to_usd
-from vpsshop.ratelimit import RateLimited, Rule, limiter_for
 
-INVALID_TOKEN = "The login token is not valid."
+__all__ = [
+    "AccountCreated",
+    "AccountOut",
+    "ApiKeyCreated",
+    "ApiKeyList",
+    "ApiKeyOut",
+    "ApiKeyRevoked",
+    "Authenticator",
+    "MissingCredential",
+    "NewKeyInput",
+    "authenticator",
+    "create_account",
+    "create_key",
+    "customer_of",
+    "get_account",
+    "list_keys",
+    "revoke_key",
+]
+
+
+# ---- the resources -------------------------------------------------------------------------------
 
 
 class AccountOut(BaseModel):
@@ -54,10 +79,13 @@ class AccountCreated(BaseModel):
 
 
 class ApiKeyOut(BaseModel):
+    """An API key as the account sees it: never the key itself, which is stored only as a hash."""
+
     id: int
     prefix: str = Field(description="First characters of the key, to tell keys apart.")
     name: str | None
     created_at: datetime
+    revoked_at: datetime | None = Field(None, description="When it was revoked (null while it works).")
 
 
 class ApiKeyList(BaseModel):
@@ -68,196 +96,251 @@ class ApiKeyCreated(ApiKeyOut):
     api_key: str = Field(description="The full key. Shown once; stored only as a hash.")
 
 
-class ApiKeyRevoked(BaseModel):
-    id: int
-    prefix: str
+class ApiKeyRevoked(ApiKeyOut):
     revoked: bool = True
-    revoked_at: datetime
 
 
-class LedgerEntryOut(BaseModel):
-    """One change of the balance, as the dashboard lists it."""
-
-    id: int
-    amount_usd: UsdAmount
-    balance_after_usd: UsdAmount
-    reason: str
-    ref: str | None
-    memo: str | None
-    created_at: datetime
+def key_out(key: ApiKey) -> ApiKeyOut:
+    assert key.id is not None
+    return ApiKeyOut(id=key.id, prefix=key.prefix, name=key.name, created_at=key.created_at, revoked_at=key.revoked_at)
 
 
-def create_account(ctx: AppContext) -> AccountCreated:
+def account_out(account_id: int, summary: AccountSummary) -> AccountOut:
+    # Every value comes typed from the database read: built without validation (the hot path).
+    return AccountOut.model_construct(
+        user_id=account_id,
+        balance_usd=micros_to_usd(summary.balance_micros),
+        currency="USD",
+        servers=summary.servers,
+        totp_enabled=summary.totp_enabled,
+        created_at=summary.created_at,
+    )
+
+
+def _live_servers(session: Session, account_id: int) -> int:
+    count = session.execute(
+        select(sa.func.count())
+        .select_from(Server)
+        .where(Server.account_id == account_id, Server.status != "terminated")
+    ).scalar()
+    return int(count or 0)
+
+
+def read_summary(session: Session, account_id: int) -> AccountSummary:
+    """The account's summary read in ``session``. :raises NotFound: no such account."""
+    account = session.get(Account, account_id, populate_existing=True)
+    if account is None:
+        raise NotFound("account")
+    return AccountSummary(
+        account.balance_micros, account.totp_enabled, account.created_at, _live_servers(session, account_id)
+    )
+
+
+def account_event(session: Session, account_id: int) -> AccountOut:
+    """The account as an event carries it, read in the transaction that changed it."""
+    session.flush()
+    return account_out(account_id, read_summary(session, account_id))
+
+
+# ---- authenticating a request's key ---------------------------------------------------------------
+
+
+class MissingCredential(Unauthorized):
+    """The request carries no API key at all (not a wrong one: not counted as a failed key)."""
+
+
+# One indexed read per request authenticates and gives the account summary GET /v1/account shows.
+_AUTH_SQL = (
+    "SELECT k.id, a.id, a.balance_micros, a.totp_enabled, a.created_at, "
+    "(SELECT count(*) FROM servers s WHERE s.account_id = a.id AND s.status != 'terminated') "
+    "FROM api_keys k JOIN accounts a ON a.id = k.account_id WHERE k.key_hash = :digest AND k.revoked_at IS NULL"
+)
+
+
+class Authenticator:
+    """Finds the customer of an API key (``Authorization: Bearer vpsk_...``): one indexed read that
+    also gives the account's summary. A revoked key is refused from the next request on."""
+
+    MAX_REMEMBERED = 4096
+
+    def __init__(self, ctx: AppContext) -> None:
+        self.db = ctx.db
+        self.digest: Callable[[str], str] = api_key_digester(ctx.settings.secret_key_bytes())
+        self._customers: dict[tuple[Any, ...], Customer] = {}
+        """Rows already turned into a :class:`Customer`, keyed by the row's values (so never staler
+        than the read): parsing the timestamp every time was a tenth of the hot path's own work."""
+
+    async def customer(self, authorization: str | None) -> Customer:
+        """The customer of an ``Authorization`` header's value.
+
+        :raises MissingCredential: no header; :raises Unauthorized: not a key, unknown or revoked.
+        """
+        if authorization is None:
+            raise MissingCredential()
+        key = parse_bearer(authorization)
+        if key is None:
+            raise Unauthorized()
+        hashed = self.digest(key)
+        row = await self.db.fetch_one(_AUTH_SQL, {"digest": hashed}, cache_key=hashed)
+        if row is None:
+            raise Unauthorized("The API key is unknown or revoked.")
+        customer = self._customers.get(row)
+        if customer is None:
+            if len(self._customers) >= self.MAX_REMEMBERED:
+                self._customers.clear()
+            summary = AccountSummary(row[2], bool(row[3]), as_utc(row[4]), row[5])
+            customer = self._customers[row] = Customer(row[1], row[0], summary)
+        return customer
+
+
+_AUTHENTICATOR = StateKey[Authenticator]("authenticator")
+
+
+def authenticator(ctx: AppContext) -> Authenticator:
+    """The shop's :class:`Authenticator` (one per context)."""
+    return ctx.state(_AUTHENTICATOR, Authenticator)
+
+
+def as_utc(value: Any) -> datetime:
+    """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+async def customer_of(ctx: AppContext, account_id: int) -> Customer:
+    """The customer of an account known by id (a dashboard session's), with its summary read now."""
+
+    def read() -> Customer:
+        with ctx.db.session() as session:
+            return Customer(account_id, None, read_summary(session, account_id))
+
+    return await to_thread.run_sync(read)
+
+
+# ---- operations ------------------------------------------------------------------------------------
+
+
+class NewKeyInput(Input):
+    """Body of ``POST /keys``: optional."""
+
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=LABEL_PATTERN,
+        description="A label for the key: no control, format or bidirectional-override characters.",
+    )
+
+
+async def create_account(ctx: AppContext, *, client: str) -> AccountCreated:
     """A new account with a zero balance, its first API key and its login token (both stored as keyed
-    digests: no slow hash, so creating an account costs a few writes and no memory to speak of)."""
-    key = new_api_key(ctx.settings.secret_key_bytes())
-    token = new_login_token(ctx.settings.secret_key_bytes())
-    now = ctx.clock.now()
-    with ctx.db.session() as session:
-        account = Account(login_selector=token.selector, login_hash=token.hash, created_at=now)
-        session.add(account)
-        session.flush()
-        assert account.id is not None
-        api_key = ApiKey(account_id=account.id, key_hash=key.digest, prefix=key.prefix, name="default", created_at=now)
-        session.add(api_key)
-        session.flush()
-        assert api_key.id is not None
-        events.emit(session, "account.created", account.id, account_data(account.id, now), now=now)
-        events.emit(session, "api_key.created", account.id, api_key_data(api_key), now=now)
-        return AccountCreated(
-            user_id=account.id,
-            api_key=key.value,
-            key_id=api_key.id,
-            login_token=token.value,
-            balance_usd=micros_to_usd(0),
-            created_at=now,
-        )
+    digests: no slow hash, so creating an account costs a few writes and no memory to speak of).
+
+    :raises RateLimited: too many accounts from ``client`` (its address) in the window.
+    """
+
+    def create() -> AccountCreated:
+        limits.signup(ctx, client)
+        key = new_api_key(ctx.settings.secret_key_bytes())
+        token = new_login_token(ctx.settings.secret_key_bytes())
+        now = ctx.clock.now()
+        with ctx.db.session() as session:
+            account = Account(login_selector=token.selector, login_hash=token.hash, created_at=now)
+            session.add(account)
+            session.flush()
+            assert account.id is not None
+            api_key = ApiKey(
+                account_id=account.id, key_hash=key.digest, prefix=key.prefix, name="default", created_at=now
+            )
+            session.add(api_key)
+            session.flush()
+            assert api_key.id is not None
+            summary = AccountSummary(0, False, now, 0)
+            events.emit(session, "account.created", account.id, account_out(account.id, summary), now=now)
+            events.emit(session, "api_key.created", account.id, key_out(api_key), now=now)
+            return AccountCreated(
+                user_id=account.id,
+                api_key=key.value,
+                key_id=api_key.id,
+                login_token=token.value,
+                balance_usd=micros_to_usd(0),
+                created_at=now,
+            )
+
+    return await to_thread.run_sync(create)
 
 
-def get_account(ctx: AppContext, account_id: int) -> AccountOut:
-    """The Account of ``GET /v1/account``, read for one account (the API reads it at authentication)."""
-    with ctx.db.session() as session:
-        account = session.get(Account, account_id)
-        if account is None:
-            raise NotFound("account")
-        servers = session.execute(
-            select(sa.func.count())
-            .select_from(Server)
-            .where(Server.account_id == account_id, Server.status != "terminated")
-        ).scalar()
-        return AccountOut(
-            user_id=account_id,
-            balance_usd=micros_to_usd(account.balance_micros),
-            servers=int(servers or 0),
-            totp_enabled=account.totp_enabled,
-            created_at=account.created_at,
-        )
+async def get_account(ctx: AppContext, customer: Customer) -> AccountOut:
+    """The account as authentication read it (no further read), or read now."""
+    if customer.summary is not None:
+        return account_out(customer.account_id, customer.summary)
+    fresh = await customer_of(ctx, customer.account_id)
+    assert fresh.summary is not None
+    return account_out(customer.account_id, fresh.summary)
 
 
-def list_keys(ctx: AppContext, account_id: int) -> ApiKeyList:
-    with ctx.db.session() as session:
-        rows = session.exec(
-            select(ApiKey).where(ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None)).order_by(ApiKey.id)  # type: ignore[union-attr]
-        ).all()
-        return ApiKeyList(
-            keys=[
-                ApiKeyOut(id=k.id, prefix=k.prefix, name=k.name, created_at=k.created_at)  # type: ignore[arg-type]
-                for k in rows
-            ]
-        )
+async def list_keys(ctx: AppContext, customer: Customer) -> ApiKeyList:
+    """The account's active keys, oldest first."""
+
+    def read() -> ApiKeyList:
+        with ctx.db.session() as session:
+            rows = session.exec(
+                select(ApiKey)
+                .where(ApiKey.account_id == customer.account_id, col(ApiKey.revoked_at).is_(None))
+                .order_by(col(ApiKey.id))
+            ).all()
+            return ApiKeyList(keys=[key_out(k) for k in rows])
+
+    return await to_thread.run_sync(read)
 
 
 def mint_key(ctx: AppContext, account_id: int, name: str | None) -> ApiKeyCreated:
+    """A new key of ``account_id`` (the full key is in the answer only), with its event."""
     key = new_api_key(ctx.settings.secret_key_bytes())
     now = ctx.clock.now()
     with ctx.db.session() as session:
         row = ApiKey(account_id=account_id, key_hash=key.digest, prefix=key.prefix, name=name, created_at=now)
         session.add(row)
         session.flush()
-        assert row.id is not None
-        events.emit(session, "api_key.created", account_id, api_key_data(row), now=now)
-        return ApiKeyCreated(id=row.id, prefix=key.prefix, name=name, created_at=now, api_key=key.value)
+        created = ApiKeyCreated(**key_out(row).model_dump(), api_key=key.value)
+        events.emit(session, "api_key.created", account_id, key_out(row), now=now)
+        return created
 
 
-def revoke_key(ctx: AppContext, account_id: int, key_id: int) -> ApiKeyRevoked:
-    """:raises NotFound: no active key ``key_id`` on this account."""
-    now = ctx.clock.now()
-    with ctx.db.session() as session:
-        key = session.exec(
-            select(ApiKey).where(ApiKey.id == key_id, ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None))  # type: ignore[union-attr]
-        ).first()
-        if key is None:
-            raise NotFound("API key")
-        key.revoked_at = now
-        session.add(key)
-        events.emit(session, "api_key.revoked", account_id, api_key_data(key), now=now)
-        touch_account(session, account_id)  # this process forgets the key before it answers
-        return ApiKeyRevoked(id=key_id, prefix=key.prefix, revoked_at=now)
+async def create_key(ctx: AppContext, customer: Customer, data: NewKeyInput) -> ApiKeyCreated:
+    """Mint an API key for the account. :raises RateLimited: the account's write limit."""
+
+    def mint() -> ApiKeyCreated:
+        limits.count_write(ctx, customer.account_id)
+        return mint_key(ctx, customer.account_id, data.name)
+
+    return await to_thread.run_sync(mint)
 
 
-def ledger_entries(ctx: AppContext, account_id: int, limit: int = 20) -> list[LedgerEntryOut]:
-    """The account's newest balance changes, newest first."""
-    with ctx.db.session() as session:
-        rows = session.exec(
-            select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.id.desc()).limit(limit)
-        ).all()  # type: ignore[union-attr]
-        return [
-            LedgerEntryOut(
-                id=e.id,
-                amount_usd=micros_to_usd(e.amount_micros),  # type: ignore[arg-type]
-                balance_after_usd=micros_to_usd(e.balance_after_micros),
-                reason=e.reason,
-                ref=e.ref,
-                memo=e.memo,
-                created_at=e.created_at,
-            )
-            for e in rows
-        ]
+async def revoke_key(ctx: AppContext, customer: Customer, key_id: int) -> ApiKeyRevoked:
+    """Revoke one of the account's active keys: refused from the next request on.
 
-
-# ---- signing in with the login token -------------------------------------------------------------
-
-
-def client_rule(ctx: AppContext) -> Rule:
-    limits = ctx.settings.signin
-    return Rule("signin-failures", limits.failures_per_client, limits.client_window_seconds)
-
-
-def check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, bool]:
-    """The account of a login token and whether it has two-factor on.
-
-    Failed attempts are counted per client address (``[signin]`` settings); over the limit every
-    attempt from that address is refused until the window ends, before any hash is computed. An
-    attempt is counted before it is checked and given back when it succeeds, so attempts sent
-    together cannot slip past the limit.
-
-    :raises Unauthorized: the token is not valid.
-    :raises RateLimited: too many failed sign-ins from ``client``.
+    :raises NotFound: no active key ``key_id`` on this account.
     """
-    limiter, rule = limiter_for(ctx), client_rule(ctx)
-    decision = limiter.hit(rule, client)
-    if not decision.allowed:
-        raise RateLimited("Too many failed sign-ins from your address.", decision.retry_after)
-    selector = login_token_selector(token)
-    account = None
-    if selector is not None:
+
+    def revoke() -> ApiKeyRevoked:
+        limits.count_write(ctx, customer.account_id)
+        now = ctx.clock.now()
         with ctx.db.session() as session:
-            account = session.exec(select(Account).where(Account.login_selector == selector)).first()
-    check = verify_login_token(ctx.settings.secret_key_bytes(), account.login_hash, token) if account else None
-    if account is None or check is None or not check.ok:
-        raise Unauthorized(INVALID_TOKEN)
-    if check.upgrade is not None:  # stored as argon2id by an earlier version: keep the fast digest from now on
-        with ctx.db.session() as session:
-            session.execute(
-                sa.update(Account)
-                .where(Account.id == account.id, Account.login_hash == account.login_hash)
-                .values(login_hash=check.upgrade)
-            )
-    limiter.refund(rule, client)
-    assert account.id is not None
-    return account.id, account.totp_enabled
+            key = session.exec(
+                select(ApiKey).where(
+                    ApiKey.id == key_id, ApiKey.account_id == customer.account_id, col(ApiKey.revoked_at).is_(None)
+                )
+            ).first()
+            if key is None:
+                raise NotFound("API key")
+            key.revoked_at = now
+            session.add(key)
+            events.emit(session, "api_key.revoked", customer.account_id, key_out(key), now=now)
+            touch_account(session, customer.account_id)  # this process forgets the key before it answers
+            return ApiKeyRevoked(**key_out(key).model_dump())
 
-
-def check_second_factor(ctx: AppContext, account_id: int, code: str | None, client: str) -> None:
-    """:func:`vpsshop.twofactor.verify`, a failure also counted against the client address."""
-    try:
-        twofactor.verify(ctx, account_id, code)
-    except twofactor.InvalidCode:
-        limiter_for(ctx).hit(client_rule(ctx), client)
-        raise
-
-
-def login(ctx: AppContext, token: str, totp_code: str | None, client: str) -> ApiKeyCreated:
-    """``POST /v1/login``: a new API key named "dashboard" for the login token, and the two-factor
-    code when the account has two-factor on (401 ``totp_required`` without it)."""
-    account_id, totp_enabled = check_login_token(ctx, token, client)
-    if totp_enabled:
-        if totp_code is None or not totp_code.strip():
-            raise ApiError(
-                401,
-                "totp_required",
-                "This account has two-factor sign-in: send totp_code, the "
-                "current code of the authenticator app (or a recovery code).",
-            )
-        check_second_factor(ctx, account_id, totp_code, client)
-    return mint_key(ctx, account_id, "dashboard")
+    return await to_thread.run_sync(revoke)

@@ -1,4 +1,5 @@
-"""The operator's support tools behind ``vpsshop admin ...``.
+"""The operator's support tools behind ``vpsshop admin ...``: each takes the :class:`~vpsshop.actors.Operator`
+who acts, recorded with the change.
 
 Every change goes through the ledger (:func:`vpsshop.ledger.post`) or the job queue
 (:func:`vpsshop.servers.lifecycle.enqueue`), in the same transaction as its row of the
@@ -20,16 +21,16 @@ Money handed back:
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlmodel import Session, select
 
-from vpsshop import events, ledger
+import vpsshop.events as events
+import vpsshop.ledger as ledger
+from vpsshop.actors import Operator
 from vpsshop.models import AdminAudit, LedgerEntry, Server, utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,18 +41,9 @@ class AdminError(Exception):
     """The action cannot be done; the message says why."""
 
 
-def actor() -> str:
-    """The operating-system user running the command; through ``sudo -u vpsshop``, the person too."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in this environment
-        user = "unknown"
-    by = os.environ.get("SUDO_USER", "")
-    return (f"{by} (as {user})" if by and by != user else user)[:64]
-
-
 def audit(
     session: Session,
+    operator: Operator,
     action: str,
     target: str,
     reason: str,
@@ -61,7 +53,7 @@ def audit(
     session.add(
         AdminAudit(
             created_at=now or utcnow(),
-            actor=actor(),
+            actor=operator.name[:64],
             action=action,
             target=target[:100],
             reason=reason[:500],
@@ -169,7 +161,7 @@ def lookup(ctx: AppContext, query: str) -> dict[str, Any]:
 # ---- balances --------------------------------------------------------------------------------------
 
 
-def adjust_balance(ctx: AppContext, account_id: int, micros: int, reason: str) -> ledger.Posting:
+def adjust_balance(ctx: AppContext, operator: Operator, account_id: int, micros: int, reason: str) -> ledger.Posting:
     """Credit (``micros`` > 0) or debit through the ledger, with its audit entry."""
     reason = _need_reason(reason)
     kind = "admin_credit" if micros > 0 else "admin_debit"
@@ -178,7 +170,7 @@ def adjust_balance(ctx: AppContext, account_id: int, micros: int, reason: str) -
             posting = ledger.post(session, account_id, micros, kind, memo=reason[:500])
         except LookupError:
             raise AdminError(f"no account {account_id}") from None
-        audit(session, kind, f"account:{account_id}", reason, {"amount_micros": micros})
+        audit(session, operator, kind, f"account:{account_id}", reason, {"amount_micros": micros})
     return posting
 
 
@@ -231,16 +223,18 @@ def charged_micros(session: Session, server_id: int) -> int:
     return max(0, paid - by_reason.get("refund", 0))
 
 
-def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, *, refund_unused: bool = False) -> str:
+def set_server_state(
+    ctx: AppContext, operator: Operator, server_id: int, action: str, reason: str, *, refund_unused: bool = False
+) -> str:
     """``suspend``, ``unsuspend`` or ``terminate`` a server through the job queue.
 
     :param refund_unused: with ``terminate``, credit the unused prepaid time to the balance (ledger
         ``refund``, at most what was charged for the server, once) in the same transaction; a server
         still provisioning gets its whole order back (see the module docstring).
     """
-    from vpsshop.events.resources import server_data
     from vpsshop.servers.jobs import abandon_provisioning, cancel_queued_provisioning
     from vpsshop.servers.lifecycle import enqueue, record
+    from vpsshop.servers.resource import server_event
 
     reason = _need_reason(reason)
     now = ctx.clock.now()
@@ -280,7 +274,15 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
             )
             if refunded is None:
                 raise AdminError(f"server {server_id} changed meanwhile: try again")
-            audit(session, "refund", f"server:{server_id}", reason, {"was": was, "refunded_micros": refunded}, now=now)
+            audit(
+                session,
+                operator,
+                "refund",
+                f"server:{server_id}",
+                reason,
+                {"was": was, "refunded_micros": refunded},
+                now=now,
+            )
             return (
                 f"server {server_id}: was provisioning: terminated, its order refunded "
                 f"({refunded / 1_000_000:.6f} USD), clean-up queued"
@@ -297,7 +299,7 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
         if action == "terminate":  # a provisioning job still waiting has nothing left to do
             cancel_queued_provisioning(session, server_id, now, f"server terminated: {reason}")
         job = enqueue(session, server_id, job_kind, now)
-        events.emit(session, event, server.account_id, server_data(session, server_id), now=now)
+        events.emit(session, event, server.account_id, server_event(session, server_id), now=now)
         if refunded > 0:
             posting = ledger.post(
                 session,
@@ -312,7 +314,7 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
             refunded = posting.entry.amount_micros if posting.created else 0
             record(session, server_id, "refunded", now, str(refunded))
         detail = {"was": was, "job_id": job.id, "refunded_micros": refunded}
-        audit(session, audited, f"server:{server_id}", reason, detail, now=now)
+        audit(session, operator, audited, f"server:{server_id}", reason, detail, now=now)
     done = f"server {server_id}: {action} done, job {job.id} ({job_kind}) queued"
     if refund_unused:
         done += f"; refunded {refunded / 1_000_000:.6f} USD of unused prepaid time"
@@ -322,7 +324,7 @@ def set_server_state(ctx: AppContext, server_id: int, action: str, reason: str, 
 # ---- jobs ------------------------------------------------------------------------------------------
 
 
-def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
+def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, reason: str) -> str:
     """``retry`` a failed or stuck job (queued again, now, with a fresh set of attempts) or ``cancel`` a
     queued or failed one. Cancelling a provisioning job terminates its server and refunds the order.
 
@@ -385,7 +387,7 @@ def job_action(ctx: AppContext, job_id: int, action: str, reason: str) -> str:
                     f"; server {server_id} terminated and its order refunded ({refunded / 1_000_000:.6f} USD), "
                     "clean-up queued"
                 )
-        audit(session, f"{action}_job", f"job:{job_id}", reason, detail, now=now)
+        audit(session, operator, f"{action}_job", f"job:{job_id}", reason, detail, now=now)
     return done
 
 
@@ -469,7 +471,9 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
 # ---- re-scanning blocks ----------------------------------------------------------------------------
 
 
-async def rescan(ctx: AppContext, coin_code: str, from_height: int, to_height: int | None, reason: str) -> str:
+async def rescan(
+    ctx: AppContext, operator: Operator, coin_code: str, from_height: int, to_height: int | None, reason: str
+) -> str:
     """Scan blocks ``from_height`` .. ``to_height`` (default: the node's tip) again for the scan group of
     ``coin_code``, record what they pay to the shop's deposit addresses, then run one ordinary watcher
     pass of the group (recheck, credit what has its confirmations).
@@ -544,7 +548,7 @@ async def rescan(ctx: AppContext, coin_code: str, from_height: int, to_height: i
 
     def write_audit() -> None:
         with ctx.db.session() as session:
-            audit(session, "rescan", f"scan_group:{group}", reason, detail)
+            audit(session, operator, "rescan", f"scan_group:{group}", reason, detail)
 
     await to_thread.run_sync(write_audit)
     return (

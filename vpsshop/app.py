@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -21,18 +20,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vpsshop import metrics
 from vpsshop.accesslog import AccessLog, AccessLogWriter
-from vpsshop.api import core_routes, llms
+from vpsshop.api import core_routes, llms, x402
+from vpsshop.api.console import websocket_route as console_websocket_route
+from vpsshop.api.events import openapi_webhooks
+from vpsshop.api.spec import SPEC, ApiSpec
+from vpsshop.assembly import build_context
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
 from vpsshop.db import UNAVAILABLE_ERRORS
 from vpsshop.db import unavailable as database_unavailable
 from vpsshop.errors import ApiError, PluginError, StartupError
-from vpsshop.events.api import openapi_webhooks
 from vpsshop.logs import configure_logging
-from vpsshop.openapi import InsufficientBalanceBody, build_openapi
+from vpsshop.mcp.server import PATH as MCP_PATH
+from vpsshop.mcp.server import McpEndpoint
+from vpsshop.openapi import InsufficientBalanceBody, build_openapi, catalog_ids
 from vpsshop.routing import ApiRoute, ApiRouter, json_response, to_starlette_routes
-from vpsshop.servers.console import websocket_route as console_websocket_route
 from vpsshop.settings import Settings, load_settings
 from vpsshop.tasks import TaskRunner
 
@@ -64,37 +67,28 @@ def create_app(
     configure_logging(settings)
     if settings.metrics.enabled:
         metrics.configure(settings)
-    ctx = AppContext.build(settings, pm=pm, clock=clock)
+    ctx = build_context(settings, pm=pm, clock=clock)
     routes = list(core_routes())
     for plugin_routes in ctx.pm.hook.vpsshop_routes(ctx=ctx):
         routes.extend(plugin_routes or ())
     _check_unique(routes)
-    catalog_ids = {
-        kind: [item.id for item in getattr(ctx.catalog_data, kind)]
-        for kind in ("plans", "locations", "operating_systems")
-    }
-    # A location the hypervisor does not serve is not orderable: the request bodies' enum leaves it out
-    # (unless none is served, a start-up problem: then the enum stays whole rather than empty).
-    unserved = set(unserved_locations(ctx))
-    served = [loc for loc in catalog_ids["locations"] if loc not in unserved]
-    catalog_ids["locations"] = served or catalog_ids["locations"]
-    catalog_ids["coins"] = list(ctx.coins)
+    # A location the hypervisor does not serve is not orderable: the request bodies' enum leaves it out.
     event_models, webhooks = openapi_webhooks()
     openapi = build_openapi(
-        routes, extra_models=[InsufficientBalanceBody, *event_models], catalog_ids=catalog_ids, webhooks=webhooks
+        routes, extra_models=[InsufficientBalanceBody, *event_models], catalog_ids=catalog_ids(ctx), webhooks=webhooks
     )
-    ctx.openapi = openapi
-    ctx.openapi_json = json.dumps(openapi, separators=(",", ":")).encode()
-    ctx.routes = routes
+    ctx.put(SPEC, ApiSpec.of(routes, openapi))
     run_background = settings.server.background if background is None else background
 
     access_log = AccessLogWriter() if settings.server.access_log else None
+    mcp = McpEndpoint(ctx) if settings.mcp.enabled else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         runner = await start_services(ctx, background=run_background, check=check)
         try:
-            yield
+            async with mcp.running() if mcp is not None else contextlib.nullcontext():
+                yield
         finally:
             await stop_services(ctx, runner)
             if access_log is not None:
@@ -110,9 +104,11 @@ def create_app(
     if settings.metrics.enabled:
         served.append(Route("/metrics", metrics.metrics_endpoint, methods=["GET"], include_in_schema=False))
     served.append(console_websocket_route(BASE_PATH))  # the serial console's WebSocket (ticket-authenticated)
+    if mcp is not None:  # the same operations as MCP tools, for agents (docs/mcp.md)
+        served.append(Route(MCP_PATH, mcp, methods=["GET", "POST", "DELETE"]))
     dashboard = mount_dashboard(ctx)
     if dashboard is not None:
-        served += [dashboard, Route("/", _root, methods=["GET", "HEAD"])]
+        served += [dashboard.mount, Route("/", _root, methods=["GET", "HEAD"])]
     app = Starlette(
         middleware=middleware,
         exception_handlers={
@@ -128,6 +124,7 @@ def create_app(
     # (GET /v1/account/ with Host: evil.example would be sent to http://evil.example/v1/account).
     app.router = ApiRouter(served, lifespan=lifespan, redirect_slashes=False)
     app.state.ctx = ctx
+    app.state.dashboard = dashboard.pages if dashboard is not None else None
     return app
 
 
@@ -240,9 +237,9 @@ BEARER_CHALLENGE = 'Bearer realm="vpsshop"'
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    headers = exc.headers
+    headers = {**exc.headers, **x402.error_headers(request.app.state.ctx, exc)}
     if exc.status == 401 and "WWW-Authenticate" not in headers:
-        headers = {**headers, "WWW-Authenticate": BEARER_CHALLENGE}
+        headers["WWW-Authenticate"] = BEARER_CHALLENGE
     return json_response(exc.body(), exc.status, headers or None)
 
 
@@ -252,7 +249,7 @@ def _wants_html(request: Request) -> bool:
 
 async def _root(request: Request) -> Response:
     """``/``: a browser goes to the dashboard; anything else is told where the API is (404)."""
-    dash = request.app.state.ctx.dashboard
+    dash = request.app.state.dashboard
     if dash is not None and _wants_html(request):
         return RedirectResponse(f"{dash.base}/", 303)
     raise HTTPException(404)
@@ -262,7 +259,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     path = request.url.path
-    dash = request.app.state.ctx.dashboard
+    dash = request.app.state.dashboard
     in_api = path == BASE_PATH or path.startswith(BASE_PATH + "/")
     if dash is not None and not in_api and (path.startswith(dash.base + "/") or _wants_html(request)):
         return dash.http_error_page(request, exc.status_code)

@@ -16,12 +16,13 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vpsshop import __version__
 from vpsshop.errors import StartupError
 from vpsshop.logs import CLI_HANDLER_NAME
 from vpsshop.settings import Settings, load_settings
+from vpsshop.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.actors import Operator
     from vpsshop.context import AppContext
 
 BANNER_RULE = "=" * 78
@@ -95,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vpsshop import metrics
     from vpsshop.app import PREFLIGHT_DONE_ENV, create_app
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
     from vpsshop.httpserver import http_protocol
     from vpsshop.logs import configure_logging, uvicorn_log_config
 
@@ -115,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics.configure(settings)
     # Check once, here, before any worker starts: a component that cannot work stops start-up with
     # its remedy (production), the schema is migrated once, and the sandbox banner shows what loaded.
-    problems, rows = asyncio.run(_start_checks(AppContext.build(settings)))
+    problems, rows = asyncio.run(_start_checks(build_context(settings)))
     if settings.sandbox:
         dashboard = f"http://{host}:{port}{settings.dashboard.path}/" if settings.dashboard.enabled else "off"
         print(
@@ -168,14 +169,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Run the background tasks without serving HTTP."""
     from vpsshop import metrics
     from vpsshop.app import start_services, stop_services
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
     from vpsshop.logs import configure_logging
 
     settings = _settings(args)
     configure_logging(settings)
     if settings.metrics.enabled:
         metrics.configure(settings)
-    ctx = AppContext.build(settings)
+    ctx = build_context(settings)
 
     async def run() -> None:
         runner = await start_services(ctx, background=True)
@@ -205,11 +206,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
     from vpsshop.plugins import describe_plugins
 
     settings = _settings(args)
-    ctx = AppContext.build(settings)
+    ctx = build_context(settings)
     rows = describe_plugins(ctx.pm)
     provides: dict[str, list[str]] = {}
     for kind, registered in ctx.registered.items():
@@ -229,9 +230,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_admin_credit(args: argparse.Namespace) -> int:
-    from vpsshop import ledger
-    from vpsshop.admin import audit
-    from vpsshop.db import Database
+    from vpsshop import admin
+    from vpsshop.actors import Operator
     from vpsshop.money import micros_to_usd, usd_to_micros
 
     try:
@@ -246,18 +246,14 @@ def cmd_admin_credit(args: argparse.Namespace) -> int:
     if not args.reason.strip():
         print("error: --reason must say why", file=sys.stderr)
         return 2
-    settings = _existing_shop_settings(args)
-    db = Database(settings.database_url)
-    db.migrate()
+    ctx = _admin_ctx(args)
     try:
-        with db.session() as session:
-            posting = ledger.post(session, args.user_id, micros, "admin_credit", memo=args.reason.strip()[:500])
-            audit(session, "admin_credit", f"account:{args.user_id}", args.reason.strip(), {"amount_micros": micros})
-    except LookupError:
-        print(f"error: no account {args.user_id}", file=sys.stderr)
+        posting = admin.adjust_balance(ctx, Operator.from_environment(), args.user_id, micros, args.reason)
+    except admin.AdminError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        db.dispose()
+        ctx.db.dispose()
     entry = posting.entry
     print(
         f"credited {micros_to_usd(micros)} USD to account {args.user_id} "
@@ -347,9 +343,9 @@ def _existing_shop_settings(args: argparse.Namespace) -> Settings:
 
 
 def _admin_ctx(args: argparse.Namespace) -> AppContext:
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
 
-    ctx = AppContext.build(_existing_shop_settings(args))
+    ctx = build_context(_existing_shop_settings(args))
     ctx.db.migrate()
     return ctx
 
@@ -367,6 +363,7 @@ def _usd_micros(text: str) -> int | None:
 def cmd_admin(args: argparse.Namespace) -> int:
     """``vpsshop admin lookup|debit|suspend|unsuspend|terminate|refund|retry-job|cancel-job|stuck|rescan|audit``."""
     from vpsshop import admin
+    from vpsshop.actors import Operator
 
     command = args.admin_command
     if command == "debit":
@@ -375,24 +372,25 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(f"error: AMOUNT must be a positive USD amount like 25 or 12.50, not {args.amount!r}", file=sys.stderr)
             return 2
     ctx = _admin_ctx(args)
+    operator = Operator.from_environment()
     try:
         if command == "lookup":
             print(json.dumps(admin.lookup(ctx, args.query), indent=2, default=str))
         elif command == "debit":
             from vpsshop.money import micros_to_usd
 
-            posting = admin.adjust_balance(ctx, args.user_id, -micros, args.reason)
+            posting = admin.adjust_balance(ctx, operator, args.user_id, -micros, args.reason)
             print(f"debited account {args.user_id}: balance {micros_to_usd(posting.entry.balance_after_micros)} USD")
         elif command in ("suspend", "unsuspend", "terminate"):
-            print(admin.set_server_state(ctx, args.server_id, command, args.reason))
+            print(admin.set_server_state(ctx, operator, args.server_id, command, args.reason))
         elif command == "refund":
-            print(admin.set_server_state(ctx, args.server_id, "terminate", args.reason, refund_unused=True))
+            print(admin.set_server_state(ctx, operator, args.server_id, "terminate", args.reason, refund_unused=True))
         elif command in ("retry-job", "cancel-job"):
-            print(admin.job_action(ctx, args.job_id, command.split("-")[0], args.reason))
+            print(admin.job_action(ctx, operator, args.job_id, command.split("-")[0], args.reason))
         elif command == "stuck":
             print(json.dumps(admin.stuck(ctx, args.minutes), indent=2, default=str))
         elif command == "rescan":
-            print(asyncio.run(_rescan(ctx, args)))
+            print(asyncio.run(_rescan(ctx, operator, args)))
         elif command == "audit":
             print(json.dumps(admin.audit_log(ctx, args.limit), indent=2, default=str))
     except admin.AdminError as exc:
@@ -410,27 +408,35 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _rescan(ctx: AppContext, args: argparse.Namespace) -> str:
+async def _rescan(ctx: AppContext, operator: Operator, args: argparse.Namespace) -> str:
     from vpsshop import admin
 
     try:
-        return await admin.rescan(ctx, args.coin, args.from_height, args.to_height, args.reason)
+        return await admin.rescan(ctx, operator, args.coin, args.from_height, args.to_height, args.reason)
     finally:
         await ctx.close()
 
 
 def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
     """Re-encrypt every stored secret with ``encryption_key`` (see vpsshop/encryption.py)."""
+    from vpsshop.actors import Operator
     from vpsshop.admin import audit
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
     from vpsshop.encryption import rotate_stored_secrets
 
-    ctx = AppContext.build(_existing_shop_settings(args))
+    ctx = build_context(_existing_shop_settings(args))
     try:
         ctx.db.migrate()
         counts = rotate_stored_secrets(ctx)
         with ctx.db.session() as session:
-            audit(session, "rotate_keys", "encryption_key", args.reason.strip() or "key rotation", counts)
+            audit(
+                session,
+                Operator.from_environment(),
+                "rotate_keys",
+                "encryption_key",
+                args.reason.strip() or "key rotation",
+                counts,
+            )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -591,15 +597,15 @@ DEFAULT_MCP_API_URL = "http://127.0.0.1:8000/v1"
 def cmd_mcp(args: argparse.Namespace) -> int:
     """Serve the MCP tools; the customer's API key comes from $VPSSHOP_API_KEY (never an argument:
     command lines are visible to every user of the machine)."""
-    from vpsshop import mcpserver
+    from vpsshop.mcp import bridge
 
     api_url = args.api_url or os.environ.get("VPSSHOP_API_URL") or DEFAULT_MCP_API_URL
     api_key = os.environ.get("VPSSHOP_API_KEY") or None
     if api_key is None:
         logging.getLogger("vpsshop.mcp").warning(
-            "VPSSHOP_API_KEY is not set: only the catalog and quotes work (create an account with POST /v1/account)"
+            "VPSSHOP_API_KEY is not set: only get_catalog, create_account and sign_in work"
         )
-    mcpserver.run(api_url, api_key, args.transport, args.host, args.port)
+    bridge.run(api_url, api_key, args.transport, args.host, args.port, mcp_url=args.mcp_url)
     return 0
 
 
@@ -644,15 +650,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = sub.add_parser(
         "mcp",
-        help="an MCP server for AI agents, using a deployment's API with a customer key",
-        description="Serve Model Context Protocol tools (catalog, quote, account, top-ups, "
-        "ordering, server status and power, renewals, credentials) that call a vpsshop "
-        "deployment's HTTP API with the customer's API key. See docs/mcp.md.",
+        help="a deployment's MCP tools over stdio for AI agents, with a customer key",
+        description="Serve a vpsshop deployment's Model Context Protocol tools (every customer operation of "
+        "its API) over stdio, for an agent host that starts a command: each call is relayed to the deployment's "
+        "own MCP server (/mcp) with the customer's API key from $VPSSHOP_API_KEY. See docs/mcp.md.",
     )
     mcp.add_argument(
         "--api-url",
         default=None,
         help=f"the deployment's API base URL ending in /v1 (default: $VPSSHOP_API_URL, else {DEFAULT_MCP_API_URL})",
+    )
+    mcp.add_argument(
+        "--mcp-url",
+        default=None,
+        help="the deployment's MCP endpoint (default: the API base URL's /v1 replaced by /mcp)",
     )
     mcp.add_argument(
         "--transport",

@@ -5,16 +5,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vpsshop.errors import ConfigError, StartupError
+from vpsshop.errors import ConfigError, StartupError, describe_validation_error
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
+    from vpsshop.clock import Clock
+    from vpsshop.db import Database
+
+
+class ShopContext(Protocol):
+    """What a component sees of the shop it is bound to (:meth:`Component.bind`,
+    :class:`vpsshop.PluginState`): its database, its clock, and ``extras``, where plugins keep
+    per-shop state under their own name. The shop's :class:`vpsshop.AppContext` is what core passes;
+    this protocol names the part of it a component may rely on.
+
+    .. versionadded:: 1.1
+    """
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def extras(self) -> dict[str, Any]: ...
 
 
 class NoConfig(BaseModel):
@@ -133,7 +153,7 @@ class Component(Generic[ConfigT]):
             return cls(config, sandbox=sandbox, secrets=secrets)  # type: ignore[call-arg]
         return cls(config, sandbox=sandbox)
 
-    def bind(self, ctx: AppContext) -> None:
+    def bind(self, ctx: ShopContext) -> None:
         """Called by core once the shop's context exists (after every component is built, before
         start-up hooks, before any other method runs), in every process that builds one: each
         ``vpsshop serve`` worker, ``vpsshop worker``, ``vpsshop plugins``. A component that keeps
@@ -161,19 +181,6 @@ class Component(Generic[ConfigT]):
 
     async def close(self) -> None:
         """Release clients and connections. Called once at shutdown. Default: nothing."""
-
-
-def describe_validation_error(exc: ValidationError, where: str) -> str:
-    problems = []
-    for err in exc.errors():
-        name = ".".join(part for part in [where, *(str(p) for p in err["loc"])] if part)
-        if err["type"] == "missing":
-            problems.append(f"missing setting '{name}'")
-        elif err["type"] == "extra_forbidden":
-            problems.append(f"unknown setting '{name}'")
-        else:
-            problems.append(f"invalid setting '{name}': {err['msg']}")
-    return "; ".join(problems)
 
 
 async def require_reachable(url: str, *, setting: str, what: str, timeout: float = 5.0) -> None:

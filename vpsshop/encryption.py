@@ -20,16 +20,11 @@ A new column holding a Fernet token must be added to :data:`ENCRYPTED_COLUMNS`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
-
 
 ENCRYPTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("servers", "id", "root_password_enc"),
@@ -45,22 +40,25 @@ def fernet(ctx: AppContext) -> MultiFernet:
 
     :raises ConfigError: a key is not a Fernet key.
     """
-    cached = ctx.fernet
-    if cached is None:
-        keys = [ctx.settings.encryption_key, *ctx.settings.old_encryption_keys]
-        fernets = []
-        for n, key in enumerate(keys):
-            try:
-                fernets.append(Fernet(key.get_secret_value().encode()))
-            except (ValueError, TypeError):
-                name = "encryption_key" if n == 0 else f"old_encryption_keys[{n - 1}]"
-                raise ConfigError(
-                    f"{name} must be a Fernet key: 32 bytes in url-safe base64 "
-                    "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
-                ) from None
-        cached = MultiFernet(fernets)
-        ctx.fernet = cached
-    return cached
+    return ctx.state(_FERNET, _build_fernet)
+
+
+def _build_fernet(ctx: AppContext) -> MultiFernet:
+    keys = [ctx.settings.encryption_key, *ctx.settings.old_encryption_keys]
+    fernets = []
+    for n, key in enumerate(keys):
+        try:
+            fernets.append(Fernet(key.get_secret_value().encode()))
+        except (ValueError, TypeError):
+            name = "encryption_key" if n == 0 else f"old_encryption_keys[{n - 1}]"
+            raise ConfigError(
+                f"{name} must be a Fernet key: 32 bytes in url-safe base64 "
+                "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
+            ) from None
+    return MultiFernet(fernets)
+
+
+_FERNET = StateKey[MultiFernet]("fernet")
 
 
 def encrypt_text(ctx: AppContext, text: str) -> str:

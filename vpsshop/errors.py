@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 
 class ApiError(Exception):
     """An error answered to the client as ``{"error": code, "message": text, ...}``.
@@ -63,3 +65,17 @@ class PluginError(Exception):
     Plugins raise it (or a subclass) with a message safe to show an operator; core turns it into a
     ``503`` for the client where a request depended on it and never lets it become a ``500``.
     """
+
+
+def describe_validation_error(exc: ValidationError, where: str) -> str:
+    """A settings section's validation errors in words, each naming the setting (``where.field``)."""
+    problems = []
+    for err in exc.errors():
+        name = ".".join(part for part in [where, *(str(p) for p in err["loc"])] if part)
+        if err["type"] == "missing":
+            problems.append(f"missing setting '{name}'")
+        elif err["type"] == "extra_forbidden":
+            problems.append(f"unknown setting '{name}'")
+        else:
+            problems.append(f"invalid setting '{name}': {err['msg']}")
+    return "; ".join(problems)

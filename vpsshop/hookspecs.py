@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import pluggy
+from vpsshop.markers import PROJECT, hookimpl, hookspec
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from vpsshop.catalog import CatalogSource
@@ -28,10 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from vpsshop.routing import ApiRoute
     from vpsshop.tasks import BackgroundTask
 
-PROJECT = "vpsshop"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+__all__ = ["PROJECT", "hookimpl", "hookspec"]  # the markers (vpsshop.markers), and the specs below
 
 
 @hookspec

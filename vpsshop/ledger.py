@@ -14,15 +14,18 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
+from anyio import to_thread
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
-from vpsshop import events
+import vpsshop.events as events
+from vpsshop.actors import Customer
+from vpsshop.context import AppContext
 from vpsshop.db import touch_account
 from vpsshop.errors import ApiError
-from vpsshop.events.resources import ledger_entry_data
 from vpsshop.models import Account, LedgerEntry, utcnow
-from vpsshop.money import micros_to_usd
+from vpsshop.money import UsdAmount, micros_to_usd
 
 REASONS = frozenset(
     {
@@ -36,8 +39,51 @@ REASONS = frozenset(
 )
 
 
+class LedgerEntryOut(BaseModel):
+    """One change of the balance: in the dashboard's list and in ``ledger.credit``/``ledger.debit`` events."""
+
+    id: int
+    amount_usd: UsdAmount = Field(description="Positive for a credit, negative for a debit.")
+    balance_after_usd: UsdAmount
+    reason: str = Field(description="topup, order, renewal, refund, admin_credit or admin_debit.")
+    ref: str | None = Field(description="What it is for: a top-up ref, server:<id>.")
+    memo: str | None = Field(description="A note: the payment credited, the reason of a support credit.")
+    created_at: datetime
+
+
+def entry_out(entry: LedgerEntry) -> LedgerEntryOut:
+    assert entry.id is not None
+    return LedgerEntryOut(
+        id=entry.id,
+        amount_usd=micros_to_usd(entry.amount_micros),
+        balance_after_usd=micros_to_usd(entry.balance_after_micros),
+        reason=entry.reason,
+        ref=entry.ref,
+        memo=entry.memo,
+        created_at=entry.created_at,
+    )
+
+
+async def recent_entries(ctx: AppContext, customer: Customer, limit: int = 20) -> list[LedgerEntryOut]:
+    """The account's newest balance changes, newest first."""
+
+    def read() -> list[LedgerEntryOut]:
+        with ctx.db.session() as session:
+            rows = session.exec(
+                select(LedgerEntry)
+                .where(LedgerEntry.account_id == customer.account_id)
+                .order_by(col(LedgerEntry.id).desc())
+                .limit(limit)
+            ).all()
+            return [entry_out(e) for e in rows]
+
+    return await to_thread.run_sync(read)
+
+
 class InsufficientBalance(ApiError):
-    """A debit larger than the balance. Rendered as the seed's 402 ``insufficient_balance``."""
+    """A debit larger than the balance. Rendered as the seed's 402 ``insufficient_balance``; an operation
+    that can be paid by x402 raises it with the x402 requirements for the deficit
+    (:class:`vpsshop.x402.offers.ShortBalance`)."""
 
     def __init__(self, price_micros: int, balance_micros: int) -> None:
         self.price_micros = price_micros
@@ -120,7 +166,7 @@ def post(
             session,
             "ledger.credit" if amount_micros > 0 else "ledger.debit",
             account_id,
-            ledger_entry_data(entry),
+            entry_out(entry),
             now=entry.created_at,
         )
         if savepoint is not None:

@@ -1,16 +1,18 @@
-"""Rate limits and quotas of the API, in the library (no rate-limiting proxy needed).
+"""Rate limits and quotas of the shop, in the library (no rate-limiting proxy needed).
 
-``[ratelimit]`` sets them; each answer over a limit is ``429 rate_limited`` with ``Retry-After``:
+``[ratelimit]`` sets them; each refusal is ``429 rate_limited`` with ``Retry-After``. The operations
+apply them themselves, so the REST API, the dashboard and the MCP tools count alike:
 
-* **per client address**: ``POST /v1/account`` (``signups_per_client`` per ``signup_window_seconds``)
-  and failed API-key authentications (``auth_failures_per_client`` per
+* **per client address**: creating an account (``signups_per_client`` per ``signup_window_seconds``,
+  :func:`signup`) and failed API-key authentications (``auth_failures_per_client`` per
   ``auth_failure_window_seconds``; once over, that address's requests with an API key are refused
-  until the window ends). ``POST /v1/login`` has its own limit on failed sign-ins (``[signin]``).
-  The client address is the TCP peer, or ``X-Forwarded-For`` when the peer is one of
-  ``[server] forwarded_allow_ips`` (uvicorn rewrites the peer; nothing else reads the header).
-* **per account**: every authenticated write (``POST``, ``PUT``, ``PATCH``, ``DELETE``: top-ups,
-  orders, key mints, power actions) counts against ``writes_per_account`` per
-  ``write_window_seconds``;
+  until the window ends: :func:`auth_blocked`, :func:`auth_failed`). Signing in with the login token
+  has its own limit on failed sign-ins (``[signin]``, :mod:`vpsshop.accounts`). The client address
+  is the TCP peer, or ``X-Forwarded-For`` when the peer is one of ``[server] forwarded_allow_ips``
+  (uvicorn rewrites the peer; nothing else reads the header).
+* **per account**: every operation that changes something (top-ups, orders, renewals, key mints,
+  power actions, reinstalls, console tickets, SSH keys, webhooks) and every quote counts against
+  ``writes_per_account`` per ``write_window_seconds`` (:func:`count_write`);
 * **quotas**: an account may hold at most ``max_servers_per_account`` servers that are not
   terminated and ``max_open_topups_per_account`` pending top-ups; the order or top-up past it is
   refused (``Retry-After`` is then a hint: the quota frees when a server ends or a top-up closes).
@@ -23,61 +25,39 @@ memory on SQLite (the sandbox: one process); ``database`` and ``memory`` force o
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field
 
+from vpsshop.context import AppContext, StateKey
 from vpsshop.ratelimit import DatabaseRateLimiter, MemoryRateLimiter, RateLimited, RateLimiter, Rule
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
-    from vpsshop.routing import ApiRoute
-
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 QUOTA_RETRY_AFTER = 3600
 
 
-class RateLimitSettings(BaseModel):
-    """``[ratelimit]``: see :mod:`vpsshop.limits`."""
+def _build_limiter(ctx: AppContext) -> RateLimiter:
+    backend = ctx.settings.ratelimit.backend
+    if backend == "auto":
+        backend = "database" if ctx.db.dialect == "postgresql" else "memory"
 
-    model_config = ConfigDict(extra="forbid")
+    def clock() -> float:
+        return ctx.clock.now().timestamp()
 
-    enabled: bool = Field(True, description="false: no rate limits or quotas (benchmarks; a proxy limits instead).")
-    backend: Literal["auto", "database", "memory"] = Field(
-        "auto", description="auto: the database on PostgreSQL (shared by all processes), memory on SQLite."
-    )
-    signups_per_client: int = Field(
-        30, ge=1, le=1_000_000, description="POST /v1/account per client address per window."
-    )
-    signup_window_seconds: int = Field(3600, ge=1, le=86_400)
-    auth_failures_per_client: int = Field(
-        100,
-        ge=1,
-        le=1_000_000,
-        description="Requests with an unknown or revoked API key per client address per window.",
-    )
-    auth_failure_window_seconds: int = Field(600, ge=1, le=86_400)
-    writes_per_account: int = Field(300, ge=1, le=1_000_000, description="Authenticated writes per account per window.")
-    write_window_seconds: int = Field(60, ge=1, le=86_400)
-    max_servers_per_account: int = Field(100, ge=1, le=100_000, description="Servers not terminated per account.")
-    max_open_topups_per_account: int = Field(20, ge=1, le=100_000, description="Pending top-ups per account.")
+    return DatabaseRateLimiter(ctx.db, clock=clock) if backend == "database" else MemoryRateLimiter(clock)
+
+
+_LIMITER = StateKey[RateLimiter]("request-limiter")
+_BLOCKED = StateKey[dict[str, float]]("auth-blocked")
+"""Client address -> when its authentication-failure block ends (``time.monotonic``)."""
 
 
 def limiter(ctx: AppContext) -> RateLimiter:
-    """The limiter of the API's per-request limits (built once per context)."""
-    cached = ctx.request_limiter
-    if cached is None:
-        backend = ctx.settings.ratelimit.backend
-        if backend == "auto":
-            backend = "database" if ctx.db.dialect == "postgresql" else "memory"
+    """The limiter of the shop's per-request limits (built once per context)."""
+    return ctx.state(_LIMITER, _build_limiter)
 
-        def clock() -> float:
-            return ctx.clock.now().timestamp()
 
-        cached = DatabaseRateLimiter(ctx.db, clock=clock) if backend == "database" else MemoryRateLimiter(clock)
-        ctx.request_limiter = cached
-    return cached
+def blocked_clients(ctx: AppContext) -> dict[str, float]:
+    """The addresses this process has seen go over the failed-authentication limit, and until when."""
+    return ctx.state(_BLOCKED, lambda _ctx: {})
 
 
 def _hit(ctx: AppContext, rule: Rule, key: str, message: str) -> None:
@@ -88,13 +68,8 @@ def _hit(ctx: AppContext, rule: Rule, key: str, message: str) -> None:
         raise RateLimited(message, decision.retry_after)
 
 
-def client_address(request: object) -> str:
-    client = getattr(request, "client", None)
-    return client.host if client else "unknown"
-
-
 def signup(ctx: AppContext, client: str) -> None:
-    """Count one ``POST /v1/account`` from ``client``. :raises RateLimited: over the limit."""
+    """Count one new account from ``client``. :raises RateLimited: over the limit."""
     s = ctx.settings.ratelimit
     _hit(
         ctx,
@@ -109,10 +84,9 @@ def _auth_rule(ctx: AppContext) -> Rule:
     return Rule("auth-failures", s.auth_failures_per_client, s.auth_failure_window_seconds)
 
 
-def auth_blocked(ctx: AppContext, client: str) -> None:
+def auth_blocked(blocked: dict[str, float], client: str) -> None:
     """Refuse ``client`` while it is over the failed-authentication limit (a dictionary lookup: this
-    process remembers the blocks it has seen; the count itself is shared)."""
-    blocked = ctx.auth_blocked
+    process remembers the blocks it has seen, :func:`blocked_clients`; the count itself is shared)."""
     until = blocked.get(client) if blocked else None
     if until is None:
         return
@@ -129,15 +103,15 @@ def auth_failed(ctx: AppContext, client: str) -> None:
         return
     decision = limiter(ctx).hit(_auth_rule(ctx), client)
     if not decision.allowed:
-        blocked = ctx.auth_blocked
+        blocked = blocked_clients(ctx)
         if len(blocked) > 100_000:
             blocked.clear()
         blocked[client] = time.monotonic() + decision.retry_after
         raise RateLimited("Too many requests with unknown API keys from your address.", decision.retry_after)
 
 
-def account_write(ctx: AppContext, account_id: int) -> None:
-    """Count one authenticated write of ``account_id``. :raises RateLimited: over the limit."""
+def count_write(ctx: AppContext, account_id: int) -> None:
+    """Count one change (or quote) of ``account_id``. :raises RateLimited: over the limit."""
     s = ctx.settings.ratelimit
     _hit(
         ctx,
@@ -149,6 +123,8 @@ def account_write(ctx: AppContext, account_id: int) -> None:
 
 def server_quota(ctx: AppContext, servers: int) -> None:
     """Refuse an order when the account already holds ``max_servers_per_account`` live servers."""
+    if not ctx.settings.ratelimit.enabled:
+        return
     cap = ctx.settings.ratelimit.max_servers_per_account
     if servers >= cap:
         raise RateLimited(
@@ -159,6 +135,8 @@ def server_quota(ctx: AppContext, servers: int) -> None:
 
 def topup_quota(ctx: AppContext, account_id: int) -> None:
     """Refuse a top-up when the account has ``max_open_topups_per_account`` pending ones."""
+    if not ctx.settings.ratelimit.enabled:
+        return
     cap = ctx.settings.ratelimit.max_open_topups_per_account
     with ctx.db.engine.connect() as conn:
         open_topups = conn.execute(
@@ -172,34 +150,12 @@ def topup_quota(ctx: AppContext, account_id: int) -> None:
         )
 
 
-def enforce(ctx: AppContext, route: ApiRoute, account_id: int, servers: int) -> None:
-    """The per-account limits of an authenticated request to ``route`` (called by the router)."""
-    if route.method.upper() not in WRITE_METHODS or not ctx.settings.ratelimit.enabled:
-        return
-    account_write(ctx, account_id)
-    if route.method.upper() == "POST" and route.path == "/servers":
-        server_quota(ctx, servers)
-    elif route.method.upper() == "POST" and route.path == "/topups":
-        topup_quota(ctx, account_id)
-
-
-def describe(route: ApiRoute) -> str | None:
-    """When ``route`` answers 429, for the OpenAPI description (None: never)."""
-    method = route.method.upper()
-    if method == "POST" and route.path == "/account":
-        return (
-            "rate_limited: too many accounts created from this client address ([ratelimit] "
-            "signups_per_client); Retry-After says when to try again."
-        )
-    if method == "POST" and route.path == "/login":
-        return "rate_limited: too many failed sign-ins from this client address ([signin]); see Retry-After."
-    if not route.auth:
-        return None
-    text = "rate_limited: too many requests with unknown API keys from this client address"
-    if method in WRITE_METHODS:
-        text += "; or this account made too many changes ([ratelimit] writes_per_account)"
-    if method == "POST" and route.path == "/servers":
-        text += "; or the account holds max_servers_per_account servers"
-    if method == "POST" and route.path == "/topups":
-        text += "; or the account has max_open_topups_per_account pending top-ups"
-    return text + ". Retry-After says when to try again."
+SIGNUP_LIMIT = (
+    "rate_limited: too many accounts created from this client address ([ratelimit] signups_per_client); "
+    "Retry-After says when to try again."
+)
+"""The 429 of creating an account, as the API describes it."""
+AUTH_LIMIT = "rate_limited: too many requests with unknown API keys from this client address"
+WRITE_LIMIT = "or this account made too many changes ([ratelimit] writes_per_account)"
+SERVER_QUOTA = "or the account holds max_servers_per_account servers"
+TOPUP_QUOTA = "or the account has max_open_topups_per_account pending top-ups"

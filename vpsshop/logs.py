@@ -32,7 +32,7 @@ _QUERY_SECRET = re.compile(r"(?i)([?&](?:ticket|token|key|api_key|secret)=)[^&\s
 _HANDLER_NAME = "vpsshop.logs"
 CLI_HANDLER_NAME = "vpsshop.cli"
 """The root handler ``vpsshop`` commands install: it carries other loggers' lines (plugins, libraries)."""
-QUIET_LIBRARIES = ("httpx", "httpcore")
+QUIET_LIBRARIES = ("httpx", "httpx2", "httpcore")
 """Libraries that log every request at INFO, URL included (a node's URL can hold an API key in its
 path): only their warnings are logged."""
 

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 if TYPE_CHECKING:  # pragma: no cover
     from starlette.requests import Request
@@ -49,35 +48,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from vpsshop.component import Readiness
     from vpsshop.context import AppContext, LoadedComponent
-    from vpsshop.settings import Settings
+    from vpsshop.settings import MetricsSettings, Settings
 
 log = logging.getLogger("vpsshop.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class MetricsSettings(BaseModel):
-    """``[metrics]``: who may read ``GET /metrics`` and where the processes share their figures."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="Serve GET /metrics (outside /v1) on every `vpsshop serve` port.")
-    token: SecretStr = Field(
-        SecretStr(""), description="When set, `Authorization: Bearer <token>` opens /metrics from any address."
-    )
-    allow_ips: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1", "::1"],
-        description="TCP peers (addresses "
-        "or networks) that may read /metrics without the token, unless the request "
-        "passed a proxy (X-Forwarded-For / Forwarded).",
-    )
-    multiprocess_dir: str = Field(
-        "",
-        description="Directory where every serve and worker process of this host "
-        "writes its figures. Default: $PROMETHEUS_MULTIPROC_DIR, else "
-        "<tempdir>/vpsshop-metrics-<hash of the database's absolute location and the config file>.",
-    )
 
 
 def shop_identity(settings: Settings) -> str:

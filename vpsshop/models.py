@@ -193,3 +193,26 @@ class AdminAudit(SQLModel, table=True):
     target: str = Field(max_length=100, nullable=False)
     reason: str = Field(max_length=500, nullable=False)
     detail: str | None = Field(default=None, sa_type=sa.Text)
+
+
+class IdempotentRequest(SQLModel, table=True):
+    """The answer of an operation made under an idempotency key, for the operations whose own rows
+    cannot hold the key (a renewal; an order and a top-up keep theirs on their own row).
+
+    Unique per (account, operation, key): a retry with the same key and the same input is answered
+    ``response`` again; with another input it is refused (``vpsshop.idempotency``).
+    """
+
+    __tablename__ = "idempotent_requests"
+    __table_args__ = (
+        sa.UniqueConstraint("account_id", "operation", "key", name="uq_idempotent_requests_account_operation_key"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", nullable=False)
+    operation: str = Field(max_length=32, nullable=False)
+    key: str = Field(max_length=300, nullable=False)
+    request_digest: str = Field(max_length=64, nullable=False)
+    response: str = Field(sa_type=sa.Text, nullable=False)
+    """The operation's result as JSON."""
+    created_at: datetime = _ts()

@@ -16,6 +16,11 @@ from pydantic import PlainSerializer
 MICROS_PER_USD = 1_000_000
 MICROS_PER_CENT = 10_000
 
+MIN_TOPUP_CENTS = 25_00
+"""The smallest top-up in cents (the API contract: 25 USD); the catalog's ``topup_limits`` shows it."""
+MAX_TOPUP_CENTS = 2000_00
+"""The largest top-up in cents (the API contract: 2000 USD)."""
+
 
 def usd_to_micros(amount: Decimal | int | str) -> int:
     """Convert a USD amount to micros, refusing anything finer than a micro."""

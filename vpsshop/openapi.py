@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from vpsshop import limits
+from vpsshop.context import AppContext
 from vpsshop.money import UsdAmount
-from vpsshop.routing import ApiRoute
+from vpsshop.routing import WRITE_METHODS, ApiRoute
 
 API_VERSION = "1.0.0"
 _REF = "#/components/schemas/{model}"
@@ -111,13 +112,41 @@ document then lists the ids this shop offers as the field's ``enum`` (plans, loc
 operating_systems, coins)."""
 
 
-def _mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str]]) -> None:
+def catalog_ids(ctx: AppContext) -> dict[str, list[str]]:
+    """The ids a request may name, by kind: the catalog's plans and operating systems, the locations the
+    hypervisor serves (all of them when it serves none: a start-up problem, not an empty enum), the coins."""
+    data = ctx.catalog_data
+    locations = [loc.id for loc in data.locations]
+    served = [loc for loc in locations if ctx.serves_location(loc)]
+    return {
+        "plans": [plan.id for plan in data.plans],
+        "locations": served or locations,
+        "operating_systems": [system.id for system in data.operating_systems],
+        "coins": list(ctx.coins),
+    }
+
+
+def mark_catalog_enums(schemas: dict[str, Any], catalog_ids: dict[str, list[str]]) -> None:
+    """Each property marked ``x-catalog`` gets the ids of its kind as its ``enum`` (the mark is removed)."""
     for schema in schemas.values():
         for prop in schema.get("properties", {}).values():
             kind = prop.pop(CATALOG_MARK, None)
             if kind is not None:
                 nullable = any(option.get("type") == "null" for option in prop.get("anyOf", ()))
                 prop["enum"] = [*catalog_ids[kind], *([None] if nullable else [])]
+
+
+def _limits(route: ApiRoute) -> str | None:
+    """When ``route`` answers 429 (None: never): the client address's failed keys for an authenticated
+    route, the account's write limit for one that writes, and the route's own quota."""
+    if not route.auth:
+        return route.limits or None
+    reasons = [limits.AUTH_LIMIT]
+    if route.method.upper() in WRITE_METHODS:
+        reasons.append(limits.WRITE_LIMIT)
+    if route.limits:
+        reasons.append(route.limits)
+    return "; ".join(reasons) + ". Retry-After says when to try again."
 
 
 def build_openapi(
@@ -138,7 +167,7 @@ def build_openapi(
     unique = list(dict.fromkeys(wanted))
     refs, definitions = models_json_schema(unique, ref_template=_REF)
     schemas = definitions.get("$defs", {})
-    _mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": [], "coins": []})
+    mark_catalog_enums(schemas, catalog_ids or {"plans": [], "locations": [], "operating_systems": [], "coins": []})
 
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
@@ -231,7 +260,7 @@ def build_openapi(
             )
         for status, description in route.errors.items():
             responses.setdefault(str(status), _error_response(description))
-        limited = limits.describe(route)
+        limited = _limits(route)
         if limited is not None:
             entry = responses.setdefault("429", _error_response(limited))
             entry.setdefault("headers", {})["Retry-After"] = {

@@ -43,7 +43,7 @@ from sqlmodel import Field, SQLModel
 from vpsshop.models import _ts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
+    from vpsshop.component import ShopContext
 
 MAX_DATA_BYTES = 64 * 1024
 MAX_KEY_LENGTH = 200
@@ -83,7 +83,7 @@ class PluginState:
     :param namespace: 1 to 64 characters; two plugins must not share one.
     """
 
-    def __init__(self, ctx: AppContext, namespace: str) -> None:
+    def __init__(self, ctx: ShopContext, namespace: str) -> None:
         if not namespace or len(namespace) > MAX_NAMESPACE_LENGTH:
             raise ValueError(f"namespace must be 1 to {MAX_NAMESPACE_LENGTH} characters")
         self.namespace = namespace

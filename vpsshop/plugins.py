@@ -16,12 +16,12 @@ import importlib
 import importlib.metadata
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
 from vpsshop import hookspecs
+from vpsshop.context import Registered
 from vpsshop.errors import StartupError
 
 ENTRY_POINT_GROUP = "vpsshop"
@@ -113,15 +113,6 @@ def _import_plugin_module(module: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise StartupError(f"plugin module {module!r} (setting plugins.modules) cannot be imported: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Registered:
-    """A class offered by a plugin through a ``vpsshop_register_*`` hook."""
-
-    key: str
-    cls: type
-    plugin: str
 
 
 def collect_classes(pm: pluggy.PluginManager, hook_name: str, key_attr: str, label: str) -> dict[str, Registered]:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
 
+from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ApiError
 from vpsshop.models import RateLimitCounter
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
     from vpsshop.db import Database
 
 
@@ -205,7 +205,11 @@ class DatabaseRateLimiter:
 
 def limiter_for(ctx: AppContext) -> RateLimiter:
     """The shop's shared limiter (a :class:`DatabaseRateLimiter`, built once per context)."""
-    limiter = ctx.shared_limiter
-    if limiter is None:
-        limiter = ctx.shared_limiter = DatabaseRateLimiter(ctx.db, clock=lambda: ctx.clock.now().timestamp())
-    return limiter
+    return ctx.state(_SHARED, _database_limiter)
+
+
+def _database_limiter(ctx: AppContext) -> RateLimiter:
+    return DatabaseRateLimiter(ctx.db, clock=lambda: ctx.clock.now().timestamp())
+
+
+_SHARED = StateKey[RateLimiter]("shared-limiter")

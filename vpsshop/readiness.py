@@ -6,12 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from vpsshop.component import Readiness
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext, LoadedComponent
+from vpsshop.context import AppContext, LoadedComponent, StateKey
 
 log = logging.getLogger("vpsshop.health")
 
@@ -19,6 +16,17 @@ CHECK_TIMEOUT = 3.0
 """Seconds each component's ``check_ready`` may take; a slower one counts as not ready."""
 SHARED_SECONDS = 2.0
 """Checks this recent are answered again instead of asking every node once more."""
+
+
+class _LastChecks:
+    """The last round of checks of one shop and when it ran."""
+
+    def __init__(self, _ctx: AppContext) -> None:
+        self.at = 0.0
+        self.checked: list[tuple[LoadedComponent, Readiness]] | None = None
+
+
+_LAST = StateKey[_LastChecks]("readiness")
 
 
 async def _readiness(component: object | None) -> Readiness:
@@ -37,13 +45,13 @@ async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Re
     Checks made less than ``SHARED_SECONDS`` ago are answered again (health and /metrics share
     them, so a scrape beside a health probe does not ask every node twice). In production, each
     component not ready is logged with the reason at every fresh check."""
-    cached = ctx.readiness
-    if cached is not None and time.monotonic() - cached[0] < SHARED_SECONDS:
-        return cached[1]
+    last = ctx.state(_LAST, _LastChecks)
+    if last.checked is not None and time.monotonic() - last.at < SHARED_SECONDS:
+        return last.checked
     items = list(ctx.components())
     readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
     checked = list(zip(items, readiness, strict=False))
-    ctx.readiness = (time.monotonic(), checked)
+    last.at, last.checked = time.monotonic(), checked
     if not ctx.settings.sandbox:  # health and /metrics show only ready or not: the reason goes to the log
         for item, ready in checked:
             if not ready.ok:

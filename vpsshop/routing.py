@@ -8,14 +8,13 @@ behaviour and the OpenAPI description cannot drift apart.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
@@ -25,11 +24,27 @@ from starlette.types import Receive, Scope, Send
 
 from vpsshop import limits
 from vpsshop.accesslog import ACCOUNT_SCOPE_KEY
-from vpsshop.auth import api_key_digester, parse_bearer
+from vpsshop.accounts import MissingCredential, authenticator
+from vpsshop.actors import Customer
+from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Unauthorized
+from vpsshop.inputs import LABEL_PATTERN, Input, check_idempotency_key, validation_error
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
+__all__ = [
+    "LABEL_PATTERN",
+    "ApiModel",
+    "ApiRoute",
+    "ApiRouter",
+    "Call",
+    "Header",
+    "Query",
+    "Reply",
+    "idempotency_header",
+    "idempotency_key",
+    "json_response",
+    "to_starlette_routes",
+    "validation_error",
+]
 
 
 class IdConvertor(Convertor[int]):
@@ -47,20 +62,8 @@ class IdConvertor(Convertor[int]):
 register_url_convertor("id", IdConvertor())
 
 
-class ApiModel(BaseModel):
-    """Base of request bodies: unknown fields are refused, each field error has an error code.
-
-    Override :meth:`error_code` to give a field's failures a specific code (``amount_too_low``).
-    The default code is ``invalid_<field>``.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    @classmethod
-    def error_code(cls, field_name: str, error_type: str) -> str:
-        if error_type == "extra_forbidden":
-            return "unknown_field"
-        return f"invalid_{field_name}" if field_name else "invalid_request"
+ApiModel = Input
+"""Base of request bodies: the operations' :class:`vpsshop.inputs.Input` (plugins' routes derive from it)."""
 
 
 @dataclass(frozen=True)
@@ -82,14 +85,6 @@ class Query:
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
 
 
-LABEL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]+$"
-"""A label chosen by a customer (a key name, a description): any characters except control, invisible
-format and bidirectional-override characters, which could disguise the label where it is shown."""
-
-
-IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,200}")
-
-
 def idempotency_header(description: str) -> Header:
     """The ``Idempotency-Key`` header, documented with the rule :func:`idempotency_key` enforces."""
     return Header(
@@ -104,27 +99,7 @@ def idempotency_key(request: Request) -> str | None:
 
     :raises BadRequest: ``invalid_idempotency_key`` for any other value.
     """
-    value = request.headers.get("idempotency-key")
-    if value is None:
-        return None
-    if not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
-        raise BadRequest(
-            "invalid_idempotency_key", "Idempotency-Key must be 1 to 200 visible ASCII characters (no spaces)."
-        )
-    return value
-
-
-class Principal(NamedTuple):
-    """The authenticated caller: the account behind the API key of this request, as read at
-    authentication (one read per request; see ``_AUTH_SQL``)."""
-
-    key_id: int
-    account_id: int
-    balance_micros: int
-    totp_enabled: bool
-    created_at: datetime
-    servers: int
-    """Servers of the account that are not terminated."""
+    return check_idempotency_key(request.headers.get("idempotency-key"))
 
 
 @dataclass
@@ -133,14 +108,20 @@ class Call:
 
     request: Request
     ctx: AppContext
-    principal: Principal | None
+    customer: Customer | None
+    """The account of the request's API key (None on a route declared ``auth=False``)."""
     body: Any
     path: dict[str, Any]
 
     @property
     def account_id(self) -> int:
-        assert self.principal is not None, "endpoint declared auth=False"
-        return self.principal.account_id
+        return self.actor.account_id
+
+    @property
+    def actor(self) -> Customer:
+        """The customer of an authenticated route (for the operations it calls)."""
+        assert self.customer is not None, "endpoint declared auth=False"
+        return self.customer
 
 
 @dataclass
@@ -183,6 +164,12 @@ class ApiRoute:
     response_headers: dict[str, str] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
     operation_id: str = ""
+    count_writes: bool = True
+    """The router counts this route's requests against the account's write limit (``writes_per_account``)
+    when its method writes: for plugins' routes. Core's routes set False: their operations count
+    themselves, whichever front end calls them."""
+    limits: str = ""
+    """The route's own reasons for a 429 (a quota), for the OpenAPI description."""
 
     MAX_ID: ClassVar[int] = 2**63 - 1
 
@@ -248,30 +235,39 @@ class ApiRouter(Router):
         await super().app(scope, receive, send)
 
 
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
 def _handler(route: ApiRoute, ctx: AppContext) -> Callable[[Request], Awaitable[Response]]:
-    digest = api_key_digester(ctx.settings.secret_key_bytes())
-    db = ctx.db
+    authenticate = authenticator(ctx).customer
+    blocked = limits.blocked_clients(ctx)
     body_model = route.body
     status = route.status
     static_headers = dict(route.response_headers)
-
-    writes = route.method.upper() in limits.WRITE_METHODS
+    counts_writes = route.count_writes and route.method.upper() in WRITE_METHODS
 
     async def handle(request: Request) -> Response:
-        principal = None
+        customer = None
         if route.auth:
-            client = limits.client_address(request)
-            limits.auth_blocked(ctx, client)
+            client = client_address(request)
+            limits.auth_blocked(blocked, client)
+            header = None
+            for name, value in request.scope["headers"]:
+                if name == b"authorization":
+                    header = value.decode("latin-1")
+                    break
             try:
-                principal = await authenticate(request, db, digest)
+                customer = await authenticate(header)
+            except MissingCredential:
+                raise  # no key at all is not a wrong key: not counted against the address
             except Unauthorized:
                 await run_in_threadpool(limits.auth_failed, ctx, client)
                 raise
-            request.scope[ACCOUNT_SCOPE_KEY] = principal.account_id  # for the access log
-            if writes:
-                await run_in_threadpool(limits.enforce, ctx, route, principal.account_id, principal.servers)
+            request.scope[ACCOUNT_SCOPE_KEY] = customer.account_id  # for the access log
+            if counts_writes:
+                await run_in_threadpool(limits.count_write, ctx, customer.account_id)
         body = await _read_body(request, body_model, route.body_required) if body_model is not None else None
-        result = await route.endpoint(Call(request, ctx, principal, body, request.path_params))
+        result = await route.endpoint(Call(request, ctx, customer, body, request.path_params))
         if isinstance(result, Response):
             return result
         if isinstance(result, Reply):
@@ -282,49 +278,10 @@ def _handler(route: ApiRoute, ctx: AppContext) -> Callable[[Request], Awaitable[
     return handle
 
 
-# One indexed read per request authenticates and gives the account summary GET /v1/account shows.
-_AUTH_SQL = (
-    "SELECT k.id, a.id, a.balance_micros, a.totp_enabled, a.created_at, "
-    "(SELECT count(*) FROM servers s WHERE s.account_id = a.id AND s.status != 'terminated') "
-    "FROM api_keys k JOIN accounts a ON a.id = k.account_id WHERE k.key_hash = :digest AND k.revoked_at IS NULL"
-)
-
-
-async def authenticate(request: Request, db: Any, digest: Callable[[str], str]) -> Principal:
-    """The caller's account, or :class:`Unauthorized`. Revocation takes effect on the next request."""
-    header = None
-    for name, value in request.scope["headers"]:
-        if name == b"authorization":
-            header = value.decode("latin-1")
-            break
-    key = parse_bearer(header)
-    if key is None:
-        raise Unauthorized()
-    hashed = digest(key)
-    row = await db.fetch_one(_AUTH_SQL, {"digest": hashed}, cache_key=hashed)
-    if row is None:
-        raise Unauthorized("The API key is unknown or revoked.")
-    # Keyed by the row's values, so it is never staler than the read: the same row, the same caller.
-    principal = _PRINCIPALS.get(row)
-    if principal is None:
-        if len(_PRINCIPALS) >= 4096:
-            _PRINCIPALS.clear()
-        principal = _PRINCIPALS[row] = Principal(row[0], row[1], row[2], bool(row[3]), as_utc(row[4]), row[5])
-    return principal
-
-
-_PRINCIPALS: dict[tuple[Any, ...], Principal] = {}
-"""Authentication rows already turned into a :class:`Principal` (parsing the timestamp every time
-was a tenth of the hot path's own work)."""
-
-
-def as_utc(value: Any) -> datetime:
-    """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+def client_address(request: Request) -> str:
+    """The client's address as uvicorn gives it (the TCP peer, or a trusted proxy's ``X-Forwarded-For``)."""
+    client = request.client
+    return client.host if client else "unknown"
 
 
 MAX_JSON_DEPTH = 32
@@ -434,16 +391,7 @@ async def _read_body(request: Request, model: type[ApiModel], required: bool) ->
         raise BadRequest("too_deep", "The request body nests too deeply.") from None
 
 
-def validation_error(model: type[ApiModel], exc: ValidationError) -> ApiError:
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
-    first = errors[0]
-    field_name = str(first["loc"][0]) if first["loc"] else ""
-    details = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in errors]
-    message = f"{field_name}: {first['msg']}" if field_name else first["msg"]
-    return BadRequest(model.error_code(field_name, first["type"]), message, details=details)
-
-
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     if isinstance(value, Decimal):
         return float(value)  # the edge: money leaves the program as a JSON number
     if isinstance(value, datetime):
@@ -470,5 +418,5 @@ def json_response(model: BaseModel | dict[str, Any], status: int, headers: dict[
     if isinstance(model, BaseModel):
         content = model.__pydantic_serializer__.to_json(model)
     else:
-        content = json.dumps(model, separators=(",", ":"), default=_json_default).encode()
+        content = json.dumps(model, separators=(",", ":"), default=json_default).encode()
     return JsonBody(content, status, headers)

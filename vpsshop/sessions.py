@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
+from anyio import to_thread
 from sqlmodel import select
 
+from vpsshop.actors import Customer
 from vpsshop.auth import keyed_digest
 from vpsshop.context import AppContext
 from vpsshop.models import DashboardSession
@@ -43,8 +45,12 @@ def token_digest(ctx: AppContext, token: str) -> str:
     return keyed_digest(ctx.settings.secret_key_bytes(), "dashboard session", token)
 
 
-def start(ctx: AppContext, account_id: int, *, pending_totp: bool, user_agent: str | None) -> str:
-    """Open a session; returns the token for the cookie (its only copy)."""
+async def start(ctx: AppContext, account_id: int, *, pending_totp: bool, user_agent: str | None) -> str:
+    """Open a session for an account that just signed in; returns the token for the cookie (its only copy)."""
+    return await to_thread.run_sync(lambda: _start(ctx, account_id, pending_totp=pending_totp, user_agent=user_agent))
+
+
+def _start(ctx: AppContext, account_id: int, *, pending_totp: bool, user_agent: str | None) -> str:
     token = secrets.token_urlsafe(32)
     now = ctx.clock.now()
     limits = ctx.settings.dashboard
@@ -65,10 +71,14 @@ def start(ctx: AppContext, account_id: int, *, pending_totp: bool, user_agent: s
     return token
 
 
-def resolve(ctx: AppContext, token: str | None) -> ActiveSession | None:
+async def resolve(ctx: AppContext, token: str | None) -> ActiveSession | None:
     """The live session of a cookie's token, or None (unknown, ended, expired or idle too long)."""
     if not token or len(token) > 100:
         return None
+    return await to_thread.run_sync(_resolve, ctx, token)
+
+
+def _resolve(ctx: AppContext, token: str) -> ActiveSession | None:
     now = ctx.clock.now()
     idle = timedelta(minutes=ctx.settings.dashboard.session_idle_minutes)
     with ctx.db.session() as session:
@@ -96,14 +106,23 @@ def resolve(ctx: AppContext, token: str | None) -> ActiveSession | None:
         )
 
 
-def complete_second_factor(ctx: AppContext, pending: ActiveSession) -> str:
+async def complete_second_factor(ctx: AppContext, pending: ActiveSession) -> str:
     """End the pending session and open a full one for the same browser; returns the new token."""
-    end(ctx, pending.account_id, pending.id)
-    return start(ctx, pending.account_id, pending_totp=False, user_agent=pending.user_agent)
+
+    def swap() -> str:
+        _end(ctx, pending.account_id, pending.id)
+        return _start(ctx, pending.account_id, pending_totp=False, user_agent=pending.user_agent)
+
+    return await to_thread.run_sync(swap)
 
 
-def end(ctx: AppContext, account_id: int, session_id: int) -> bool:
-    """Sign a session of ``account_id`` out. False when there was no such live session."""
+async def end(ctx: AppContext, account_id: int, session_id: int) -> bool:
+    """Sign a session of ``account_id`` out (sign-out; the account's own sign-out of another browser).
+    False when there was no such live session."""
+    return await to_thread.run_sync(_end, ctx, account_id, session_id)
+
+
+def _end(ctx: AppContext, account_id: int, session_id: int) -> bool:
     with ctx.db.session() as session:
         ended = session.execute(
             sa.update(DashboardSession)
@@ -117,8 +136,12 @@ def end(ctx: AppContext, account_id: int, session_id: int) -> bool:
     return ended == 1
 
 
-def end_others(ctx: AppContext, account_id: int, keep_id: int | None) -> int:
+async def end_others(ctx: AppContext, customer: Customer, keep_id: int | None) -> int:
     """Sign out every session of the account but ``keep_id``; returns how many ended."""
+    return await to_thread.run_sync(_end_others, ctx, customer.account_id, keep_id)
+
+
+def _end_others(ctx: AppContext, account_id: int, keep_id: int | None) -> int:
     with ctx.db.session() as session:
         stmt = sa.update(DashboardSession).where(
             DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None)
@@ -128,8 +151,12 @@ def end_others(ctx: AppContext, account_id: int, keep_id: int | None) -> int:
         return int(session.execute(stmt.values(ended_at=ctx.clock.now())).rowcount or 0)
 
 
-def live(ctx: AppContext, account_id: int) -> list[ActiveSession]:
+async def live(ctx: AppContext, customer: Customer) -> list[ActiveSession]:
     """The account's signed-in browsers, newest first."""
+    return await to_thread.run_sync(_live, ctx, customer.account_id)
+
+
+def _live(ctx: AppContext, account_id: int) -> list[ActiveSession]:
     now = ctx.clock.now()
     idle = timedelta(minutes=ctx.settings.dashboard.session_idle_minutes)
     with ctx.db.session() as session:

@@ -28,10 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from vpsshop.component import describe_validation_error
-from vpsshop.errors import ConfigError
-from vpsshop.limits import RateLimitSettings
-from vpsshop.metrics import MetricsSettings
+from vpsshop.errors import ConfigError, describe_validation_error
 
 CONFIG_ENV = "VPSSHOP_CONFIG"
 DEFAULT_CONFIG_FILE = "vpsshop.toml"
@@ -48,6 +45,55 @@ _TOP_LEVEL_ENV = {
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class RateLimitSettings(BaseModel):
+    """``[ratelimit]``: see :mod:`vpsshop.limits`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: no rate limits or quotas (benchmarks; a proxy limits instead).")
+    backend: Literal["auto", "database", "memory"] = Field(
+        "auto", description="auto: the database on PostgreSQL (shared by all processes), memory on SQLite."
+    )
+    signups_per_client: int = Field(
+        30, ge=1, le=1_000_000, description="POST /v1/account per client address per window."
+    )
+    signup_window_seconds: int = Field(3600, ge=1, le=86_400)
+    auth_failures_per_client: int = Field(
+        100,
+        ge=1,
+        le=1_000_000,
+        description="Requests with an unknown or revoked API key per client address per window.",
+    )
+    auth_failure_window_seconds: int = Field(600, ge=1, le=86_400)
+    writes_per_account: int = Field(300, ge=1, le=1_000_000, description="Authenticated writes per account per window.")
+    write_window_seconds: int = Field(60, ge=1, le=86_400)
+    max_servers_per_account: int = Field(100, ge=1, le=100_000, description="Servers not terminated per account.")
+    max_open_topups_per_account: int = Field(20, ge=1, le=100_000, description="Pending top-ups per account.")
+
+
+class MetricsSettings(BaseModel):
+    """``[metrics]``: who may read ``GET /metrics`` and where the processes share their figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Serve GET /metrics (outside /v1) on every `vpsshop serve` port.")
+    token: SecretStr = Field(
+        SecretStr(""), description="When set, `Authorization: Bearer <token>` opens /metrics from any address."
+    )
+    allow_ips: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="TCP peers (addresses "
+        "or networks) that may read /metrics without the token, unless the request "
+        "passed a proxy (X-Forwarded-For / Forwarded).",
+    )
+    multiprocess_dir: str = Field(
+        "",
+        description="Directory where every serve and worker process of this host "
+        "writes its figures. Default: $PROMETHEUS_MULTIPROC_DIR, else "
+        "<tempdir>/vpsshop-metrics-<hash of the database's absolute location and the config file>.",
+    )
 
 
 class ServerSettings(_Section):
@@ -76,6 +122,12 @@ class ServerSettings(_Section):
         description="Addresses of the reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed "
         "(uvicorn's forwarded_allow_ips). Empty: the peer address is the client (sign-in limits count per client).",
     )
+
+
+class McpSettings(_Section):
+    """``[mcp]``: the shop's own MCP server for AI agents (``vpsshop/mcp``, docs/mcp.md)."""
+
+    enabled: bool = Field(True, description="Serve MCP (streamable HTTP) at /mcp beside the API.")
 
 
 class DashboardSettings(_Section):
@@ -185,6 +237,7 @@ class Settings(BaseModel):
     server: ServerSettings = Field(default_factory=ServerSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     signin: SigninSettings = Field(default_factory=SigninSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)

@@ -143,9 +143,9 @@ def vpsshop_context(vpsshop_settings: Any) -> Iterator[Any]:
     core hands a component's ``bind(ctx)`` (a backend keeping its state in
     :class:`~vpsshop.PluginState`, as the simulator does, needs it before its first verb). Its
     clock is the real one: the contract kits wait in real time."""
-    from vpsshop.context import AppContext
+    from vpsshop.assembly import build_context
 
-    ctx = AppContext.build(vpsshop_settings)
+    ctx = build_context(vpsshop_settings)
     ctx.db.migrate()
     yield ctx
     ctx.db.dispose()

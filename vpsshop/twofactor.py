@@ -27,8 +27,12 @@ from urllib.parse import urlsplit
 
 import pyotp
 import sqlalchemy as sa
-from sqlmodel import Session, select
+from anyio import to_thread
+from sqlmodel import Session, col, select
 
+import vpsshop.events as events
+from vpsshop.accounts import account_event
+from vpsshop.actors import Customer
 from vpsshop.auth import keyed_digest
 from vpsshop.context import AppContext
 from vpsshop.db import touch_account
@@ -78,16 +82,15 @@ def _enrolment(ctx: AppContext, account_id: int, secret: str) -> Enrolment:
     return Enrolment(secret=secret, uri=uri, qr_data_uri=png_data_uri(uri))
 
 
-def is_enabled(ctx: AppContext, account_id: int) -> bool:
-    with ctx.db.session() as session:
-        return bool(session.exec(select(Account.totp_enabled).where(Account.id == account_id)).first())
-
-
-def begin_enrolment(ctx: AppContext, account_id: int) -> Enrolment:
+async def begin_enrolment(ctx: AppContext, customer: Customer) -> Enrolment:
     """The secret to add to an authenticator app: a new one, or the one of an unfinished enrolment.
 
     :raises Conflict: ``totp_enabled`` (turn it off first to change the app).
     """
+    return await to_thread.run_sync(_begin_enrolment, ctx, customer.account_id)
+
+
+def _begin_enrolment(ctx: AppContext, account_id: int) -> Enrolment:
     with ctx.db.session() as session:
         account = _enrolling(session, account_id)
         if account.totp_secret_enc is None:
@@ -100,13 +103,18 @@ def begin_enrolment(ctx: AppContext, account_id: int) -> Enrolment:
     return _enrolment(ctx, account_id, secret)
 
 
-def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
-    """Turn two-factor on with a code from the app; returns the recovery codes (shown once).
+async def confirm_enrolment(ctx: AppContext, customer: Customer, code: str) -> list[str]:
+    """Turn two-factor on with a code from the app; returns the recovery codes (shown once). Emits
+    ``account.updated``.
 
     :raises InvalidCode: the code does not match the enrolment's secret.
     :raises Conflict: no enrolment started (``totp_not_started``) or on already (``totp_enabled``).
     :raises RateLimited: too many wrong codes.
     """
+    return await to_thread.run_sync(_confirm_enrolment, ctx, customer.account_id, code)
+
+
+def _confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
     code = _normalise(code)
     _count_attempt(ctx, account_id)
     with ctx.db.session() as session:
@@ -121,6 +129,7 @@ def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
             session.add(account)
             touch_account(session, account_id)  # GET /v1/account shows totp_enabled: drop this process's copy
             codes = _new_recovery_codes(ctx, session, account_id)
+            events.emit(session, "account.updated", account_id, account_event(session, account_id), now=ctx.clock.now())
     if step is not None:
         _refund_attempt(ctx, account_id)  # after the commit: SQLite has one writer at a time
         return codes
@@ -129,39 +138,57 @@ def confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]:
     )
 
 
-def disable(ctx: AppContext, account_id: int, code: str) -> None:
-    """Turn two-factor off; needs a current code or a recovery code. Clears the secret and codes."""
-    verify(ctx, account_id, code)
-    with ctx.db.session() as session:
-        session.execute(
-            sa.update(Account)
-            .where(Account.id == account_id)
-            .values(totp_enabled=False, totp_secret_enc=None, totp_last_step=None)
-        )
-        touch_account(session, account_id)
-        session.execute(sa.delete(RecoveryCode).where(RecoveryCode.account_id == account_id))
+async def disable(ctx: AppContext, customer: Customer, code: str) -> None:
+    """Turn two-factor off; needs a current code or a recovery code. Clears the secret and codes.
+    Emits ``account.updated``."""
 
-
-def regenerate_recovery_codes(ctx: AppContext, account_id: int, code: str) -> list[str]:
-    """New recovery codes for old ones (which stop working); needs a current code."""
-    verify(ctx, account_id, code)
-    with ctx.db.session() as session:
-        return _new_recovery_codes(ctx, session, account_id)
-
-
-def recovery_codes_left(ctx: AppContext, account_id: int) -> int:
-    with ctx.db.session() as session:
-        return int(
+    def run() -> None:
+        account_id = customer.account_id
+        check_code(ctx, account_id, code)
+        with ctx.db.session() as session:
             session.execute(
+                sa.update(Account)
+                .where(col(Account.id) == account_id)
+                .values(totp_enabled=False, totp_secret_enc=None, totp_last_step=None)
+            )
+            touch_account(session, account_id)
+            session.execute(sa.delete(RecoveryCode).where(col(RecoveryCode.account_id) == account_id))
+            events.emit(session, "account.updated", account_id, account_event(session, account_id), now=ctx.clock.now())
+
+    await to_thread.run_sync(run)
+
+
+async def regenerate_recovery_codes(ctx: AppContext, customer: Customer, code: str) -> list[str]:
+    """New recovery codes for old ones (which stop working); needs a current code."""
+
+    def run() -> list[str]:
+        check_code(ctx, customer.account_id, code)
+        with ctx.db.session() as session:
+            return _new_recovery_codes(ctx, session, customer.account_id)
+
+    return await to_thread.run_sync(run)
+
+
+async def recovery_codes_left(ctx: AppContext, customer: Customer) -> int:
+    def count() -> int:
+        with ctx.db.session() as session:
+            found = session.execute(
                 select(sa.func.count())
                 .select_from(RecoveryCode)
-                .where(RecoveryCode.account_id == account_id, RecoveryCode.used_at.is_(None))
+                .where(RecoveryCode.account_id == customer.account_id, col(RecoveryCode.used_at).is_(None))
             ).scalar()
-            or 0
-        )  # type: ignore[union-attr]
+            return int(found or 0)
+
+    return await to_thread.run_sync(count)
 
 
-def verify(ctx: AppContext, account_id: int, code: str | None) -> str:
+async def verify(ctx: AppContext, customer: Customer, code: str | None) -> str:
+    """:func:`check_code` for the account of ``customer`` (the dashboard asks for a fresh code before it
+    reveals a secret)."""
+    return await to_thread.run_sync(check_code, ctx, customer.account_id, code)
+
+
+def check_code(ctx: AppContext, account_id: int, code: str | None) -> str:
     """Check a second factor of an account that has two-factor on: a TOTP code, used once, or an
     unused recovery code, which is used up. Returns ``"totp"`` or ``"recovery_code"``.
 
@@ -263,7 +290,7 @@ def _refund_attempt(ctx: AppContext, account_id: int) -> None:
 
 
 def _new_recovery_codes(ctx: AppContext, session: Session, account_id: int) -> list[str]:
-    session.execute(sa.delete(RecoveryCode).where(RecoveryCode.account_id == account_id))
+    session.execute(sa.delete(RecoveryCode).where(col(RecoveryCode.account_id) == account_id))
     now = ctx.clock.now()
     codes = []
     key = ctx.settings.secret_key_bytes()

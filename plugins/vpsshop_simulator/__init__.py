@@ -48,7 +48,7 @@ from vpsshop import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop import AppContext
+    from vpsshop import ShopContext
 
 HOST = "simulator"
 
@@ -78,7 +78,7 @@ class SimulatedBackend(HypervisorBackend):
 
     config: SimulatorConfig
 
-    def bind(self, ctx: AppContext) -> None:
+    def bind(self, ctx: ShopContext) -> None:
         self.records = PluginState(ctx, "simulator")
         self.clock = ctx.clock
 

@@ -1,87 +1,39 @@
-"""Accounts, API keys and sign-in with the login token: the endpoints over :mod:`vpsshop.accounts`."""
+"""The account endpoints: ``/v1/account``, ``/v1/keys``, ``/v1/login``, over :mod:`vpsshop.accounts`
+and :mod:`vpsshop.signin`."""
 
 from __future__ import annotations
 
-from pydantic import Field
-from starlette.concurrency import run_in_threadpool
-
-from vpsshop import accounts, limits
-from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyOut, ApiKeyRevoked
-from vpsshop.money import micros_to_usd
-from vpsshop.routing import LABEL_PATTERN, ApiModel, ApiRoute, Call
-
-__all__ = [
-    "AccountCreated",
-    "AccountOut",
-    "ApiKeyCreated",
-    "ApiKeyList",
-    "ApiKeyOut",
-    "ApiKeyRevoked",
-    "LoginBody",
-    "NewKeyBody",
-    "routes",
-]
+from vpsshop import accounts, limits, signin
+from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyRevoked, NewKeyInput
+from vpsshop.routing import ApiRoute, Call, client_address
+from vpsshop.signin import LoginInput
 
 TAG = ("account",)
 NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
 
 
-class NewKeyBody(ApiModel):
-    name: str | None = Field(
-        None,
-        min_length=1,
-        max_length=64,
-        pattern=LABEL_PATTERN,
-        description="A label for the key: no control, format or bidirectional-override characters.",
-    )
-
-
-class LoginBody(ApiModel):
-    login_token: str = Field(min_length=1, max_length=200)
-    totp_code: str | None = Field(
-        None,
-        min_length=1,
-        max_length=64,
-        description="Required when the account has two-factor sign-in on (Account.totp_enabled): the current "
-        "6-digit code of the authenticator app, or one of the account's recovery codes (each works once).",
-    )
-
-
 async def create_account(call: Call) -> AccountCreated:
-    await run_in_threadpool(limits.signup, call.ctx, limits.client_address(call.request))
-    return await run_in_threadpool(accounts.create_account, call.ctx)
+    return await accounts.create_account(call.ctx, client=client_address(call.request))
 
 
 async def get_account(call: Call) -> AccountOut:
-    me = call.principal
-    assert me is not None
-    # Every value comes typed from the authentication read: built without validation (hot path).
-    return AccountOut.model_construct(
-        user_id=me.account_id,
-        balance_usd=micros_to_usd(me.balance_micros),
-        servers=me.servers,
-        totp_enabled=me.totp_enabled,
-        created_at=me.created_at,
-    )
+    return await accounts.get_account(call.ctx, call.actor)  # from the authentication read: no query
 
 
 async def list_keys(call: Call) -> ApiKeyList:
-    return await run_in_threadpool(accounts.list_keys, call.ctx, call.account_id)
+    return await accounts.list_keys(call.ctx, call.actor)
 
 
 async def create_key(call: Call) -> ApiKeyCreated:
-    body: NewKeyBody = call.body
-    return await run_in_threadpool(accounts.mint_key, call.ctx, call.account_id, body.name)
+    return await accounts.create_key(call.ctx, call.actor, call.body)
 
 
 async def revoke_key(call: Call) -> ApiKeyRevoked:
-    return await run_in_threadpool(accounts.revoke_key, call.ctx, call.account_id, call.path["id"])
+    return await accounts.revoke_key(call.ctx, call.actor, call.path["id"])
 
 
 async def login(call: Call) -> ApiKeyCreated:
-    body: LoginBody = call.body
-    client = call.request.client.host if call.request.client else "unknown"
-    return await run_in_threadpool(accounts.login, call.ctx, body.login_token, body.totp_code, client)
+    return await signin.login(call.ctx, call.body, client=client_address(call.request))
 
 
 def routes() -> list[ApiRoute]:
@@ -98,8 +50,10 @@ def routes() -> list[ApiRoute]:
             "No body is read and no identity is asked for. The key and the token are shown in this response "
             "only: they are stored as hashes.",
             tags=TAG,
+            count_writes=False,
             operation_id="createAccount",
             response_headers=NO_STORE,
+            limits=limits.SIGNUP_LIMIT,
         ),
         ApiRoute(
             "GET",
@@ -108,6 +62,7 @@ def routes() -> list[ApiRoute]:
             "The caller's account",
             AccountOut,
             tags=TAG,
+            count_writes=False,
             operation_id="getAccount",
         ),
         ApiRoute(
@@ -118,6 +73,7 @@ def routes() -> list[ApiRoute]:
             ApiKeyList,
             description="Active keys only, each by id and prefix; a key's full value cannot be retrieved.",
             tags=TAG,
+            count_writes=False,
             operation_id="listKeys",
         ),
         ApiRoute(
@@ -127,10 +83,11 @@ def routes() -> list[ApiRoute]:
             "Mint an API key",
             ApiKeyCreated,
             status=201,
-            body=NewKeyBody,
+            body=NewKeyInput,
             body_required=False,
             description="The body is optional; it may name the key. The full key is in this response only.",
             tags=TAG,
+            count_writes=False,
             operation_id="createKey",
             response_headers=NO_STORE,
         ),
@@ -145,6 +102,7 @@ def routes() -> list[ApiRoute]:
             "revoked, is a 404. Revoking the key of this request is allowed: sign in again with the login token.",
             errors={404: "No active key with this id on this account."},
             tags=TAG,
+            count_writes=False,
             operation_id="revokeKey",
         ),
         ApiRoute(
@@ -155,7 +113,7 @@ def routes() -> list[ApiRoute]:
             ApiKeyCreated,
             status=201,
             auth=False,
-            body=LoginBody,
+            body=LoginInput,
             description='Exchanges the account\'s login_token for a new API key named "dashboard": how a customer '
             "who lost or revoked every key regains access (the web dashboard signs in with the same token, into a "
             "browser session rather than a key). The token is checked against a keyed digest and is not usable "
@@ -174,7 +132,9 @@ def routes() -> list[ApiRoute]:
                 429: "rate_limited: too many failed sign-ins from this address, or wrong codes for this account.",
             },
             tags=TAG,
+            count_writes=False,
             operation_id="login",
             response_headers=NO_STORE,
+            limits="rate_limited: too many failed sign-ins from this client address ([signin]); see Retry-After.",
         ),
     ]

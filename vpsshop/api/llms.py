@@ -7,20 +7,20 @@ summary in a quote, then sections of links and short facts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from vpsshop.api.spec import spec_of
 from vpsshop.catalog import ANNUAL_MONTHS_CHARGED, price_cents
 from vpsshop.coins import DepositCoin, X402Coin
-from vpsshop.context import MIN_TOPUP_CENTS
+from vpsshop.context import AppContext, StateKey
+from vpsshop.money import MIN_TOPUP_CENTS
 from vpsshop.payments import engine_for
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
-
 PATH = "/llms.txt"
+_TEXT = StateKey[bytes]("llms.txt")
 _AGENT_PATHS = (
     ("get", "/catalog"),
     ("post", "/account"),
@@ -52,7 +52,7 @@ def render(ctx: AppContext) -> str:
     settings = ctx.settings
     api = settings.public_url.rstrip("/")
     data = ctx.catalog_data
-    openapi: dict[str, Any] = ctx.openapi
+    openapi: dict[str, Any] = spec_of(ctx).openapi
     x402_coins = [c for c in ctx.coins.values() if isinstance(c, X402Coin)]
     deposit_coins = [c for c in ctx.coins.values() if isinstance(c, DepositCoin)]
     lines = [
@@ -144,8 +144,6 @@ def render(ctx: AppContext) -> str:
 
 
 async def llms_txt(request: Request) -> Response:
-    ctx = request.app.state.ctx
-    text = ctx.llms_txt
-    if not text:
-        text = ctx.llms_txt = render(ctx).encode()
+    ctx: AppContext = request.app.state.ctx
+    text = ctx.state(_TEXT, lambda ctx: render(ctx).encode())
     return Response(text, media_type="text/markdown; charset=utf-8", headers={"Cache-Control": "public, max-age=300"})

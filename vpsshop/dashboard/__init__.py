@@ -2,30 +2,32 @@
 
 Everything a customer can do with the API can be done here with the login token alone: create an
 account, sign in (with a two-factor code when it is on), top up, order and manage servers, mint
-and revoke API keys, turn two-factor on and off. Pages call the API's own services
-(:mod:`vpsshop.dashboard.shop`); ``docs/dashboard.md`` describes the pages and the security rules.
+and revoke API keys, turn two-factor on and off. Pages call the operations the API calls, with the
+session's customer; ``docs/dashboard.md`` describes the pages and the security rules.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:  # pragma: no cover
-    from starlette.routing import Mount
+from starlette.routing import Mount
 
-    from vpsshop.context import AppContext
+from vpsshop.context import AppContext
+from vpsshop.dashboard.pages import routes
+from vpsshop.dashboard.web import Dashboard
 
 
-def mount(ctx: AppContext) -> Mount | None:
+@dataclass(frozen=True)
+class MountedDashboard:
+    mount: Mount
+    pages: Dashboard
+    """For the app's error pages: a path under the dashboard that is not found gets a page, not JSON."""
+
+
+def mount(ctx: AppContext) -> MountedDashboard | None:
     """The dashboard mounted at ``[dashboard] path``, or None when ``[dashboard] enabled`` is false."""
     settings = ctx.settings.dashboard
     if not settings.enabled:
         return None
-    from starlette.routing import Mount
-
-    from vpsshop.dashboard.pages import routes
-    from vpsshop.dashboard.web import Dashboard
-
     dash = Dashboard(ctx, settings.path)
-    ctx.dashboard = dash
-    return Mount(settings.path, routes=routes(dash))
+    return MountedDashboard(Mount(settings.path, routes=routes(dash)), dash)

@@ -2,8 +2,8 @@
 list, change, pause and delete endpoints, read an endpoint's delivery log and send an event again,
 and read the account's events.
 
-They call :mod:`vpsshop.events.api`'s services through :class:`~vpsshop.dashboard.shop.Shop`, with
-the API's rules for URLs and event types and the API's limits.
+They call the operations the API calls (:mod:`vpsshop.events.webhooks`, :mod:`vpsshop.events.feed`),
+with the API's rules for URLs and event types and the API's limits.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from starlette.responses import Response
 from vpsshop.dashboard.web import Page, format_usd
 from vpsshop.dashboard.words import LEDGER_REASONS, friendly
 from vpsshop.errors import ApiError, BadRequest
+from vpsshop.events import feed, webhooks
+from vpsshop.events.feed import PATTERNS, EventQuery
 from vpsshop.events.types import EVENT_TYPES
+from vpsshop.events.webhooks import DeliveryQuery, RedeliverInput, WebhookChange, WebhookInput
+from vpsshop.inputs import parse
 
 OBJECT_NAMES = {
     "account": "Account",
@@ -25,6 +29,7 @@ OBJECT_NAMES = {
     "ledger": "Balance",
     "topup": "Top-ups",
     "server": "Servers",
+    "ssh_key": "SSH keys",
     "webhook": "Webhooks",
 }
 
@@ -49,7 +54,7 @@ def _chosen(page: Page) -> list[str]:
 async def webhooks_form(
     page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
 ) -> Response:
-    hooks = await page.shop.webhooks(page.account_id)
+    hooks = await webhooks.list_webhooks(page.ctx, page.customer)
     # a refused form keeps its choices; a new form (or the one after a registration) offers every event
     chosen = _chosen(page) if page.lists else ["*"]
     return page.render(
@@ -79,7 +84,7 @@ def _webhook_data(page: Page) -> dict[str, Any]:
 async def create_webhook(page: Page) -> Response:
     """``POST /v1/webhooks``: the endpoint, and its signing secret shown on this answer only."""
     try:
-        created = await page.shop.create_webhook(page.account_id, _webhook_data(page))
+        created = await webhooks.create_webhook(page.ctx, page.customer, parse(WebhookInput, _webhook_data(page)))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -93,11 +98,13 @@ async def webhook_form(
     page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
 ) -> Response:
     endpoint_id = int(page.request.path_params["id"])
-    hook = await page.shop.webhook(page.account_id, endpoint_id)
+    hook = await webhooks.get_webhook(page.ctx, page.customer, endpoint_id)
     raw = page.request.query_params.get("before")
     if raw is not None and not (raw.isdigit() and len(raw) <= 18):
         raise BadRequest("invalid_cursor", "That page of the delivery log does not exist.")
-    log = await page.shop.deliveries(page.account_id, endpoint_id, int(raw) if raw else None)
+    log = await webhooks.list_deliveries(
+        page.ctx, page.customer, endpoint_id, DeliveryQuery(before=int(raw) if raw else None, limit=20)
+    )
     editing = page.request.method == "POST" and "url" in page.form
     return page.render(
         "webhook.html",
@@ -122,7 +129,7 @@ async def change_webhook(page: Page) -> Response:
     """``PATCH /v1/webhooks/{id}`` with the URL, description and event types of the form."""
     endpoint_id = int(page.request.path_params["id"])
     try:
-        await page.shop.change_webhook(page.account_id, endpoint_id, _webhook_data(page))
+        await webhooks.change_webhook(page.ctx, page.customer, endpoint_id, parse(WebhookChange, _webhook_data(page)))
     except ApiError as exc:
         if exc.status >= 500 or exc.status == 404:
             raise
@@ -135,7 +142,7 @@ async def enable_webhook(page: Page) -> Response:
     endpoint_id = int(page.request.path_params["id"])
     on = page.form.get("enabled") == "on"
     try:
-        await page.shop.change_webhook(page.account_id, endpoint_id, {"enabled": on})
+        await webhooks.change_webhook(page.ctx, page.customer, endpoint_id, WebhookChange(enabled=on))
     except ApiError as exc:
         if exc.status >= 500 or exc.status == 404:
             raise
@@ -146,7 +153,7 @@ async def enable_webhook(page: Page) -> Response:
 async def delete_webhook(page: Page) -> Response:
     endpoint_id = int(page.request.path_params["id"])
     try:
-        await page.shop.delete_webhook(page.account_id, endpoint_id)
+        await webhooks.delete_webhook(page.ctx, page.customer, endpoint_id)
     except ApiError as exc:
         if exc.status >= 500 or exc.status == 404:
             raise
@@ -158,7 +165,12 @@ async def redeliver(page: Page) -> Response:
     """``POST /v1/webhooks/{id}/redeliver``: one of the account's events, queued again for this endpoint."""
     endpoint_id = int(page.request.path_params["id"])
     try:
-        await page.shop.redeliver(page.account_id, endpoint_id, page.form.get("event_id", "").strip())
+        await webhooks.redeliver(
+            page.ctx,
+            page.customer,
+            endpoint_id,
+            parse(RedeliverInput, {"event_id": page.form.get("event_id", "").strip()}),
+        )
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -197,10 +209,13 @@ async def events_page(page: Page) -> Response:
     type_ = page.request.query_params.get("type") or None
     if before is not None and not (before.startswith("evt_") and len(before) <= 40):
         raise BadRequest("invalid_cursor", "That page of events does not exist.")
-    patterns = ["*", *sorted(f"{p}.*" for p in OBJECT_NAMES), *EVENT_TYPES]
-    if type_ is not None and type_ not in patterns:
+    if type_ is not None and type_ not in PATTERNS:
         raise BadRequest("invalid_type", f"There is no event type {type_[:60]!r}.")
-    events, older = await page.shop.events(page.account_id, before, type_)
+    listed = await feed.list_events(
+        page.ctx, page.customer, parse(EventQuery, {"before": before, "type": type_, "limit": 25}), newest_first=True
+    )
+    events = [event.payload() for event in listed.events]
+    older = listed.cursor if listed.has_more else None
     return page.render(
         "events.html",
         title="Events",
@@ -216,6 +231,6 @@ async def events_page(page: Page) -> Response:
         ],
         older=older,
         type=type_ or "*",
-        patterns=patterns,
-        webhooks=(await page.shop.webhooks(page.account_id)).webhooks,
+        patterns=PATTERNS,
+        webhooks=(await webhooks.list_webhooks(page.ctx, page.customer)).webhooks,
     )

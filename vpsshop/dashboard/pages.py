@@ -2,15 +2,16 @@
 routes of every page (servers and SSH keys are in :mod:`~vpsshop.dashboard.server_pages`, webhooks
 and events in :mod:`~vpsshop.dashboard.event_pages`).
 
-Each handler takes a :class:`~vpsshop.dashboard.web.Page` and calls :class:`~vpsshop.dashboard.shop.Shop`,
-which calls the same services as the API, with the API's limits. Errors the customer can fix
-re-render the form with the problem said in words (and the API's status and ``Retry-After``);
-others become the error page with the API's message.
+Each handler takes a :class:`~vpsshop.dashboard.web.Page` and calls the shop's operations, the ones
+the API calls, with the customer of the session: the same checks, limits, errors and events. Errors
+the customer can fix re-render the form with the problem said in words (and the API's status and
+``Retry-After``); others become the error page with the API's message.
 """
 
 from __future__ import annotations
 
 import secrets
+from decimal import Decimal
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -18,12 +19,19 @@ from starlette.routing import BaseRoute, Route
 
 import vpsshop.dashboard.event_pages as event_pages
 import vpsshop.dashboard.server_pages as server_pages
-from vpsshop.coins import DepositCoin, X402Coin
+from vpsshop import accounts, sessions, topups, twofactor
+from vpsshop.accounts import NewKeyInput
 from vpsshop.dashboard.web import Dashboard, Page, format_usd
 from vpsshop.dashboard.words import LEDGER_REASONS, friendly
-from vpsshop.errors import ApiError, NotFound, Unauthorized
+from vpsshop.errors import ApiError, BadRequest, NotFound, Unauthorized
+from vpsshop.inputs import parse
+from vpsshop.ledger import recent_entries
 from vpsshop.ratelimit import RateLimited
+from vpsshop.servers import resource
+from vpsshop.signin import check_login_token, check_second_factor
+from vpsshop.topups import TopupInput
 from vpsshop.twofactor import InvalidCode
+from vpsshop.x402.offers import PaymentRequired
 
 # ---- sign-in, sign-out, new account ---------------------------------------------------------------
 
@@ -39,7 +47,7 @@ async def signin(page: Page) -> Response:
     try:
         if not token:
             raise Unauthorized("Enter your login token.")
-        account_id, totp = await page.shop.check_login_token(token, page.client)
+        account_id, totp = await check_login_token(page.ctx, token, client=page.client)
     except RateLimited as exc:
         return page.render("signin.html", 429, exc.headers, title="Sign in", error=exc.message)
     except Unauthorized as exc:
@@ -52,9 +60,9 @@ async def signin(page: Page) -> Response:
         )
         return page.render("signin.html", 401, title="Sign in", error=message)
     if page.session is not None:  # a browser signing in again leaves no older session behind
-        await page.shop.end_session(page.session.account_id, page.session.id)
-    session_token = await page.shop.start_session(
-        account_id, pending_totp=totp, user_agent=page.request.headers.get("user-agent")
+        await sessions.end(page.ctx, page.session.account_id, page.session.id)
+    session_token = await sessions.start(
+        page.ctx, account_id, pending_totp=totp, user_agent=page.request.headers.get("user-agent")
     )
     response = page.redirect("signin/code" if totp else "")
     page.dash.sign_in(response, session_token)
@@ -69,20 +77,20 @@ async def code(page: Page) -> Response:
     pending = page.session
     assert pending is not None
     try:
-        await page.shop.check_second_factor(pending.account_id, page.form.get("code"), page.client)
+        await check_second_factor(page.ctx, pending.account_id, page.form.get("code"), client=page.client)
     except (InvalidCode, RateLimited) as exc:
         status = 429 if isinstance(exc, RateLimited) else 401
         return page.render("signin_code.html", status, exc.headers, title="Two-factor code", error=exc.message)
     except ApiError as exc:  # totp_required: the field was empty
         return page.render("signin_code.html", 400, title="Two-factor code", error=exc.message)
     response = page.redirect("")
-    page.dash.sign_in(response, await page.shop.complete_second_factor(pending))
+    page.dash.sign_in(response, await sessions.complete_second_factor(page.ctx, pending))
     return response
 
 
 async def signout(page: Page) -> Response:
     if page.session is not None:
-        await page.shop.end_session(page.session.account_id, page.session.id)
+        await sessions.end(page.ctx, page.session.account_id, page.session.id)
     response = page.redirect("signin", "signed-out")
     page.dash.sign_out(response)
     return response
@@ -90,13 +98,13 @@ async def signout(page: Page) -> Response:
 
 async def create_account(page: Page) -> Response:
     try:
-        created = await page.shop.create_account(page.client)
+        created = await accounts.create_account(page.ctx, client=page.client)
     except RateLimited as exc:  # the sign-up limit of POST /v1/account, on the same count
         return page.render("signin.html", 429, exc.headers, title="Sign in", signup_error=exc.message)
     if page.session is not None:
-        await page.shop.end_session(page.session.account_id, page.session.id)
-    session_token = await page.shop.start_session(
-        created.user_id, pending_totp=False, user_agent=page.request.headers.get("user-agent")
+        await sessions.end(page.ctx, page.session.account_id, page.session.id)
+    session_token = await sessions.start(
+        page.ctx, created.user_id, pending_totp=False, user_agent=page.request.headers.get("user-agent")
     )
     page.adopt(session_token)
     response = page.render("created.html", 201, title="Your new account", created=created)
@@ -108,9 +116,9 @@ async def create_account(page: Page) -> Response:
 
 
 async def overview(page: Page) -> Response:
-    account = await page.shop.account(page.account_id)
-    servers = await page.shop.servers(page.account_id)
-    ledger = await page.shop.ledger(page.account_id)
+    account = await accounts.get_account(page.ctx, page.customer)
+    servers = await resource.list_servers(page.ctx, page.customer)
+    ledger = await recent_entries(page.ctx, page.customer, 15)
     return page.render(
         "overview.html",
         title="Overview",
@@ -127,10 +135,10 @@ async def overview(page: Page) -> Response:
 async def topup_form(
     page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    account = await page.shop.account(page.account_id)
-    recent = await page.shop.recent_topups(page.account_id)
-    catalog = page.shop.catalog
-    default_coin = page.shop.topup_coin(None).code if catalog.payment_options else None
+    account = await accounts.get_account(page.ctx, page.customer)
+    recent = await topups.recent_topups(page.ctx, page.customer)
+    catalog = page.ctx.catalog
+    default_coin = topups.coin_of(page.ctx, None).code if catalog.payment_options else None
     return page.render(
         "topups.html",
         status,
@@ -153,39 +161,50 @@ async def topup_page(page: Page) -> Response:
 
 async def start_topup(page: Page) -> Response:
     try:
-        body = page.shop.topup_body(page.form.get("amount", ""), page.form.get("coin"))
-        coin = page.shop.topup_coin(body.coin)
-        if isinstance(coin, X402Coin):
-            requirements = await page.shop.x402_requirements(page.account_id, coin, body)
-            return page.render(
-                "topup_x402.html", title="Pay with x402", coin=coin, amount=body.amount, requirements=requirements
-            )
-        if not isinstance(coin, DepositCoin):
-            raise ApiError(400, "invalid_coin", f"Coin {coin.code} cannot be paid to a deposit address.")
+        body = _topup_input(page.form.get("amount", ""), page.form.get("coin"))
         key = page.form.get("idempotency_key") or None
-        topup = await page.shop.create_topup(page.account_id, coin, body, f"dashboard:{key}" if key else None)
+        started = await topups.start_topup(
+            page.ctx, page.customer, body, idempotency_key=f"dashboard:{key}" if key else None
+        )
+    except PaymentRequired as asked:  # an x402 coin: the wallet signs these requirements in the browser
+        return page.render(
+            "topup_x402.html",
+            title="Pay with x402",
+            coin=asked.offer.coin,
+            amount=body.amount,
+            requirements=asked.offer.accepts,
+        )
     except ApiError as exc:
         if exc.status >= 500:
             raise
         return await topup_form(page, error=friendly(exc), status=exc.status, headers=exc.headers)
-    return page.redirect(f"topups/{topup.ref}")
+    return page.redirect(f"topups/{started.topup.ref}")
+
+
+def _topup_input(amount: str, coin: str | None) -> TopupInput:
+    """The form's amount (``30``, ``$30.50``, ``1,000``) and coin, validated by the API's own input model."""
+    try:
+        value: Any = Decimal(amount.strip().lstrip("$").replace(",", ""))
+    except ArithmeticError:
+        raise BadRequest("invalid_amount", "amount: enter a number of US dollars, like 30 or 30.50.") from None
+    return parse(TopupInput, {"amount": value, "coin": coin or None})
 
 
 async def show_topup(page: Page) -> Response:
-    topup = await page.shop.topup(page.account_id, _ref(page))
-    coin = page.shop.ctx.coins.get(topup.coin)
+    topup = await topups.get_topup(page.ctx, page.customer, _ref(page))
+    coin = page.ctx.coins.get(topup.coin)
     return page.render(
         "topup.html",
         title=f"Top-up of {topup.amount_usd} USD",
         topup=topup,
         coin_name=getattr(coin, "name", topup.coin),
-        watched=page.shop.watched(topup.coin),
+        watched=topups.watches_chain(page.ctx, topup.coin),
         topup_account=page.account_id,
     )
 
 
 async def topup_status(page: Page) -> Response:
-    topup = await page.shop.topup(page.account_id, _ref(page))
+    topup = await topups.get_topup(page.ctx, page.customer, _ref(page))
     return JSONResponse(
         {
             "status": topup.status,
@@ -203,23 +222,20 @@ async def topup_status(page: Page) -> Response:
 
 async def cancel_topup(page: Page) -> Response:
     ref = _ref(page)
-    await page.shop.cancel_topup(page.account_id, ref)
+    await topups.cancel_topup(page.ctx, page.customer, ref)
     return page.redirect(f"topups/{ref}", "topup-cancelled")
 
 
 def _ref(page: Page) -> str:
-    ref = page.request.path_params["ref"]
-    if not (1 <= len(ref) <= 40):
-        raise NotFound("top-up")
-    return ref
+    return str(page.request.path_params["ref"])
 
 
 # ---- API keys ---------------------------------------------------------------------------------------------
 
 
 async def keys_page(page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any) -> Response:
-    keys = await page.shop.keys(page.account_id)
-    account = await page.shop.account(page.account_id)
+    keys = await accounts.list_keys(page.ctx, page.customer)
+    account = await accounts.get_account(page.ctx, page.customer)
     return page.render("keys.html", status, headers, title="API keys", keys=keys.keys, account=account, **extra)
 
 
@@ -231,12 +247,14 @@ async def mint_key(page: Page) -> Response:
     """A key can read root passwords through the API: with two-factor on, minting one asks for a
     fresh code, as revealing a password here does."""
     name = page.form.get("name", "").strip() or None
-    account = await page.shop.account(page.account_id)
+    account = await accounts.get_account(page.ctx, page.customer)
     refused = await page.fresh_code(account.totp_enabled)
     if refused is not None:
         return await keys_page(page, status=refused.status, headers=refused.headers, code_error=refused.message)
     try:
-        created = await page.shop.mint_key(page.account_id, name)
+        created = await accounts.create_key(
+            page.ctx, page.customer, parse(NewKeyInput, {} if name is None else {"name": name})
+        )
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -246,7 +264,7 @@ async def mint_key(page: Page) -> Response:
 
 async def revoke_key(page: Page) -> Response:
     try:
-        await page.shop.revoke_key(page.account_id, page.request.path_params["id"])
+        await accounts.revoke_key(page.ctx, page.customer, page.request.path_params["id"])
     except RateLimited as exc:
         return await keys_page(page, status=exc.status, headers=exc.headers, error=exc.message)
     return page.redirect("keys", "key-revoked")
@@ -258,10 +276,10 @@ async def revoke_key(page: Page) -> Response:
 async def security_page(
     page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    account = await page.shop.account(page.account_id)
-    left = await page.shop.recovery_codes_left(page.account_id) if account.totp_enabled else 0
-    live = await page.shop.live_sessions(page.account_id)
-    limits = page.shop.ctx.settings.dashboard
+    account = await accounts.get_account(page.ctx, page.customer)
+    left = await twofactor.recovery_codes_left(page.ctx, page.customer) if account.totp_enabled else 0
+    live = await sessions.live(page.ctx, page.customer)
+    limits = page.ctx.settings.dashboard
     idle = limits.session_idle_minutes
     return page.render(
         "security.html",
@@ -283,17 +301,17 @@ async def security(page: Page) -> Response:
 
 
 async def totp_start(page: Page) -> Response:
-    await page.shop.begin_totp(page.account_id)
+    await twofactor.begin_enrolment(page.ctx, page.customer)
     return page.redirect("security/totp")
 
 
 async def totp_enrol(
     page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    account = await page.shop.account(page.account_id)
+    account = await accounts.get_account(page.ctx, page.customer)
     if account.totp_enabled:
         return page.redirect("security")
-    enrolment = await page.shop.begin_totp(page.account_id)
+    enrolment = await twofactor.begin_enrolment(page.ctx, page.customer)
     return page.render(
         "totp.html", status, headers, title="Set up two-factor sign-in", enrolment=enrolment, error=error
     )
@@ -305,16 +323,16 @@ async def totp_enrol_page(page: Page) -> Response:
 
 async def totp_confirm(page: Page) -> Response:
     try:
-        codes = await page.shop.confirm_totp(page.account_id, page.form.get("code", ""))
+        codes = await twofactor.confirm_enrolment(page.ctx, page.customer, page.form.get("code", ""))
     except (InvalidCode, RateLimited) as exc:
         return await totp_enrol(page, error=exc.message, status=exc.status, headers=exc.headers)
-    await page.shop.end_other_sessions(page.account_id, page.session.id if page.session else None)
+    await sessions.end_others(page.ctx, page.customer, page.session.id if page.session else None)
     return page.render("recovery_codes.html", title="Your recovery codes", codes=codes, first=True)
 
 
 async def totp_disable(page: Page) -> Response:
     try:
-        await page.shop.disable_totp(page.account_id, page.form.get("code", ""))
+        await twofactor.disable(page.ctx, page.customer, page.form.get("code", ""))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -324,7 +342,7 @@ async def totp_disable(page: Page) -> Response:
 
 async def recovery_codes(page: Page) -> Response:
     try:
-        codes = await page.shop.new_recovery_codes(page.account_id, page.form.get("code", ""))
+        codes = await twofactor.regenerate_recovery_codes(page.ctx, page.customer, page.form.get("code", ""))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -334,7 +352,7 @@ async def recovery_codes(page: Page) -> Response:
 
 async def end_session(page: Page) -> Response:
     session_id = page.request.path_params["id"]
-    await page.shop.end_session(page.account_id, session_id)
+    await sessions.end(page.ctx, page.account_id, session_id)
     if page.session is not None and session_id == page.session.id:
         response = page.redirect("signin", "signed-out")
         page.dash.sign_out(response)
@@ -343,7 +361,7 @@ async def end_session(page: Page) -> Response:
 
 
 async def end_other_sessions(page: Page) -> Response:
-    await page.shop.end_other_sessions(page.account_id, page.session.id if page.session else None)
+    await sessions.end_others(page.ctx, page.customer, page.session.id if page.session else None)
     return page.redirect("security", "sessions-ended")
 
 

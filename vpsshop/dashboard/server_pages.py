@@ -2,7 +2,7 @@
 renewal for one or more cycles at the API's quoted price, automatic renewal, the root login, reverse
 DNS), reinstalling, the serial console, and the SSH key store.
 
-Each action calls :class:`~vpsshop.dashboard.shop.Shop`, the API's services with the API's limits.
+Each action calls the operation the API calls (:mod:`vpsshop.servers`), with its limits and events.
 What reaches into a server (its root password, a reinstall that shows a new one, the console)
 asks for a fresh two-factor code when two-factor is on, as credentials do.
 """
@@ -14,17 +14,27 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
+from vpsshop import accounts
 from vpsshop.dashboard.web import Page, format_usd
 from vpsshop.dashboard.words import cycles, friendly, renewal_words
 from vpsshop.errors import ApiError, BadRequest
 from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL
+from vpsshop.inputs import parse
 from vpsshop.ledger import InsufficientBalance
+from vpsshop.servers import console, control, orders, renewals, resource, sshkeys
+from vpsshop.servers import credentials as server_credentials
+from vpsshop.servers import reinstall as reinstalls
+from vpsshop.servers.control import POWER_ACTIONS, ServerChange
+from vpsshop.servers.orders import OrderInput
+from vpsshop.servers.reinstall import ReinstallInput
+from vpsshop.servers.renewals import RenewInput
+from vpsshop.servers.sshkeys import SshKeyInput
 
 # ---- the list and the order form -------------------------------------------------------------------
 
 
 async def servers_page(page: Page) -> Response:
-    servers = await page.shop.servers(page.account_id)
+    servers = await resource.list_servers(page.ctx, page.customer)
     return page.render("servers.html", title="Servers", servers=servers.servers)
 
 
@@ -38,7 +48,7 @@ def _pricing(page: Page) -> dict[str, dict[str, str]]:
             "monthly_usd": str(p.monthly_usd),
             "annual_usd": str(p.annual_usd),
         }
-        for p in page.shop.catalog.pricing
+        for p in page.ctx.catalog.pricing
     }
 
 
@@ -50,12 +60,12 @@ async def order_form(
     status: int = 200,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    account = await page.shop.account(page.account_id)
-    keys = await page.shop.ssh_keys(page.account_id)
-    catalog = page.shop.catalog
+    account = await accounts.get_account(page.ctx, page.customer)
+    keys = await sshkeys.list_keys(page.ctx, page.customer)
+    catalog = page.ctx.catalog
     form = {
         "plan": catalog.plans[0].id,
-        "location": (page.shop.orderable_locations or catalog.locations)[0].id,
+        "location": (_orderable(page) or catalog.locations)[0].id,
         "os": catalog.operating_systems[0].id,
         "cycle": "monthly",
         **page.form,
@@ -68,7 +78,7 @@ async def order_form(
         headers,
         title="Order a server",
         account=account,
-        locations=page.shop.orderable_locations,
+        locations=_orderable(page),
         catalog=catalog,
         form=form,
         ssh_keys=keys.ssh_keys,
@@ -103,8 +113,10 @@ async def place_order(page: Page) -> Response:
         data["user_data"] = page.text("user_data")
     key = form.get("idempotency_key") or None
     try:
-        body = page.shop.order_body(data)
-        done = await page.shop.order(page.account_id, body, f"dashboard:{key}" if key else None)
+        body = parse(OrderInput, data)
+        done = await orders.place_order(
+            page.ctx, page.customer, body, idempotency_key=f"dashboard:{key}" if key else None
+        )
     except InsufficientBalance as exc:
         page.form.pop("root_password", None)
         return await order_form(page, error=friendly(exc), deficit=exc.extra.get("deficit"), status=402)
@@ -120,7 +132,7 @@ async def place_order(page: Page) -> Response:
 
 
 def _names(page: Page) -> dict[str, str]:
-    data = page.shop.ctx.catalog_data
+    data = page.ctx.catalog_data
     return {
         **{p.id: p.name for p in data.plans},
         **{f"loc:{loc.id}": loc.name for loc in data.locations},
@@ -132,17 +144,31 @@ def _server_id(page: Page) -> int:
     return int(page.request.path_params["id"])
 
 
+def _orderable(page: Page) -> list[Any]:
+    """The catalog's locations the hypervisor serves (an order elsewhere is refused with 409)."""
+    return [loc for loc in page.ctx.catalog.locations if page.ctx.serves_location(loc.id)]
+
+
+def _periods(text: str) -> int:
+    """The form's number of periods, checked as the API checks ``periods`` (a whole number, 1 to 120)."""
+    try:
+        periods = int(text.strip() or "1")
+    except ValueError:
+        raise BadRequest("invalid_periods", "periods: enter a whole number of billing cycles.") from None
+    return parse(RenewInput, {"periods": periods}).periods
+
+
 async def server_page(
     page: Page, *, status: int = 200, headers: dict[str, str] | None = None, periods: int = 1, **extra: Any
 ) -> Response:
     """A server's page; ``extra`` carries what an action adds (an error in its section, the password)."""
     server_id = _server_id(page)
-    server = await page.shop.server(page.account_id, server_id)
-    account = await page.shop.account(page.account_id)
+    server = await resource.get_server(page.ctx, page.customer, server_id)
+    account = await accounts.get_account(page.ctx, page.customer)
     quote, quote_text = None, None
     if server.status in ("active", "suspended"):
         try:
-            quote = await page.shop.renewal_quote(page.account_id, server_id, periods)
+            quote = await renewals.quote_renewal(page.ctx, page.customer, server_id, RenewInput(periods=periods))
             quote_text = renewal_words(quote, server.cycle)
         except ApiError as exc:  # the prepay horizon is reached: the API's words say so
             if exc.status >= 500:
@@ -159,11 +185,11 @@ async def server_page(
         quote=quote,
         quote_text=quote_text,
         renew_label=f"Renew now for {cycles(quote.periods, server.cycle)}" if quote else None,
-        horizon_days=page.shop.prepay_days,
+        horizon_days=page.ctx.settings.servers.max_prepay_days,
         unit="years" if server.cycle == "annual" else "months",
-        has_dns=page.shop.has_dns,
-        can_reinstall=page.shop.can(CAPABILITY_REINSTALL),
-        can_console=page.shop.can(CAPABILITY_CONSOLE),
+        has_dns=page.ctx.dns is not None,
+        can_reinstall=page.can(CAPABILITY_REINSTALL),
+        can_console=page.can(CAPABILITY_CONSOLE),
         **extra,
     )
 
@@ -173,17 +199,17 @@ async def show_server(page: Page) -> Response:
 
 
 async def server_status(page: Page) -> Response:
-    server = await page.shop.server(page.account_id, _server_id(page))
+    server = await resource.get_server(page.ctx, page.customer, _server_id(page))
     return JSONResponse({"status": server.status, "ip": server.ip}, headers={"Cache-Control": "no-store"})
 
 
 async def power(page: Page) -> Response:
     action = page.form.get("action", "")
-    if action not in ("start", "stop", "reboot"):
+    if action not in POWER_ACTIONS:
         raise BadRequest("invalid_action", "Choose start, stop or reboot.")
     server_id = _server_id(page)
     try:
-        await page.shop.power(page.account_id, server_id, action)
+        await control.power(page.ctx, page.customer, server_id, action)
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -197,19 +223,19 @@ async def renew(page: Page) -> Response:
     shows the price of the new count first."""
     server_id = _server_id(page)
     try:
-        periods = page.shop.renew_body(page.form.get("periods", "1"))
+        periods = _periods(page.form.get("periods", "1"))
     except ApiError as exc:
         return await server_page(page, status=exc.status, renew_error=friendly(exc))
     if page.form.get("quoted", "1") != str(periods):
         try:
-            await page.shop.renewal_quote(page.account_id, server_id, periods)
+            await renewals.quote_renewal(page.ctx, page.customer, server_id, RenewInput(periods=periods))
         except ApiError as exc:
             if exc.status >= 500:
                 raise
             return await server_page(page, status=exc.status, renew_error=friendly(exc))
         return await server_page(page, periods=periods, renew_confirm=True)
     try:
-        result = await page.shop.renew(page.account_id, server_id, periods)
+        result = (await renewals.renew_server(page.ctx, page.customer, server_id, RenewInput(periods=periods))).renewal
     except InsufficientBalance as exc:
         return await server_page(
             page, status=402, periods=periods, renew_error=friendly(exc), renew_deficit=exc.extra.get("deficit")
@@ -226,9 +252,9 @@ async def renew_quote(page: Page) -> Response:
     page's words."""
     server_id = _server_id(page)
     try:
-        periods = page.shop.renew_body(page.request.query_params.get("periods", "1")[:6])
-        server = await page.shop.server(page.account_id, server_id)
-        quote = await page.shop.renewal_quote(page.account_id, server_id, periods)
+        periods = _periods(page.request.query_params.get("periods", "1")[:6])
+        server = await resource.get_server(page.ctx, page.customer, server_id)
+        quote = await renewals.quote_renewal(page.ctx, page.customer, server_id, RenewInput(periods=periods))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -249,7 +275,7 @@ async def auto_renew(page: Page) -> Response:
     server_id = _server_id(page)
     on = page.form.get("auto_renew") == "on"
     try:
-        await page.shop.set_auto_renew(page.account_id, server_id, on)
+        await control.change_server(page.ctx, page.customer, server_id, ServerChange(auto_renew=on))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -259,13 +285,13 @@ async def auto_renew(page: Page) -> Response:
 
 async def credentials(page: Page) -> Response:
     server_id = _server_id(page)
-    account = await page.shop.account(page.account_id)
+    account = await accounts.get_account(page.ctx, page.customer)
     refused = await page.fresh_code(account.totp_enabled)
     if refused is not None:
         return await server_page(
             page, status=refused.status, headers=refused.headers, credentials_error=refused.message
         )
-    creds = await page.shop.credentials(page.account_id, server_id)
+    creds = await server_credentials.reveal_credentials(page.ctx, page.customer, server_id)
     return await server_page(page, headers={"Pragma": "no-cache"}, credentials=creds)
 
 
@@ -273,7 +299,7 @@ async def reverse_dns(page: Page) -> Response:
     server_id = _server_id(page)
     name = page.form.get("reverse_dns", "").strip().rstrip(".") or None
     try:
-        await page.shop.set_reverse_dns(page.account_id, server_id, name)
+        await control.change_server(page.ctx, page.customer, server_id, parse(ServerChange, {"reverse_dns": name}))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -287,9 +313,9 @@ async def reverse_dns(page: Page) -> Response:
 async def reinstall_form(
     page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
 ) -> Response:
-    server = await page.shop.server(page.account_id, _server_id(page))
-    account = await page.shop.account(page.account_id)
-    keys = await page.shop.ssh_keys(page.account_id)
+    server = await resource.get_server(page.ctx, page.customer, _server_id(page))
+    account = await accounts.get_account(page.ctx, page.customer)
+    keys = await sshkeys.list_keys(page.ctx, page.customer)
     return page.render(
         "reinstall.html",
         status,
@@ -297,11 +323,11 @@ async def reinstall_form(
         title=f"Reinstall {server.hostname}",
         server=server,
         account=account,
-        catalog=page.shop.catalog,
+        catalog=page.ctx.catalog,
         ssh_keys=keys.ssh_keys,
         chosen_keys=set(page.values("ssh_keys")),
         form={"os": server.os, **page.form},
-        can_reinstall=page.shop.can(CAPABILITY_REINSTALL),
+        can_reinstall=page.can(CAPABILITY_REINSTALL),
         **extra,
     )
 
@@ -313,7 +339,7 @@ async def reinstall_page(page: Page) -> Response:
 async def reinstall(page: Page) -> Response:
     """``POST /v1/servers/{id}/reinstall``: the disk erased and made anew; a new password shown once."""
     server_id = _server_id(page)
-    account = await page.shop.account(page.account_id)
+    account = await accounts.get_account(page.ctx, page.customer)
     if page.form.get("confirm") != "yes":
         page.form.pop("root_password", None)
         return await reinstall_form(
@@ -331,8 +357,8 @@ async def reinstall(page: Page) -> Response:
     if page.text("user_data").strip():
         data["user_data"] = page.text("user_data")
     try:
-        body = page.shop.reinstall_body(data)
-        done = await page.shop.reinstall(page.account_id, server_id, body)
+        body = parse(ReinstallInput, data)
+        done = await reinstalls.reinstall_server(page.ctx, page.customer, server_id, body)
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -355,8 +381,8 @@ async def reinstall(page: Page) -> Response:
 async def console_form(
     page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
 ) -> Response:
-    server = await page.shop.server(page.account_id, _server_id(page))
-    account = await page.shop.account(page.account_id)
+    server = await resource.get_server(page.ctx, page.customer, _server_id(page))
+    account = await accounts.get_account(page.ctx, page.customer)
     return page.render(
         "console.html",
         status,
@@ -364,7 +390,7 @@ async def console_form(
         title=f"Console of {server.hostname}",
         server=server,
         account=account,
-        can_console=page.shop.can(CAPABILITY_CONSOLE),
+        can_console=page.can(CAPABILITY_CONSOLE),
         scripts=["console.js"] if extra.get("ticket") else [],
         **extra,
     )
@@ -376,12 +402,12 @@ async def console_page(page: Page) -> Response:
 
 async def open_console(page: Page) -> Response:
     """A ticket from ``POST /v1/servers/{id}/console``; the page's script opens the WebSocket with it."""
-    account = await page.shop.account(page.account_id)
+    account = await accounts.get_account(page.ctx, page.customer)
     refused = await page.fresh_code(account.totp_enabled)
     if refused is not None:
         return await console_form(page, status=refused.status, headers=refused.headers, code_error=refused.message)
     try:
-        ticket = await page.shop.console_ticket(page.account_id, _server_id(page))
+        ticket = await console.open_console(page.ctx, page.customer, _server_id(page))
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -395,7 +421,7 @@ async def open_console(page: Page) -> Response:
 async def ssh_keys_form(
     page: Page, *, status: int = 200, headers: dict[str, str] | None = None, error: str | None = None
 ) -> Response:
-    keys = await page.shop.ssh_keys(page.account_id)
+    keys = await sshkeys.list_keys(page.ctx, page.customer)
     return page.render(
         "ssh_keys.html", status, headers, title="SSH keys", keys=keys.ssh_keys, error=error, form=page.form
     )
@@ -407,7 +433,13 @@ async def ssh_keys_page(page: Page) -> Response:
 
 async def add_ssh_key(page: Page) -> Response:
     try:
-        await page.shop.add_ssh_key(page.account_id, page.form.get("name", "").strip(), page.text("public_key").strip())
+        await sshkeys.add_key(
+            page.ctx,
+            page.customer,
+            parse(
+                SshKeyInput, {"name": page.form.get("name", "").strip(), "public_key": page.text("public_key").strip()}
+            ),
+        )
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -417,7 +449,7 @@ async def add_ssh_key(page: Page) -> Response:
 
 async def delete_ssh_key(page: Page) -> Response:
     try:
-        await page.shop.delete_ssh_key(page.account_id, int(page.request.path_params["id"]))
+        await sshkeys.delete_key(page.ctx, page.customer, int(page.request.path_params["id"]))
     except ApiError as exc:
         if exc.status >= 500 or exc.status == 404:
             raise

@@ -29,9 +29,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from vpsshop import sessions, twofactor
+from vpsshop.actors import Customer
 from vpsshop.auth import keyed_digest
 from vpsshop.context import AppContext
-from vpsshop.dashboard.shop import Shop
 from vpsshop.errors import ApiError, PluginError
 from vpsshop.money import micros_to_usd
 from vpsshop.sessions import ActiveSession, token_digest
@@ -111,8 +112,18 @@ class Page:
         return self.session.account_id
 
     @property
-    def shop(self) -> Shop:
-        return self.dash.shop
+    def ctx(self) -> AppContext:
+        return self.dash.ctx
+
+    @property
+    def customer(self) -> Customer:
+        """The account of the session: what the page's operations act for."""
+        return Customer(self.account_id)
+
+    def can(self, capability: str) -> bool:
+        """Whether the shop's hypervisor backend has ``capability`` (``reinstall``, ``console``)."""
+        backend = self.ctx.hypervisor
+        return backend is not None and capability in backend.capabilities
 
     @property
     def client(self) -> str:
@@ -124,7 +135,7 @@ class Page:
         if not totp_enabled:
             return None
         try:
-            await self.shop.verify_totp(self.account_id, self.form.get("code"))
+            await twofactor.verify(self.ctx, self.customer, self.form.get("code"))
         except ApiError as exc:
             if exc.status >= 500:
                 raise
@@ -160,7 +171,6 @@ class Dashboard:
     def __init__(self, ctx: AppContext, base: str) -> None:
         self.ctx = ctx
         self.base = base
-        self.shop = Shop(ctx)
         self.secure = ctx.settings.behind_tls
         prefix = "__Host-" if self.secure else ""
         self.session_cookie = f"{prefix}vpsshop_session"
@@ -270,7 +280,7 @@ class Dashboard:
         """
 
         async def serve(request: Request) -> Response:
-            session = await self.shop.resolve_session(request.cookies.get(self.session_cookie))
+            session = await sessions.resolve(self.ctx, request.cookies.get(self.session_cookie))
             page = Page(request, self, session)
             response = await self._run(page, handler, auth, pending)
             self.finish(page, response)

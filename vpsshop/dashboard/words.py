@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vpsshop.dashboard.web import format_usd, format_when
 from vpsshop.errors import ApiError
-from vpsshop.servers.api import QuoteOut
+from vpsshop.servers.orders import QuoteOut
 
 LEDGER_REASONS = {
     "topup": "Top-up",

@@ -9,9 +9,12 @@ leaves no ``server.provisioning`` behind). After commit:
   (:mod:`vpsshop.events.delivery`, :mod:`vpsshop.events.sender`);
 * the ``event-hooks`` background task calls each plugin's ``vpsshop_event`` with every event, in
   order, from the plugin's own cursor (:mod:`vpsshop.events.dispatch`);
-* ``GET /v1/events`` pages through the account's events (:mod:`vpsshop.events.api`).
+* ``GET /v1/events`` pages through the account's events (:mod:`vpsshop.events.feed`); the account's
+  webhook endpoints are managed by :mod:`vpsshop.events.webhooks`.
 
-Types and payloads: :mod:`vpsshop.events.types`, :mod:`vpsshop.events.resources`, ``docs/events.md``.
+Types: :mod:`vpsshop.events.types`. Payloads: the resource models of the API (the one model of each
+resource: :class:`vpsshop.accounts.AccountOut`, :class:`vpsshop.servers.resource.ServerOut` ...),
+``docs/events.md``.
 """
 
 from __future__ import annotations

@@ -40,12 +40,13 @@ import sqlalchemy as sa
 from anyio import to_thread
 from sqlmodel import Session, select
 
-from vpsshop import events
+import vpsshop.events as events
 from vpsshop.context import AppContext
 from vpsshop.events import outbox, sender, signing
 from vpsshop.events.models import EventCursor, StoredEvent, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from vpsshop.events.settings import EventSettings, event_settings
 from vpsshop.events.types import matches
+from vpsshop.events.webhooks import webhook_out
 
 log = logging.getLogger("vpsshop.webhooks")
 
@@ -284,9 +285,8 @@ def disable(session: Session, endpoint: WebhookEndpoint, now: datetime, reason: 
         return False
     session.refresh(endpoint)
     log.warning("webhook endpoint %s of account %s disabled: %s", endpoint.id, endpoint.account_id, reason)
-    from vpsshop.events.api import webhook_data
 
-    events.emit(session, "webhook.disabled", endpoint.account_id, webhook_data(endpoint), now=now)
+    events.emit(session, "webhook.disabled", endpoint.account_id, webhook_out(endpoint), now=now)
     return True
 
 

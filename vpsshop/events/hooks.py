@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from vpsshop.hookspecs import hookimpl
+from vpsshop.markers import hookimpl
 from vpsshop.tasks import BackgroundTask
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from vpsshop.component import describe_validation_error
-from vpsshop.errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
+from vpsshop.context import AppContext, StateKey
+from vpsshop.errors import ConfigError, describe_validation_error
 
 SANDBOX_ALLOWED_NETWORKS = ("127.0.0.0/8", "::1/128")
 """The sandbox delivers to loopback so a customer can try webhooks against a local receiver."""
@@ -78,7 +75,7 @@ def build_settings(section: dict[str, Any], *, sandbox: bool) -> EventSettings:
 
 def event_settings(ctx: AppContext) -> EventSettings:
     """The validated ``[events]`` section of this app or worker (cached on the context)."""
-    cached = ctx.events_settings
-    if cached is None:
-        cached = ctx.events_settings = build_settings(ctx.settings.events, sandbox=ctx.settings.sandbox)
-    return cached
+    return ctx.state(_SETTINGS, lambda ctx: build_settings(ctx.settings.events, sandbox=ctx.settings.sandbox))
+
+
+_SETTINGS = StateKey[EventSettings]("event-settings")

@@ -1,8 +1,9 @@
 """Every event type: its name, the resource its ``data`` holds, and when it happens.
 
 Names are ``<resource>.<what happened>`` (Standard Webhooks' full-stop hierarchy). A webhook
-endpoint subscribes to names or to ``<resource>.*`` / ``*`` patterns. The payload model of each
-``object`` is in :mod:`vpsshop.events.resources`; ``docs/events.md`` shows examples.
+endpoint subscribes to names or to ``<resource>.*`` / ``*`` patterns. ``data`` is the resource as the
+API shows it (the same model: the API's response and the event's payload are one), plus
+``data.object`` naming it; ``docs/events.md`` shows examples.
 """
 
 from __future__ import annotations
@@ -14,12 +15,17 @@ from dataclasses import dataclass
 class EventType:
     name: str
     object: str
-    """The resource in ``data`` (``data.object``): topup, server, ledger_entry, api_key, account, webhook."""
+    """The resource in ``data`` (``data.object``): account, api_key, ledger_entry, topup, server, ssh_key, webhook."""
     description: str
 
 
 _TYPES = [
     EventType("account.created", "account", "An account was created (POST /account)."),
+    EventType(
+        "account.updated",
+        "account",
+        "The account's settings changed: two-factor sign-in was turned on or off (data.totp_enabled).",
+    ),
     EventType("api_key.created", "api_key", "An API key was minted (POST /keys, or a dashboard sign-in)."),
     EventType("api_key.revoked", "api_key", "An API key was revoked (DELETE /keys/{id})."),
     EventType("ledger.credit", "ledger_entry", "The balance went up: a top-up payment, a refund, a support credit."),
@@ -90,10 +96,60 @@ _TYPES = [
         "provisioning failed (then the order was refunded); data.status_reason says which.",
     ),
     EventType(
+        "server.updated",
+        "server",
+        "The customer changed the server (PATCH /servers/{id}): automatic renewal or reverse DNS; data has the "
+        "new values.",
+    ),
+    EventType(
+        "server.started",
+        "server",
+        "A start (POST /servers/{id}/start) has run on the hypervisor: the VM is powered on (data.power running).",
+    ),
+    EventType(
+        "server.stopped",
+        "server",
+        "A stop (POST /servers/{id}/stop) has run on the hypervisor: the VM is powered off (data.power stopped). "
+        "The server stays active and is still billed.",
+    ),
+    EventType(
+        "server.rebooted",
+        "server",
+        "A reboot (POST /servers/{id}/reboot) has run on the hypervisor: the VM restarted (data.power running).",
+    ),
+    EventType(
+        "server.power_failed",
+        "server",
+        "A start, stop or reboot could not be done on the hypervisor after its retries; data.power is as before.",
+    ),
+    EventType(
+        "server.reinstalling",
+        "server",
+        "A reinstall was requested (POST /servers/{id}/reinstall): the disk is being recreated; "
+        "data.status_reason says so until server.reinstalled.",
+    ),
+    EventType(
         "server.reinstalled",
         "server",
         "A reinstall (POST /servers/{id}/reinstall) is done: the new disk is made and the server is powered on; "
         "data.status_reason is null again. The guest answers once the new system has booted.",
+    ),
+    EventType("ssh_key.created", "ssh_key", "An SSH public key was stored (POST /ssh-keys)."),
+    EventType(
+        "ssh_key.deleted",
+        "ssh_key",
+        "A stored SSH key was deleted (DELETE /ssh-keys/{id}); servers made with it keep their copy.",
+    ),
+    EventType("webhook.created", "webhook", "A webhook endpoint was registered (POST /webhooks)."),
+    EventType(
+        "webhook.updated",
+        "webhook",
+        "A webhook endpoint was changed, paused or re-enabled (PATCH /webhooks/{id}).",
+    ),
+    EventType(
+        "webhook.deleted",
+        "webhook",
+        "A webhook endpoint was deleted (DELETE /webhooks/{id}); nothing more is sent to it, this event included.",
     ),
     EventType(
         "webhook.disabled",

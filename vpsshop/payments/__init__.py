@@ -23,9 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def engine_for(ctx: AppContext) -> PaymentEngine:
     """The payment engine of this app or worker (built on first use, one per context)."""
-    engine = ctx.payments
-    if engine is None:
-        from vpsshop.payments.engine import PaymentEngine
+    from vpsshop.payments.engine import ENGINE, PaymentEngine
 
-        engine = ctx.payments = PaymentEngine(ctx)
-    return engine
+    return ctx.state(ENGINE, PaymentEngine)

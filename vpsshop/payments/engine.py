@@ -14,11 +14,9 @@ credited. Under- and over-payments are credited for what arrived, to the micro-d
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 from decimal import ROUND_CEILING, ROUND_DOWN, Decimal
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from anyio import to_thread
@@ -28,35 +26,15 @@ from sqlmodel import Session, select
 from vpsshop import events, ledger
 from vpsshop.coins import DepositCoin, PaymentCheck, PaymentCoin, X402Coin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
+from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
-from vpsshop.events.resources import emit_payment_credited, topup_data
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record, new_ref
 from vpsshop.payments.rates import RateService
-from vpsshop.qrcodes import png_data_uri
+from vpsshop.payments.resource import TopupView, emit_payment_credited, make_view, read_view, topup_event
 from vpsshop.settings import TopupSettings
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
-
 log = logging.getLogger("vpsshop.payments")
-
-
-@dataclass(frozen=True)
-class TopupView:
-    """A top-up with what its payments add up to, as the API shows it."""
-
-    topup: Topup
-    payment_status: str
-    amount_received_atomic: int
-    credited_micros: int
-    confirmations: int | None
-
-
-@lru_cache(maxsize=4096)
-def qr_data_uri(text: str) -> str:
-    """A PNG QR code of ``text`` as a ``data:`` URI (made with ``qrcode``; cached per text)."""
-    return png_data_uri(text)
 
 
 def usd_value_micros(amount_atomic: int, decimals: int, rate: Decimal) -> int:
@@ -213,7 +191,7 @@ class PaymentEngine:
             )
             session.add(topup)
             session.flush()
-            events.emit(session, "topup.created", account_id, topup_data(self.ctx, topup), now=now)
+            events.emit(session, "topup.created", account_id, topup_event(self.ctx, session, topup), now=now)
             return topup
 
     async def register(self, coin: DepositCoin, topup: Topup) -> None:
@@ -253,11 +231,7 @@ class PaymentEngine:
             topup = session.exec(select(Topup).where(Topup.ref == ref, Topup.account_id == account_id)).first()
             if topup is None:
                 raise NotFound("top-up")
-            if topup.watch_key is None:  # an x402 top-up: its record says how far it got
-                record = session.exec(select(X402Record).where(X402Record.topup_id == topup.id)).first()
-                return x402_view(topup, record.status if record is not None else None)
-            payments = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all()
-        return make_view(topup, list(payments))
+            return read_view(session, topup)
 
     def recent_topups(self, account_id: int, limit: int = 10) -> list[Topup]:
         """The account's newest top-ups, newest first (as stored; :meth:`get_topup` refreshes one)."""
@@ -298,7 +272,7 @@ class PaymentEngine:
                 topup.status = "cancelled"
                 topup.cancelled_at = now
                 session.add(topup)
-                events.emit(session, "topup.cancelled", account_id, topup_data(self.ctx, topup), now=now)
+                events.emit(session, "topup.cancelled", account_id, topup_event(self.ctx, session, topup), now=now)
             elif topup.status == "completed":
                 raise ApiError(409, "topup_completed", "This top-up is completed and its payment credited.")
             return make_view(topup, payments)
@@ -325,7 +299,7 @@ class PaymentEngine:
                 .all()
             )
             for topup in session.exec(select(Topup).where(Topup.id.in_(expired))).all():  # type: ignore[union-attr]
-                events.emit(session, "topup.expired", topup.account_id, topup_data(self.ctx, topup), now=now)
+                events.emit(session, "topup.expired", topup.account_id, topup_event(self.ctx, session, topup), now=now)
             return len(expired)
 
     # ---- recording and crediting payments ----------------------------------------------------------
@@ -384,7 +358,11 @@ class PaymentEngine:
                         savepoint.rollback()
                         continue
                     events.emit(
-                        session, "topup.payment_seen", topup.account_id, topup_data(self.ctx, topup, row), now=now
+                        session,
+                        "topup.payment_seen",
+                        topup.account_id,
+                        topup_event(self.ctx, session, topup, row),
+                        now=now,
                     )
                 elif row.status != "credited":
                     if row.status == "dropped":  # back on chain after a reorganisation
@@ -392,7 +370,7 @@ class PaymentEngine:
                             session,
                             "topup.payment_seen",
                             row.account_id,
-                            topup_data(self.ctx, session.get(Topup, row.topup_id), row),
+                            topup_event(self.ctx, session, session.get(Topup, row.topup_id), row),
                             now=now,
                         )
                     row.status = "seen"
@@ -438,7 +416,7 @@ class PaymentEngine:
                             session,
                             "topup.payment_dropped",
                             gone.account_id,
-                            topup_data(self.ctx, session.get(Topup, gone.topup_id), gone),
+                            topup_event(self.ctx, session, session.get(Topup, gone.topup_id), gone),
                             now=self.ctx.clock.now(),
                         )
                 session.execute(
@@ -525,29 +503,5 @@ def _lock(session: Session, stmt: Any) -> Any:
     return session.exec(stmt).first()
 
 
-def make_view(topup: Topup, payments: list[TopupPayment]) -> TopupView:
-    live = [p for p in payments if p.status in ("seen", "credited")]
-    seen = [p for p in live if p.status == "seen"]
-    if seen:
-        status = "seen"
-    elif live:
-        status = "confirmed"
-    else:
-        status = "awaiting_payment"
-    return TopupView(
-        topup=topup,
-        payment_status=status,
-        amount_received_atomic=sum(int(p.amount_atomic) for p in live if p.coin == topup.coin),
-        credited_micros=sum(p.credited_micros or 0 for p in live),
-        confirmations=min(p.confirmations for p in seen) if seen else None,
-    )
-
-
-def x402_view(topup: Topup, status: str | None) -> TopupView:
-    """An x402 top-up by its record's status: settled is credited in full (USDC at par), settling
-    is seen (outcome unknown), rejected or no record is nothing received."""
-    if status == "settled":
-        return TopupView(topup, "confirmed", int(topup.deposit_amount_atomic), topup.amount_micros, None)
-    if status == "settling":
-        return TopupView(topup, "seen", int(topup.deposit_amount_atomic), 0, None)
-    return TopupView(topup, "awaiting_payment", 0, 0, None)
+ENGINE = StateKey[PaymentEngine]("payments")
+"""The payment engine of one shop (:func:`vpsshop.payments.engine_for`)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from anyio import to_thread
 
-from vpsshop.hookspecs import hookimpl
+from vpsshop.markers import hookimpl
 from vpsshop.tasks import BackgroundTask
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
 from anyio import to_thread
@@ -37,7 +37,32 @@ from vpsshop.errors import PluginError
 from vpsshop.payments.models import ScanCursor, Topup, TopupPayment
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.payments.engine import PaymentEngine
+    from vpsshop.coins import PaymentCheck
+    from vpsshop.context import AppContext
+    from vpsshop.settings import TopupSettings
+
+
+class PaymentEngine(Protocol):
+    """What the watcher asks of the payment engine (:class:`vpsshop.payments.engine.PaymentEngine`, which
+    owns the watcher): the coins to scan, and recording and crediting what the scans found."""
+
+    ctx: AppContext
+    settings: TopupSettings
+
+    def deposit_coins(self) -> list[DepositCoin]: ...
+
+    def record_payments(
+        self, found: list[tuple[str, Found]], topups: dict[tuple[str, str], int], any_coin: dict[str, int] | None = None
+    ) -> list[int]: ...
+
+    def seen_payments(self, coins: list[str]) -> list[TopupPayment]: ...
+
+    def apply_checks(self, checks: list[PaymentCheck], coin: str) -> None: ...
+
+    async def credit_confirmed(self, coin: DepositCoin) -> int: ...
+
+    async def register(self, coin: DepositCoin, topup: Topup) -> None: ...
+
 
 log = logging.getLogger("vpsshop.watcher")
 

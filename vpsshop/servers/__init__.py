@@ -1,12 +1,16 @@
-"""Servers: ordering, credentials, the provisioning job queue and the paid-period lifecycle.
+"""Servers: ordering, the customer's operations on a server, the provisioning job queue and the
+paid-period lifecycle.
 
-* :mod:`vpsshop.servers.api` - the ``/servers`` endpoints;
+* :mod:`vpsshop.servers.orders` - quotes and orders (from the balance or by x402);
+* :mod:`vpsshop.servers.resource` - the Server resource, listing and reading the account's servers;
+* :mod:`vpsshop.servers.renewals` - renewals by hand and their quotes;
+* :mod:`vpsshop.servers.control` - power actions, automatic renewal, reverse DNS;
+* :mod:`vpsshop.servers.reinstall` - a fresh disk from a catalog OS;
+* :mod:`vpsshop.servers.console` - serial console tickets;
+* :mod:`vpsshop.servers.credentials` - root passwords, encrypted at rest, and revealing them;
+* :mod:`vpsshop.servers.sshkeys` - the SSH key store;
 * :mod:`vpsshop.servers.jobs` - hypervisor work as database-backed jobs (``servers-jobs`` task);
 * :mod:`vpsshop.servers.lifecycle` - renewal, suspension, termination (``servers-lifecycle`` task);
-* :mod:`vpsshop.servers.sshkeys` - the ``/ssh-keys`` store;
-* :mod:`vpsshop.servers.reinstall` - ``POST /servers/{id}/reinstall``;
-* :mod:`vpsshop.servers.console` - console tickets and the console WebSocket;
-* :mod:`vpsshop.servers.credentials` - root passwords, encrypted at rest;
 * :mod:`vpsshop.servers.models` - the tables.
 
 Core runs the two background tasks in ``vpsshop serve`` and ``vpsshop worker`` (see
@@ -19,14 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
-    from vpsshop.routing import ApiRoute
     from vpsshop.tasks import BackgroundTask
-
-
-def routes() -> list[ApiRoute]:
-    from vpsshop.servers import api, console, reinstall, sshkeys
-
-    return [*api.routes(), *reinstall.routes(), *console.routes(), *sshkeys.routes()]
 
 
 def background_tasks(ctx: AppContext) -> list[BackgroundTask]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vpsshop.hookspecs import hookimpl
+from vpsshop.markers import hookimpl
 from vpsshop.servers import background_tasks
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -44,16 +44,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, select
 
-from vpsshop import events, ledger
+import vpsshop.events as events
+import vpsshop.ledger as ledger
 from vpsshop.context import AppContext
 from vpsshop.encryption import decrypt_text
 from vpsshop.errors import PluginError
-from vpsshop.events.resources import server_data
 from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
 from vpsshop.models import Server
 from vpsshop.servers.credentials import decrypt_password
 from vpsshop.servers.lifecycle import ServersPolicy, enqueue, policy, record
 from vpsshop.servers.models import IpLease, ServerJob
+from vpsshop.servers.resource import server_event
 
 log = logging.getLogger("vpsshop.servers")
 
@@ -316,7 +317,7 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
             ).rowcount
             if moved:
                 record(session, server.id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")  # type: ignore[arg-type]
-                events.emit(session, "server.active", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
+                events.emit(session, "server.active", server.account_id, server_event(session, server.id), now=now)  # type: ignore[arg-type]
 
     await to_thread.run_sync(activate)
 
@@ -383,7 +384,7 @@ def abandon_provisioning(session: Session, server: Server, now: datetime, reason
     cancel_queued_provisioning(session, server_id, now, reason)
     record(session, server_id, history, now, reason[:500])
     record(session, server_id, "refunded", now, str(refunded))
-    events.emit(session, "server.terminated", server.account_id, server_data(session, server_id), now=now)
+    events.emit(session, "server.terminated", server.account_id, server_event(session, server_id), now=now)
     enqueue(session, server_id, "destroy", now)
     return refunded
 
@@ -424,7 +425,7 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
             ).rowcount
             if moved:
                 events.emit(
-                    session, "server.reinstalled", server.account_id, server_data(session, job.server_id), now=now
+                    session, "server.reinstalled", server.account_id, server_event(session, job.server_id), now=now
                 )
 
     await to_thread.run_sync(reinstalled)
@@ -462,6 +463,8 @@ async def _rdns(ctx: AppContext, job: ClaimedJob) -> None:
 
 _POWER_AFTER = {"start": "running", "reboot": "running", "resume": "running", "stop": "stopped", "suspend": "stopped"}
 """What ``servers.power`` says once each power verb has run."""
+_POWER_EVENTS = {"start": "server.started", "stop": "server.stopped", "reboot": "server.rebooted"}
+"""The event of each customer power action, emitted once its job has run."""
 
 
 async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
@@ -481,11 +484,16 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
         def powered() -> None:
             with ctx.db.session() as session:
-                session.execute(
+                moved = session.execute(
                     sa.update(Server)
                     .where(Server.id == job.server_id, Server.status != "terminated")
                     .values(power=_POWER_AFTER[job.kind])
-                )
+                ).rowcount
+                event = _POWER_EVENTS.get(job.kind)
+                if moved and event is not None:
+                    events.emit(
+                        session, event, server.account_id, server_event(session, job.server_id), now=ctx.clock.now()
+                    )
 
         await to_thread.run_sync(powered)
     if job.kind == "destroy":
@@ -587,6 +595,17 @@ def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:
         _give_up_provisioning(ctx, job.server_id, job.attempts, error)
     elif job.kind == "reinstall":
         _reinstall_failed(ctx, job.server_id)
+    elif job.kind in _POWER_EVENTS:
+        with ctx.db.session() as session:
+            server = session.get(Server, job.server_id)
+            if server is not None and server.status == "active":
+                events.emit(
+                    session,
+                    "server.power_failed",
+                    server.account_id,
+                    server_event(session, job.server_id),
+                    now=ctx.clock.now(),
+                )
 
 
 def _done(ctx: AppContext, job: ClaimedJob) -> None:

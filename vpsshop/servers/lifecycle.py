@@ -40,12 +40,13 @@ from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from vpsshop import events, ledger
+import vpsshop.events as events
+import vpsshop.ledger as ledger
 from vpsshop.context import AppContext
 from vpsshop.errors import Conflict
-from vpsshop.events.resources import server_data
 from vpsshop.models import Server
 from vpsshop.servers.models import ServerEvent, ServerJob
+from vpsshop.servers.resource import server_event
 from vpsshop.settings import ServersSettings
 
 log = logging.getLogger("vpsshop.servers")
@@ -188,11 +189,11 @@ def renew(session: Session, server: Server, now: datetime, *, by: str, periods: 
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
         raise RenewalRaced()
     record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
-    events.emit(session, "server.renewed", server.account_id, server_data(session, server.id), now=now)
+    events.emit(session, "server.renewed", server.account_id, server_event(session, server.id), now=now)
     if resumed:
         record(session, server.id, "resumed", now, by)
         enqueue(session, server.id, "resume", now)
-        events.emit(session, "server.unsuspended", server.account_id, server_data(session, server.id), now=now)
+        events.emit(session, "server.unsuspended", server.account_id, server_event(session, server.id), now=now)
     session.flush()
     session.refresh(server)
     return Renewal(server, charged=True, charged_micros=price)
@@ -237,7 +238,7 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
                     once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}",
                 ):
                     events.emit(
-                        session, "server.renewal_failed", server.account_id, server_data(session, server.id), now=now
+                        session, "server.renewal_failed", server.account_id, server_event(session, server.id), now=now
                     )  # type: ignore[arg-type]
         except RenewalRaced:
             continue
@@ -260,7 +261,7 @@ def _suspend_expired(ctx: AppContext, now: datetime) -> int:
             ).rowcount
             if moved == 1:
                 record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")  # type: ignore[arg-type]
-                events.emit(session, "server.suspended", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
+                events.emit(session, "server.suspended", server.account_id, server_event(session, server.id), now=now)  # type: ignore[arg-type]
                 enqueue(session, server.id, "suspend", now)  # type: ignore[arg-type]
                 done += 1
     return done
@@ -282,7 +283,7 @@ def _terminate_overdue(ctx: AppContext, pol: ServersPolicy, now: datetime) -> in
             ).rowcount
             if moved == 1:
                 record(session, server.id, "terminated", now, "grace period over")  # type: ignore[arg-type]
-                events.emit(session, "server.terminated", server.account_id, server_data(session, server.id), now=now)  # type: ignore[arg-type]
+                events.emit(session, "server.terminated", server.account_id, server_event(session, server.id), now=now)  # type: ignore[arg-type]
                 enqueue(session, server.id, "destroy", now)  # type: ignore[arg-type]
                 done += 1
     return done

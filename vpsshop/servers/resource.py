@@ -1,8 +1,5 @@
-"""The Server resource as the API shows it (``GET /v1/servers/{id}``), apart from the endpoints.
-
-Events (``vpsshop.events.resources``), the dashboard and the reinstall endpoint render servers with
-:func:`server_out`; keeping it here, with nothing but the model and money helpers below it, lets
-the ledger's event views use it without importing the server endpoints (which import the ledger).
+"""The Server resource: what ``GET /v1/servers/{id}`` answers and every ``server.*`` event carries,
+and reading the account's servers.
 """
 
 from __future__ import annotations
@@ -10,12 +7,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
+from anyio import to_thread
 from pydantic import BaseModel, Field
+from sqlmodel import Session, col, select
 
+from vpsshop.actors import Customer
+from vpsshop.context import AppContext
+from vpsshop.errors import NotFound
 from vpsshop.models import Server
 from vpsshop.money import UsdAmount, micros_to_usd
 
-__all__ = ["ServerOut", "server_out"]
+__all__ = ["ServerList", "ServerOut", "get_server", "list_servers", "owned", "server_event", "server_out"]
 
 
 class ServerOut(BaseModel):
@@ -67,3 +69,50 @@ def server_out(server: Server) -> ServerOut:
         power=server.power,  # type: ignore[arg-type]
         reverse_dns=server.reverse_dns,
     )
+
+
+class ServerList(BaseModel):
+    servers: list[ServerOut] = Field(description="The caller's servers, terminated ones included, oldest first.")
+
+
+def server_event(session: Session, server_id: int) -> ServerOut:
+    """The server as an event carries it: read in ``session``, after the change."""
+    session.flush()
+    server = session.get(Server, server_id, populate_existing=True)
+    assert server is not None
+    return server_out(server)
+
+
+def owned(session: Session, account_id: int, server_id: int, *, lock: bool = False) -> Server:
+    """The account's server ``server_id`` (another account's is not found either).
+
+    :raises NotFound: no such server on this account.
+    """
+    query = select(Server).where(Server.id == server_id, Server.account_id == account_id)
+    server = session.exec(query.with_for_update() if lock else query).first()
+    if server is None:
+        raise NotFound("server")
+    return server
+
+
+async def list_servers(ctx: AppContext, customer: Customer) -> ServerList:
+    """The account's servers, terminated ones included, oldest first."""
+
+    def read() -> ServerList:
+        with ctx.db.session() as session:
+            rows = session.exec(
+                select(Server).where(Server.account_id == customer.account_id).order_by(col(Server.id))
+            ).all()
+            return ServerList(servers=[server_out(s) for s in rows])
+
+    return await to_thread.run_sync(read)
+
+
+async def get_server(ctx: AppContext, customer: Customer, server_id: int) -> ServerOut:
+    """One of the account's servers. :raises NotFound: not the account's (or no such server)."""
+
+    def read() -> ServerOut:
+        with ctx.db.session() as session:
+            return server_out(owned(session, customer.account_id, server_id))
+
+    return await to_thread.run_sync(read)

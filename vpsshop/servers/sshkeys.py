@@ -1,4 +1,5 @@
-"""The SSH key store: ``POST/GET /ssh-keys``, ``DELETE /ssh-keys/{id}``.
+"""The SSH key store: add, list and delete the account's public keys (``/v1/ssh-keys``, the dashboard,
+the MCP tools), with ``ssh_key.created`` and ``ssh_key.deleted`` events.
 
 A stored key is chosen by id when ordering or reinstalling a server (``ssh_keys`` on
 ``POST /servers``); the server keeps a copy of the key text, so deleting a key from the store does
@@ -12,24 +13,44 @@ from datetime import datetime
 from typing import Annotated
 
 import sqlalchemy as sa
+from anyio import to_thread
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
-from starlette.concurrency import run_in_threadpool
+from sqlmodel import Session, col, select
 
+import vpsshop.events as events
+from vpsshop import limits
+from vpsshop.actors import Customer
 from vpsshop.cloudinit import MAX_PUBLIC_KEY_CHARS, InvalidInput, parse_ssh_public_key
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest, Conflict, NotFound
-from vpsshop.routing import ApiModel, ApiRoute, Call, Reply
+from vpsshop.inputs import Input
 from vpsshop.servers.models import SshKey
 
-TAG = ("ssh-keys",)
+__all__ = [
+    "MAX_ID",
+    "MAX_KEYS_PER_ACCOUNT",
+    "MAX_KEYS_PER_SERVER",
+    "SshKeyDeleted",
+    "SshKeyId",
+    "SshKeyInput",
+    "SshKeyList",
+    "SshKeyOut",
+    "add_key",
+    "delete_key",
+    "keys_for_server",
+    "list_keys",
+]
+
+MAX_ID = 2**63 - 1
+"""The largest id a request may name: ids are 64-bit columns (a larger number is refused, never
+overflows the database's integer)."""
 MAX_KEYS_PER_ACCOUNT = 50
 MAX_KEYS_PER_SERVER = 10
 _NAME = r"^[\x20-\x7e]+$"
 
 
-class SshKeyBody(ApiModel):
+class SshKeyInput(Input):
     """Body of ``POST /ssh-keys``."""
 
     name: str = Field(
@@ -61,6 +82,11 @@ class SshKeyList(BaseModel):
     ssh_keys: list[SshKeyOut] = Field(description="The caller's stored keys, oldest first.")
 
 
+class SshKeyDeleted(BaseModel):
+    id: int
+    deleted: bool = True
+
+
 def key_out(key: SshKey) -> SshKeyOut:
     assert key.id is not None
     return SshKeyOut(
@@ -74,7 +100,16 @@ def key_out(key: SshKey) -> SshKeyOut:
     )
 
 
-def add_key(ctx: AppContext, account_id: int, body: SshKeyBody) -> SshKeyOut:
+async def add_key(ctx: AppContext, customer: Customer, data: SshKeyInput) -> SshKeyOut:
+    """Store a public key under a name.
+
+    :raises BadRequest: invalid_public_key (saying why). :raises Conflict: ssh_key_exists, too_many_ssh_keys.
+    """
+    return await to_thread.run_sync(_add_key, ctx, customer.account_id, data)
+
+
+def _add_key(ctx: AppContext, account_id: int, body: SshKeyInput) -> SshKeyOut:
+    limits.count_write(ctx, account_id)  # first: a refused key counts too (parsing one costs)
     try:
         parsed = parse_ssh_public_key(body.public_key)
     except InvalidInput as exc:
@@ -100,27 +135,46 @@ def add_key(ctx: AppContext, account_id: int, body: SshKeyBody) -> SshKeyOut:
             )
             session.add(key)
             session.flush()
-            return key_out(key)
+            out = key_out(key)
+            events.emit(session, "ssh_key.created", account_id, out, now=now)
+            return out
     except IntegrityError:
         raise Conflict("ssh_key_exists", f"This account already stores the key {parsed.fingerprint}.") from None
 
 
-def list_keys(ctx: AppContext, account_id: int) -> SshKeyList:
-    with ctx.db.session() as session:
-        rows = session.exec(select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id)).all()  # type: ignore[arg-type]
-        return SshKeyList(ssh_keys=[key_out(k) for k in rows])
+async def list_keys(ctx: AppContext, customer: Customer) -> SshKeyList:
+    """The account's stored keys, oldest first."""
+
+    def read() -> SshKeyList:
+        with ctx.db.session() as session:
+            rows = session.exec(
+                select(SshKey).where(SshKey.account_id == customer.account_id).order_by(col(SshKey.id))
+            ).all()
+            return SshKeyList(ssh_keys=[key_out(k) for k in rows])
+
+    return await to_thread.run_sync(read)
 
 
-def delete_key(ctx: AppContext, account_id: int, key_id: int) -> None:
-    with ctx.db.session() as session:
-        deleted = session.execute(
-            sa.delete(SshKey).where(SshKey.id == key_id, SshKey.account_id == account_id)  # type: ignore[arg-type]
-        ).rowcount
-    if deleted != 1:
-        raise NotFound("SSH key on this account")
+async def delete_key(ctx: AppContext, customer: Customer, key_id: int) -> SshKeyDeleted:
+    """Delete a stored key (servers made with it keep their copy). :raises NotFound: not the account's."""
+
+    def delete() -> SshKeyDeleted:
+        limits.count_write(ctx, customer.account_id)
+        with ctx.db.session() as session:
+            key = session.exec(
+                select(SshKey).where(SshKey.id == key_id, SshKey.account_id == customer.account_id)
+            ).first()
+            if key is None:
+                raise NotFound("SSH key on this account")
+            out = key_out(key)
+            session.delete(key)
+            events.emit(session, "ssh_key.deleted", customer.account_id, out, now=ctx.clock.now())
+        return SshKeyDeleted(id=key_id)
+
+    return await to_thread.run_sync(delete)
 
 
-SshKeyId = Annotated[int, Field(ge=1, le=ApiRoute.MAX_ID)]
+SshKeyId = Annotated[int, Field(ge=1, le=MAX_ID)]
 """The id of a stored key as a request names it: a database id (a larger number is an unknown key,
 refused by the model instead of overflowing the database's integer)."""
 
@@ -133,72 +187,9 @@ def keys_for_server(session: Session, account_id: int, ids: list[int] | None) ->
     if not ids:
         return None
     wanted = list(dict.fromkeys(ids))
-    rows = session.exec(select(SshKey).where(SshKey.account_id == account_id, SshKey.id.in_(wanted))).all()  # type: ignore[union-attr]
+    rows = session.exec(select(SshKey).where(SshKey.account_id == account_id, col(SshKey.id).in_(wanted))).all()
     found = {k.id: k.public_key for k in rows}
     missing = [i for i in wanted if i not in found]
     if missing:
         raise BadRequest("invalid_ssh_keys", f"No SSH key {missing[0]} on this account; GET /ssh-keys lists yours.")
     return json.dumps([found[i] for i in wanted])
-
-
-async def create_ssh_key(call: Call) -> Reply:
-    return Reply(await run_in_threadpool(add_key, call.ctx, call.account_id, call.body), 201)
-
-
-async def get_ssh_keys(call: Call) -> SshKeyList:
-    return await run_in_threadpool(list_keys, call.ctx, call.account_id)
-
-
-class Deleted(BaseModel):
-    id: int
-    deleted: bool = True
-
-
-async def remove_ssh_key(call: Call) -> Deleted:
-    await run_in_threadpool(delete_key, call.ctx, call.account_id, call.path["id"])
-    return Deleted(id=call.path["id"])
-
-
-def routes() -> list[ApiRoute]:
-    return [
-        ApiRoute(
-            "POST",
-            "/ssh-keys",
-            create_ssh_key,
-            "Store an SSH public key",
-            SshKeyOut,
-            status=201,
-            body=SshKeyBody,
-            description="Stores a public key under a name, to be chosen by id when ordering (ssh_keys on POST "
-            f"/servers) or reinstalling. Accepted: Ed25519, ECDSA (P-256, P-384, P-521) and RSA of at least 2048 "
-            f"bits; anything else is a 400 invalid_public_key saying why. At most {MAX_KEYS_PER_ACCOUNT} keys per "
-            "account.",
-            errors={
-                400: "invalid_name, invalid_public_key, unknown_field",
-                409: "ssh_key_exists: the account stores this key already (same fingerprint); too_many_ssh_keys.",
-            },
-            tags=TAG,
-            operation_id="createSshKey",
-        ),
-        ApiRoute(
-            "GET",
-            "/ssh-keys",
-            get_ssh_keys,
-            "List the caller's SSH keys",
-            SshKeyList,
-            tags=TAG,
-            operation_id="listSshKeys",
-        ),
-        ApiRoute(
-            "DELETE",
-            "/ssh-keys/{id}",
-            remove_ssh_key,
-            "Delete a stored SSH key",
-            Deleted,
-            description="Removes the key from the store. Servers ordered with it keep it in root's authorized_keys "
-            "(each server holds a copy) until they are reinstalled without it.",
-            errors={404: "No SSH key with this id on this account."},
-            tags=TAG,
-            operation_id="deleteSshKey",
-        ),
-    ]

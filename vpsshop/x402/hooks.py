@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from vpsshop.coins import X402Coin
-from vpsshop.hookspecs import hookimpl
+from vpsshop.markers import hookimpl
 from vpsshop.tasks import BackgroundTask
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,7 +1,7 @@
 """Settling an x402 authorization and crediting it once: the database side of x402.
 
 Flow of ``POST /topups`` for an :class:`vpsshop.X402Coin` (orders and renewals use the same steps,
-see :mod:`vpsshop.x402.orders`):
+see :mod:`vpsshop.x402.purchases`):
 
 1. without ``X-PAYMENT``: ``402 {"x402Version": 1, "error": ..., "accepts": [requirements]}``;
 2. with ``X-PAYMENT``: the coin decodes it (no network), core records (payer, nonce) in
@@ -30,22 +30,21 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
-from vpsshop import events, ledger
+import vpsshop.events as events
+import vpsshop.ledger as ledger
 from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
+from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, PluginError
-from vpsshop.events.resources import topup_data, x402_payment_data
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import Topup, X402Record, new_ref
-from vpsshop.x402.headers import decode, decode_recorded, requirements
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
+from vpsshop.payments.resource import topup_event, x402_payment_event
+from vpsshop.x402.messages import decode, decode_recorded, requirements
 
 log = logging.getLogger("vpsshop.x402")
 
@@ -195,7 +194,7 @@ def _record_before_settling(
             )
             session.add(topup)
             session.flush()
-            events.emit(session, "topup.created", account_id, topup_data(ctx, topup), now=now)
+            events.emit(session, "topup.created", account_id, topup_event(ctx, session, topup), now=now)
             record = X402Record(
                 coin=coin.code,
                 payer=payer,
@@ -234,7 +233,7 @@ def _reject(ctx: AppContext, record_id: int | None, code: str) -> None:
         if topup is not None and topup.status == "pending":
             topup.status, topup.cancelled_at = "cancelled", now
             session.add(topup)
-            events.emit(session, "topup.cancelled", topup.account_id, topup_data(ctx, topup), now=now)
+            events.emit(session, "topup.cancelled", topup.account_id, topup_event(ctx, session, topup), now=now)
         session.add(record)
 
 
@@ -251,7 +250,7 @@ def _withdraw(ctx: AppContext, record_id: int | None) -> None:
         if topup is not None and topup.status == "pending":
             topup.status, topup.cancelled_at = "cancelled", now
             session.add(topup)
-            events.emit(session, "topup.cancelled", topup.account_id, topup_data(ctx, topup), now=now)
+            events.emit(session, "topup.cancelled", topup.account_id, topup_event(ctx, session, topup), now=now)
 
 
 def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X402Settlement) -> Topup | None:
@@ -294,10 +293,10 @@ def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X40
             session,
             "topup.payment_confirmed",
             topup.account_id,
-            x402_payment_data(ctx, topup, settled.transaction, settled.amount_atomic, micros),
+            x402_payment_event(ctx, topup, settled.transaction, settled.amount_atomic, micros),
             now=now,
         )
-        events.emit(session, "topup.completed", topup.account_id, topup_data(ctx, topup), now=now)
+        events.emit(session, "topup.completed", topup.account_id, topup_event(ctx, session, topup), now=now)
         return topup
 
 

@@ -1,4 +1,4 @@
-"""Catalog, health and the OpenAPI document: the unauthenticated endpoints."""
+"""The public endpoints: the catalog, health and the OpenAPI document (no API key needed)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vpsshop import __version__
+from vpsshop.api.spec import spec_of
 from vpsshop.catalog import Catalog
+from vpsshop.context import StateKey
 from vpsshop.readiness import component_readiness, ready_in_mode
 from vpsshop.routing import ApiRoute, Call, Reply
+from vpsshop.version import __version__
 
 HEALTH_CACHE_SECONDS = 2.0
 
@@ -49,18 +51,28 @@ class Health(BaseModel):
     components: list[ComponentHealth]
 
 
+_CATALOG_JSON = StateKey[bytes]("catalog-json")
+
+
 async def get_catalog(call: Call) -> Response:
-    cached = call.ctx.catalog_json
-    if not cached:
-        cached = call.ctx.catalog_json = call.ctx.catalog.__pydantic_serializer__.to_json(call.ctx.catalog)
-    return Response(cached, media_type="application/json", headers={"Cache-Control": "public, max-age=60"})
+    body = call.ctx.state(_CATALOG_JSON, lambda ctx: ctx.catalog.__pydantic_serializer__.to_json(ctx.catalog))
+    return Response(body, media_type="application/json", headers={"Cache-Control": "public, max-age=60"})
+
+
+class _LastHealth:
+    def __init__(self, _ctx: object) -> None:
+        self.at = 0.0
+        self.reply: Reply | None = None
+
+
+_HEALTH = StateKey[_LastHealth]("health")
 
 
 async def get_health(call: Call) -> Reply:
     ctx = call.ctx
-    cached = ctx.health
-    if cached is not None and time.monotonic() - cached[0] < HEALTH_CACHE_SECONDS:
-        return cached[1]
+    last = ctx.state(_HEALTH, _LastHealth)
+    if last.reply is not None and time.monotonic() - last.at < HEALTH_CACHE_SECONDS:
+        return last.reply
     db_ok, checked = await asyncio.gather(run_in_threadpool(ctx.db.check), component_readiness(ctx))
     sandbox = ctx.settings.sandbox
     # Anyone may call /health: in production it names each component and whether it is ready, and
@@ -85,12 +97,12 @@ async def get_health(call: Call) -> Reply:
     )
     content = body.model_dump(mode="json", exclude_unset=True)
     reply = Reply(content, 503 if status == "down" else 200, {"Cache-Control": "no-store"})
-    ctx.health = (time.monotonic(), reply)
+    last.at, last.reply = time.monotonic(), reply
     return reply
 
 
 async def get_openapi(call: Call) -> Response:
-    return Response(call.ctx.openapi_json, media_type="application/json")
+    return Response(spec_of(call.ctx).openapi_json, media_type="application/json")
 
 
 class OpenApiDocument(BaseModel):

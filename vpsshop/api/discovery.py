@@ -9,15 +9,15 @@ description (component references become ``#/$defs/...`` of the same schema, not
 
 ``payment-identifier``: the shop accepts an optional client id of the payment (16 to 128 letters,
 digits, ``_``, ``-``) and uses it as the idempotency key of an order paid in the same request
-(see :mod:`vpsshop.x402.orders`).
+(see :mod:`vpsshop.x402.purchases`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
+from vpsshop.api.spec import spec_of
+from vpsshop.context import AppContext
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _COMPONENTS = "#/components/schemas/"
@@ -85,7 +85,7 @@ def _example(schema: dict[str, Any], ctx: AppContext) -> dict[str, Any]:
 
 def bazaar(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any] | None:
     """The ``bazaar`` extension of ``method path`` (an OpenAPI path under /v1), or None if not described."""
-    openapi = ctx.openapi
+    openapi = spec_of(ctx).openapi
     operation = openapi.get("paths", {}).get(path, {}).get(method.lower())
     if operation is None:
         return None

@@ -1,4 +1,4 @@
-"""Paying an order or a renewal by x402 in the same request: the 402 is the price list.
+"""Paying an order or a renewal by x402 in the same call: the 402 is the price list.
 
 ``POST /servers`` and ``POST /servers/{id}/renew`` answer a short balance with the seed's 402
 ``insufficient_balance`` body (``error``, ``message``, ``price``, ``balance``, ``deficit``); when the
@@ -24,53 +24,22 @@ makes the order or the renewal, in that order:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from anyio import to_thread
-from pydantic import Field
-from sqlmodel import select
-from starlette.responses import Response
+from sqlmodel import Session, col, select
 
 from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
+from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest
+from vpsshop.ledger import InsufficientBalance
 from vpsshop.money import MICROS_PER_USD, micros_to_usd
-from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.payments.models import Topup, X402Record
-from vpsshop.routing import json_response
-from vpsshop.x402 import discovery, headers, settlement
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vpsshop.context import AppContext
-    from vpsshop.ledger import InsufficientBalance
+from vpsshop.x402 import messages, settlement
+from vpsshop.x402.offers import PaidButFailed, SettledPayment, ShortBalance, SignedPayment, offer
 
 ORDER_DESCRIPTION = "Pays what the balance lacks for this server order; the order is placed with the paid re-send."
 RENEWAL_DESCRIPTION = "Pays what the balance lacks for renewing this server; it is renewed with the paid re-send."
-
-
-class X402InsufficientBalanceBody(InsufficientBalanceBody):
-    """The 402 ``insufficient_balance`` of an order or renewal; with an x402 coin also x402 v1."""
-
-    x402Version: int | None = Field(None, description="1 when the shop takes x402: pay the deficit and re-send.")
-    accepts: list[dict[str, Any]] | None = Field(
-        None, description="x402 v1 payment requirements for the deficit (one entry per x402 coin)."
-    )
-
-
-X402_HEADERS_DOC = (
-    "When the balance is short and the shop takes x402 (USDCBASE), the 402 keeps the seed's body (error "
-    "insufficient_balance, message, price, balance, deficit) and adds the x402 payment requirements for the "
-    "deficit: `x402Version` and `accepts` in the body (v1) and the `PAYMENT-REQUIRED` header (v2, with the "
-    "`bazaar` and `payment-identifier` extensions). Re-send the same request with `X-PAYMENT` (v1) or "
-    "`PAYMENT-SIGNATURE` (v2): the payment is settled, credited to the balance as a completed top-up, and the "
-    "request is made in the same call; the answer carries `X-PAYMENT-RESPONSE` or `PAYMENT-RESPONSE`. The "
-    "authorization must pay at least the deficit and at most the price (else 402 wrong_amount, nothing moves). "
-    "A payment is used once: re-sending it returns the first result (header Idempotent-Replayed: true) with the "
-    "payment response header of the authorization that paid it. If the "
-    "request fails after the payment settled, the answer is that failure with a `payment` object "
-    "{topup, credited_usd, transaction}: the money stays on the balance. 503 settlement_pending: re-send the same "
-    "payment; 503 settlement_unavailable: the payment could not be checked now and nothing was sent or kept, "
-    "re-send it later. See docs/x402.md."
-)
 
 
 def offered_coin(ctx: AppContext) -> X402Coin | None:
@@ -81,44 +50,24 @@ def offered_coin(ctx: AppContext) -> X402Coin | None:
     return None
 
 
-def extensions_for(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any]:
-    """The x402 v2 extensions declared on a 402 of ``path`` (see :mod:`vpsshop.x402.discovery`)."""
-    return discovery.extensions(ctx, path, method)
-
-
-def short_balance(
-    ctx: AppContext,
-    exc: InsufficientBalance,
-    path: str,
-    description: str,
-    openapi_path: str | None = None,
-) -> Response:
-    """The 402 ``insufficient_balance`` of an order or renewal, with the x402 requirements for the
-    deficit when the shop offers an x402 coin. :raises InsufficientBalance: ``exc`` when it does not.
-
-    ``path`` is the resource (``/servers/7/renew``), ``openapi_path`` its OpenAPI path when it differs.
-    """
+def offer_deficit(
+    ctx: AppContext, exc: InsufficientBalance, path: str, description: str, operation_path: str | None = None
+) -> InsufficientBalance:
+    """``exc`` (an order's or a renewal's short balance), with the x402 requirements for the deficit when
+    the shop takes x402 (a :class:`~vpsshop.x402.offers.ShortBalance`). ``path`` is the paid resource
+    (``/servers/7/renew``), ``operation_path`` its path as the API describes it when it differs."""
     coin = offered_coin(ctx)
     if coin is None:
-        raise exc
+        return exc
     deficit = exc.price_micros - exc.balance_micros
-    body = {
-        **exc.body(),
-        "x402Version": headers.X402_VERSION,
-        "accepts": [headers.requirements(ctx, coin, deficit, path, description)],
-    }
-    sent: dict[str, str] = {}
-    required = headers.payment_required_header(
-        ctx, coin, deficit, path, description, extensions_for(ctx, openapi_path or path)
+    return ShortBalance(
+        exc.price_micros, exc.balance_micros, offer(ctx, coin, deficit, path, description, operation_path)
     )
-    if required is not None:
-        sent = {"PAYMENT-REQUIRED": required, "Access-Control-Expose-Headers": "PAYMENT-REQUIRED"}
-    return json_response(body, 402, sent)
 
 
 @dataclass(frozen=True)
 class Paid:
-    """A settled and credited authorization, and the header that reports it."""
+    """A settled and credited authorization."""
 
     coin: X402Coin
     topup: Topup
@@ -127,8 +76,8 @@ class Paid:
     version: int
 
     @property
-    def headers(self) -> dict[str, str]:
-        return response_headers(self.coin, self.settlement, self.version)
+    def settled(self) -> SettledPayment:
+        return SettledPayment(self.coin, self.settlement, self.version)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -138,31 +87,24 @@ class Paid:
         }
 
 
-def response_headers(coin: X402Coin, settlement: X402Settlement, version: int) -> dict[str, str]:
-    """``X-PAYMENT-RESPONSE`` (v1) or ``PAYMENT-RESPONSE`` (v2) reporting ``settlement``, exposed to browsers."""
-    name = "X-PAYMENT-RESPONSE" if version == 1 else "PAYMENT-RESPONSE"
-    return {name: headers.response_header(coin, settlement, version), "Access-Control-Expose-Headers": name}
-
-
-def replayed_headers(
+def replayed_settlement(
     ctx: AppContext, coin: X402Coin, payment: X402Payment, version: int, *, account_id: int, purpose: str
-) -> dict[str, str]:
-    """The payment response header of a replayed order or renewal, as a replayed top-up has one: the
-    settlement that paid for ``purpose`` on this account (this very authorization if it did, else the
-    latest one; the re-sent authorization itself then moved nothing). Empty when no x402 payment paid it
-    (the balance did)."""
+) -> SettledPayment | None:
+    """What the answer of a replayed order or renewal reports, as a replayed top-up does: the settlement
+    that paid for ``purpose`` on this account (this very authorization if it did, else the latest one; the
+    re-sent authorization itself then moved nothing). None when no x402 payment paid it (the balance did)."""
     settled = paid_for(ctx, coin, payment, account_id, purpose)
-    return {} if settled is None else response_headers(coin, settled, version)
+    return None if settled is None else SettledPayment(coin, settled, version)
 
 
 def paid_for(
     ctx: AppContext, coin: X402Coin, payment: X402Payment, account_id: int, purpose: str
 ) -> X402Settlement | None:
-    """The settled authorization that paid for ``purpose`` (see :func:`replayed_headers`)."""
+    """The settled authorization that paid for ``purpose`` (see :func:`replayed_settlement`)."""
     with ctx.db.session() as session:
         paid = (
             select(X402Record)
-            .join(Topup, Topup.id == X402Record.topup_id)  # type: ignore[arg-type]
+            .join(Topup, col(Topup.id) == col(X402Record.topup_id))
             .where(
                 X402Record.coin == coin.code,
                 X402Record.purpose == purpose,
@@ -173,11 +115,11 @@ def paid_for(
         own = session.exec(
             paid.where(X402Record.payer == payment.payer.lower(), X402Record.nonce == payment.nonce.lower())
         ).first()
-        record = own or session.exec(paid.order_by(X402Record.id.desc())).first()  # type: ignore[union-attr]
+        record = own or session.exec(paid.order_by(col(X402Record.id).desc())).first()
     if record is None:
         return None
     try:  # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
-        payer = payment.payer if record is own else headers.decode_recorded(coin, record.header).payer
+        payer = payment.payer if record is own else messages.decode_recorded(coin, record.header).payer
     except X402Rejected:
         payer = record.payer
     return X402Settlement(
@@ -185,22 +127,22 @@ def paid_for(
     )
 
 
-def decode(ctx: AppContext, header: str, version: int) -> tuple[X402Coin, X402Payment]:
-    """The shop's x402 coin and its reading of the header.
+def decode(ctx: AppContext, signed: SignedPayment) -> tuple[X402Coin, X402Payment]:
+    """The shop's x402 coin and its reading of the payment.
 
-    :raises ApiError: 400 invalid_coin (no x402 coin), 400 invalid_payment (malformed header).
+    :raises ApiError: 400 invalid_coin (no x402 coin), 400 invalid_payment (malformed payment).
     """
     coin = offered_coin(ctx)
     if coin is None:
         raise BadRequest("invalid_coin", "x402 payments are not offered by this shop.")
-    return coin, headers.decode(coin, header, version)
+    return coin, messages.decode(coin, signed.value, signed.version)
 
 
-def order_key(idempotency_key: str | None, payment: X402Payment) -> str:
-    """The idempotency key of an order paid by ``payment`` (see the module docs)."""
+def payment_key(idempotency_key: str | None, payment: X402Payment) -> str:
+    """The idempotency key of an operation paid by ``payment`` (see the module docs)."""
     if idempotency_key is not None:
         return idempotency_key
-    identifier = headers.payment_identifier(payment)
+    identifier = messages.payment_identifier(payment)
     if identifier is not None:
         return f"x402-id:{identifier}"
     return f"x402:{payment.payer.lower()}:{payment.nonce.lower()}"
@@ -222,8 +164,7 @@ async def settle_for(
     ctx: AppContext,
     coin: X402Coin,
     payment: X402Payment,
-    header: str,
-    version: int,
+    signed: SignedPayment,
     *,
     account_id: int,
     price_micros: int,
@@ -254,26 +195,28 @@ async def settle_for(
     if earlier is not None:
         micros = int(earlier.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
     topup, settled = await settlement.pay(
-        ctx, coin, account_id, micros, header, version, path=path, description=description, purpose=purpose
+        ctx,
+        coin,
+        account_id,
+        micros,
+        signed.value,
+        signed.version,
+        path=path,
+        description=description,
+        purpose=purpose,
     )
     record = await to_thread.run_sync(recorded, ctx, coin, payment)
     assert record is not None and record.id is not None
-    return Paid(coin, topup, settled, record.id, version)
+    return Paid(coin, topup, settled, record.id, signed.version)
 
 
-def kept_on_balance(exc: ApiError, paid: Paid, what: str) -> Response:
+def failed_after_payment(exc: ApiError, paid: Paid, what: str) -> PaidButFailed:
     """The error of an order or renewal that failed after its payment was credited: same status and
-    code, plus ``payment`` (top-up ref, USD credited, transaction) and the payment response header."""
-    body = exc.body()
-    body["message"] = (
-        f"{exc.message} The x402 payment of {micros_to_usd(paid.topup.amount_micros)} USD settled and "
-        f"was credited to your balance (top-up {paid.topup.ref}), where it stays; {what} was not made."
-    )
-    body["payment"] = paid.summary()
-    return json_response(body, exc.status, {**exc.headers, **paid.headers})
+    code, plus ``payment`` (top-up ref, USD credited, transaction); the settlement is reported."""
+    return PaidButFailed(exc, paid.settled, paid.summary(), what)
 
 
-def mark_done(session: Any, record_id: int) -> None:
+def mark_done(session: Session, record_id: int) -> None:
     """Inside the renewal's transaction: the authorization's purpose was fulfilled."""
     record = session.get(X402Record, record_id)
     if record is not None:

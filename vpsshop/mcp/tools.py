@@ -1,0 +1,592 @@
+"""The shop's MCP tools: one per customer operation of the REST API, over the same operations.
+
+Each :class:`Tool` names the operation it calls, the REST operations it covers (``operations``, their
+OpenAPI ``operationId``: ``tests/test_mcp_tools.py`` fails when a customer operation has no tool), its
+arguments as a model built from the operation's own input model (the same fields, rules, error codes
+and descriptions as the REST body, plus the path's ids and the headers' idempotency key and x402
+payment), and its MCP annotations.
+
+A tool answers the resource as the API answers it (``structuredContent``, and the same JSON as text).
+An operation's refusal is a result with ``isError: true`` carrying the API's error body (``error``,
+``message``, and for a short balance ``price``, ``balance``, ``deficit`` and the x402 requirements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from vpsshop import accounts, signin, topups
+from vpsshop.accounts import NewKeyInput
+from vpsshop.actors import Customer
+from vpsshop.context import AppContext
+from vpsshop.errors import ApiError
+from vpsshop.events import feed, webhooks
+from vpsshop.events.feed import EVENT_ID_PATTERN, EventQuery
+from vpsshop.events.webhooks import DeliveryQuery, RedeliverInput, WebhookChange, WebhookInput
+from vpsshop.inputs import IDEMPOTENCY_KEY, Input
+from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys
+from vpsshop.servers.control import PowerAction, ServerChange
+from vpsshop.servers.orders import OrderInput, QuoteInput
+from vpsshop.servers.reinstall import ReinstallInput
+from vpsshop.servers.renewals import RenewInput
+from vpsshop.servers.sshkeys import MAX_ID, SshKeyInput
+from vpsshop.signin import LoginInput
+from vpsshop.topups import REF_PATTERN, TopupInput
+from vpsshop.x402.offers import SettledPayment, SignedPayment
+
+__all__ = ["TOOLS", "Tool", "ToolError"]
+
+Result = BaseModel | dict[str, Any]
+Handler = Callable[[AppContext, Customer, Any], Awaitable[Result]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    title: str
+    description: str
+    arguments: type[Input]
+    run: Handler
+    operations: tuple[str, ...]
+    """The REST operations (OpenAPI ``operationId``) this tool does."""
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    needs_key: bool = True
+    """Acts for the account of the caller's API key (else anyone may call it)."""
+
+
+class ToolError(ApiError):
+    """A tool's own refusal (a wait that timed out), answered like an operation's."""
+
+
+# ---- arguments: the operations' inputs, plus what the REST API carries in the path and headers --------
+
+_ID = {"ge": 1, "le": MAX_ID}
+
+
+class NoArguments(Input):
+    pass
+
+
+class ServerRef(Input):
+    server_id: int = Field(description="The server's id (list_servers).", **_ID)
+
+
+class TopupRef(Input):
+    ref: str = Field(pattern=REF_PATTERN, description="The top-up's ref, as start_topup gave it.")
+
+
+class KeyRef(Input):
+    key_id: int = Field(description="The API key's id (list_api_keys).", **_ID)
+
+
+class SshKeyRef(Input):
+    ssh_key_id: int = Field(description="The stored SSH key's id (list_ssh_keys).", **_ID)
+
+
+class WebhookRef(Input):
+    webhook_id: int = Field(description="The webhook endpoint's id (list_webhooks).", **_ID)
+
+
+class EventRef(Input):
+    event_id: str = Field(pattern=EVENT_ID_PATTERN, description="The event's id (evt_...).")
+
+
+class Idempotent(Input):
+    idempotency_key: str | None = Field(
+        None,
+        pattern=IDEMPOTENCY_KEY,
+        description="Makes a retried call safe: the same key with the same arguments returns the first result "
+        "and charges nothing more; with other arguments it is refused (idempotency_key_reused).",
+    )
+
+
+class Paid(Idempotent):
+    payment: str | None = Field(
+        None,
+        max_length=16_384,
+        description="An x402 payment your x402 client signed for the requirements of this tool's 402 "
+        "(payment_required for x402 v2, or an entry of accepts for v1): the base64 payload as the client made "
+        "it. The payment is settled, credited to the balance, and the call is made with it; the result "
+        "carries payment_response. A payment is used once.",
+    )
+
+
+class TopupArgs(TopupInput, Paid):
+    pass
+
+
+class OrderArgs(OrderInput, Paid):
+    pass
+
+
+class RenewArgs(ServerRef, RenewInput, Paid):
+    pass
+
+
+class RenewalQuoteArgs(ServerRef, RenewInput):
+    pass
+
+
+class ChangeArgs(ServerRef, ServerChange):
+    pass
+
+
+class PowerArgs(ServerRef):
+    action: PowerAction = Field(description="start, stop or reboot.")
+
+
+class ReinstallArgs(ServerRef, ReinstallInput):
+    pass
+
+
+class WaitArgs(ServerRef):
+    status: Literal["provisioning", "active", "suspended", "terminated"] = Field(
+        "active", description="The status to wait for (default active)."
+    )
+    timeout_seconds: float = Field(120, ge=1, le=900, description="How long to wait, 1 to 900 seconds.")
+
+
+class WebhookChangeArgs(WebhookRef, WebhookChange):
+    pass
+
+
+class DeliveriesArgs(WebhookRef, DeliveryQuery):
+    pass
+
+
+class RedeliverArgs(WebhookRef, RedeliverInput):
+    pass
+
+
+def part(args: Input, model: type[Input]) -> Any:
+    """The operation's own input out of a tool's arguments (absent fields stay absent)."""
+    return model.model_validate(args.model_dump(include=set(model.model_fields), exclude_unset=True))
+
+
+def _payment(args: Paid) -> SignedPayment | None:
+    return SignedPayment.from_payload(args.payment) if args.payment else None
+
+
+def paid_result(out: BaseModel, settled: SettledPayment | None, replayed: bool) -> dict[str, Any]:
+    """An operation's result with what the REST API says in headers: the settlement, a replay."""
+    result = out.model_dump(mode="json")
+    if settled is not None:
+        result["payment_response"] = settled.response()
+    if replayed:
+        result["idempotent_replayed"] = True
+    return result
+
+
+# ---- handlers --------------------------------------------------------------------------------------
+
+
+async def _create_account(ctx: AppContext, customer: Customer, args: NoArguments) -> Result:
+    return await accounts.create_account(ctx, client="mcp")
+
+
+async def _sign_in(ctx: AppContext, customer: Customer, args: LoginInput) -> Result:
+    return await signin.login(ctx, args, client="mcp")
+
+
+async def _start_topup(ctx: AppContext, customer: Customer, args: TopupArgs) -> Result:
+    started = await topups.start_topup(
+        ctx, customer, part(args, TopupInput), idempotency_key=args.idempotency_key, payment=_payment(args)
+    )
+    return paid_result(started.topup, started.settled, False)
+
+
+async def _order(ctx: AppContext, customer: Customer, args: OrderArgs) -> Result:
+    done = await orders.place_order(
+        ctx, customer, part(args, OrderInput), idempotency_key=args.idempotency_key, payment=_payment(args)
+    )
+    return paid_result(done.order, done.settled, done.replayed)
+
+
+async def _renew(ctx: AppContext, customer: Customer, args: RenewArgs) -> Result:
+    done = await renewals.renew_server(
+        ctx,
+        customer,
+        args.server_id,
+        part(args, RenewInput),
+        idempotency_key=args.idempotency_key,
+        payment=_payment(args),
+    )
+    return paid_result(done.renewal, done.settled, done.replayed)
+
+
+async def _wait(ctx: AppContext, customer: Customer, args: WaitArgs) -> Result:
+    deadline = time.monotonic() + args.timeout_seconds
+    while True:
+        server = await resource.get_server(ctx, customer, args.server_id)
+        if server.status == args.status:
+            return server
+        if time.monotonic() >= deadline:
+            raise ToolError(
+                408,
+                "wait_timeout",
+                f"Server {server.id} is {server.status}, not {args.status}, after {args.timeout_seconds:g} s; "
+                "call wait_for_server again, or get_server later.",
+                server=server.model_dump(mode="json"),
+            )
+        await asyncio.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+async def _list_events(ctx: AppContext, customer: Customer, args: EventQuery) -> Result:
+    page = await feed.list_events(ctx, customer, args)
+    return {"events": [event.payload() for event in page.events], "has_more": page.has_more, "cursor": page.cursor}
+
+
+async def _get_event(ctx: AppContext, customer: Customer, args: EventRef) -> Result:
+    return (await feed.get_event(ctx, customer, args.event_id)).payload()
+
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        "get_catalog",
+        "The catalog",
+        "Plans, locations, operating systems, every price (monthly = plan base price x location modifier; annual = "
+        "10 x monthly), top-up limits and the coins accepted.",
+        NoArguments,
+        lambda ctx, customer, args: _catalog(ctx),
+        ("getCatalog",),
+        read_only=True,
+        idempotent=True,
+        needs_key=False,
+    ),
+    Tool(
+        "create_account",
+        "Create an account",
+        "A new account with a zero balance: its API key (api_key, a Bearer credential for this server) and its "
+        "dashboard login token, both shown once. No identity is asked for.",
+        NoArguments,
+        _create_account,
+        ("createAccount",),
+        needs_key=False,
+    ),
+    Tool(
+        "sign_in",
+        "Sign in with the login token",
+        "A new API key for the account of a login token (and its two-factor code when the account has it on): how "
+        "an account whose keys are lost is used again.",
+        LoginInput,
+        _sign_in,
+        ("login",),
+        needs_key=False,
+    ),
+    Tool(
+        "get_account",
+        "The account",
+        "The account of the API key: balance (USD), number of servers, two-factor state.",
+        NoArguments,
+        lambda ctx, customer, args: accounts.get_account(ctx, customer),
+        ("getAccount",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "list_api_keys",
+        "API keys",
+        "The account's active API keys, by id and prefix (a key's value cannot be read back).",
+        NoArguments,
+        lambda ctx, customer, args: accounts.list_keys(ctx, customer),
+        ("listKeys",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "create_api_key",
+        "Mint an API key",
+        "A new API key for the account; its full value is in this result only.",
+        NewKeyInput,
+        lambda ctx, customer, args: accounts.create_key(ctx, customer, args),
+        ("createKey",),
+    ),
+    Tool(
+        "revoke_api_key",
+        "Revoke an API key",
+        "The key stops working from its next use (revoking the key of this session ends it).",
+        KeyRef,
+        lambda ctx, customer, args: accounts.revoke_key(ctx, customer, args.key_id),
+        ("revokeKey",),
+        destructive=True,
+    ),
+    Tool(
+        "start_topup",
+        "Top up the balance",
+        "Start a top-up of amount USD (25 to 2000) paid in coin, one of get_catalog's payment_options (omitted: the "
+        "shop's default). A deposit coin answers with the address and the amount to send (get_topup shows its "
+        "progress). An x402 coin (USDCBASE) answers isError with error 402 and the payment requirements "
+        "(accepts; payment_required for x402 v2): sign them with your x402 client and call again with payment.",
+        TopupArgs,
+        _start_topup,
+        ("createTopup",),
+    ),
+    Tool(
+        "get_topup",
+        "A top-up",
+        "A top-up and the progress of its payment; checking it credits the balance once the payment has its "
+        "confirmations (status completed).",
+        TopupRef,
+        lambda ctx, customer, args: topups.get_topup(ctx, customer, args.ref),
+        ("getTopup",),
+        read_only=True,
+    ),
+    Tool(
+        "cancel_topup",
+        "Cancel a top-up",
+        "Stops a pending top-up; a payment that still arrives to its address is credited anyway.",
+        TopupRef,
+        lambda ctx, customer, args: topups.cancel_topup(ctx, customer, args.ref),
+        ("cancelTopup",),
+        idempotent=True,
+    ),
+    Tool(
+        "quote_order",
+        "Price an order",
+        "What order_server with these arguments would charge now, the balance, and the deficit to top up first "
+        "(deficit_usd). Checks the order as order_server does; changes nothing.",
+        QuoteInput,
+        lambda ctx, customer, args: orders.quote_order(ctx, customer, args),
+        ("quoteOrder",),
+        read_only=True,
+    ),
+    Tool(
+        "order_server",
+        "Order a server",
+        "Order a server, paid from the balance: the result is the server (provisioning; wait_for_server until "
+        "active) and its generated root password, shown once. A short balance is isError with error "
+        "insufficient_balance, deficit, and when the shop takes x402 the payment requirements (accepts, "
+        "payment_required): call again with payment signed for them to pay and order in one call. Send "
+        "idempotency_key to retry safely.",
+        OrderArgs,
+        _order,
+        ("orderServer",),
+    ),
+    Tool(
+        "list_servers",
+        "Servers",
+        "The account's servers, terminated ones included.",
+        NoArguments,
+        lambda ctx, customer, args: resource.list_servers(ctx, customer),
+        ("listServers",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "get_server",
+        "A server",
+        "One server: status (provisioning, active, suspended, terminated), power, ip, expires_at.",
+        ServerRef,
+        lambda ctx, customer, args: resource.get_server(ctx, customer, args.server_id),
+        ("getServer",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "wait_for_server",
+        "Wait for a server",
+        "Wait until a server has status (default active), checking every 2 seconds: the server then. A wait "
+        "that times out is isError with error wait_timeout and the server as it is.",
+        WaitArgs,
+        _wait,
+        (),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "update_server",
+        "Change a server",
+        "Turn automatic renewal on or off (auto_renew), or set the address's reverse DNS name (reverse_dns; null "
+        "removes it). Fields left out stay as they are.",
+        ChangeArgs,
+        lambda ctx, customer, args: control.change_server(ctx, customer, args.server_id, part(args, ServerChange)),
+        ("updateServer",),
+        idempotent=True,
+    ),
+    Tool(
+        "get_credentials",
+        "Root login",
+        "The root username and password, ip and hostname of a server.",
+        ServerRef,
+        lambda ctx, customer, args: credentials.reveal_credentials(ctx, customer, args.server_id),
+        ("getServerCredentials",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "renew_server",
+        "Renew a server",
+        "Pay periods more billing cycles (default 1) from the balance now; a server suspended for non-payment "
+        "runs again. A short balance is isError with insufficient_balance and, with x402, the requirements for "
+        "the deficit: call again with payment to pay and renew in one call.",
+        RenewArgs,
+        _renew,
+        ("renewServer",),
+    ),
+    Tool(
+        "quote_renewal",
+        "Price a renewal",
+        "What renew_server with these periods would charge now and where expires_at would move; changes nothing.",
+        RenewalQuoteArgs,
+        lambda ctx, customer, args: renewals.quote_renewal(ctx, customer, args.server_id, part(args, RenewInput)),
+        ("quoteRenewal",),
+        read_only=True,
+    ),
+    Tool(
+        "power_server",
+        "Start, stop or reboot",
+        "Start, stop or reboot an active server: queued, done on the hypervisor within seconds (get_server shows "
+        "the new power; the events server.started, server.stopped, server.rebooted report it).",
+        PowerArgs,
+        lambda ctx, customer, args: control.power(ctx, customer, args.server_id, args.action),
+        ("startServer", "stopServer", "rebootServer"),
+        destructive=True,
+    ),
+    Tool(
+        "reinstall_server",
+        "Reinstall a server",
+        "Erase the server's disk and install os afresh with new first-boot data (SSH keys, root password, user "
+        "data). Everything on the disk is lost; the new password is in this result (generated unless given).",
+        ReinstallArgs,
+        lambda ctx, customer, args: reinstall.reinstall_server(
+            ctx, customer, args.server_id, part(args, ReinstallInput)
+        ),
+        ("reinstallServer",),
+        destructive=True,
+    ),
+    Tool(
+        "open_console",
+        "Serial console",
+        "A ticket for the server's serial console, valid once for a few seconds: connect a WebSocket to url on this "
+        "shop's host (wss:// behind TLS) to read and type on the console.",
+        ServerRef,
+        lambda ctx, customer, args: console.open_console(ctx, customer, args.server_id),
+        ("openServerConsole",),
+    ),
+    Tool(
+        "list_ssh_keys",
+        "SSH keys",
+        "The account's stored SSH public keys (their ids go in order_server's and reinstall_server's ssh_keys).",
+        NoArguments,
+        lambda ctx, customer, args: sshkeys.list_keys(ctx, customer),
+        ("listSshKeys",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "add_ssh_key",
+        "Store an SSH key",
+        "Store a public key (Ed25519, ECDSA, or RSA of 2048 bits or more) under a name.",
+        SshKeyInput,
+        lambda ctx, customer, args: sshkeys.add_key(ctx, customer, args),
+        ("createSshKey",),
+    ),
+    Tool(
+        "delete_ssh_key",
+        "Delete an SSH key",
+        "Delete a stored key; servers made with it keep their copy until reinstalled.",
+        SshKeyRef,
+        lambda ctx, customer, args: sshkeys.delete_key(ctx, customer, args.ssh_key_id),
+        ("deleteSshKey",),
+        destructive=True,
+    ),
+    Tool(
+        "list_events",
+        "Events",
+        "The account's events, oldest first after an event id (after), or newest first before one (before): what "
+        "happened to its top-ups, servers, keys and balance.",
+        EventQuery,
+        _list_events,
+        ("listEvents",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "get_event",
+        "An event",
+        "One of the account's events by its id.",
+        EventRef,
+        _get_event,
+        ("getEvent",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "create_webhook",
+        "Register a webhook",
+        "Register an https URL to receive the account's events, signed (Standard Webhooks); its signing secret is "
+        "in this result only.",
+        WebhookInput,
+        lambda ctx, customer, args: webhooks.create_webhook(ctx, customer, args),
+        ("createWebhook",),
+    ),
+    Tool(
+        "list_webhooks",
+        "Webhooks",
+        "The account's webhook endpoints.",
+        NoArguments,
+        lambda ctx, customer, args: webhooks.list_webhooks(ctx, customer),
+        ("listWebhooks",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "get_webhook",
+        "A webhook",
+        "One webhook endpoint.",
+        WebhookRef,
+        lambda ctx, customer, args: webhooks.get_webhook(ctx, customer, args.webhook_id),
+        ("getWebhook",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "update_webhook",
+        "Change a webhook",
+        "Change a webhook's URL, event types or description; enabled true turns a disabled one on again, false "
+        "pauses it.",
+        WebhookChangeArgs,
+        lambda ctx, customer, args: webhooks.change_webhook(ctx, customer, args.webhook_id, part(args, WebhookChange)),
+        ("updateWebhook",),
+        idempotent=True,
+    ),
+    Tool(
+        "delete_webhook",
+        "Delete a webhook",
+        "Stop deliveries to a webhook endpoint at once.",
+        WebhookRef,
+        lambda ctx, customer, args: webhooks.delete_webhook(ctx, customer, args.webhook_id),
+        ("deleteWebhook",),
+        destructive=True,
+    ),
+    Tool(
+        "list_webhook_deliveries",
+        "A webhook's deliveries",
+        "A webhook endpoint's delivery log, newest first, with every attempt.",
+        DeliveriesArgs,
+        lambda ctx, customer, args: webhooks.list_deliveries(ctx, customer, args.webhook_id, part(args, DeliveryQuery)),
+        ("listDeliveries",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "redeliver_event",
+        "Send an event again",
+        "Queue one of the account's events to a webhook endpoint again (the same webhook-id).",
+        RedeliverArgs,
+        lambda ctx, customer, args: webhooks.redeliver(ctx, customer, args.webhook_id, part(args, RedeliverInput)),
+        ("redeliverEvent",),
+    ),
+)
+
+
+async def _catalog(ctx: AppContext) -> Result:
+    return ctx.catalog
