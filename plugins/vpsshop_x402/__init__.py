@@ -248,7 +248,7 @@ class USDCBASE(X402Coin):
 
     code: ClassVar[str] = "USDCBASE"
     name: ClassVar[str] = "USD Coin (Base, x402)"
-    decimals: ClassVar[int] = 6
+    decimals = 6
     rate_symbol: ClassVar[str] = "USDC"
     Config = USDCBaseConfig
     uses_secrets = True
