@@ -255,9 +255,7 @@ class USDCBASE(X402Coin):
 
     config: USDCBaseConfig
 
-    def __init__(  # type: ignore[override]
-        self, config: USDCBaseConfig, *, sandbox: bool = False, secrets: ShopSecrets | None = None
-    ) -> None:
+    def __init__(self, config: USDCBaseConfig, *, sandbox: bool = False, secrets: ShopSecrets | None = None) -> None:
         """``secrets`` (core passes the shop's) open ``relayer_key_encrypted``.
 
         :raises vpsshop.ConfigError: the encrypted key was not made with this shop's ``encryption_key``.
