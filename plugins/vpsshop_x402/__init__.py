@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -66,6 +66,12 @@ from vpsshop_x402.chain import (
     decrypt_relayer_key,
     encrypt_relayer_key,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from web3.types import TxReceipt
+    from x402.http import HTTPFacilitatorClient
+    from x402.schemas import PaymentPayload, PaymentRequirements
+    from x402.schemas.v1 import PaymentPayloadV1, PaymentRequirementsV1
 
 log = logging.getLogger("vpsshop.x402")
 
@@ -282,7 +288,7 @@ class USDCBASE(X402Coin):
         self._chain: BaseChain | None = None
         if config.rpc_url:
             self._chain = BaseChain(config.rpc_url, config.rpc_timeout_seconds, self._relayer)
-        self._facilitator: Any = None
+        self._facilitator: HTTPFacilitatorClient | None = None
         self._in_flight: set[tuple[str, str]] = set()
         self._in_flight_lock = threading.Lock()
 
@@ -487,7 +493,9 @@ class USDCBASE(X402Coin):
         if int(auth["validBefore"]) < now + VALID_BEFORE_MARGIN_SECONDS:
             raise _reject("authorization_expired")
 
-    def _v1_objects(self, payment: X402Payment, requirements: dict[str, Any]) -> tuple[Any, Any]:
+    def _v1_objects(
+        self, payment: X402Payment, requirements: dict[str, Any]
+    ) -> tuple[PaymentPayloadV1, PaymentRequirementsV1]:
         """The payment as the reference package's v1 types (a v2 payment is checked the same way)."""
         from x402.schemas.v1 import PaymentPayloadV1, PaymentRequirementsV1
 
@@ -507,7 +515,7 @@ class USDCBASE(X402Coin):
             if chain.authorization_used(self.asset, payment.payer, payment.nonce):
                 raise _reject("nonce_used")
             payload, reqs = self._v1_objects(payment, requirements)
-            verdict = ExactEvmSchemeV1Facilitator(chain).verify(payload, reqs)  # type: ignore[arg-type]
+            verdict = ExactEvmSchemeV1Facilitator(chain).verify(payload, reqs)
             if not verdict.is_valid:
                 if verdict.invalid_reason == "invalid_exact_evm_transaction_simulation_failed":
                     balance = chain.get_balance(payment.payer, self.asset)
@@ -545,7 +553,7 @@ class USDCBASE(X402Coin):
             raise _reject("settlement_reverted", f"(transaction {tx_hash})")
         return self._settlement_from_receipt(payment, tx_hash, receipt)
 
-    def _settlement_from_receipt(self, payment: X402Payment, tx_hash: str, receipt: Any) -> X402Settlement:
+    def _settlement_from_receipt(self, payment: X402Payment, tx_hash: str, receipt: TxReceipt) -> X402Settlement:
         from x402.mechanisms.evm.exact.eip3009_utils import verify_eip3009_transfer_event
 
         auth = payment.raw["payload"]["authorization"]
@@ -569,6 +577,8 @@ class USDCBASE(X402Coin):
         import httpx
 
         client = self._facilitator_client()
+        payload: PaymentPayload | PaymentPayloadV1
+        reqs: PaymentRequirements | PaymentRequirementsV1
         if payment.version == 1:
             payload, reqs = self._v1_objects(payment, requirements)
         else:
@@ -621,7 +631,7 @@ class USDCBASE(X402Coin):
         if chain is None or not tx_hash:
             return False
         try:
-            receipt = await asyncio.to_thread(chain.w3.eth.get_transaction_receipt, tx_hash)
+            receipt = await asyncio.to_thread(chain.transaction_receipt, tx_hash)
         except Exception:  # noqa: BLE001 - not found or no answer: unknown
             return False
         return int(receipt["status"]) == 0
@@ -646,7 +656,7 @@ class USDCBASE(X402Coin):
         if code:
             raise _reject(code)
 
-    def _facilitator_client(self) -> Any:
+    def _facilitator_client(self) -> HTTPFacilitatorClient:
         if self._facilitator is None:
             from x402.http import FacilitatorConfig, HTTPFacilitatorClient
 
@@ -683,7 +693,7 @@ class USDCBASE(X402Coin):
         if tx_hash is None:
             return None
         try:
-            return self._settlement_from_receipt(payment, tx_hash, chain.w3.eth.get_transaction_receipt(tx_hash))
+            return self._settlement_from_receipt(payment, tx_hash, chain.transaction_receipt(tx_hash))
         except PluginError:
             return None  # the authorization was canceled or paid someone else
 
@@ -751,7 +761,7 @@ class USDCBASE(X402Coin):
 
 
 @hookimpl
-def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
+def vpsshop_register_coins() -> Iterable[type[PaymentCoin[Any]]]:
     return [USDCBASE]
 
 
