@@ -33,9 +33,6 @@ was sent; the same payment may be re-sent).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
 import os
 import re
@@ -110,14 +107,7 @@ SANDBOX_RPC_URL = "https://sepolia.base.org"
 VALID_BEFORE_MARGIN_SECONDS = 6
 """An authorization must stay valid this long after verification (the reference verifier's rule)."""
 
-MAX_PAYMENT_DEPTH = 32
-"""How deep the JSON of a payment header may nest (a v2 payload echoing the ``bazaar`` extension's
-schemas nests about 14 levels); deeper is a 400 ``invalid_payment`` before the JSON is parsed."""
-
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NONCE = re.compile(r"^0x[0-9a-fA-F]{64}$")
-_UINT = re.compile(r"^[0-9]{1,78}$")
 
 
 # ---- settings ---------------------------------------------------------------------------------
@@ -212,20 +202,6 @@ _MESSAGES = {
     "settlement_unavailable": "The payment cannot be checked now; nothing was sent or moved. "
     "Re-send the same request shortly.",
 }
-
-
-def json_nesting(text: str) -> int:
-    """How deeply the arrays and objects of the JSON ``text`` nest, counted without parsing it (so a
-    payload nested thousands deep never reaches the recursive parser). Brackets inside strings do
-    not count; malformed JSON gives some number and is refused by the parser afterwards."""
-    depth = deepest = 0
-    for char in _JSON_STRING.sub("", text):
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
 
 
 def _reject(code: str, detail: str = "") -> X402Rejected:
@@ -363,76 +339,17 @@ class USDCBASE(X402Coin):
 
     def decode_payment(self, header_value: str, version: int = 1) -> X402Payment:
         """Parse ``X-PAYMENT`` (version 1) or ``PAYMENT-SIGNATURE`` (version 2); no network."""
-        bad = "invalid_payment"
-        text = (header_value or "").strip()
-        if not text or len(text) > 16_384:
-            raise X402Rejected(bad, "The payment header is empty or too long.", 400)
-        try:
-            decoded = base64.b64decode(text + "=" * (-len(text) % 4), validate=True).decode()
-        except (binascii.Error, ValueError, UnicodeDecodeError):
-            raise X402Rejected(bad, "The payment header is not base64-encoded JSON.", 400) from None
-        if json_nesting(decoded) > MAX_PAYMENT_DEPTH:
-            raise X402Rejected(bad, f"The payment header's JSON nests deeper than {MAX_PAYMENT_DEPTH} levels.", 400)
-        try:
-            raw = json.loads(decoded)
-        except ValueError:
-            raise X402Rejected(bad, "The payment header is not base64-encoded JSON.", 400) from None
-        if not isinstance(raw, dict):
-            raise X402Rejected(bad, "The payment header must encode a JSON object.", 400)
-        if raw.get("x402Version") != version:
-            raise X402Rejected(bad, f"The payment header must carry x402Version {version}.", 400)
-        payload = raw.get("payload")
-        auth = payload.get("authorization") if isinstance(payload, dict) else None
-        signature = payload.get("signature") if isinstance(payload, dict) else None
-        if not isinstance(auth, dict) or not isinstance(signature, str) or not signature.startswith("0x"):
-            raise X402Rejected(bad, "payload.authorization and payload.signature are required.", 400)
-        try:
-            bytes.fromhex(signature[2:])
-        except ValueError:
-            raise X402Rejected(bad, "payload.signature must be hex.", 400) from None
-        for field, pattern in (
-            ("from", _ADDRESS),
-            ("to", _ADDRESS),
-            ("nonce", _NONCE),
-            ("value", _UINT),
-            ("validAfter", _UINT),
-            ("validBefore", _UINT),
-        ):
-            value = auth.get(field)
-            if not isinstance(value, str) or not pattern.match(value):
-                raise X402Rejected(bad, f"payload.authorization.{field} is missing or malformed.", 400)
-        if version == 1:
-            if not isinstance(raw.get("scheme"), str) or not isinstance(raw.get("network"), str):
-                raise X402Rejected(bad, "scheme and network are required in x402 v1.", 400)
-        else:
-            accepted = raw.get("accepted")
-            if not isinstance(accepted, dict):
-                raise X402Rejected(bad, "accepted is required in x402 v2.", 400)
-            # the fields x402 v2 requires of PaymentRequirements: a payload without them is malformed
-            # (the facilitator's model would refuse it after the payment was recorded)
-            for field in ("scheme", "network", "amount", "asset", "payTo"):
-                if not isinstance(accepted.get(field), str) or not accepted[field]:
-                    raise X402Rejected(bad, f"accepted.{field} is missing or not a string.", 400)
-            timeout = accepted.get("maxTimeoutSeconds")
-            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
-                raise X402Rejected(bad, "accepted.maxTimeoutSeconds is missing or not a positive integer.", 400)
-            if "extra" in accepted and not isinstance(accepted["extra"], dict):
-                raise X402Rejected(bad, "accepted.extra must be an object.", 400)
-            from pydantic import ValidationError
-            from x402.schemas import PaymentPayload
+        from vpsshop_x402.payment import parse_payment  # the x402 package loads on the first payment
 
-            try:
-                PaymentPayload.model_validate(raw)  # what the facilitator path builds from it
-            except ValidationError as exc:
-                where = ".".join(str(part) for part in exc.errors()[0]["loc"])
-                raise X402Rejected(bad, f"The x402 v2 payload is malformed at {where or 'the top'}.", 400) from None
+        raw, parsed = parse_payment(header_value, version)
+        auth = parsed.payload.authorization
         return X402Payment(
-            payer=checksum_address(auth["from"]),
-            nonce=auth["nonce"].lower(),
-            value_atomic=int(auth["value"]),
+            payer=checksum_address(auth.from_),
+            nonce=auth.nonce.lower(),
+            value_atomic=int(auth.value),
             version=version,
             raw=raw,
-            valid_before=int(auth["validBefore"]),
+            valid_before=int(auth.valid_before),
         )
 
     # ---- settling ----
