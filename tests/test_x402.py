@@ -99,6 +99,20 @@ def test_requirements_match_the_seed_and_work_offline(coin: USDCBASE, chain: Cha
 # ---- malformed headers: 400, nothing touched -------------------------------------------------
 
 
+def _v1_header(**authorization: str) -> str:
+    """An X-PAYMENT whose fields are well formed but for the ``authorization`` fields given."""
+    well_formed = {
+        "from": "0x" + "12" * 20,
+        "to": "0x" + "22" * 20,
+        "value": "1",
+        "validAfter": "0",
+        "validBefore": "9",
+        "nonce": "0x" + "33" * 32,
+    }
+    payload = {"signature": "0x" + "11" * 65, "authorization": {**well_formed, **authorization}}
+    return _b64({"x402Version": 1, "scheme": "exact", "network": "base", "payload": payload})
+
+
 @pytest.mark.parametrize(
     "header",
     [
@@ -110,24 +124,10 @@ def test_requirements_match_the_seed_and_work_offline(coin: USDCBASE, chain: Cha
         _b64({"x402Version": 2, "scheme": "exact", "network": "base", "payload": {}}),
         _b64({"x402Version": 1, "scheme": "exact", "network": "base"}),
         _b64({"x402Version": 1, "scheme": "exact", "network": "base", "payload": {"signature": "0x00"}}),
-        _b64(
-            {
-                "x402Version": 1,
-                "scheme": "exact",
-                "network": "base",
-                "payload": {
-                    "signature": "0x" + "11" * 65,
-                    "authorization": {
-                        "from": "0x12",
-                        "to": "0x" + "22" * 20,
-                        "value": "1",
-                        "validAfter": "0",
-                        "validBefore": "9",
-                        "nonce": "0x" + "33" * 32,
-                    },
-                },
-            }
-        ),
+        _v1_header(**{"from": "0x12"}),
+        _v1_header(**{"from": "0x" + "12" * 20 + "\n"}),  # Python's re `$` matched before a final newline
+        _v1_header(nonce="0x" + "33" * 31),
+        _v1_header(validBefore="9.5"),
     ],
     ids=[
         "empty",
@@ -139,12 +139,21 @@ def test_requirements_match_the_seed_and_work_offline(coin: USDCBASE, chain: Cha
         "no-payload",
         "no-authorization",
         "bad-address",
+        "address-with-newline",
+        "short-nonce",
+        "not-a-uint",
     ],
 )
 def test_malformed_header_is_400_invalid_payment(coin: USDCBASE, header: str) -> None:
     with pytest.raises(X402Rejected) as err:
         coin.decode_payment(header)
     assert err.value.code == "invalid_payment" and err.value.status == 400
+
+
+def test_a_malformed_header_names_the_field_at_fault(coin: USDCBASE) -> None:
+    with pytest.raises(X402Rejected) as err:
+        coin.decode_payment(_v1_header(nonce="0x12"))
+    assert err.value.message == "payload.authorization.nonce is missing or malformed."
 
 
 # ---- refused authorizations: 402, nothing moved -------------------------------------------------

@@ -39,7 +39,7 @@ class PaymentCoin(Component[ConfigT]):
 
     code: ClassVar[str]
     name: ClassVar[str]
-    decimals: ClassVar[int]
+    decimals: int  # not a ClassVar: a token sets its own from its settings (vpsshop_evm, vpsshop_tron)
     rate_symbol: ClassVar[str]
     settlement: ClassVar[SettlementMethod] = "deposit"
 

@@ -187,7 +187,7 @@ class HypervisorBackend(Component):
     """
 
     kind: ClassVar[str]
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
     """Optional verbs this backend implements: ``"reinstall"``, ``"console"``.
 
     .. versionadded:: 1.1"""

@@ -142,7 +142,7 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
         return str(await self.node.call("getblockhash", height))
 
     async def scan_blocks(
-        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin[Any]]
     ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
         """``getblock <hash> 2`` per block, every output tested against the watched addresses."""
         found: list[tuple[str, DetectedPayment]] = []
@@ -162,7 +162,7 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
             script = out.get("scriptPubKey", {})
             address = script.get("address")
             if address is None:
-                addresses = script.get("addresses") or ()
+                addresses: list[str] = script.get("addresses") or []
                 address = addresses[0] if len(addresses) == 1 else None
             if address is None or address not in watched:
                 continue
@@ -172,7 +172,7 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
             )
 
     async def scan_unconfirmed(
-        self, watched: WatchSet, members: Sequence[DepositCoin]
+        self, watched: WatchSet, members: Sequence[DepositCoin[Any]]
     ) -> list[tuple[str, DetectedPayment]]:
         """New mempool transactions (``getrawmempool`` + ``getrawtransaction``), each read once."""
         if not self.config.watch_mempool:
@@ -180,7 +180,7 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
         txids = await self.node.call("getrawmempool")
         if len(self._mempool_done) > 200_000:
             self._mempool_done = set(self._mempool_done & set(txids))
-        found = []
+        found: list[tuple[str, DetectedPayment]] = []
         for txid in txids:
             if txid in self._mempool_done:
                 continue
@@ -223,5 +223,5 @@ class Litecoin(UtxoCoin):
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_coins() -> Iterable[type[DepositCoin]]:
+def vpsshop_register_coins() -> Iterable[type[DepositCoin[Any]]]:
     return [Bitcoin, Litecoin]

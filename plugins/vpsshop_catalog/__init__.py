@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -48,5 +49,5 @@ class FileCatalog(CatalogSource[FileCatalogConfig]):
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_catalog_sources() -> Iterable[type[CatalogSource]]:
+def vpsshop_register_catalog_sources() -> Iterable[type[CatalogSource[Any]]]:
     return [FileCatalog]

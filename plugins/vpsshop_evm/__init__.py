@@ -175,7 +175,7 @@ class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
         return {h: b["hash"] for h, b in zip(heights, blocks, strict=True) if b}
 
     async def scan_blocks(
-        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin[Any]]
     ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
         """One batch of blocks (full transactions when a native coin is watched) and one ``eth_getLogs``
         of the tokens' ``Transfer`` logs; nothing is kept when the chain moved while it was read."""
@@ -289,9 +289,9 @@ class EvmToken(EvmCoin):
     config: EvmTokenConfig
     is_token: ClassVar[bool] = True
 
-    def __init__(self, config: EvmTokenConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
+    def __init__(self, config: EvmTokenConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        self.decimals = config.decimals  # type: ignore[misc]
+        self.decimals = config.decimals
         self.contract_key = config.contract.lower()
 
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
@@ -314,7 +314,7 @@ def match_transfer_log(
     log: dict[str, Any], watched: WatchSet, tokens: dict[str, EvmToken]
 ) -> tuple[EvmToken, str, int] | None:
     """(token, recipient, amount) of an ERC-20 ``Transfer`` log to a watched address, else None."""
-    topics = log.get("topics") or ()
+    topics: list[str] = log.get("topics") or []
     if log.get("removed") or len(topics) != 3 or topics[0] != TRANSFER_TOPIC:
         return None  # ERC-721 Transfer has a 4th indexed topic; removed logs left the chain
     coin = tokens.get(str(log.get("address", "")).lower())
@@ -350,5 +350,5 @@ class TetherErc20(EvmToken):
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_coins() -> Iterable[type[DepositCoin]]:
+def vpsshop_register_coins() -> Iterable[type[DepositCoin[Any]]]:
     return [Ether, TetherErc20]

@@ -62,9 +62,9 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -86,14 +86,24 @@ from vpsshop import (
 try:
     import libvirt
 except ImportError:  # pragma: no cover - preflight then refuses to start, naming the remedy
-    libvirt = None  # type: ignore[assignment]
+    libvirt = None
 
 
-class _LibvirtMissing(Exception):
-    """Stands in for ``libvirt.libvirtError`` when libvirt-python is not installed."""
+class _LibvirtError(Exception):
+    """What this plugin uses of ``libvirt.libvirtError`` (libvirt-python ships no type stubs), and its
+    stand-in when libvirt-python is not installed: nothing raises it then, so no ``except`` matches."""
+
+    def get_error_code(self) -> int:
+        raise NotImplementedError
+
+    def get_error_message(self) -> str:
+        raise NotImplementedError
 
 
-LibvirtError: type[Exception] = libvirt.libvirtError if libvirt is not None else _LibvirtMissing
+LibvirtError: type[_LibvirtError] = libvirt.libvirtError if libvirt is not None else _LibvirtError
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 INSTALL_BINDING = (
     "pip install 'vpsshop[libvirt]' (libvirt-python; it compiles against the system's libvirt: "
@@ -436,11 +446,13 @@ class LibvirtBackend(HypervisorBackend):
     Config = LibvirtConfig
     capabilities = frozenset({"reinstall", "console"})
 
-    def __init__(self, config: BaseModel, *, sandbox: bool = False) -> None:
+    config: LibvirtConfig
+
+    def __init__(self, config: LibvirtConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        self.cfg: LibvirtConfig = config  # type: ignore[assignment]
+        self.cfg = config
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles
-            self.capabilities = frozenset({"reinstall"})  # type: ignore[misc]
+            self.capabilities = frozenset({"reinstall"})
         self._conns: dict[str, Any] = {}
         self._lock = threading.Lock()
         if libvirt is not None:
@@ -532,7 +544,7 @@ class LibvirtBackend(HypervisorBackend):
     # ---- create ---------------------------------------------------------------------------------
 
     def _used_mib(self, conn: Any) -> int:
-        return sum(dom.maxMemory() for dom in conn.listAllDomains()) // 1024
+        return int(sum(dom.maxMemory() for dom in conn.listAllDomains())) // 1024
 
     def _capacity_mib(self, host: HostConfig, conn: Any) -> int:
         return host.max_memory_mib if host.max_memory_mib is not None else int(conn.getInfo()[1])
@@ -695,9 +707,9 @@ class LibvirtBackend(HypervisorBackend):
             raise PluginError(f"domain {handle.domain} does not exist on {handle.host}")
         return dom
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await asyncio.to_thread(fn, *args, **kwargs)
         except LibvirtError as exc:
             raise PluginError(f"libvirt: {exc.get_error_message()}") from None
 
@@ -817,7 +829,7 @@ class LibvirtBackend(HypervisorBackend):
         try:
             self._conn(uri).getVersion()
         except LibvirtError as exc:
-            raise PluginError(exc.get_error_message()) from None  # type: ignore[attr-defined]
+            raise PluginError(exc.get_error_message()) from None
 
     async def close(self) -> None:
         with self._lock:

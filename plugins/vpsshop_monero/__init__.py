@@ -149,7 +149,7 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
                 "address/view_key do not match the wallet behind wallet_rpc_url"
             )
 
-    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin] = ()) -> ScanResult:
+    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         rpc = self.node
         try:
             await rpc.call("refresh")
@@ -230,5 +230,5 @@ def xmr_to_atomic(amount: str | Decimal) -> int:
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_coins() -> Iterable[type[DepositCoin]]:
+def vpsshop_register_coins() -> Iterable[type[DepositCoin[Any]]]:
     return [Monero]

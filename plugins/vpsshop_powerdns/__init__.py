@@ -20,6 +20,7 @@ It imports only ``vpsshop``'s public API, like a third-party plugin.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -66,7 +67,7 @@ class PowerDnsProvider(DnsProvider):
             raise PluginError(f"no zone in dns.powerdns.zones holds {owner} (the PTR name of {ip})")
         return owner, max(zones, key=len)
 
-    async def _patch(self, zone: str, rrset: dict) -> None:
+    async def _patch(self, zone: str, rrset: dict[str, Any]) -> None:
         url = f"{self.config.api_url.rstrip('/')}/api/v1/servers/{self.config.server_id}/zones/{zone}"
         headers = {"X-API-Key": self.config.api_key.get_secret_value()}
         try:

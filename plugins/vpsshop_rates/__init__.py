@@ -55,7 +55,7 @@ class FixedRates(RateSource[FixedRatesConfig]):
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
+def vpsshop_register_rate_sources() -> Iterable[type[RateSource[Any]]]:
     from vpsshop_rates.coinbase import CoinbaseSpot
     from vpsshop_rates.kraken import KrakenTicker
 

@@ -46,7 +46,7 @@ class KrakenTicker(PublicPriceApi):
 
     config: KrakenConfig
 
-    def __init__(self, config: KrakenConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
+    def __init__(self, config: KrakenConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
         self.pairs = {**DEFAULT_PAIRS, **config.pairs}
 

@@ -77,6 +77,8 @@ class SimulatedBackend(HypervisorBackend):
     capabilities = frozenset({"reinstall", "console"})
 
     config: SimulatorConfig
+    records: PluginState | None = None
+    """The domains' records, from :meth:`bind`."""
 
     def bind(self, ctx: ShopContext) -> None:
         self.records = PluginState(ctx, "simulator")
@@ -89,10 +91,9 @@ class SimulatedBackend(HypervisorBackend):
     # ---- the record of a domain -----------------------------------------------------------------
 
     def _state(self) -> PluginState:
-        records = getattr(self, "records", None)
-        if records is None:
+        if self.records is None:
             raise PluginError("the simulator is not bound to a shop: core calls bind(ctx) before any verb")
-        return records
+        return self.records
 
     def _powered_on(self, data: dict[str, Any]) -> dict[str, Any]:
         booted = self.clock.now() + timedelta(seconds=self.config.boot_seconds)

@@ -271,7 +271,7 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
             raise
         return str(block["blockhash"]) if block else None
 
-    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin] = ()) -> ScanResult:
+    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         """Cursor ``<scanned up to slot>:<last block slot>:<its blockhash>``."""
         node = self.node
         cfg = self.cfg
@@ -431,5 +431,5 @@ def match_block(block: dict[str, Any], slot: int, watched: WatchSet) -> list[Det
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_coins() -> Iterable[type[DepositCoin]]:
+def vpsshop_register_coins() -> Iterable[type[DepositCoin[Any]]]:
     return [Solana]

@@ -196,7 +196,7 @@ class TronCoin(XpubCoin[TronCoinConfig], BlockCoin[TronCoinConfig, TronApi]):
         return str(block["blockID"]) if block else ""
 
     async def scan_blocks(
-        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin[Any]]
     ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
         """Block by block: ``getblockbynum`` for TRX transfers, ``gettransactioninfobyblocknum`` for
         token logs; stops before a block whose parent is not the previous block."""
@@ -230,9 +230,9 @@ class TronToken(TronCoin):
     config: TronTokenConfig
     is_token: ClassVar[bool] = True
 
-    def __init__(self, config: TronTokenConfig, *, sandbox: bool = False) -> None:  # type: ignore[override]
+    def __init__(self, config: TronTokenConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        self.decimals = config.decimals  # type: ignore[misc]
+        self.decimals = config.decimals
         self.contract: str = config.contract or ""
         self.contract_hex = address_to_hex(self.contract)
 
@@ -251,7 +251,7 @@ def match_trx_transfers(block: dict[str, Any], watched: WatchSet, confirmations:
     found = []
     h = block_number(block)
     for tx in block.get("transactions") or ():
-        contracts = tx.get("raw_data", {}).get("contract") or ()
+        contracts: list[dict[str, Any]] = tx.get("raw_data", {}).get("contract") or []
         if len(contracts) != 1 or contracts[0].get("type") != "TransferContract":
             continue
         ret = (tx.get("ret") or [{}])[0]
@@ -279,7 +279,7 @@ def match_token_logs(
         if (info.get("receipt") or {}).get("result", "SUCCESS") != "SUCCESS" or info.get("result") == "FAILED":
             continue
         for index, log in enumerate(info.get("log") or ()):
-            topics = log.get("topics") or ()
+            topics: list[str] = log.get("topics") or []
             if len(topics) != 3 or topics[0].lower().removeprefix("0x") != TRANSFER_TOPIC:
                 continue
             token = tokens.get("41" + str(log.get("address", "")).lower().removeprefix("0x")[-40:])
@@ -313,5 +313,5 @@ class TetherTrc20(TronToken):
 
 
 @hookimpl(trylast=True)
-def vpsshop_register_coins() -> Iterable[type[DepositCoin]]:
+def vpsshop_register_coins() -> Iterable[type[DepositCoin[Any]]]:
     return [Tronix, TetherTrc20]

@@ -33,9 +33,6 @@ was sent; the same payment may be re-sent).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
 import os
 import re
@@ -43,7 +40,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -66,6 +63,12 @@ from vpsshop_x402.chain import (
     decrypt_relayer_key,
     encrypt_relayer_key,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from web3.types import TxReceipt
+    from x402.http import HTTPFacilitatorClient
+    from x402.schemas import PaymentPayload, PaymentRequirements
+    from x402.schemas.v1 import PaymentPayloadV1, PaymentRequirementsV1
 
 log = logging.getLogger("vpsshop.x402")
 
@@ -104,14 +107,7 @@ SANDBOX_RPC_URL = "https://sepolia.base.org"
 VALID_BEFORE_MARGIN_SECONDS = 6
 """An authorization must stay valid this long after verification (the reference verifier's rule)."""
 
-MAX_PAYMENT_DEPTH = 32
-"""How deep the JSON of a payment header may nest (a v2 payload echoing the ``bazaar`` extension's
-schemas nests about 14 levels); deeper is a 400 ``invalid_payment`` before the JSON is parsed."""
-
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NONCE = re.compile(r"^0x[0-9a-fA-F]{64}$")
-_UINT = re.compile(r"^[0-9]{1,78}$")
 
 
 # ---- settings ---------------------------------------------------------------------------------
@@ -208,20 +204,6 @@ _MESSAGES = {
 }
 
 
-def json_nesting(text: str) -> int:
-    """How deeply the arrays and objects of the JSON ``text`` nest, counted without parsing it (so a
-    payload nested thousands deep never reaches the recursive parser). Brackets inside strings do
-    not count; malformed JSON gives some number and is refused by the parser afterwards."""
-    depth = deepest = 0
-    for char in _JSON_STRING.sub("", text):
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
-
-
 def _reject(code: str, detail: str = "") -> X402Rejected:
     message = _MESSAGES.get(code, "The payment was refused.")
     return X402Rejected(code, f"{message} {detail}".strip())
@@ -248,16 +230,14 @@ class USDCBASE(X402Coin):
 
     code: ClassVar[str] = "USDCBASE"
     name: ClassVar[str] = "USD Coin (Base, x402)"
-    decimals: ClassVar[int] = 6
+    decimals = 6
     rate_symbol: ClassVar[str] = "USDC"
     Config = USDCBaseConfig
     uses_secrets = True
 
     config: USDCBaseConfig
 
-    def __init__(  # type: ignore[override]
-        self, config: USDCBaseConfig, *, sandbox: bool = False, secrets: ShopSecrets | None = None
-    ) -> None:
+    def __init__(self, config: USDCBaseConfig, *, sandbox: bool = False, secrets: ShopSecrets | None = None) -> None:
         """``secrets`` (core passes the shop's) open ``relayer_key_encrypted``.
 
         :raises vpsshop.ConfigError: the encrypted key was not made with this shop's ``encryption_key``.
@@ -284,7 +264,7 @@ class USDCBASE(X402Coin):
         self._chain: BaseChain | None = None
         if config.rpc_url:
             self._chain = BaseChain(config.rpc_url, config.rpc_timeout_seconds, self._relayer)
-        self._facilitator: Any = None
+        self._facilitator: HTTPFacilitatorClient | None = None
         self._in_flight: set[tuple[str, str]] = set()
         self._in_flight_lock = threading.Lock()
 
@@ -359,76 +339,17 @@ class USDCBASE(X402Coin):
 
     def decode_payment(self, header_value: str, version: int = 1) -> X402Payment:
         """Parse ``X-PAYMENT`` (version 1) or ``PAYMENT-SIGNATURE`` (version 2); no network."""
-        bad = "invalid_payment"
-        text = (header_value or "").strip()
-        if not text or len(text) > 16_384:
-            raise X402Rejected(bad, "The payment header is empty or too long.", 400)
-        try:
-            decoded = base64.b64decode(text + "=" * (-len(text) % 4), validate=True).decode()
-        except (binascii.Error, ValueError, UnicodeDecodeError):
-            raise X402Rejected(bad, "The payment header is not base64-encoded JSON.", 400) from None
-        if json_nesting(decoded) > MAX_PAYMENT_DEPTH:
-            raise X402Rejected(bad, f"The payment header's JSON nests deeper than {MAX_PAYMENT_DEPTH} levels.", 400)
-        try:
-            raw = json.loads(decoded)
-        except ValueError:
-            raise X402Rejected(bad, "The payment header is not base64-encoded JSON.", 400) from None
-        if not isinstance(raw, dict):
-            raise X402Rejected(bad, "The payment header must encode a JSON object.", 400)
-        if raw.get("x402Version") != version:
-            raise X402Rejected(bad, f"The payment header must carry x402Version {version}.", 400)
-        payload = raw.get("payload")
-        auth = payload.get("authorization") if isinstance(payload, dict) else None
-        signature = payload.get("signature") if isinstance(payload, dict) else None
-        if not isinstance(auth, dict) or not isinstance(signature, str) or not signature.startswith("0x"):
-            raise X402Rejected(bad, "payload.authorization and payload.signature are required.", 400)
-        try:
-            bytes.fromhex(signature[2:])
-        except ValueError:
-            raise X402Rejected(bad, "payload.signature must be hex.", 400) from None
-        for field, pattern in (
-            ("from", _ADDRESS),
-            ("to", _ADDRESS),
-            ("nonce", _NONCE),
-            ("value", _UINT),
-            ("validAfter", _UINT),
-            ("validBefore", _UINT),
-        ):
-            value = auth.get(field)
-            if not isinstance(value, str) or not pattern.match(value):
-                raise X402Rejected(bad, f"payload.authorization.{field} is missing or malformed.", 400)
-        if version == 1:
-            if not isinstance(raw.get("scheme"), str) or not isinstance(raw.get("network"), str):
-                raise X402Rejected(bad, "scheme and network are required in x402 v1.", 400)
-        else:
-            accepted = raw.get("accepted")
-            if not isinstance(accepted, dict):
-                raise X402Rejected(bad, "accepted is required in x402 v2.", 400)
-            # the fields x402 v2 requires of PaymentRequirements: a payload without them is malformed
-            # (the facilitator's model would refuse it after the payment was recorded)
-            for field in ("scheme", "network", "amount", "asset", "payTo"):
-                if not isinstance(accepted.get(field), str) or not accepted[field]:
-                    raise X402Rejected(bad, f"accepted.{field} is missing or not a string.", 400)
-            timeout = accepted.get("maxTimeoutSeconds")
-            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
-                raise X402Rejected(bad, "accepted.maxTimeoutSeconds is missing or not a positive integer.", 400)
-            if "extra" in accepted and not isinstance(accepted["extra"], dict):
-                raise X402Rejected(bad, "accepted.extra must be an object.", 400)
-            from pydantic import ValidationError
-            from x402.schemas import PaymentPayload
+        from vpsshop_x402.payment import parse_payment  # the x402 package loads on the first payment
 
-            try:
-                PaymentPayload.model_validate(raw)  # what the facilitator path builds from it
-            except ValidationError as exc:
-                where = ".".join(str(part) for part in exc.errors()[0]["loc"])
-                raise X402Rejected(bad, f"The x402 v2 payload is malformed at {where or 'the top'}.", 400) from None
+        raw, parsed = parse_payment(header_value, version)
+        auth = parsed.payload.authorization
         return X402Payment(
-            payer=checksum_address(auth["from"]),
-            nonce=auth["nonce"].lower(),
-            value_atomic=int(auth["value"]),
+            payer=checksum_address(auth.from_),
+            nonce=auth.nonce.lower(),
+            value_atomic=int(auth.value),
             version=version,
             raw=raw,
-            valid_before=int(auth["validBefore"]),
+            valid_before=int(auth.valid_before),
         )
 
     # ---- settling ----
@@ -489,7 +410,9 @@ class USDCBASE(X402Coin):
         if int(auth["validBefore"]) < now + VALID_BEFORE_MARGIN_SECONDS:
             raise _reject("authorization_expired")
 
-    def _v1_objects(self, payment: X402Payment, requirements: dict[str, Any]) -> tuple[Any, Any]:
+    def _v1_objects(
+        self, payment: X402Payment, requirements: dict[str, Any]
+    ) -> tuple[PaymentPayloadV1, PaymentRequirementsV1]:
         """The payment as the reference package's v1 types (a v2 payment is checked the same way)."""
         from x402.schemas.v1 import PaymentPayloadV1, PaymentRequirementsV1
 
@@ -509,7 +432,7 @@ class USDCBASE(X402Coin):
             if chain.authorization_used(self.asset, payment.payer, payment.nonce):
                 raise _reject("nonce_used")
             payload, reqs = self._v1_objects(payment, requirements)
-            verdict = ExactEvmSchemeV1Facilitator(chain).verify(payload, reqs)  # type: ignore[arg-type]
+            verdict = ExactEvmSchemeV1Facilitator(chain).verify(payload, reqs)
             if not verdict.is_valid:
                 if verdict.invalid_reason == "invalid_exact_evm_transaction_simulation_failed":
                     balance = chain.get_balance(payment.payer, self.asset)
@@ -547,7 +470,7 @@ class USDCBASE(X402Coin):
             raise _reject("settlement_reverted", f"(transaction {tx_hash})")
         return self._settlement_from_receipt(payment, tx_hash, receipt)
 
-    def _settlement_from_receipt(self, payment: X402Payment, tx_hash: str, receipt: Any) -> X402Settlement:
+    def _settlement_from_receipt(self, payment: X402Payment, tx_hash: str, receipt: TxReceipt) -> X402Settlement:
         from x402.mechanisms.evm.exact.eip3009_utils import verify_eip3009_transfer_event
 
         auth = payment.raw["payload"]["authorization"]
@@ -571,6 +494,8 @@ class USDCBASE(X402Coin):
         import httpx
 
         client = self._facilitator_client()
+        payload: PaymentPayload | PaymentPayloadV1
+        reqs: PaymentRequirements | PaymentRequirementsV1
         if payment.version == 1:
             payload, reqs = self._v1_objects(payment, requirements)
         else:
@@ -623,7 +548,7 @@ class USDCBASE(X402Coin):
         if chain is None or not tx_hash:
             return False
         try:
-            receipt = await asyncio.to_thread(chain.w3.eth.get_transaction_receipt, tx_hash)
+            receipt = await asyncio.to_thread(chain.transaction_receipt, tx_hash)
         except Exception:  # noqa: BLE001 - not found or no answer: unknown
             return False
         return int(receipt["status"]) == 0
@@ -648,7 +573,7 @@ class USDCBASE(X402Coin):
         if code:
             raise _reject(code)
 
-    def _facilitator_client(self) -> Any:
+    def _facilitator_client(self) -> HTTPFacilitatorClient:
         if self._facilitator is None:
             from x402.http import FacilitatorConfig, HTTPFacilitatorClient
 
@@ -685,7 +610,7 @@ class USDCBASE(X402Coin):
         if tx_hash is None:
             return None
         try:
-            return self._settlement_from_receipt(payment, tx_hash, chain.w3.eth.get_transaction_receipt(tx_hash))
+            return self._settlement_from_receipt(payment, tx_hash, chain.transaction_receipt(tx_hash))
         except PluginError:
             return None  # the authorization was canceled or paid someone else
 
@@ -753,7 +678,7 @@ class USDCBASE(X402Coin):
 
 
 @hookimpl
-def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
+def vpsshop_register_coins() -> Iterable[type[PaymentCoin[Any]]]:
     return [USDCBASE]
 
 

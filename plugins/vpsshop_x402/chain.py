@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vpsshop import PluginError, ShopSecrets
+
+if TYPE_CHECKING:  # pragma: no cover
+    from eth_account.signers.local import LocalAccount
+    from eth_typing import ChecksumAddress, HexStr
+    from web3.contract import Contract
+    from web3.types import RPCEndpoint, RPCResponse, TxReceipt
 
 # keccak256("AuthorizationUsed(address,bytes32)"), the EIP-3009 event of a used authorization
 _AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
@@ -26,7 +32,7 @@ def usdc_abi() -> list[dict[str, Any]]:
     return [*AUTHORIZATION_STATE_ABI, *BALANCE_OF_ABI, *TRANSFER_WITH_AUTHORIZATION_VRS_ABI]
 
 
-def checksum_address(value: str) -> str:
+def checksum_address(value: str) -> ChecksumAddress:
     from eth_utils import to_checksum_address
 
     return to_checksum_address(value)
@@ -45,12 +51,12 @@ class RelayerKey:
 
         key = private_key.strip()
         try:
-            self._account = Account.from_key(key if key.startswith("0x") else "0x" + key)
+            self._account: LocalAccount = Account.from_key(key if key.startswith("0x") else "0x" + key)
         except Exception:  # noqa: BLE001 - never echo the key in the error
             raise PluginError("the relayer key is not a valid secp256k1 private key") from None
 
     @property
-    def address(self) -> str:
+    def address(self) -> ChecksumAddress:
         return self._account.address
 
     def sign_transaction(self, tx: dict[str, Any]) -> bytes:
@@ -75,6 +81,13 @@ def decrypt_relayer_key(token: str, secrets: ShopSecrets | str) -> RelayerKey:
     if isinstance(secrets, str):
         secrets = ShopSecrets(secrets)
     return RelayerKey(secrets.decrypt(token, setting="coins.USDCBASE.relayer_key_encrypted"))
+
+
+def _hex(value: str) -> HexStr:
+    """A 0x-prefixed hex string (a transaction hash) as web3 types it."""
+    from eth_typing import HexStr
+
+    return HexStr(value)
 
 
 def _rpc_timeout(exc: BaseException) -> bool:
@@ -123,25 +136,25 @@ class BaseChain:
         self._nonce_lock = threading.Lock()
         self._next_nonce: int | None = None
         self._chain_id: int | None = None
-        self._contracts: dict[str, Any] = {}
+        self._tokens: dict[str, Contract] = {}
+        self._read_contracts: dict[str, tuple[list[dict[str, Any]], Contract]] = {}
         provider = self.w3.provider
         plain = provider.make_request
 
-        def timed(method: Any, params: Any) -> Any:
+        def timed(method: RPCEndpoint, params: Any) -> RPCResponse:
             started = time.perf_counter()
             try:
                 return plain(method, params)
             finally:
                 self.rpc_seconds += time.perf_counter() - started
 
-        provider.make_request = timed  # type: ignore[method-assign]
+        # on this provider instance only: web3 is imported lazily, so no HTTPProvider subclass here
+        provider.make_request = timed  # type: ignore[method-assign]  # a timing wrapper of the same signature
 
-    def token(self, address: str) -> Any:
-        contract = self._contracts.get(address)
+    def token(self, address: str) -> Contract:
+        contract = self._tokens.get(address)
         if contract is None:
-            contract = self._contracts[address] = self.w3.eth.contract(
-                address=checksum_address(address), abi=usdc_abi()
-            )
+            contract = self._tokens[address] = self.w3.eth.contract(address=checksum_address(address), abi=usdc_abi())
         return contract
 
     # FacilitatorEvmSigner (the parts the exact-scheme verifier uses)
@@ -158,10 +171,10 @@ class BaseChain:
 
     def read_contract(self, address: str, abi: list[dict[str, Any]], function_name: str, *args: Any) -> Any:
         key = f"{address}:{id(abi)}"
-        cached = self._contracts.get(key)
+        cached = self._read_contracts.get(key)
         if cached is None:
             # the cache holds the ABI too, so its id() cannot be reused by another list
-            cached = self._contracts[key] = (abi, self.w3.eth.contract(address=checksum_address(address), abi=abi))
+            cached = self._read_contracts[key] = (abi, self.w3.eth.contract(address=checksum_address(address), abi=abi))
         contract = cached[1]
         sender = {"from": self.relayer.address} if self.relayer else {}
         return getattr(contract.functions, function_name)(*args).call(sender)
@@ -237,11 +250,15 @@ class BaseChain:
             self._next_nonce = int(tx["nonce"]) + 1
         return "0x" + bytes(tx_hash).hex()
 
-    def receipt(self, tx_hash: str, timeout: float) -> Any:
+    def transaction_receipt(self, tx_hash: str) -> TxReceipt:
+        """The receipt of a mined transaction. :raises web3.exceptions.TransactionNotFound: not mined (yet)."""
+        return self.w3.eth.get_transaction_receipt(_hex(tx_hash))
+
+    def receipt(self, tx_hash: str, timeout: float) -> TxReceipt:
         """Wait for the transaction to be mined; the sleeps between polls add to ``wait_seconds``."""
         rpc_before, started = self.rpc_seconds, time.perf_counter()
         try:
-            return self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=timeout, poll_latency=0.2)
+            return self.w3.eth.wait_for_transaction_receipt(_hex(tx_hash), timeout=timeout, poll_latency=0.2)
         finally:
             self.wait_seconds += time.perf_counter() - started - (self.rpc_seconds - rpc_before)
 
