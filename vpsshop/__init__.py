@@ -46,6 +46,7 @@ from vpsshop.tasks import BackgroundTask
 from vpsshop.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from vpsshop.actors import Customer
     from vpsshop.app import create_app
     from vpsshop.assembly import build_context
     from vpsshop.cloudinit import compose_user_data, parse_ssh_public_key
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _LAZY = {
     "create_app": "vpsshop.app",
+    "Customer": "vpsshop.actors",
     "build_context": "vpsshop.assembly",
     "AppContext": "vpsshop.context",
     "PluginRecord": "vpsshop.plugin_state",
@@ -86,6 +88,7 @@ __all__ = [
     "CatalogSource",
     "Clock",
     "Component",
+    "Customer",
     "ConfigError",
     "ConsoleStream",
     "DepositAddress",

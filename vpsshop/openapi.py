@@ -30,7 +30,7 @@ is lost to rounding.
 
 Decisions where the contract left room (see docs/api.md):
 * the create-account response also carries `user_id`, `key_id`, `balance_usd`, `currency`, `created_at`;
-* `GET /keys` answers `{"keys": [...]}` with `id`, `prefix`, `name`, `created_at` of active keys;
+* `GET /keys` answers `{"keys": [...]}` with `id`, `prefix`, `name`, `created_at`, `revoked_at` (null) of active keys;
 * `POST /keys` takes an optional body `{"name": "..."}`; `DELETE /keys/{id}` answers the revoked key;
 * `POST /login` exchanges the login token for a new API key (dashboard sign-in and key recovery);
 * request bodies refuse unknown fields (`unknown_field`); a bad field gives `invalid_<field>`;

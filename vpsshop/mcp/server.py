@@ -181,7 +181,7 @@ class McpEndpoint:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.tools = ShopTools(ctx)
-        self.manager = StreamableHTTPSessionManager(app=self.tools.server, json_response=True, stateless=True)
+        self.manager: StreamableHTTPSessionManager | None = None
         self.authenticate = authenticator(ctx).customer
         self.blocked = limits.blocked_clients(ctx)
         public = urlsplit(ctx.settings.public_url)
@@ -191,7 +191,9 @@ class McpEndpoint:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """The transport's task group, for the app's lifespan."""
+        """The transport's task group, for the app's lifespan (a fresh one each time the app starts: a
+        manager runs once)."""
+        self.manager = StreamableHTTPSessionManager(app=self.tools.server, json_response=True, stateless=True)
         async with self.manager.run():
             yield
 
@@ -223,6 +225,9 @@ class McpEndpoint:
             scope[CUSTOMER_SCOPE_KEY] = await self._customer(request)
         except ApiError as exc:
             await self._refuse(scope, receive, send, exc)
+            return
+        if self.manager is None:  # the app's lifespan has not started it
+            await self._refuse(scope, receive, send, ApiError(503, "service_unavailable", "MCP is starting."))
             return
         await self.manager.handle_request(scope, receive, send)
 
