@@ -16,7 +16,10 @@ from chain_nodes import Litecoind, balance, random_tpub, run_pass, running_litec
 from served import VPSSHOP, shop_env
 
 from vpsshop import admin
+from vpsshop.actors import Operator
 from vpsshop.testing import create_test_account
+
+OPERATOR = Operator("support@test")
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +71,14 @@ def test_rescan_credits_a_payment_the_cursor_passed_once(vpsshop_client, litecoi
     assert balance(vpsshop_client, h) == 0  # the watcher does not look back
 
     ctx = vpsshop_client.app.state.ctx
-    done = vpsshop_client.portal.call(admin.rescan, ctx, "ltc", paid_at - 1, paid_at + 1, "customer paid, not credited")
+    done = vpsshop_client.portal.call(
+        admin.rescan, ctx, OPERATOR, "ltc", paid_at - 1, paid_at + 1, "customer paid, not credited"
+    )
     assert "1 not known before" in done and "1 payment(s) credited" in done
     assert balance(vpsshop_client, h) == Decimal(50)
     assert vpsshop_client.get(f"/v1/topups/{topup['ref']}", headers=h).json()["status"] == "completed"
     # Again, and the whole way to the tip: found again, never credited twice.
-    again = vpsshop_client.portal.call(admin.rescan, ctx, "LTC", paid_at, None, "again")
+    again = vpsshop_client.portal.call(admin.rescan, ctx, OPERATOR, "LTC", paid_at, None, "again")
     assert "1 payment(s) to the shop's addresses, 0 not known before" in again
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == Decimal(50)
@@ -83,9 +88,9 @@ def test_rescan_credits_a_payment_the_cursor_passed_once(vpsshop_client, litecoi
     assert json.loads(audits[0][2])["from_height"] == paid_at - 1
     # What cannot be re-scanned says why.
     with pytest.raises(admin.AdminError, match="past the node's tip"):
-        vpsshop_client.portal.call(admin.rescan, ctx, "LTC", 10**9, None, "x")
+        vpsshop_client.portal.call(admin.rescan, ctx, OPERATOR, "LTC", 10**9, None, "x")
     with pytest.raises(admin.AdminError, match="not enabled"):
-        vpsshop_client.portal.call(admin.rescan, ctx, "DOGE", 1, None, "x")
+        vpsshop_client.portal.call(admin.rescan, ctx, OPERATOR, "DOGE", 1, None, "x")
 
 
 def test_rescan_command(vpsshop_client, vpsshop_database_url, litecoind: Litecoind, ltc_xpub: str, tmp_path) -> None:

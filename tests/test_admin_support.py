@@ -295,6 +295,6 @@ def test_admin_commands_never_create_a_database(tmp_path: Path):
 def test_the_audit_names_who_ran_a_command_through_sudo(monkeypatch):
     monkeypatch.setenv("LOGNAME", "vpsshop")
     monkeypatch.setenv("SUDO_USER", "alice")
-    assert admin.actor() == "alice (as vpsshop)"
+    assert Operator.from_environment().name == "alice (as vpsshop)"
     monkeypatch.delenv("SUDO_USER")
-    assert admin.actor() == "vpsshop"
+    assert Operator.from_environment().name == "vpsshop"

@@ -41,7 +41,8 @@ def vpsshop_overrides() -> dict[str, Any]:
             "disable_after_hours": 2,
             "timeout_seconds": 5,
             "max_endpoints_per_account": 3,
-        }
+        },
+        "hypervisor": {"simulator": {"boot_seconds": 0}},  # a server is active after its first job
     }
 
 
@@ -417,3 +418,28 @@ def test_plugins_see_events_and_a_failing_plugin_blocks_nobody(
             hooks()
         assert broken.calls == 12  # every event offered hook_max_attempts times, then skipped
         assert len(recorder.seen) == 4 and len({i for _, i in recorder.seen}) == 4
+
+
+def test_power_actions_and_changes_are_delivered(vpsshop_client: TestClient, receiver: Receiver) -> None:
+    """A stop once its job has run, and a PATCH, reach the account's webhook like any other event."""
+    from vpsshop.servers.jobs import run_jobs
+
+    client = vpsshop_client
+    account = create_test_account(client)
+    account.credit("10")
+    register(client, account, receiver, "/servers", event_types=["server.*"])
+    server = client.post(
+        "/v1/servers", headers=account.headers, json={"plan": "pup", "location": "nl", "os": "debian-12"}
+    )
+    assert server.status_code == 201, server.text
+    sid = server.json()["server"]["id"]
+    asyncio.run(run_jobs(client.app.state.ctx))  # provisioned: active
+    assert client.post(f"/v1/servers/{sid}/stop", headers=account.headers).status_code == 202
+    asyncio.run(run_jobs(client.app.state.ctx))  # the stop has run
+    assert client.patch(f"/v1/servers/{sid}", headers=account.headers, json={"auto_renew": False}).status_code == 200
+    assert run(client)["succeeded"] == 4
+    got = receiver.wait_for(lambda r: len(r) == 4)
+    assert all(r.verified for r in got)
+    kinds = {r.json()["type"]: r.json()["data"] for r in got}
+    assert set(kinds) == {"server.provisioning", "server.active", "server.stopped", "server.updated"}
+    assert kinds["server.stopped"]["power"] == "stopped" and kinds["server.updated"]["auto_renew"] is False
