@@ -32,7 +32,6 @@ from starlette.types import Receive, Scope, Send
 from vpsshop import limits
 from vpsshop.accounts import MissingCredential, authenticator
 from vpsshop.actors import Customer
-from vpsshop.api.x402 import payment_required_header
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, PluginError, Unauthorized
 from vpsshop.inputs import parse
@@ -103,16 +102,15 @@ def _as_json(result: BaseModel | dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def error_result(ctx: AppContext, exc: ApiError) -> types.CallToolResult:
+def error_result(exc: ApiError) -> types.CallToolResult:
     """An operation's refusal as MCP answers it: ``isError`` with the API's error body, its HTTP status
     (``status``), and the x402 requirements or settlement the REST API sends in headers."""
     body = _as_json(exc.body())
     body["status"] = exc.status
     offer = getattr(exc, "offer", None)
-    if isinstance(offer, PaymentOffer):
-        required = payment_required_header(ctx, offer)
-        if required:
-            body["payment_required"] = offer.payment_required()
+    required = offer.payment_required() if isinstance(offer, PaymentOffer) else None
+    if required is not None:  # the x402 v2 form of the requirements, which the REST API sends as a header
+        body["payment_required"] = required
     if isinstance(exc, PaidButFailed):
         body["payment_response"] = exc.settled.response()
     if "retry_after" not in body and "Retry-After" in exc.headers:
@@ -161,16 +159,15 @@ class ShopTools:
             args = parse(tool.arguments, arguments)
             result = await tool.run(self.ctx, customer or Customer(0), args)
         except ApiError as exc:
-            return error_result(self.ctx, exc)
+            return error_result(exc)
         except PluginError as exc:  # the plugin's words (hosts, nodes) go to the operator's log only
             log.error("plugin failure in MCP tool %s: %s: %s", name, type(exc).__name__, exc)
             return error_result(
-                self.ctx,
                 ApiError(503, "service_unavailable", "A backend this call needs is not available; retry shortly."),
             )
         except Exception:
             log.exception("MCP tool %s failed", name)
-            return error_result(self.ctx, ApiError(500, "internal_error", "The server failed; retry shortly."))
+            return error_result(ApiError(500, "internal_error", "The server failed; retry shortly."))
         data = _as_json(result)
         return types.CallToolResult(content=_text(data), structuredContent=data)
 
