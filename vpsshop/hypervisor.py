@@ -17,7 +17,7 @@ import enum
 import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from vpsshop.component import Component
 
@@ -177,7 +177,7 @@ CAPABILITY_REINSTALL = "reinstall"
 CAPABILITY_CONSOLE = "console"
 
 
-class HypervisorBackend(Component):
+class HypervisorBackend(Component[Any]):  # not generic: a backend declares its own `config: MyConfig`
     """Runs virtual machines. Every verb must be overridden and must be idempotent: core retries
     a verb after a crash, so starting a running domain or destroying a missing one succeeds.
 
