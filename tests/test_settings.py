@@ -65,6 +65,18 @@ def test_production_component_settings_do_not_fall_back(tmp_path):
         build_context(settings, environ={})
 
 
+def test_an_address_range_of_mixed_versions_names_the_setting(tmp_path):
+    """A first-last range from IPv4 to IPv6 is a setting error naming the setting, as an empty range
+    is (ipaddress raises TypeError comparing the two, which a pydantic validator lets through)."""
+    config = tmp_path / "vpsshop.toml"
+    config.write_text(
+        f'mode = "sandbox"\ndatabase_url = "sqlite:///{tmp_path}/p.db"\n'
+        '[hypervisor]\nbackend = "simulator"\n[hypervisor.simulator]\naddresses = "10.0.0.1-::5"\n'
+    )
+    with pytest.raises(ConfigError, match=r"hypervisor\.simulator\.addresses.*mixes IPv4 and IPv6"):
+        build_context(load_settings(config, environ={}), environ={})
+
+
 def test_production_requires_rate_source_and_hypervisor(tmp_path):
     config = tmp_path / "vpsshop.toml"
     config.write_text(

@@ -122,7 +122,8 @@ def route_template(scope: Scope) -> str:
 
 def request_id(scope: Scope) -> str:
     """The client's ``X-Request-ID`` when it is well-formed, else a new random one."""
-    for name, value in scope["headers"]:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]  # ASGI: the request's headers, as bytes pairs
+    for name, value in headers:
         if name == b"x-request-id":
             if _REQUEST_ID.fullmatch(value):
                 return value.decode()

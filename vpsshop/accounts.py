@@ -201,7 +201,7 @@ def authenticator(ctx: AppContext) -> Authenticator:
     return ctx.state(_AUTHENTICATOR, Authenticator)
 
 
-def as_utc(value: Any) -> datetime:
+def as_utc(value: datetime | str) -> datetime:
     """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
     if isinstance(value, str):
         value = datetime.fromisoformat(value)

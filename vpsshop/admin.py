@@ -26,11 +26,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.actors import Operator
+from vpsshop.db import rowcount
 from vpsshop.models import AdminAudit, LedgerEntry, Server, utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -214,9 +215,9 @@ def charged_micros(session: Session, server_id: int) -> int:
     """What the ledger says was paid for ``server_id`` and not given back: its order and renewals less
     every refund (entries with ``ref = server:<id>``)."""
     rows = session.execute(
-        sa.select(LedgerEntry.reason, sa.func.sum(LedgerEntry.amount_micros))
-        .where(LedgerEntry.ref == f"server:{server_id}")
-        .group_by(LedgerEntry.reason)
+        sa.select(col(LedgerEntry.reason), sa.func.sum(col(LedgerEntry.amount_micros)))
+        .where(col(LedgerEntry.ref) == f"server:{server_id}")
+        .group_by(col(LedgerEntry.reason))
     ).all()
     by_reason = {reason: int(total or 0) for reason, total in rows}
     paid = -(by_reason.get("order", 0) + by_reason.get("renewal", 0))
@@ -238,7 +239,7 @@ def set_server_state(
 
     reason = _need_reason(reason)
     now = ctx.clock.now()
-    moves = {
+    moves: dict[str, tuple[tuple[str, ...], dict[str, Any], str, str, str]] = {
         "suspend": (
             ("active",),
             dict(status="suspended", suspended_at=now, suspended_by="admin", status_reason=f"Suspended: {reason}"),
@@ -290,9 +291,11 @@ def set_server_state(
         refunded = 0
         if refund_unused:
             refunded = min(unused_micros(server, now), charged_micros(session, server_id))
-        moved = session.execute(
-            sa.update(Server).where(Server.id == server_id, Server.status == was).values(**values)  # type: ignore[arg-type]
-        ).rowcount
+        moved = rowcount(
+            session.execute(
+                sa.update(Server).where(col(Server.id) == server_id, col(Server.status) == was).values(**values)
+            )
+        )
         if moved != 1:
             raise AdminError(f"server {server_id} changed meanwhile: try again")
         record(session, server_id, history, now, f"admin: {reason}"[:500])
@@ -341,7 +344,7 @@ def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, re
         if job is None:
             raise AdminError(f"no job {job_id}")
         was, kind, server_id, lease = job.status, job.kind, job.server_id, job.locked_until
-        guard = [ServerJob.id == job_id, ServerJob.status == was]
+        guard = [col(ServerJob.id) == job_id, col(ServerJob.status) == was]
         detail: dict[str, Any] = {"was": was, "kind": kind, "server_id": server_id}
         if action == "retry":
             if was == "done":
@@ -353,7 +356,7 @@ def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, re
                     "wait for it to finish, or for its lease to run out if that worker is gone"
                 )
             if was == "running":  # the expired lease read above: nobody took the job meanwhile
-                guard.append(ServerJob.locked_until == lease)  # type: ignore[arg-type]
+                guard.append(col(ServerJob.locked_until) == lease)
             if kind == "provision":
                 server = _server(session, server_id)
                 if server.status != "provisioning":
@@ -372,7 +375,7 @@ def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, re
                 "locked_until": None,
                 "last_error": f"cancelled: {reason}"[:500],
             }
-        moved = session.execute(sa.update(ServerJob).where(*guard).values(**values)).rowcount
+        moved = rowcount(session.execute(sa.update(ServerJob).where(*guard).values(**values)))
         if moved != 1:
             raise AdminError(f"job {job_id} changed meanwhile: try again")
         done = f"job {job_id}: {action} done"
@@ -414,56 +417,60 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
     with ctx.db.session() as session:
         jobs = rows(
             sa.select(
-                ServerJob.id,
-                ServerJob.server_id,
-                ServerJob.kind,
-                ServerJob.status,
-                ServerJob.attempts,
-                ServerJob.locked_by,
-                ServerJob.locked_until,
-                ServerJob.created_at,
-                ServerJob.last_error,
+                col(ServerJob.id),
+                col(ServerJob.server_id),
+                col(ServerJob.kind),
+                col(ServerJob.status),
+                col(ServerJob.attempts),
+                col(ServerJob.locked_by),
+                col(ServerJob.locked_until),
+                col(ServerJob.created_at),
+                col(ServerJob.last_error),
             )
-            .where(ServerJob.status.in_(("queued", "running", "failed")), ServerJob.created_at < cutoff)  # type: ignore[attr-defined]
-            .order_by(ServerJob.id)
+            .where(col(ServerJob.status).in_(("queued", "running", "failed")), col(ServerJob.created_at) < cutoff)
+            .order_by(col(ServerJob.id))
         )
-        live = sa.exists().where(ServerJob.server_id == Server.id, ServerJob.status.in_(("queued", "running")))  # type: ignore[attr-defined]
+        live = sa.exists().where(
+            col(ServerJob.server_id) == col(Server.id), col(ServerJob.status).in_(("queued", "running"))
+        )
         servers = rows(
-            sa.select(Server.id, Server.account_id, Server.status, Server.plan, Server.created_at)
-            .where(Server.status == "provisioning", Server.created_at < cutoff, ~live)  # type: ignore[arg-type]
-            .order_by(Server.id)
+            sa.select(
+                col(Server.id), col(Server.account_id), col(Server.status), col(Server.plan), col(Server.created_at)
+            )
+            .where(col(Server.status) == "provisioning", col(Server.created_at) < cutoff, ~live)
+            .order_by(col(Server.id))
         )
         topups = rows(
             sa.select(
-                Topup.ref,
-                Topup.account_id,
-                Topup.coin,
-                Topup.status,
-                TopupPayment.txid,
-                TopupPayment.status.label("payment_status"),  # type: ignore[attr-defined]
-                TopupPayment.confirmations,
-                TopupPayment.first_seen_at,
+                col(Topup.ref),
+                col(Topup.account_id),
+                col(Topup.coin),
+                col(Topup.status),
+                col(TopupPayment.txid),
+                col(TopupPayment.status).label("payment_status"),
+                col(TopupPayment.confirmations),
+                col(TopupPayment.first_seen_at),
             )
-            .join(Topup, Topup.id == TopupPayment.topup_id)  # type: ignore[arg-type]
-            .where(TopupPayment.status == "seen", TopupPayment.first_seen_at < cutoff)  # type: ignore[arg-type]
-            .order_by(TopupPayment.id)
+            .join(Topup, col(Topup.id) == col(TopupPayment.topup_id))
+            .where(col(TopupPayment.status) == "seen", col(TopupPayment.first_seen_at) < cutoff)
+            .order_by(col(TopupPayment.id))
         )
         x402 = rows(
             sa.select(
-                X402Record.id,
-                X402Record.coin,
-                X402Record.payer,
-                X402Record.status,
-                X402Record.transaction,
-                X402Record.amount_atomic,
-                X402Record.purpose,
-                X402Record.created_at,
-                Topup.ref,
-                Topup.account_id,
+                col(X402Record.id),
+                col(X402Record.coin),
+                col(X402Record.payer),
+                col(X402Record.status),
+                col(X402Record.transaction),
+                col(X402Record.amount_atomic),
+                col(X402Record.purpose),
+                col(X402Record.created_at),
+                col(Topup.ref),
+                col(Topup.account_id),
             )
-            .join(Topup, Topup.id == X402Record.topup_id)  # type: ignore[arg-type]
-            .where(X402Record.status == "settling", X402Record.created_at < cutoff)  # type: ignore[arg-type]
-            .order_by(X402Record.id)
+            .join(Topup, col(Topup.id) == col(X402Record.topup_id))
+            .where(col(X402Record.status) == "settling", col(X402Record.created_at) < cutoff)
+            .order_by(col(X402Record.id))
         )
     return {"jobs": jobs, "servers": servers, "topups": topups, "x402": x402}
 
@@ -514,12 +521,12 @@ async def rescan(
         with ctx.db.session() as session:
             return int(
                 session.execute(
-                    sa.select(sa.func.count()).select_from(TopupPayment).where(TopupPayment.coin.in_(codes))  # type: ignore[attr-defined]
+                    sa.select(sa.func.count()).select_from(TopupPayment).where(col(TopupPayment.coin).in_(codes))
                 ).scalar_one()
             )
 
     before = await to_thread.run_sync(count_payments)
-    keyset = watcher.keysets[group]  # type: ignore[index]
+    keyset = watcher.keysets[scanner.scan_group]  # = group: members are watcher.groups[group]
     position = BlockCursor(from_height - 1, await scanner.block_hash(from_height - 1) if from_height > 0 else "")
     step = scanner.scan_settings.max_blocks_per_scan
     found = 0
@@ -534,7 +541,7 @@ async def rescan(
         if end.height <= position.height:
             raise AdminError(f"the chain changed while block {position.height + 1} was read: run the re-scan again")
         position = end
-    _, credited = await watcher.pass_group(group)  # type: ignore[arg-type]
+    _, credited = await watcher.pass_group(scanner.scan_group)
     new = await to_thread.run_sync(count_payments) - before
     detail = {
         "coin": code,
@@ -559,5 +566,5 @@ async def rescan(
 
 def audit_log(ctx: AppContext, limit: int = 50) -> list[dict[str, Any]]:
     with ctx.db.session() as session:
-        rows = session.exec(select(AdminAudit).order_by(AdminAudit.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+        rows = session.exec(select(AdminAudit).order_by(col(AdminAudit.id).desc()).limit(limit)).all()
         return [row.model_dump() for row in rows]

@@ -28,6 +28,7 @@ from vpsshop.assembly import build_context
 from vpsshop.clock import Clock
 from vpsshop.context import AppContext
 from vpsshop.dashboard import mount as mount_dashboard
+from vpsshop.dashboard.web import Dashboard
 from vpsshop.db import UNAVAILABLE_ERRORS
 from vpsshop.db import unavailable as database_unavailable
 from vpsshop.errors import ApiError, PluginError, StartupError
@@ -249,7 +250,7 @@ def _wants_html(request: Request) -> bool:
 
 async def _root(request: Request) -> Response:
     """``/``: a browser goes to the dashboard; anything else is told where the API is (404)."""
-    dash = request.app.state.dashboard
+    dash: Dashboard | None = request.app.state.dashboard  # set by create_app
     if dash is not None and _wants_html(request):
         return RedirectResponse(f"{dash.base}/", 303)
     raise HTTPException(404)
@@ -259,7 +260,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     path = request.url.path
-    dash = request.app.state.dashboard
+    dash: Dashboard | None = request.app.state.dashboard  # set by create_app
     in_api = path == BASE_PATH or path.startswith(BASE_PATH + "/")
     if dash is not None and not in_api and (path.startswith(dash.base + "/") or _wants_html(request)):
         return dash.http_error_page(request, exc.status_code)

@@ -13,7 +13,7 @@ Settings layout of the components (``docs/configuration.md``)::
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -23,9 +23,12 @@ from vpsshop.coins import PaymentCoin, link_scan_groups
 from vpsshop.component import Component, ShopSecrets
 from vpsshop.context import AppContext, LoadedComponent, Registered
 from vpsshop.db import Database
+from vpsshop.dns import DnsProvider
 from vpsshop.errors import ConfigError, StartupError
+from vpsshop.hypervisor import HypervisorBackend
 from vpsshop.money import MAX_TOPUP_CENTS, MIN_TOPUP_CENTS
 from vpsshop.plugins import blocked_from_env, build_plugin_manager, collect_classes
+from vpsshop.rates import RateSource
 from vpsshop.settings import Settings
 
 log = logging.getLogger("vpsshop")
@@ -113,7 +116,7 @@ def build_context(
         dns = _build_named(
             settings.dns, "provider", "dns", registered["dns_providers"], sandbox, "DNS provider", loaded
         )
-    options = [PaymentOption(**coin.payment_option()) for coin in coins.values()]
+    options = [PaymentOption.model_validate(coin.payment_option()) for coin in coins.values()]
     catalog = build_catalog(catalog_data, options, MIN_TOPUP_CENTS, MAX_TOPUP_CENTS)
     ctx = AppContext(
         settings=settings,
@@ -121,13 +124,14 @@ def build_context(
         db=Database(settings.database_url),
         clock=clock or Clock(),
         coins=coins,
-        hypervisor=hypervisor,  # type: ignore[arg-type]
+        # Each built from a class its registration hook offered, so of that hook's base class (hookspecs).
+        hypervisor=cast("HypervisorBackend | None", hypervisor),
         catalog_data=catalog_data,
         catalog=catalog,
-        rate_source=rate_source,  # type: ignore[arg-type]
+        rate_source=cast("RateSource[Any] | None", rate_source),
         loaded=loaded,
         registered=registered,
-        dns=dns,  # type: ignore[arg-type]
+        dns=cast("DnsProvider | None", dns),
     )
     for item in loaded:
         if item.component is not None:
@@ -137,7 +141,7 @@ def build_context(
 
 def _build_coins(
     settings: Settings, registered: dict[str, Registered], loaded: list[LoadedComponent], secrets: ShopSecrets
-) -> dict[str, PaymentCoin]:
+) -> dict[str, PaymentCoin[Any]]:
     unknown = sorted(set(settings.coins) - set(registered))
     if unknown:
         offered = ", ".join(sorted(registered)) or "none"
@@ -145,7 +149,7 @@ def _build_coins(
             f"settings configure coins.{unknown[0]} but no loaded plugin offers coin {unknown[0]!r} "
             f"(offered: {offered})"
         )
-    coins: dict[str, PaymentCoin] = {}
+    coins: dict[str, PaymentCoin[Any]] = {}
 
     # Highest default_priority first (the catalog lists coins in this order), then registration order.
     def rank(item: tuple[str, Registered]) -> tuple[bool, int]:
@@ -161,8 +165,9 @@ def _build_coins(
             enabled = section is not None and section.get("enabled", True)
         if not enabled:
             continue
-        coin = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}", secrets=secrets)
-        coins[code] = coin  # type: ignore[assignment]
+        built = reg.cls.from_settings(section, sandbox=settings.sandbox, where=f"coins.{code}", secrets=secrets)
+        coin = cast("PaymentCoin[Any]", built)  # a class of vpsshop_register_coins: a PaymentCoin (hookspecs)
+        coins[code] = coin
         loaded.append(LoadedComponent("coin", code, reg.plugin, coin))
     return coins
 
@@ -189,7 +194,7 @@ def _build_named(
     default: str | None = None,
     optional_in_sandbox: bool = False,
     secrets: ShopSecrets | None = None,
-) -> Component | None:
+) -> Component[Any] | None:
     name = section.get(selector, default)
     if name is None and sandbox and optional_in_sandbox:
         log.warning("sandbox: no plugin offers a %s; running without one", label)

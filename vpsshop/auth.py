@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -58,7 +59,7 @@ def api_key_digest(secret_key: bytes, value: str) -> str:
     return hashlib.blake2b(value.encode(), key=digest_key(secret_key), digest_size=32).hexdigest()
 
 
-def api_key_digester(secret_key: bytes):
+def api_key_digester(secret_key: bytes) -> Callable[[str], str]:
     """:func:`api_key_digest` with the key derived once, for the per-request path."""
     key = digest_key(secret_key)
     blake2b = hashlib.blake2b

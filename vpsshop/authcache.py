@@ -33,11 +33,12 @@ to deliver a notification to a listening connection (measured in ``tests/test_au
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Final, Literal
 
 log = logging.getLogger("vpsshop.authcache")
 
@@ -48,7 +49,15 @@ MAX_ENTRIES = 65536
 RECONNECT_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 APPLICATION_NAME = "vpsshop-auth-listener"
 
-MISS = object()
+
+class _Miss(enum.Enum):
+    """The type of :data:`MISS`: a one-member enum, so a check ``is not MISS`` narrows the row's type."""
+
+    MISS = enum.auto()
+
+
+MISS: Final = _Miss.MISS
+"""What :meth:`AuthCache.get` answers for a key it holds no row for (or while no listener runs)."""
 
 
 class AuthCache:
@@ -68,7 +77,7 @@ class AuthCache:
 
     # ---- the request path ------------------------------------------------------------------------
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> tuple[Any, ...] | Literal[_Miss.MISS]:
         if time.monotonic() >= self.live_until:
             return MISS
         row = self.entries.get(key, MISS)

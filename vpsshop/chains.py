@@ -33,7 +33,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -312,6 +312,10 @@ class BlockScanConfig(NodeConfig):
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+XpubConfigT = TypeVar("XpubConfigT", bound=XpubConfig)
+"""The settings of an :class:`XpubCoin`: they include :class:`XpubConfig`'s."""
+BlockScanConfigT = TypeVar("BlockScanConfigT", bound=BlockScanConfig)
+"""The settings of a :class:`BlockCoin`: they include :class:`BlockScanConfig`'s."""
 ClientT = TypeVar("ClientT", bound=HttpJsonClient)
 
 
@@ -341,7 +345,8 @@ class NodeCoin(DepositCoin[ConfigT], Generic[ConfigT, ClientT]):
     def connect(self, url: str) -> ClientT:
         """The client of the node at ``url``. Default: a JSON-RPC 2.0 client."""
         timeout = float(getattr(self.config, "timeout_seconds", 15))
-        return JsonRpcClient(url, name=self.node_name, timeout=timeout)  # type: ignore[return-value]
+        # The default of a coin whose ClientT is JsonRpcClient; a coin with another client overrides connect.
+        return cast(ClientT, JsonRpcClient(url, name=self.node_name, timeout=timeout))
 
     @property
     def node(self) -> ClientT:
@@ -391,14 +396,14 @@ class NodeCoin(DepositCoin[ConfigT], Generic[ConfigT, ClientT]):
             await self._client.close()
 
 
-class XpubCoin(DepositCoin[ConfigT]):
+class XpubCoin(DepositCoin[XpubConfigT]):
     """Deposit addresses ``<account key>/<branch>/<index>`` from the config's ``xpub`` and
     ``branch`` (:class:`XpubConfig`). A subclass turns a child key into an address in
     :meth:`derive_address` from ``self.receive.child(index)``."""
 
-    def __init__(self, config: ConfigT, *, sandbox: bool = False) -> None:
+    def __init__(self, config: XpubConfigT, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
-        self.account = ExtendedPublicKey.parse(config.xpub)  # type: ignore[attr-defined]
+        self.account = ExtendedPublicKey.parse(config.xpub)
         self.branch = int(getattr(config, "branch", 0))
         self.receive = self.account.child(self.branch)
 
@@ -407,7 +412,7 @@ class XpubCoin(DepositCoin[ConfigT]):
         return f"{self.account.fingerprint().hex()}:{self.account.chain_code[:4].hex()}/{self.branch}"
 
 
-def check_distinct_keys(members: Sequence[DepositCoin]) -> None:
+def check_distinct_keys(members: Sequence[DepositCoin[Any]]) -> None:
     """Refuse a scan group whose coins derive deposit addresses from the same key and branch
     (they would hand out the same addresses). Core calls it at start-up for every scan group.
 
@@ -446,7 +451,7 @@ class BlockCursor:
         return cls(int(height), block_hash)
 
 
-class BlockCoin(NodeCoin[ConfigT, ClientT]):
+class BlockCoin(NodeCoin[BlockScanConfigT, ClientT]):
     """A :class:`NodeCoin` on a chain of numbered blocks, scanned block by block.
 
     The kit's :meth:`scan` reads the tip, resumes from the cursor (the first run starts at
@@ -487,7 +492,7 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
         return found
 
     async def scan_blocks(
-        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin]
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin[Any]]
     ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
         """Read blocks ``after.height + 1 .. last`` and match their transfers against ``watched``
         for the coins ``members`` (the scan group, this coin included).
@@ -499,7 +504,7 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
         raise NotImplementedError
 
     async def scan_unconfirmed(
-        self, watched: WatchSet, members: Sequence[DepositCoin]
+        self, watched: WatchSet, members: Sequence[DepositCoin[Any]]
     ) -> list[tuple[str, DetectedPayment]]:
         """Payments not yet in a block (``confirmations`` 0), read once the scan reached the tip.
         Default: none (the chain shows no mempool, or the coin does not show them)."""
@@ -514,9 +519,9 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
 
     @property
     def scan_settings(self) -> BlockScanConfig:
-        return self.config  # type: ignore[return-value]
+        return self.config
 
-    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin] = ()) -> ScanResult:
+    async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         self.node  # noqa: B018 - raises the "no node" PluginError before anything else
         tip = await self.tip()
         cfg = self.scan_settings
@@ -534,7 +539,8 @@ class BlockCoin(NodeCoin[ConfigT, ClientT]):
                 return ScanResult(str(back), [], tip_height=tip, scanned_height=max(height, 0))
         last = min(tip, position.height + cfg.max_blocks_per_scan)
         members = members or self.scan_members or (self,)
-        end, found = position, []
+        end = position
+        found: list[tuple[str, DetectedPayment]] = []
         if last > position.height:
             end, found = await self.scan_blocks(position, last, tip, watched, members)
         if end.height == tip:

@@ -126,7 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     # X-Forwarded-For/-Proto are believed only from the proxies the settings name.
     trusted = settings.server.forwarded_allow_ips
-    proxy = {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) or None}
+    proxy_headers, forwarded_allow_ips = bool(trusted), ",".join(trusted) or None
     if workers == 1:
         app = create_app(settings, check=False)
         uvicorn.run(
@@ -137,7 +137,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             access_log=False,
             http=http_protocol(),
             log_config=uvicorn_log_config(settings),
-            **proxy,
+            proxy_headers=proxy_headers,
+            forwarded_allow_ips=forwarded_allow_ips,
         )
         return 0
     # Several processes: each worker builds its own app from the same settings.
@@ -160,7 +161,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,
         http=http_protocol(),
         log_config=uvicorn_log_config(settings),
-        **proxy,
+        proxy_headers=proxy_headers,
+        forwarded_allow_ips=forwarded_allow_ips,
     )
     return 0
 
@@ -379,6 +381,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         elif command == "debit":
             from vpsshop.money import micros_to_usd
 
+            assert micros is not None  # checked above, before the context was built
             posting = admin.adjust_balance(ctx, operator, args.user_id, -micros, args.reason)
             print(f"debited account {args.user_id}: balance {micros_to_usd(posting.entry.balance_after_micros)} USD")
         elif command in ("suspend", "unsuspend", "terminate"):

@@ -13,6 +13,7 @@ All three are public (``from vpsshop import compose_user_data``) for backend plu
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 import re
@@ -94,7 +95,7 @@ def parse_ssh_public_key(text: str) -> SshPublicKey:
     try:
         blob = base64.b64decode(b64, validate=True)
         key = load_ssh_public_key(f"{algorithm} {b64}".encode())
-    except (ValueError, TypeError, base64.binascii.Error):  # type: ignore[attr-defined]
+    except (ValueError, TypeError, binascii.Error):
         raise InvalidInput(f"the {algorithm} key data does not decode to a valid public key") from None
     if isinstance(key, rsa.RSAPublicKey):
         bits = key.key_size

@@ -108,7 +108,7 @@ class X402Rejected(Exception):
         self.status = status
 
 
-class X402Coin(PaymentCoin):
+class X402Coin(PaymentCoin[Any]):  # not generic: a coin declares its own `config: MyConfig`
     """A coin paid by an x402 authorization (USDCBASE): no deposit address, no watching.
 
     Core's top-up endpoint answers 402 with :meth:`payment_requirements`; on the re-sent request it

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -137,7 +137,7 @@ class Component(Generic[ConfigT]):
     @classmethod
     def from_settings(
         cls, section: dict[str, Any] | None, *, sandbox: bool, where: str, secrets: ShopSecrets | None = None
-    ) -> Component[Any]:
+    ) -> Self:
         """Validate ``section`` (the TOML table at ``where``) and build the component.
 
         ``secrets`` reaches the constructor only when the class sets :attr:`uses_secrets`.
@@ -149,9 +149,13 @@ class Component(Generic[ConfigT]):
             config = cls.Config.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, where)) from None
+        # The constructor as called here: ``config`` is an instance of :attr:`Config`, the model a subclass
+        # also names as its ``ConfigT`` (a ClassVar cannot carry the type parameter), and a class that sets
+        # uses_secrets takes ``secrets=`` as well.
+        build: Callable[..., Self] = cls
         if cls.uses_secrets:
-            return cls(config, sandbox=sandbox, secrets=secrets)  # type: ignore[call-arg]
-        return cls(config, sandbox=sandbox)
+            return build(config, sandbox=sandbox, secrets=secrets)
+        return build(config, sandbox=sandbox)
 
     def bind(self, ctx: ShopContext) -> None:
         """Called by core once the shop's context exists (after every component is built, before

@@ -54,7 +54,8 @@ class Registered:
     """A class offered by a plugin through a ``vpsshop_register_*`` hook."""
 
     key: str
-    cls: type
+    cls: type[Component[Any]]
+    """The class as the hook returned it: a subclass of the hook's base (:mod:`vpsshop.hookspecs`)."""
     plugin: str
 
 
@@ -63,7 +64,7 @@ class LoadedComponent:
     kind: str
     key: str
     plugin: str
-    component: Component | None
+    component: Component[Any] | None
     """None when the sandbox runs without a component of this kind (health reports it)."""
 
 
@@ -73,11 +74,11 @@ class AppContext:
     pm: pluggy.PluginManager
     db: Database
     clock: Clock
-    coins: dict[str, PaymentCoin]
+    coins: dict[str, PaymentCoin[Any]]
     hypervisor: HypervisorBackend | None
     catalog_data: CatalogData
     catalog: Catalog
-    rate_source: RateSource | None
+    rate_source: RateSource[Any] | None
     loaded: list[LoadedComponent]
     registered: dict[str, dict[str, Registered]]
     extras: dict[str, Any] = field(default_factory=dict)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -52,6 +52,14 @@ def touch_account(session: Session, account_id: int) -> None:
     authentication cache, so the writer's next request never sees the old state. Other processes
     learn it from the database's ``NOTIFY`` (``vpsshop/authcache.py``)."""
     session.info.setdefault(_TOUCHED, set()).add(account_id)
+
+
+def rowcount(result: sa.Result[*tuple[Any, ...]]) -> int:
+    """How many rows the UPDATE or DELETE that made ``result`` matched.
+
+    ``Session.execute`` is typed to return a :class:`sqlalchemy.Result` whatever it runs; for an UPDATE or
+    DELETE without RETURNING, SQLAlchemy returns a :class:`sqlalchemy.CursorResult`, which counts them."""
+    return cast("sa.CursorResult[*tuple[Any, ...]]", result).rowcount
 
 
 _SQLITE_UNAVAILABLE = ("database is locked", "unable to open", "disk i/o error", "database or disk is full")
@@ -269,7 +277,8 @@ class _SqliteReader:
         try:
             return self.cache[key]
         except KeyError:
-            row = self.cache[key] = self.conn.execute(sql, params).fetchone()
+            row: tuple[Any, ...] | None = self.conn.execute(sql, params).fetchone()
+            self.cache[key] = row
             return row
 
     def close(self) -> None:
@@ -298,9 +307,9 @@ class _PgReader:
         if cache_key is None:
             return await self._query(sql, params)
         cache = self.cache
-        row = cache.get(cache_key)
-        if row is not MISS:
-            return row  # type: ignore[no-any-return]
+        cached = cache.get(cache_key)
+        if cached is not MISS:
+            return cached
         if cache.task is None:
             cache.start()
         generation = cache.generation

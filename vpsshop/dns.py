@@ -9,7 +9,7 @@ retries a call whose job failed, so both verbs must be idempotent.
 from __future__ import annotations
 
 import ipaddress
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from vpsshop.component import Component
 
@@ -19,7 +19,7 @@ def ptr_name(ip: str) -> str:
     return ipaddress.ip_address(ip).reverse_pointer + "."
 
 
-class DnsProvider(Component):
+class DnsProvider(Component[Any]):  # not generic: a provider declares its own `config: MyConfig`
     """Sets and clears the PTR record of a server's address.
 
     ``name`` identifies the provider in the ``dns.provider`` setting.

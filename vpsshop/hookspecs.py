@@ -32,7 +32,7 @@ __all__ = ["PROJECT", "hookimpl", "hookspec"]  # the markers (vpsshop.markers), 
 
 
 @hookspec
-def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
+def vpsshop_register_coins() -> Iterable[type[PaymentCoin[Any]]]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Offer payment coin classes.
 
     Called once per :func:`vpsshop.create_app` (and once per ``vpsshop worker``), while the plugin
@@ -49,7 +49,7 @@ def vpsshop_register_coins() -> Iterable[type[PaymentCoin]]:
 
 
 @hookspec
-def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
+def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Offer hypervisor backend classes.
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -63,7 +63,7 @@ def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
 
 
 @hookspec
-def vpsshop_register_catalog_sources() -> Iterable[type[CatalogSource]]:
+def vpsshop_register_catalog_sources() -> Iterable[type[CatalogSource[Any]]]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Offer catalog source classes.
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -78,7 +78,7 @@ def vpsshop_register_catalog_sources() -> Iterable[type[CatalogSource]]:
 
 
 @hookspec
-def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
+def vpsshop_register_rate_sources() -> Iterable[type[RateSource[Any]]]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Offer exchange-rate source classes.
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -93,7 +93,7 @@ def vpsshop_register_rate_sources() -> Iterable[type[RateSource]]:
 
 
 @hookspec
-def vpsshop_register_dns_providers() -> Iterable[type[DnsProvider]]:
+def vpsshop_register_dns_providers() -> Iterable[type[DnsProvider]]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Offer DNS provider classes (reverse DNS of servers' addresses).
 
     Called once per :func:`vpsshop.create_app`, before settings are read.
@@ -109,7 +109,7 @@ def vpsshop_register_dns_providers() -> Iterable[type[DnsProvider]]:
 
 
 @hookspec
-def vpsshop_routes(ctx: AppContext) -> Iterable[ApiRoute]:
+def vpsshop_routes(ctx: AppContext) -> Iterable[ApiRoute]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Add HTTP endpoints under the ``/v1`` base path.
 
     Called once per :func:`vpsshop.create_app`, after every registered class has been
@@ -154,7 +154,7 @@ def vpsshop_shutdown(ctx: AppContext) -> Any:
 
 
 @hookspec
-def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
+def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:  # type: ignore[empty-body]  # a hook specification: pluggy reads its signature, never calls it
     """Declare periodic work (watching chains, provisioning servers, renewals).
 
     Called once when background work starts: inside ``vpsshop serve`` (unless ``--no-worker``)

@@ -37,10 +37,10 @@ def _error_response() -> bytes:
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
 except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
-    from uvicorn.protocols.http.h11_impl import H11Protocol as _Base  # type: ignore[assignment]
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _Base  # type: ignore[assignment]  # h11's protocol in place of httptools': both define send_400_response and transport, all the subclass uses
 
 
-class JsonErrorProtocol(_Base):  # type: ignore[misc, valid-type]
+class JsonErrorProtocol(_Base):
     """httptools' protocol when installed (as uvicorn's ``auto`` picks), else h11's, answering
     unparsable requests with the error body. A module-level class, so ``--workers`` can pickle it."""
 

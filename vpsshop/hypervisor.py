@@ -17,7 +17,7 @@ import enum
 import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from vpsshop.component import Component
 
@@ -80,7 +80,9 @@ def check_address_range(value: str) -> int:
     if "-" in value:
         first_s, last_s = value.split("-", 1)
         first, last = ipaddress.ip_address(first_s.strip()), ipaddress.ip_address(last_s.strip())
-        if last < first or int(last) - int(first) > 65535:
+        if first.version != last.version:  # `last < first` would raise TypeError, which no validator reports
+            raise ValueError(f"address range {value!r} mixes IPv{first.version} and IPv{last.version}")
+        if int(last) < int(first) or int(last) - int(first) > 65535:
             raise ValueError(f"address range {value!r} is empty or larger than 65536")
         return 24
     network = ipaddress.ip_network(value, strict=False)
@@ -175,7 +177,7 @@ CAPABILITY_REINSTALL = "reinstall"
 CAPABILITY_CONSOLE = "console"
 
 
-class HypervisorBackend(Component):
+class HypervisorBackend(Component[Any]):  # not generic: a backend declares its own `config: MyConfig`
     """Runs virtual machines. Every verb must be overridden and must be idempotent: core retries
     a verb after a crash, so starting a running domain or destroying a missing one succeeds.
 

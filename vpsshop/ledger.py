@@ -138,9 +138,9 @@ def post(
     try:
         result = session.execute(
             sa.update(Account)
-            .where(Account.id == account_id, Account.balance_micros + amount_micros >= 0)
-            .values(balance_micros=Account.balance_micros + amount_micros)
-            .returning(Account.balance_micros)
+            .where(col(Account.id) == account_id, col(Account.balance_micros) + amount_micros >= 0)
+            .values(balance_micros=col(Account.balance_micros) + amount_micros)
+            .returning(col(Account.balance_micros))
         ).first()
         if result is None:
             if savepoint is not None:

@@ -209,9 +209,9 @@ def flush_requests() -> None:
         # prometheus-client keeps one value per bucket (non-cumulative) and the sum; observe() adds
         # one observation to each, these add the batch.
         child._sum.inc(latency[-1])
-        for bucket, count in zip(child._buckets, latency[:-1], strict=True):
-            if count:
-                bucket.inc(count)
+        for bucket, observed in zip(child._buckets, latency[:-1], strict=True):
+            if observed:
+                bucket.inc(observed)
 
 
 def node_error(group: str) -> None:
@@ -319,7 +319,7 @@ class DatabaseCollector:
             )
             try:
                 with conn.begin_nested():
-                    rows = dict(
+                    rows: dict[str, int] = dict(
                         conn.execute(sa.text("SELECT status, count(*) FROM x402_payments GROUP BY status")).all()
                     )
             except sa.exc.DBAPIError:  # the x402 table is absent: no settlements to show
@@ -369,7 +369,7 @@ class ComponentCollector:
         yield figures
 
 
-def as_utc(value: Any) -> datetime:
+def as_utc(value: datetime | str) -> datetime:
     """A timestamp read outside the ORM: SQLite gives naive UTC text, PostgreSQL aware datetimes."""
     if isinstance(value, str):
         value = datetime.fromisoformat(value)

@@ -7,7 +7,7 @@ then add a migration (``docs/development.md``).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
@@ -36,6 +36,26 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def table_of(model: type[SQLModel]) -> sa.Table:
+    """The Core table of a table model, for Core statements (an insert compiled once, a statement over
+    several tables). SQLModel makes it with the class, as ``__table__``, which its types do not declare."""
+    table = sa.inspect(model).local_table
+    assert isinstance(table, sa.Table)
+    return table
+
+
+class _Row(Protocol):
+    @property
+    def id(self) -> int | None: ...
+
+
+def saved_id(row: _Row) -> int:
+    """The id of a row read from the database or flushed to it: the tables declare ``id: int | None``
+    for a row not inserted yet, and the database gives every inserted row one."""
+    assert row.id is not None
+    return row.id
 
 
 def _ts(nullable: bool = False, index: bool = False) -> Any:

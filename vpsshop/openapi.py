@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -152,7 +153,7 @@ def _limits(route: ApiRoute) -> str | None:
 def build_openapi(
     routes: list[ApiRoute],
     *,
-    extra_models: list[type[BaseModel]] = (),  # type: ignore[assignment]
+    extra_models: Sequence[type[BaseModel]] = (),
     catalog_ids: dict[str, list[str]] | None = None,
     webhooks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:

@@ -29,6 +29,7 @@ plugin's own bookkeeping (simulated domains, cursors, leases of its own): keep e
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, SQLModel
 
-from vpsshop.models import _ts
+from vpsshop.db import rowcount
+from vpsshop.models import _ts, table_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.component import ShopContext
@@ -63,6 +65,9 @@ class PluginRecordRow(SQLModel, table=True):
     data: str = Field(sa_type=sa.Text, nullable=False)
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
+
+
+_TABLE = table_of(PluginRecordRow)
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ class PluginState:
     # ---- the statements ---------------------------------------------------------------------------
 
     def _get(self, key: str) -> PluginRecord | None:
-        t = PluginRecordRow.__table__
+        t = _TABLE
         with self._db.session() as session:
             row = session.execute(
                 sa.select(t.c.key, t.c.data, t.c.version, t.c.updated_at).where(
@@ -160,8 +165,8 @@ class PluginState:
             ).first()
         return _record(row) if row is not None else None
 
-    def _list(self, prefix: str, limit: int) -> list[PluginRecord]:
-        t = PluginRecordRow.__table__
+    def _list(self, prefix: str, limit: int) -> builtins.list[PluginRecord]:
+        t = _TABLE
         query = sa.select(t.c.key, t.c.data, t.c.version, t.c.updated_at).where(t.c.namespace == self.namespace)
         if prefix:
             escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -173,7 +178,7 @@ class PluginState:
     def _create(self, key: str, data: str) -> PluginRecord | None:
         _check_key(key)
         now = self._clock.now()
-        t = PluginRecordRow.__table__
+        t = _TABLE
         try:
             with self._db.session() as session:
                 session.execute(
@@ -187,26 +192,28 @@ class PluginState:
 
     def _replace(self, record: PluginRecord, data: str) -> PluginRecord | None:
         now = self._clock.now()
-        t = PluginRecordRow.__table__
+        t = _TABLE
         with self._db.session() as session:
-            moved = session.execute(
-                sa.update(t)
-                .where(t.c.namespace == self.namespace, t.c.key == record.key, t.c.version == record.version)
-                .values(data=data, version=record.version + 1, updated_at=now)
-            ).rowcount
+            moved = rowcount(
+                session.execute(
+                    sa.update(t)
+                    .where(t.c.namespace == self.namespace, t.c.key == record.key, t.c.version == record.version)
+                    .values(data=data, version=record.version + 1, updated_at=now)
+                )
+            )
         if moved != 1:
             return None
         return PluginRecord(record.key, json.loads(data), record.version + 1, now)
 
     def _delete(self, record: PluginRecord | str) -> bool:
-        t = PluginRecordRow.__table__
+        t = _TABLE
         where = [t.c.namespace == self.namespace]
         if isinstance(record, PluginRecord):
             where += [t.c.key == record.key, t.c.version == record.version]
         else:
             where.append(t.c.key == record)
         with self._db.session() as session:
-            return session.execute(sa.delete(t).where(*where)).rowcount == 1
+            return rowcount(session.execute(sa.delete(t).where(*where))) == 1
 
 
 def _encode(data: dict[str, Any]) -> str:

@@ -27,12 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
+from sqlmodel import col
 
 from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ApiError
 from vpsshop.models import RateLimitCounter
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy.dialects import postgresql, sqlite
+
     from vpsshop.db import Database
 
 
@@ -147,11 +150,15 @@ class DatabaseRateLimiter:
     def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
+        self._insert: Callable[[type[RateLimitCounter]], postgresql.Insert | sqlite.Insert]
         if db.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
+            from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+            self._insert = postgresql_insert
         else:
-            from sqlalchemy.dialects.sqlite import insert
-        self._insert = insert
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            self._insert = sqlite_insert
 
     @staticmethod
     def _key(rule: Rule, key: str) -> str:
@@ -161,8 +168,8 @@ class DatabaseRateLimiter:
         start, left = _window(rule, self.clock())
         with self.db.engine.connect() as conn:
             count = conn.execute(
-                sa.select(RateLimitCounter.count).where(
-                    RateLimitCounter.key == self._key(rule, key), RateLimitCounter.window_start == start
+                sa.select(col(RateLimitCounter.count)).where(
+                    col(RateLimitCounter.key) == self._key(rule, key), col(RateLimitCounter.window_start) == start
                 )
             ).scalar()
         count = int(count or 0)
@@ -171,16 +178,16 @@ class DatabaseRateLimiter:
     def hit(self, rule: Rule, key: str) -> Decision:
         now = self.clock()
         start, left = _window(rule, now)
-        stmt = self._insert(RateLimitCounter).values(key=self._key(rule, key), window_start=start, count=1)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["key", "window_start"], set_={"count": RateLimitCounter.count + 1}
-        ).returning(RateLimitCounter.count)
+        insert = self._insert(RateLimitCounter).values(key=self._key(rule, key), window_start=start, count=1)
+        stmt = insert.on_conflict_do_update(
+            index_elements=["key", "window_start"], set_={"count": col(RateLimitCounter.count) + 1}
+        ).returning(col(RateLimitCounter.count))
         with self.db.engine.begin() as conn:
             count = int(conn.execute(stmt).scalar_one())
             if random.random() < 0.01:
                 conn.execute(
                     sa.delete(RateLimitCounter).where(
-                        RateLimitCounter.window_start < int(now) - self.PURGE_AFTER_SECONDS
+                        col(RateLimitCounter.window_start) < int(now) - self.PURGE_AFTER_SECONDS
                     )
                 )
         return Decision(count <= rule.limit, count, left)
@@ -191,16 +198,16 @@ class DatabaseRateLimiter:
             conn.execute(
                 sa.update(RateLimitCounter)
                 .where(
-                    RateLimitCounter.key == self._key(rule, key),
-                    RateLimitCounter.window_start == start,
-                    RateLimitCounter.count > 0,
+                    col(RateLimitCounter.key) == self._key(rule, key),
+                    col(RateLimitCounter.window_start) == start,
+                    col(RateLimitCounter.count) > 0,
                 )
-                .values(count=RateLimitCounter.count - 1)
+                .values(count=col(RateLimitCounter.count) - 1)
             )
 
     def reset(self, rule: Rule, key: str) -> None:
         with self.db.engine.begin() as conn:
-            conn.execute(sa.delete(RateLimitCounter).where(RateLimitCounter.key == self._key(rule, key)))
+            conn.execute(sa.delete(RateLimitCounter).where(col(RateLimitCounter.key) == self._key(rule, key)))
 
 
 def limiter_for(ctx: AppContext) -> RateLimiter:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
-from vpsshop.component import Readiness
+from vpsshop.component import Component, Readiness
 from vpsshop.context import AppContext, LoadedComponent, StateKey
 
 log = logging.getLogger("vpsshop.health")
@@ -29,11 +30,11 @@ class _LastChecks:
 _LAST = StateKey[_LastChecks]("readiness")
 
 
-async def _readiness(component: object | None) -> Readiness:
+async def _readiness(component: Component[Any] | None) -> Readiness:
     if component is None:
         return Readiness(False, "no plugin loaded for this")
     try:
-        return await asyncio.wait_for(component.check_ready(), CHECK_TIMEOUT)  # type: ignore[attr-defined]
+        return await asyncio.wait_for(component.check_ready(), CHECK_TIMEOUT)
     except TimeoutError:
         return Readiness(False, f"no answer within {CHECK_TIMEOUT:g}s")
     except Exception as exc:  # noqa: BLE001 - a failing check is reported, never raised

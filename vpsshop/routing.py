@@ -177,25 +177,34 @@ class ApiRoute:
         return self.path.replace("{id}", "{id:id}")
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _ApiPath(Route):
+    """The Starlette route of one API path, with its handlers by method for :class:`ApiRouter`'s direct calls."""
+
+    def __init__(self, path: str, endpoint: Handler, handlers: dict[str, Handler]) -> None:
+        super().__init__(path, endpoint, methods=list(handlers))
+        self.api_handlers = handlers
+
+
 def to_starlette_routes(routes: list[ApiRoute], ctx: AppContext, prefix: str = "") -> list[Route]:
     """One Starlette route per path, so a wrong method gets 405 with every allowed method in Allow."""
-    by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
+    by_path: dict[str, dict[str, Handler]] = {}
     for route in routes:
         by_path.setdefault(prefix + route.starlette_path(), {})[route.method.upper()] = _handler(route, ctx)
-    served = []
+    served: list[Route] = []
     for path, handlers in by_path.items():
         if len(handlers) == 1:
-            route = Route(path, next(iter(handlers.values())), methods=list(handlers))
+            served.append(_ApiPath(path, next(iter(handlers.values())), handlers))
         else:
             if "GET" in handlers:
                 handlers.setdefault("HEAD", handlers["GET"])
 
-            async def dispatch(request: Request, handlers: dict = handlers) -> Response:  # type: ignore[type-arg]
+            async def dispatch(request: Request, handlers: dict[str, Handler] = handlers) -> Response:
                 return await handlers[request.method](request)
 
-            route = Route(path, dispatch, methods=list(handlers))
-        route.api_handlers = handlers  # type: ignore[attr-defined]  # for ApiRouter's direct calls
-        served.append(route)
+            served.append(_ApiPath(path, dispatch, handlers))
     return served
 
 
@@ -212,10 +221,10 @@ class ApiRouter(Router):
 
     def __init__(self, routes: list[BaseRoute], **kwargs: Any) -> None:
         super().__init__(routes, **kwargs)
-        self.exact: dict[str, tuple[Route, dict[str, Callable[[Request], Awaitable[Response]]]]] = {
-            route.path: (route, route.api_handlers)  # type: ignore[attr-defined]
+        self.exact: dict[str, tuple[Route, dict[str, Handler]]] = {
+            route.path: (route, route.api_handlers)
             for route in routes
-            if isinstance(route, Route) and not route.param_convertors and hasattr(route, "api_handlers")
+            if isinstance(route, _ApiPath) and not route.param_convertors
         }
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -238,7 +247,7 @@ class ApiRouter(Router):
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-def _handler(route: ApiRoute, ctx: AppContext) -> Callable[[Request], Awaitable[Response]]:
+def _handler(route: ApiRoute, ctx: AppContext) -> Handler:
     authenticate = authenticator(ctx).customer
     blocked = limits.blocked_clients(ctx)
     body_model = route.body

@@ -18,12 +18,13 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from anyio import to_thread
-from sqlmodel import select
+from sqlmodel import col, select
 
 from vpsshop.actors import Customer
 from vpsshop.auth import keyed_digest
 from vpsshop.context import AppContext
-from vpsshop.models import DashboardSession
+from vpsshop.db import rowcount
+from vpsshop.models import DashboardSession, saved_id
 
 TOUCH_EVERY = timedelta(minutes=1)
 """``last_seen_at`` is written at most this often per session."""
@@ -84,8 +85,8 @@ def _resolve(ctx: AppContext, token: str) -> ActiveSession | None:
     with ctx.db.session() as session:
         row = session.exec(
             select(DashboardSession).where(
-                DashboardSession.token_hash == token_digest(ctx, token),
-                DashboardSession.ended_at.is_(None),  # type: ignore[union-attr]
+                col(DashboardSession.token_hash) == token_digest(ctx, token),
+                col(DashboardSession.ended_at).is_(None),
             )
         ).first()
         if row is None or row.expires_at <= now or row.last_seen_at + idle <= now:
@@ -124,15 +125,17 @@ async def end(ctx: AppContext, account_id: int, session_id: int) -> bool:
 
 def _end(ctx: AppContext, account_id: int, session_id: int) -> bool:
     with ctx.db.session() as session:
-        ended = session.execute(
-            sa.update(DashboardSession)
-            .where(
-                DashboardSession.id == session_id,
-                DashboardSession.account_id == account_id,
-                DashboardSession.ended_at.is_(None),
-            )  # type: ignore[union-attr]
-            .values(ended_at=ctx.clock.now())
-        ).rowcount
+        ended = rowcount(
+            session.execute(
+                sa.update(DashboardSession)
+                .where(
+                    col(DashboardSession.id) == session_id,
+                    col(DashboardSession.account_id) == account_id,
+                    col(DashboardSession.ended_at).is_(None),
+                )
+                .values(ended_at=ctx.clock.now())
+            )
+        )
     return ended == 1
 
 
@@ -144,11 +147,11 @@ async def end_others(ctx: AppContext, customer: Customer, keep_id: int | None) -
 def _end_others(ctx: AppContext, account_id: int, keep_id: int | None) -> int:
     with ctx.db.session() as session:
         stmt = sa.update(DashboardSession).where(
-            DashboardSession.account_id == account_id, DashboardSession.ended_at.is_(None)
-        )  # type: ignore[union-attr]
+            col(DashboardSession.account_id) == account_id, col(DashboardSession.ended_at).is_(None)
+        )
         if keep_id is not None:
-            stmt = stmt.where(DashboardSession.id != keep_id)
-        return int(session.execute(stmt.values(ended_at=ctx.clock.now())).rowcount or 0)
+            stmt = stmt.where(col(DashboardSession.id) != keep_id)
+        return rowcount(session.execute(stmt.values(ended_at=ctx.clock.now())))
 
 
 async def live(ctx: AppContext, customer: Customer) -> list[ActiveSession]:
@@ -163,22 +166,22 @@ def _live(ctx: AppContext, account_id: int) -> list[ActiveSession]:
         rows = session.exec(
             select(DashboardSession)
             .where(
-                DashboardSession.account_id == account_id,
-                DashboardSession.ended_at.is_(None),  # type: ignore[union-attr]
-                DashboardSession.pending_totp.is_(False),
-                DashboardSession.expires_at > now,  # type: ignore[attr-defined]
-                DashboardSession.last_seen_at > now - idle,
+                col(DashboardSession.account_id) == account_id,
+                col(DashboardSession.ended_at).is_(None),
+                col(DashboardSession.pending_totp).is_(False),
+                col(DashboardSession.expires_at) > now,
+                col(DashboardSession.last_seen_at) > now - idle,
             )
-            .order_by(DashboardSession.id.desc())
-        ).all()  # type: ignore[union-attr]
+            .order_by(col(DashboardSession.id).desc())
+        ).all()
     return [
         ActiveSession(
-            r.id,
+            saved_id(r),
             r.account_id,
             r.pending_totp,
             r.token_hash,
             r.created_at,
-            r.last_seen_at,  # type: ignore[arg-type]
+            r.last_seen_at,
             r.expires_at,
             r.user_agent,
         )

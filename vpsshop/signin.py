@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from anyio import to_thread
 from pydantic import Field
-from sqlmodel import select
+from sqlmodel import col, select
 
 from vpsshop import twofactor
 from vpsshop.accounts import ApiKeyCreated, mint_key
@@ -67,7 +67,7 @@ def _check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, b
         with ctx.db.session() as session:
             session.execute(
                 sa.update(Account)
-                .where(Account.id == account.id, Account.login_hash == account.login_hash)  # type: ignore[arg-type]  # sqlmodel types the column as int
+                .where(col(Account.id) == account.id, col(Account.login_hash) == account.login_hash)
                 .values(login_hash=check.upgrade)
             )
     limiter.refund(rule, client)

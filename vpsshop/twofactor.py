@@ -35,7 +35,7 @@ from vpsshop.accounts import account_event
 from vpsshop.actors import Customer
 from vpsshop.auth import keyed_digest
 from vpsshop.context import AppContext
-from vpsshop.db import touch_account
+from vpsshop.db import rowcount, touch_account
 from vpsshop.encryption import decrypt_text, encrypt_text
 from vpsshop.errors import ApiError, BadRequest, Conflict
 from vpsshop.models import Account, RecoveryCode
@@ -221,27 +221,31 @@ def _check(ctx: AppContext, account_id: int, code: str) -> str | None:
             secret = decrypt_text(ctx, account.totp_secret_enc, "TOTP secret")
             step = _matching_step(secret, code, now.timestamp())
             if step is not None:
-                used = session.execute(
-                    sa.update(Account)
-                    .where(
-                        Account.id == account_id,
-                        sa.or_(Account.totp_last_step.is_(None), Account.totp_last_step < step),
-                    )  # type: ignore[union-attr]
-                    .values(totp_last_step=step)
-                ).rowcount
+                used = rowcount(
+                    session.execute(
+                        sa.update(Account)
+                        .where(
+                            col(Account.id) == account_id,
+                            sa.or_(col(Account.totp_last_step).is_(None), col(Account.totp_last_step) < step),
+                        )
+                        .values(totp_last_step=step)
+                    )
+                )
                 if used == 1:
                     return "totp"
         elif len(code) >= 8:
             digest = keyed_digest(ctx.settings.secret_key_bytes(), "recovery code", code)
-            used = session.execute(
-                sa.update(RecoveryCode)
-                .where(
-                    RecoveryCode.account_id == account_id,
-                    RecoveryCode.code_hash == digest,
-                    RecoveryCode.used_at.is_(None),
-                )  # type: ignore[union-attr]
-                .values(used_at=now)
-            ).rowcount
+            used = rowcount(
+                session.execute(
+                    sa.update(RecoveryCode)
+                    .where(
+                        col(RecoveryCode.account_id) == account_id,
+                        col(RecoveryCode.code_hash) == digest,
+                        col(RecoveryCode.used_at).is_(None),
+                    )
+                    .values(used_at=now)
+                )
+            )
             if used == 1:
                 return "recovery_code"
     return None

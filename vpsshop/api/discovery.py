@@ -62,7 +62,8 @@ def _inline(schema: dict[str, Any] | None, components: dict[str, Any]) -> dict[s
         return {"type": "object"}
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith(_COMPONENTS) and len(schema) == 1:
-        return components.get(ref[len(_COMPONENTS) :], {"type": "object"})
+        component: dict[str, Any] = components.get(ref[len(_COMPONENTS) :], {"type": "object"})
+        return component
     return schema
 
 
@@ -94,7 +95,7 @@ def bazaar(ctx: AppContext, path: str, method: str = "POST") -> dict[str, Any] |
     body_schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
     body_schema = _refs(_inline(body_schema, components), names)
     responses = operation.get("responses", {})
-    ok = next((responses[code] for code in ("201", "200") if code in responses), {})
+    ok: dict[str, Any] = next((responses[code] for code in ("201", "200") if code in responses), {})
     output_schema = _refs(_inline(ok.get("content", {}).get("application/json", {}).get("schema"), components), names)
     info = {
         "input": {"type": "http", "method": method.upper(), "bodyType": "json", "body": _example(body_schema, ctx)},

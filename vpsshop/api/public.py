@@ -87,7 +87,9 @@ async def get_health(call: Call) -> Reply:
         )
         for item, r in checked
     ]
-    status = "down" if not db_ok else ("ok" if all(c.ready for c in components) else "degraded")
+    status: Literal["ok", "degraded", "down"] = (
+        "down" if not db_ok else ("ok" if all(c.ready for c in components) else "degraded")
+    )
     body = Health(
         status=status,
         mode=ctx.settings.mode,

@@ -161,6 +161,13 @@ _X402_HEADERS = (
 _NOT_YOURS = "No server with this id on this account (another account's server is a 404 too)."
 
 
+_POWER_ACTIONS: tuple[tuple[PowerAction, str, str], ...] = (
+    ("start", "Power a server on", "Starts the VM if it is off."),
+    ("stop", "Power a server off", "Shuts the VM down (forced off after a short grace period)."),
+    ("reboot", "Reboot a server", "Restarts the VM, or starts it if it is off."),
+)
+
+
 def routes() -> list[ApiRoute]:
     power_routes = [
         ApiRoute(
@@ -178,11 +185,7 @@ def routes() -> list[ApiRoute]:
             count_writes=False,
             operation_id=f"{action}Server",
         )
-        for action, summary, text in (
-            ("start", "Power a server on", "Starts the VM if it is off."),
-            ("stop", "Power a server off", "Shuts the VM down (forced off after a short grace period)."),
-            ("reboot", "Reboot a server", "Restarts the VM, or starts it if it is off."),
-        )
+        for action, summary, text in _POWER_ACTIONS
     ]
     return [
         ApiRoute(

@@ -11,9 +11,11 @@ the customer can fix re-render the form with the problem said in words (and the 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
@@ -368,10 +370,10 @@ async def end_other_sessions(page: Page) -> Response:
 # ---- static files ------------------------------------------------------------------------------------
 
 
-def static_endpoint(dash: Dashboard):  # type: ignore[no-untyped-def]
+def static_endpoint(dash: Dashboard) -> Callable[[Request], Awaitable[Response]]:
     types = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
 
-    async def static(request: Any) -> Response:
+    async def static(request: Request) -> Response:
         name = request.path_params["name"]
         body = dash.static.get(name)
         if body is None:

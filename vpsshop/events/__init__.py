@@ -32,7 +32,7 @@ from sqlmodel import Session
 
 from vpsshop.events.models import StoredEvent
 from vpsshop.events.types import EVENT_TYPES
-from vpsshop.models import utcnow
+from vpsshop.models import table_of, utcnow
 
 __all__ = ["EVENT_TYPES", "Event", "emit"]
 
@@ -85,7 +85,7 @@ def emit(
     return public_id
 
 
-_INSERT = sa.insert(StoredEvent.__table__)  # type: ignore[arg-type]
+_INSERT = sa.insert(table_of(StoredEvent))
 
 
 @dataclass(frozen=True)
@@ -134,4 +134,5 @@ class Event:
 
     def payload(self) -> dict[str, Any]:
         """The body as a dict."""
-        return json.loads(self.body)
+        payload: dict[str, Any] = json.loads(self.body)
+        return payload

@@ -38,10 +38,11 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from anyio import to_thread
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 from vpsshop.context import AppContext
+from vpsshop.db import rowcount
 from vpsshop.events import outbox, sender, signing
 from vpsshop.events.models import EventCursor, StoredEvent, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from vpsshop.events.settings import EventSettings, event_settings
@@ -83,28 +84,28 @@ def fan_out(ctx: AppContext, limit: int | None = None) -> tuple[int, int]:
         rows = session.exec(
             outbox.visible(
                 select(StoredEvent)
-                .where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
-                .order_by(StoredEvent.seq)
+                .where(col(StoredEvent.seq) > cursor.last_id)
+                .order_by(col(StoredEvent.seq))
                 .limit(limit or settings.batch_size)
             )
-        ).all()  # type: ignore[arg-type]
+        ).all()
         if not rows:
             return 0, 0
         accounts = {row.account_id for row in rows}
         endpoints = session.exec(
             select(WebhookEndpoint).where(
-                WebhookEndpoint.account_id.in_(accounts),  # type: ignore[attr-defined]
-                WebhookEndpoint.status == "enabled",
-                WebhookEndpoint.deleted_at.is_(None),
+                col(WebhookEndpoint.account_id).in_(accounts),
+                col(WebhookEndpoint.status) == "enabled",
+                col(WebhookEndpoint.deleted_at).is_(None),
             )
-        ).all()  # type: ignore[union-attr]
+        ).all()
         by_account: dict[int, list[tuple[WebhookEndpoint, list[str]]]] = {}
         for endpoint in endpoints:
             by_account.setdefault(endpoint.account_id, []).append((endpoint, json.loads(endpoint.event_types)))
         created = []
         for row in rows:
             for endpoint, patterns in by_account.get(row.account_id, ()):
-                if row.seq > endpoint.since_event_id and matches(patterns, row.type):  # type: ignore[operator]
+                if row.seq > endpoint.since_event_id and matches(patterns, row.type):
                     created.append(
                         dict(
                             endpoint_id=endpoint.id,
@@ -120,7 +121,7 @@ def fan_out(ctx: AppContext, limit: int | None = None) -> tuple[int, int]:
                     )
         if created:
             session.execute(sa.insert(WebhookDelivery), created)
-        cursor.last_id = rows[-1].seq  # type: ignore[assignment]
+        cursor.last_id = rows[-1].seq
         cursor.updated_at = now
         session.add(cursor)
     return len(rows), len(created)
@@ -134,37 +135,37 @@ def claim(ctx: AppContext, worker: str = WORKER_ID, limit: int = 8) -> list[Clai
     settings = event_settings(ctx)
     now = ctx.clock.now()
     due = (
-        select(WebhookDelivery.id)
-        .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)  # type: ignore[arg-type]
+        select(col(WebhookDelivery.id))
+        .join(WebhookEndpoint, col(WebhookEndpoint.id) == col(WebhookDelivery.endpoint_id))
         .where(
-            WebhookEndpoint.status == "enabled",
-            WebhookEndpoint.deleted_at.is_(None),  # type: ignore[union-attr]
+            col(WebhookEndpoint.status) == "enabled",
+            col(WebhookEndpoint.deleted_at).is_(None),
             sa.or_(
-                sa.and_(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now),  # type: ignore[arg-type]
-                sa.and_(WebhookDelivery.status == "delivering", WebhookDelivery.locked_until < now),  # type: ignore[operator]
+                sa.and_(col(WebhookDelivery.status) == "pending", col(WebhookDelivery.next_attempt_at) <= now),
+                sa.and_(col(WebhookDelivery.status) == "delivering", col(WebhookDelivery.locked_until) < now),
             ),
         )
-        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+        .order_by(col(WebhookDelivery.next_attempt_at), col(WebhookDelivery.id))
         .limit(limit)
     )
     if ctx.db.dialect == "postgresql":
-        due = due.with_for_update(skip_locked=True, of=WebhookDelivery)  # type: ignore[arg-type]
+        due = due.with_for_update(skip_locked=True, of=WebhookDelivery)
     with ctx.db.session() as session:
         rows = session.execute(
             sa.update(WebhookDelivery)
-            .where(WebhookDelivery.id.in_(due.scalar_subquery()))  # type: ignore[union-attr]
+            .where(col(WebhookDelivery.id).in_(due.scalar_subquery()))
             .values(
                 status="delivering",
-                attempts=WebhookDelivery.attempts + 1,
+                attempts=col(WebhookDelivery.attempts) + 1,
                 locked_by=worker,
                 locked_until=now + timedelta(seconds=settings.lease_seconds),
             )
             .returning(
-                WebhookDelivery.id,
-                WebhookDelivery.endpoint_id,
-                WebhookDelivery.event_id,
-                WebhookDelivery.attempts,
-                WebhookDelivery.created_at,
+                col(WebhookDelivery.id),
+                col(WebhookDelivery.endpoint_id),
+                col(WebhookDelivery.event_id),
+                col(WebhookDelivery.attempts),
+                col(WebhookDelivery.created_at),
             )
         ).all()
     return [
@@ -204,7 +205,7 @@ def next_delay(
 ) -> float:
     """Seconds before attempt ``attempts + 1``: exponential, capped, jittered, honouring Retry-After."""
     base = min(settings.retry_base_seconds * 2 ** min(attempts - 1, 40), settings.retry_max_delay_seconds)
-    delay = base * (rng or random).uniform(0.9, 1.1)
+    delay: float = base * (rng or random).uniform(0.9, 1.1)
     if retry_after is not None:
         delay = max(delay, min(retry_after, settings.retry_max_delay_seconds))
     return delay
@@ -215,7 +216,9 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
     settings = event_settings(ctx)
     now = ctx.clock.now()
     owned = sa.and_(
-        WebhookDelivery.id == item.id, WebhookDelivery.locked_by == item.worker, WebhookDelivery.status == "delivering"
+        col(WebhookDelivery.id) == item.id,
+        col(WebhookDelivery.locked_by) == item.worker,
+        col(WebhookDelivery.status) == "delivering",
     )
     with ctx.db.session() as session:
         session.add(
@@ -225,7 +228,7 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
                 number=item.attempts,
                 outcome=result.outcome,
                 status_code=result.status_code,
-                error=(result.error or None) and result.error[:500],  # type: ignore[arg-type]
+                error=(result.error or None) and result.error[:500],
                 response_excerpt=result.excerpt,
                 duration_ms=result.duration_ms,
                 worker=item.worker[:64],
@@ -240,14 +243,16 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
         )
         if result.outcome == "accepted":
             if (
-                session.execute(
-                    sa.update(WebhookDelivery).where(owned).values(status="succeeded", finished_at=now, **common)
-                ).rowcount
+                rowcount(
+                    session.execute(
+                        sa.update(WebhookDelivery).where(owned).values(status="succeeded", finished_at=now, **common)
+                    )
+                )
                 != 1
             ):
                 return "lost"
             session.execute(
-                sa.update(WebhookEndpoint).where(WebhookEndpoint.id == item.endpoint_id).values(failing_since=None)
+                sa.update(WebhookEndpoint).where(col(WebhookEndpoint.id) == item.endpoint_id).values(failing_since=None)
             )
             return "succeeded"
         delay = next_delay(settings, item.attempts, result.retry_after)
@@ -257,11 +262,11 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
             if gave_up
             else dict(status="pending", next_attempt_at=now + timedelta(seconds=delay))
         )
-        if session.execute(sa.update(WebhookDelivery).where(owned).values(**values, **common)).rowcount != 1:
+        if rowcount(session.execute(sa.update(WebhookDelivery).where(owned).values(**values, **common))) != 1:
             return "lost"
         session.execute(
             sa.update(WebhookEndpoint)
-            .where(WebhookEndpoint.id == item.endpoint_id, WebhookEndpoint.failing_since.is_(None))  # type: ignore[union-attr]
+            .where(col(WebhookEndpoint.id) == item.endpoint_id, col(WebhookEndpoint.failing_since).is_(None))
             .values(failing_since=now)
         )
         endpoint = session.get(WebhookEndpoint, item.endpoint_id, populate_existing=True)
@@ -276,11 +281,13 @@ def _record(ctx: AppContext, item: Claimed, result: sender.SendResult, started: 
 
 def disable(session: Session, endpoint: WebhookEndpoint, now: datetime, reason: str) -> bool:
     """Disable ``endpoint`` once and tell the account (a ``webhook.disabled`` event)."""
-    moved = session.execute(
-        sa.update(WebhookEndpoint)
-        .where(WebhookEndpoint.id == endpoint.id, WebhookEndpoint.status == "enabled")
-        .values(status="disabled", disabled_at=now, disabled_reason=reason[:500])
-    ).rowcount
+    moved = rowcount(
+        session.execute(
+            sa.update(WebhookEndpoint)
+            .where(col(WebhookEndpoint.id) == endpoint.id, col(WebhookEndpoint.status) == "enabled")
+            .values(status="disabled", disabled_at=now, disabled_reason=reason[:500])
+        )
+    )
     if moved != 1:
         return False
     session.refresh(endpoint)

@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from anyio import to_thread
-from sqlmodel import select
+from sqlmodel import col, select
 
 from vpsshop.context import AppContext
 from vpsshop.events import Event, outbox
@@ -69,11 +69,11 @@ def _take(ctx: AppContext, name: str, worker: str, limit: int) -> tuple[Any, lis
         rows = session.exec(
             outbox.visible(
                 select(StoredEvent)
-                .where(StoredEvent.seq > cursor.last_id)  # type: ignore[operator]
-                .order_by(StoredEvent.seq)
+                .where(col(StoredEvent.seq) > cursor.last_id)
+                .order_by(col(StoredEvent.seq))
                 .limit(limit)
             )
-        ).all()  # type: ignore[arg-type]
+        ).all()
         return cursor, [Event.from_row(row) for row in rows]
 
 

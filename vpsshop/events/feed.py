@@ -39,7 +39,7 @@ class EventQuery(Input):
     )
     limit: int = Field(50, ge=1, le=100, description="Page size, 1 to 100 (default 50).")
     type: str | None = Field(
-        None, max_length=64, description="Only this type, or `<resource>.*`.", json_schema_extra={"enum": PATTERNS}
+        None, max_length=64, description="Only this type, or `<resource>.*`.", json_schema_extra={"enum": [*PATTERNS]}
     )
 
     @field_validator("type")

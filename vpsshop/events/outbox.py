@@ -20,8 +20,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session
+from sqlmodel import Session, col
 
+from vpsshop.db import rowcount
 from vpsshop.events.models import EventCursor, StoredEvent
 
 _PG_PUBLISH_LOCK = 0x7670_7365  # "vpse"
@@ -40,7 +41,10 @@ def publish(session: Session, limit: int = PUBLISH_BATCH) -> int:
         return 0
     ids = (
         session.execute(
-            sa.select(StoredEvent.id).where(StoredEvent.seq.is_(None)).order_by(StoredEvent.id).limit(limit)  # type: ignore[union-attr,arg-type]
+            sa.select(col(StoredEvent.id))
+            .where(col(StoredEvent.seq).is_(None))
+            .order_by(col(StoredEvent.id))
+            .limit(limit)
         )
         .scalars()
         .all()
@@ -55,7 +59,7 @@ def publish(session: Session, limit: int = PUBLISH_BATCH) -> int:
 def publish_pending(db: Any) -> int:
     """:func:`publish` in its own transaction, skipped without a write when nothing waits."""
     with db.session() as session:
-        waiting = session.execute(sa.select(StoredEvent.id).where(StoredEvent.seq.is_(None)).limit(1)).first()  # type: ignore[union-attr]
+        waiting = session.execute(sa.select(col(StoredEvent.id)).where(col(StoredEvent.seq).is_(None)).limit(1)).first()
     if waiting is None:
         return 0
     total = 0
@@ -69,7 +73,7 @@ def publish_pending(db: Any) -> int:
 
 def visible(stmt: Any) -> Any:
     """``stmt`` over ``events`` limited to published events."""
-    return stmt.where(StoredEvent.seq.is_not(None))  # type: ignore[union-attr]
+    return stmt.where(col(StoredEvent.seq).is_not(None))
 
 
 def head(session: Session) -> int:
@@ -93,18 +97,20 @@ def ensure_cursor(session: Session, name: str, start: int, now: datetime) -> Non
 
 def lease(session: Session, name: str, worker: str, now: datetime, seconds: float) -> EventCursor | None:
     """Take the lease of cursor ``name`` for ``worker`` (None while another worker holds it)."""
-    taken = session.execute(
-        sa.update(EventCursor)
-        .where(
-            EventCursor.name == name,
-            sa.or_(
-                EventCursor.locked_until.is_(None),
-                EventCursor.locked_until < now,  # type: ignore[union-attr,operator]
-                EventCursor.locked_by == worker,
-            ),
+    taken = rowcount(
+        session.execute(
+            sa.update(EventCursor)
+            .where(
+                col(EventCursor.name) == name,
+                sa.or_(
+                    col(EventCursor.locked_until).is_(None),
+                    col(EventCursor.locked_until) < now,
+                    col(EventCursor.locked_by) == worker,
+                ),
+            )
+            .values(locked_by=worker, locked_until=now + timedelta(seconds=seconds))
         )
-        .values(locked_by=worker, locked_until=now + timedelta(seconds=seconds))
-    ).rowcount
+    )
     if taken != 1:
         return None
     return session.get(EventCursor, name, populate_existing=True)
@@ -113,10 +119,12 @@ def lease(session: Session, name: str, worker: str, now: datetime, seconds: floa
 def store(session: Session, name: str, worker: str, now: datetime, **values: Any) -> bool:
     """Update the cursor while ``worker`` holds its lease; False if the lease was lost."""
     return (
-        session.execute(
-            sa.update(EventCursor)
-            .where(EventCursor.name == name, EventCursor.locked_by == worker)
-            .values(updated_at=now, **values)
-        ).rowcount
+        rowcount(
+            session.execute(
+                sa.update(EventCursor)
+                .where(col(EventCursor.name) == name, col(EventCursor.locked_by) == worker)
+                .values(updated_at=now, **values)
+            )
+        )
         == 1
     )

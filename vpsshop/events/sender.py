@@ -161,12 +161,21 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
         self.address = address
         self._inner = httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # type: ignore[no-untyped-def]
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
         if host.strip("[]").lower() != self.host:
             raise httpcore.ConnectError(f"connection to {host} was not checked")
         return await self._inner.connect_tcp(self.address, port, timeout, local_address, socket_options)
 
-    async def connect_unix_socket(self, path, timeout=None, socket_options=None):  # type: ignore[no-untyped-def]
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
+    ) -> httpcore.AsyncNetworkStream:
         raise httpcore.ConnectError("webhooks never use unix sockets")
 
     async def sleep(self, seconds: float) -> None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Literal
+from typing import Literal, cast
 
 import sqlalchemy as sa
 from anyio import to_thread
 from pydantic import BaseModel, Field, StrictBool
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 from vpsshop import limits
@@ -28,6 +28,7 @@ from vpsshop.events.sender import InvalidUrl, normalize_url
 from vpsshop.events.settings import event_settings
 from vpsshop.events.types import valid_pattern
 from vpsshop.inputs import LABEL_PATTERN, Input
+from vpsshop.models import saved_id
 
 __all__ = [
     "AttemptOut",
@@ -71,7 +72,7 @@ class WebhookInput(Input):
         ["*"],
         min_length=1,
         max_length=50,
-        json_schema_extra={"items": {"type": "string", "enum": PATTERNS}},
+        json_schema_extra={"items": {"type": "string", "enum": [*PATTERNS]}},
         description="Event types to receive: names, `<resource>.*` or `*` (default).",
     )
     description: str | None = Field(
@@ -97,13 +98,18 @@ class WebhookChange(Input):
         None,
         min_length=1,
         max_length=50,
-        json_schema_extra={"items": {"type": "string", "enum": PATTERNS}},
+        json_schema_extra={"items": {"type": "string", "enum": [*PATTERNS]}},
         description="The event types to receive from now on (names, `<resource>.*` or `*`); absent: unchanged.",
     )
     description: str | None = Field(
         None, max_length=200, pattern=LABEL_PATTERN, description="A new label; null removes it; absent: unchanged."
     )
     enabled: StrictBool | None = Field(None, description="true re-enables a disabled endpoint; false pauses it.")
+
+
+EndpointStatus = Literal["enabled", "disabled"]
+AttemptOutcome = Literal["accepted", "rejected", "error", "refused"]
+DeliveryStatus = Literal["pending", "delivering", "succeeded", "failed", "cancelled"]
 
 
 class WebhookOut(BaseModel):
@@ -113,7 +119,7 @@ class WebhookOut(BaseModel):
     url: str
     description: str | None
     event_types: list[str]
-    status: Literal["enabled", "disabled"]
+    status: EndpointStatus
     disabled_reason: str | None = Field(description="Why it was disabled (failing for days, 410 Gone, by hand).")
     failing_since: datetime | None = Field(description="Start of the current run of failed attempts, else null.")
     created_at: datetime
@@ -134,7 +140,7 @@ class WebhookDeleted(BaseModel):
 
 class AttemptOut(BaseModel):
     number: int = Field(description="1 for the first attempt of the delivery.")
-    outcome: Literal["accepted", "rejected", "error", "refused"] = Field(
+    outcome: AttemptOutcome = Field(
         description="accepted: 2xx; rejected: another status (a 3xx is not followed); error: no answer in time "
         "or the connection failed; refused: the URL resolves to an address webhooks may not reach."
     )
@@ -149,7 +155,7 @@ class DeliveryOut(BaseModel):
     id: int
     event_id: str
     event_type: str
-    status: Literal["pending", "delivering", "succeeded", "failed", "cancelled"] = Field(
+    status: DeliveryStatus = Field(
         description="pending (waiting for its next attempt), delivering, succeeded (a 2xx), failed (the retry "
         "window of about three days ended), cancelled (the endpoint was deleted)."
     )
@@ -185,7 +191,7 @@ def webhook_out(endpoint: WebhookEndpoint) -> WebhookOut:
         url=endpoint.url,
         description=endpoint.description,
         event_types=json.loads(endpoint.event_types),
-        status=endpoint.status,  # type: ignore[arg-type]
+        status=cast(EndpointStatus, endpoint.status),  # the column holds only what this module writes
         disabled_reason=endpoint.disabled_reason,
         failing_since=endpoint.failing_since,
         created_at=endpoint.created_at,
@@ -217,8 +223,8 @@ def _create(ctx: AppContext, account_id: int, body: WebhookInput) -> WebhookCrea
         count = session.execute(
             sa.select(sa.func.count())
             .select_from(WebhookEndpoint)
-            .where(WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))
-        ).scalar()  # type: ignore[union-attr]
+            .where(col(WebhookEndpoint.account_id) == account_id, col(WebhookEndpoint.deleted_at).is_(None))
+        ).scalar()
         if int(count or 0) >= limit:
             raise Conflict("too_many_webhooks", f"An account may have {limit} webhook endpoints; delete one first.")
         since = outbox.head(session)
@@ -242,11 +248,11 @@ def _create(ctx: AppContext, account_id: int, body: WebhookInput) -> WebhookCrea
 def _owned(session: Session, account_id: int, endpoint_id: int) -> WebhookEndpoint:
     endpoint = session.exec(
         select(WebhookEndpoint).where(
-            WebhookEndpoint.id == endpoint_id,
-            WebhookEndpoint.account_id == account_id,
-            WebhookEndpoint.deleted_at.is_(None),
+            col(WebhookEndpoint.id) == endpoint_id,
+            col(WebhookEndpoint.account_id) == account_id,
+            col(WebhookEndpoint.deleted_at).is_(None),
         )
-    ).first()  # type: ignore[union-attr]
+    ).first()
     if endpoint is None:
         raise NotFound("webhook endpoint")
     return endpoint
@@ -256,9 +262,9 @@ def _list(ctx: AppContext, account_id: int) -> WebhookList:
     with ctx.db.session() as session:
         rows = session.exec(
             select(WebhookEndpoint)
-            .where(WebhookEndpoint.account_id == account_id, WebhookEndpoint.deleted_at.is_(None))  # type: ignore[union-attr]
-            .order_by(WebhookEndpoint.id)
-        ).all()  # type: ignore[arg-type]
+            .where(col(WebhookEndpoint.account_id) == account_id, col(WebhookEndpoint.deleted_at).is_(None))
+            .order_by(col(WebhookEndpoint.id))
+        ).all()
         return WebhookList(webhooks=[webhook_out(e) for e in rows])
 
 
@@ -300,7 +306,7 @@ def _delete(ctx: AppContext, account_id: int, endpoint_id: int) -> WebhookDelete
         session.add(endpoint)
         session.execute(
             sa.update(WebhookDelivery)
-            .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == "pending")
+            .where(col(WebhookDelivery.endpoint_id) == endpoint_id, col(WebhookDelivery.status) == "pending")
             .values(status="cancelled", finished_at=now)
         )
         events.emit(session, "webhook.deleted", account_id, webhook_out(endpoint), now=now)
@@ -311,20 +317,18 @@ def _delete(ctx: AppContext, account_id: int, endpoint_id: int) -> WebhookDelete
 
 
 def _deliveries_out(session: Session, rows: list[tuple[WebhookDelivery, StoredEvent]]) -> list[DeliveryOut]:
-    ids = [d.id for d, _ in rows]
+    ids = [saved_id(d) for d, _ in rows]
     attempts: dict[int, list[AttemptOut]] = {}
     if ids:
         for a in session.exec(
-            select(WebhookAttempt)
-            .where(WebhookAttempt.delivery_id.in_(ids))  # type: ignore[attr-defined]
-            .order_by(WebhookAttempt.id)
-        ).all():  # type: ignore[arg-type]
+            select(WebhookAttempt).where(col(WebhookAttempt.delivery_id).in_(ids)).order_by(col(WebhookAttempt.id))
+        ).all():
             attempts.setdefault(a.delivery_id, []).append(
                 AttemptOut(
                     number=a.number,
-                    outcome=a.outcome,
+                    outcome=cast(AttemptOutcome, a.outcome),  # the column holds only what delivery writes
                     status_code=a.status_code,
-                    error=a.error,  # type: ignore[arg-type]
+                    error=a.error,
                     response_excerpt=a.response_excerpt,
                     duration_ms=a.duration_ms,
                     started_at=a.started_at,
@@ -332,21 +336,21 @@ def _deliveries_out(session: Session, rows: list[tuple[WebhookDelivery, StoredEv
             )
     return [
         DeliveryOut(
-            id=d.id,
+            id=saved_id(d),
             event_id=e.public_id,
             event_type=e.type,
-            status=d.status,
-            redelivery=d.redelivery,  # type: ignore[arg-type]
+            status=cast(DeliveryStatus, d.status),  # the column holds only what delivery writes
+            redelivery=d.redelivery,
             attempts=d.attempts,
             next_attempt_at=d.next_attempt_at if d.status == "pending" else None,
             last_status_code=d.last_status_code,
             last_error=d.last_error,
             created_at=d.created_at,
             finished_at=d.finished_at,
-            log=attempts.get(d.id, []),
+            log=attempts.get(saved_id(d), []),
         )
         for d, e in rows
-    ]  # type: ignore[index]
+    ]
 
 
 def _deliveries(ctx: AppContext, account_id: int, endpoint_id: int, before: int | None, limit: int) -> DeliveryList:
@@ -354,17 +358,17 @@ def _deliveries(ctx: AppContext, account_id: int, endpoint_id: int, before: int 
         _owned(session, account_id, endpoint_id)
         query = (
             select(WebhookDelivery, StoredEvent)
-            .join(StoredEvent, StoredEvent.id == WebhookDelivery.event_id)  # type: ignore[arg-type]
-            .where(WebhookDelivery.endpoint_id == endpoint_id)
+            .join(StoredEvent, col(StoredEvent.id) == col(WebhookDelivery.event_id))
+            .where(col(WebhookDelivery.endpoint_id) == endpoint_id)
         )
         if before is not None:
-            query = query.where(WebhookDelivery.id < before)  # type: ignore[operator]
-        rows = list(session.exec(query.order_by(WebhookDelivery.id.desc()).limit(limit + 1)).all())  # type: ignore[union-attr]
+            query = query.where(col(WebhookDelivery.id) < before)
+        rows = list(session.exec(query.order_by(col(WebhookDelivery.id).desc()).limit(limit + 1)).all())
         has_more = len(rows) > limit
         rows = rows[:limit]
         return DeliveryList(
             deliveries=_deliveries_out(session, rows),
-            has_more=has_more,  # type: ignore[arg-type]
+            has_more=has_more,
             cursor=rows[-1][0].id if rows and has_more else None,
         )
 
@@ -387,7 +391,7 @@ def _redeliver(ctx: AppContext, account_id: int, endpoint_id: int, event_id: str
         delivery = WebhookDelivery(
             endpoint_id=endpoint_id,
             event_id=row.id,
-            account_id=account_id,  # type: ignore[arg-type]
+            account_id=account_id,
             redelivery=True,
             status="pending",
             attempts=0,

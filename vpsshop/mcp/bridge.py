@@ -48,7 +48,7 @@ def unreachable(url: str, exc: BaseException) -> types.CallToolResult:
         "status": 0,
     }
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(body))], structuredContent=body, isError=True
+        content=[types.TextContent(type="text", text=json.dumps(body))], structured_content=body, is_error=True
     )
 
 

@@ -77,20 +77,20 @@ def tool_schemas(ctx: AppContext) -> list[types.Tool]:
                 name=tool.name,
                 title=tool.title,
                 description=tool.description + ("" if tool.needs_key else " Needs no API key."),
-                inputSchema=schema,
+                input_schema=schema,
                 annotations=types.ToolAnnotations(
                     title=tool.title,
-                    readOnlyHint=tool.read_only,
-                    destructiveHint=tool.destructive,
-                    idempotentHint=tool.idempotent,
-                    openWorldHint=False,
+                    read_only_hint=tool.read_only,
+                    destructive_hint=tool.destructive,
+                    idempotent_hint=tool.idempotent,
+                    open_world_hint=False,
                 ),
             )
         )
     return listed
 
 
-def _text(data: Any) -> list[types.TextContent]:
+def _text(data: Any) -> list[types.ContentBlock]:
     return [types.TextContent(type="text", text=json.dumps(data, separators=(",", ":")))]
 
 
@@ -115,7 +115,7 @@ def error_result(exc: ApiError) -> types.CallToolResult:
         body["payment_response"] = exc.settled.response()
     if "retry_after" not in body and "Retry-After" in exc.headers:
         body["retry_after"] = int(exc.headers["Retry-After"])
-    return types.CallToolResult(content=_text(body), structuredContent=body, isError=True)
+    return types.CallToolResult(content=_text(body), structured_content=body, is_error=True)
 
 
 class ShopTools:
@@ -169,7 +169,7 @@ class ShopTools:
             log.exception("MCP tool %s failed", name)
             return error_result(ApiError(500, "internal_error", "The server failed; retry shortly."))
         data = _as_json(result)
-        return types.CallToolResult(content=_text(data), structuredContent=data)
+        return types.CallToolResult(content=_text(data), structured_content=data)
 
 
 class McpEndpoint:

@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -68,7 +68,13 @@ class ToolError(ApiError):
 
 # ---- arguments: the operations' inputs, plus what the REST API carries in the path and headers --------
 
-_ID = {"ge": 1, "le": MAX_ID}
+
+class _IdBounds(TypedDict):
+    ge: int
+    le: int
+
+
+_ID = _IdBounds(ge=1, le=MAX_ID)
 
 
 class NoArguments(Input):

@@ -1,7 +1,11 @@
 """Alembic environment: runs on the connection vpsshop hands it (``Database.migrate``)."""
 
+from typing import Literal
+
 from alembic import context
+from alembic.autogenerate.api import AutogenContext
 from sqlmodel import SQLModel
+from sqlmodel.sql.sqltypes import AutoString
 
 import vpsshop.events.models
 import vpsshop.models
@@ -10,10 +14,10 @@ import vpsshop.plugin_state
 import vpsshop.servers.models  # noqa: F401 - servers area: jobs, events, ip leases
 
 
-def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+def _render_item(type_: str, obj: object, autogen_context: AutogenContext) -> str | Literal[False]:
     # SQLModel's AutoString is a plain VARCHAR: render it as such so migrations import only sqlalchemy.
-    if type_ == "type" and type(obj).__name__ == "AutoString":
-        return f"sa.String(length={obj.length})"  # type: ignore[attr-defined]
+    if type_ == "type" and isinstance(obj, AutoString):
+        return f"sa.String(length={obj.length})"
     return False
 
 

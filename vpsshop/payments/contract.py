@@ -81,7 +81,8 @@ class DepositCoinContract:
 
     @pytest.fixture
     def payment_amount(self, coin_settings: tuple[type[DepositCoin[Any]], dict[str, Any]]) -> int:
-        return max(10 ** coin_settings[0].decimals // 100, 1)
+        hundredth: int = 10 ** coin_settings[0].decimals // 100  # int ** int is Any to typeshed (a float if negative)
+        return max(hundredth, 1)
 
     @pytest.fixture
     def coin_portal(self) -> Iterator[BlockingPortal]:

@@ -21,13 +21,14 @@ from typing import Any
 import sqlalchemy as sa
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from vpsshop import events, ledger
 from vpsshop.coins import DepositCoin, PaymentCheck, PaymentCoin, X402Coin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
+from vpsshop.models import saved_id
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record, new_ref
 from vpsshop.payments.rates import RateService
@@ -94,13 +95,13 @@ class PaymentEngine:
                 return coin
         raise BadRequest("invalid_coin", "x402 payments are not offered by this shop.")
 
-    def deposit_coins(self) -> list[DepositCoin]:
+    def deposit_coins(self) -> list[DepositCoin[Any]]:
         return [c for c in self.ctx.coins.values() if isinstance(c, DepositCoin)]
 
     # ---- creating ---------------------------------------------------------------------------------
 
     async def create_topup(
-        self, account_id: int, amount_micros: int, coin: DepositCoin, idempotency_key: str | None
+        self, account_id: int, amount_micros: int, coin: DepositCoin[Any], idempotency_key: str | None
     ) -> Topup:
         """A new pending top-up with its own deposit address, or the earlier one for this key."""
         if idempotency_key is not None:
@@ -137,15 +138,15 @@ class PaymentEngine:
                 select(Topup).where(Topup.account_id == account_id, Topup.idempotency_key == key)
             ).first()
 
-    def allocate_index(self, session: Session, coin: DepositCoin) -> int:
+    def allocate_index(self, session: Session, coin: DepositCoin[Any]) -> int:
         """The next unused address index of ``coin``'s key (1, 2, 3 ...), atomically."""
         key_id = coin.key_id()
         for _ in range(3):
             row = session.execute(
                 sa.update(AddressCounter)
-                .where(AddressCounter.coin == coin.code, AddressCounter.key_id == key_id)
-                .values(last_index=AddressCounter.last_index + 1)
-                .returning(AddressCounter.last_index)
+                .where(col(AddressCounter.coin) == coin.code, col(AddressCounter.key_id) == key_id)
+                .values(last_index=col(AddressCounter.last_index) + 1)
+                .returning(col(AddressCounter.last_index))
             ).first()
             if row is not None:
                 return int(row[0])
@@ -163,7 +164,7 @@ class PaymentEngine:
         self,
         account_id: int,
         amount_micros: int,
-        coin: DepositCoin,
+        coin: DepositCoin[Any],
         rate: Decimal,
         amount_atomic: int,
         idempotency_key: str | None,
@@ -194,7 +195,7 @@ class PaymentEngine:
             events.emit(session, "topup.created", account_id, topup_event(self.ctx, session, topup), now=now)
             return topup
 
-    async def register(self, coin: DepositCoin, topup: Topup) -> None:
+    async def register(self, coin: DepositCoin[Any], topup: Topup) -> None:
         """Tell the coin's node about the address; on failure the watcher retries later."""
         if topup.registered or topup.address_index is None:
             return
@@ -203,12 +204,12 @@ class PaymentEngine:
         except PluginError as exc:
             log.warning("could not register %s address of top-up %s yet: %s", coin.code, topup.ref, exc)
             return
-        await to_thread.run_sync(self._mark_registered, topup.id)
+        await to_thread.run_sync(self._mark_registered, saved_id(topup))
         topup.registered = True
 
     def _mark_registered(self, topup_id: int) -> None:
         with self.ctx.db.session() as session:
-            session.execute(sa.update(Topup).where(Topup.id == topup_id).values(registered=True))
+            session.execute(sa.update(Topup).where(col(Topup.id) == topup_id).values(registered=True))
 
     # ---- reading ----------------------------------------------------------------------------------
 
@@ -238,7 +239,7 @@ class PaymentEngine:
         with self.ctx.db.session() as session:
             return list(
                 session.exec(
-                    select(Topup).where(Topup.account_id == account_id).order_by(Topup.id.desc()).limit(limit)  # type: ignore[union-attr]
+                    select(Topup).where(col(Topup.account_id) == account_id).order_by(col(Topup.id).desc()).limit(limit)
                 ).all()
             )
 
@@ -283,22 +284,22 @@ class PaymentEngine:
         Runs from the watcher (all top-ups) and from a GET (that one). Returns how many expired.
         """
         now = self.ctx.clock.now()
-        waiting = sa.exists().where(TopupPayment.topup_id == Topup.id, TopupPayment.status == "seen")
+        waiting = sa.exists().where(col(TopupPayment.topup_id) == col(Topup.id), col(TopupPayment.status) == "seen")
         # an x402 authorization whose settlement outcome is unknown may still be mined until its
         # validBefore: the top-up stays pending until the record is settled or closed
-        settling = sa.exists().where(X402Record.topup_id == Topup.id, X402Record.status == "settling")
-        stmt = sa.update(Topup).where(Topup.status == "pending", Topup.expires_at <= now, ~waiting, ~settling)
+        settling = sa.exists().where(col(X402Record.topup_id) == col(Topup.id), col(X402Record.status) == "settling")
+        stmt = sa.update(Topup).where(col(Topup.status) == "pending", col(Topup.expires_at) <= now, ~waiting, ~settling)
         if topup_id is not None:
-            stmt = stmt.where(Topup.id == topup_id)
+            stmt = stmt.where(col(Topup.id) == topup_id)
         with self.ctx.db.session() as session:
             expired = (
                 session.execute(
-                    stmt.values(status="expired").returning(Topup.id).execution_options(synchronize_session=False)
+                    stmt.values(status="expired").returning(col(Topup.id)).execution_options(synchronize_session=False)
                 )
                 .scalars()
                 .all()
             )
-            for topup in session.exec(select(Topup).where(Topup.id.in_(expired))).all():  # type: ignore[union-attr]
+            for topup in session.exec(select(Topup).where(col(Topup.id).in_(expired))).all():
                 events.emit(session, "topup.expired", topup.account_id, topup_event(self.ctx, session, topup), now=now)
             return len(expired)
 
@@ -366,11 +367,13 @@ class PaymentEngine:
                     )
                 elif row.status != "credited":
                     if row.status == "dropped":  # back on chain after a reorganisation
+                        paid = session.get(Topup, row.topup_id)
+                        assert paid is not None
                         events.emit(
                             session,
                             "topup.payment_seen",
                             row.account_id,
-                            topup_event(self.ctx, session, session.get(Topup, row.topup_id), row),
+                            topup_event(self.ctx, session, paid, row),
                             now=now,
                         )
                     row.status = "seen"
@@ -379,14 +382,14 @@ class PaymentEngine:
                     row.block_hash = payment.block_hash
                     session.add(row)
                 if row.status == "seen":
-                    ids.append(row.id)  # type: ignore[arg-type]
+                    ids.append(saved_id(row))
         return ids
 
     def seen_payments(self, coins: list[str]) -> list[TopupPayment]:
         with self.ctx.db.session() as session:
             return list(
                 session.exec(
-                    select(TopupPayment).where(TopupPayment.status == "seen", TopupPayment.coin.in_(coins))  # type: ignore[attr-defined]
+                    select(TopupPayment).where(col(TopupPayment.status) == "seen", col(TopupPayment.coin).in_(coins))
                 ).all()
             )
 
@@ -412,24 +415,26 @@ class PaymentEngine:
                         )
                     ).first()
                     if gone is not None:
+                        paid = session.get(Topup, gone.topup_id)
+                        assert paid is not None
                         events.emit(
                             session,
                             "topup.payment_dropped",
                             gone.account_id,
-                            topup_event(self.ctx, session, session.get(Topup, gone.topup_id), gone),
+                            topup_event(self.ctx, session, paid, gone),
                             now=self.ctx.clock.now(),
                         )
                 session.execute(
                     sa.update(TopupPayment)
                     .where(
-                        TopupPayment.coin == coin,
-                        TopupPayment.identity == check.identity,
-                        TopupPayment.status == "seen",
+                        col(TopupPayment.coin) == coin,
+                        col(TopupPayment.identity) == check.identity,
+                        col(TopupPayment.status) == "seen",
                     )
                     .values(**values)
                 )
 
-    async def credit_confirmed(self, coin: DepositCoin) -> int:
+    async def credit_confirmed(self, coin: DepositCoin[Any]) -> int:
         """Credit every seen payment of ``coin`` with enough confirmations. Returns how many."""
         ready = [
             p
@@ -445,7 +450,7 @@ class PaymentEngine:
                 except ApiError as exc:
                     log.warning("late %s payment %s waits for a rate: %s", coin.code, payment.identity, exc.message)
                     continue
-            if await to_thread.run_sync(self._credit, payment.id, coin.decimals, rate):
+            if await to_thread.run_sync(self._credit, saved_id(payment), coin.decimals, rate):
                 credited += 1
         return credited
 

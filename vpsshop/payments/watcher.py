@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import col, select
 
 from vpsshop import metrics
 from vpsshop.chains import check_distinct_keys
@@ -49,7 +49,7 @@ class PaymentEngine(Protocol):
     ctx: AppContext
     settings: TopupSettings
 
-    def deposit_coins(self) -> list[DepositCoin]: ...
+    def deposit_coins(self) -> list[DepositCoin[Any]]: ...
 
     def record_payments(
         self, found: list[tuple[str, Found]], topups: dict[tuple[str, str], int], any_coin: dict[str, int] | None = None
@@ -59,9 +59,9 @@ class PaymentEngine(Protocol):
 
     def apply_checks(self, checks: list[PaymentCheck], coin: str) -> None: ...
 
-    async def credit_confirmed(self, coin: DepositCoin) -> int: ...
+    async def credit_confirmed(self, coin: DepositCoin[Any]) -> int: ...
 
-    async def register(self, coin: DepositCoin, topup: Topup) -> None: ...
+    async def register(self, coin: DepositCoin[Any], topup: Topup) -> None: ...
 
 
 log = logging.getLogger("vpsshop.watcher")
@@ -103,7 +103,9 @@ class KeySet:
         low = min([self.last_id, *(i - 1 for i in self.gaps)])
         with engine.ctx.db.session() as session:
             rows = session.execute(
-                sa.select(Topup.id, Topup.coin, Topup.watch_key).where(Topup.id > low).order_by(Topup.id)
+                sa.select(col(Topup.id), col(Topup.coin), col(Topup.watch_key))
+                .where(col(Topup.id) > low)
+                .order_by(col(Topup.id))
             ).all()
         added = 0
         seen_ids = set()
@@ -129,7 +131,7 @@ class Watcher:
 
     def __init__(self, engine: PaymentEngine) -> None:
         self.engine = engine
-        self.groups: dict[str, list[DepositCoin]] = {}
+        self.groups: dict[str, list[DepositCoin[Any]]] = {}
         for coin in engine.deposit_coins():
             if coin.can_scan:
                 self.groups.setdefault(coin.scan_group, []).append(coin)
@@ -221,7 +223,7 @@ class Watcher:
                 credited += await engine.credit_confirmed(coin)
         return found, credited
 
-    async def _register_pending(self, coins: list[DepositCoin]) -> None:
+    async def _register_pending(self, coins: list[DepositCoin[Any]]) -> None:
         for coin in coins:
             rows = await to_thread.run_sync(self._unregistered, coin.code)
             for topup in rows:
@@ -231,7 +233,7 @@ class Watcher:
         with self.engine.ctx.db.session() as session:
             return list(
                 session.exec(
-                    select(Topup).where(Topup.coin == code, Topup.registered.is_(False)).limit(100)  # type: ignore[attr-defined]
+                    select(Topup).where(col(Topup.coin) == code, col(Topup.registered).is_(False)).limit(100)
                 ).all()
             )
 
@@ -254,9 +256,11 @@ class Watcher:
                 except IntegrityError:
                     savepoint.rollback()
                 return
-            same = ScanCursor.cursor.is_(None) if old is None else ScanCursor.cursor == old  # type: ignore[union-attr]
+            same = col(ScanCursor.cursor).is_(None) if old is None else col(ScanCursor.cursor) == old
             session.execute(
-                sa.update(ScanCursor).where(ScanCursor.scan_group == group, same).values(cursor=new, updated_at=now)
+                sa.update(ScanCursor)
+                .where(col(ScanCursor.scan_group) == group, same)
+                .values(cursor=new, updated_at=now)
             )
 
 

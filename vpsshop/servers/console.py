@@ -100,13 +100,13 @@ def _redeem_ticket(ctx: AppContext, server_id: int, ticket: str) -> ServerHandle
         row = session.execute(
             sa.update(ConsoleTicket)
             .where(
-                ConsoleTicket.token_hash == _digest(ticket),
-                ConsoleTicket.server_id == server_id,
+                col(ConsoleTicket.token_hash) == _digest(ticket),
+                col(ConsoleTicket.server_id) == server_id,
                 col(ConsoleTicket.used_at).is_(None),
                 col(ConsoleTicket.expires_at) > now,
             )
             .values(used_at=now)
-            .returning(ConsoleTicket.account_id)
+            .returning(col(ConsoleTicket.account_id))
         ).first()
         if row is None:
             return None

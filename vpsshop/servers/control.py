@@ -12,6 +12,7 @@ from typing import Literal
 
 from anyio import to_thread
 from pydantic import BaseModel, Field, StrictBool
+from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
 import vpsshop.events as events
@@ -30,6 +31,11 @@ POWER_ACTIONS: tuple[PowerAction, ...] = ("start", "stop", "reboot")
 FQDN_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 
 
+def _no_default(schema: JsonDict) -> None:
+    """A field's JSON schema without its default: absent means unchanged."""
+    schema.pop("default", None)
+
+
 class ServerChange(Input):
     """Body of ``PATCH /servers/{id}``: the fields given change, the others stay."""
 
@@ -38,7 +44,7 @@ class ServerChange(Input):
         description="false: the server is not renewed automatically and is "
         "suspended at expires_at unless renewed by hand; absent: unchanged. Only true or false: a string, a "
         "number or null is refused (invalid_auto_renew).",
-        json_schema_extra=lambda schema: schema.pop("default", None),  # absent means unchanged
+        json_schema_extra=_no_default,
     )
     reverse_dns: str | None = Field(
         None,

@@ -35,6 +35,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -42,15 +43,16 @@ import sqlalchemy as sa
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.context import AppContext
+from vpsshop.db import rowcount
 from vpsshop.encryption import decrypt_text
 from vpsshop.errors import PluginError
 from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
-from vpsshop.models import Server
+from vpsshop.models import Server, saved_id
 from vpsshop.servers.credentials import decrypt_password
 from vpsshop.servers.lifecycle import ServersPolicy, enqueue, policy, record
 from vpsshop.servers.models import IpLease, ServerJob
@@ -102,29 +104,29 @@ def claim(ctx: AppContext, worker: str = WORKER_ID) -> ClaimedJob | None:
     lease = now + timedelta(seconds=policy(ctx).job_lease_seconds)
     earlier = aliased(ServerJob)
     runnable = (
-        select(ServerJob.id)
+        select(col(ServerJob.id))
         .where(
             sa.or_(
-                sa.and_(ServerJob.status == "queued", ServerJob.run_after <= now),
-                sa.and_(ServerJob.status == "running", ServerJob.locked_until < now),  # type: ignore[operator]
+                sa.and_(col(ServerJob.status) == "queued", col(ServerJob.run_after) <= now),
+                sa.and_(col(ServerJob.status) == "running", col(ServerJob.locked_until) < now),
             ),
             ~sa.exists().where(
-                earlier.server_id == ServerJob.server_id,
-                earlier.id < ServerJob.id,  # type: ignore[operator]
-                earlier.status.in_(("queued", "running")),  # type: ignore[attr-defined]
+                col(earlier.server_id) == col(ServerJob.server_id),
+                col(earlier.id) < col(ServerJob.id),
+                col(earlier.status).in_(("queued", "running")),
             ),
         )
-        .order_by(ServerJob.run_after, ServerJob.id)
+        .order_by(col(ServerJob.run_after), col(ServerJob.id))
         .limit(1)
     )
     if ctx.db.dialect == "postgresql":
-        runnable = runnable.with_for_update(skip_locked=True, of=ServerJob)  # type: ignore[arg-type]
+        runnable = runnable.with_for_update(skip_locked=True, of=ServerJob)
     with ctx.db.session() as session:
         row = session.execute(
             sa.update(ServerJob)
-            .where(ServerJob.id == runnable.scalar_subquery())
-            .values(status="running", attempts=ServerJob.attempts + 1, locked_until=lease, locked_by=worker)
-            .returning(ServerJob.id, ServerJob.server_id, ServerJob.kind, ServerJob.attempts)
+            .where(col(ServerJob.id) == runnable.scalar_subquery())
+            .values(status="running", attempts=col(ServerJob.attempts) + 1, locked_until=lease, locked_by=worker)
+            .returning(col(ServerJob.id), col(ServerJob.server_id), col(ServerJob.kind), col(ServerJob.attempts))
         ).first()
     if row is None:
         return None
@@ -154,8 +156,8 @@ def reclaim_dead(ctx: AppContext) -> int:
     with ctx.db.session() as session:
         holders = (
             session.execute(
-                sa.select(ServerJob.locked_by)
-                .where(ServerJob.status == "running", ServerJob.locked_until >= now)  # type: ignore[operator]
+                sa.select(col(ServerJob.locked_by))
+                .where(col(ServerJob.status) == "running", col(ServerJob.locked_until) >= now)
                 .distinct()
             )
             .scalars()
@@ -164,11 +166,13 @@ def reclaim_dead(ctx: AppContext) -> int:
         dead = [w for w in holders if w and _provably_dead(w)]
         if not dead:
             return 0
-        freed = session.execute(
-            sa.update(ServerJob)
-            .where(ServerJob.status == "running", ServerJob.locked_by.in_(dead))  # type: ignore[union-attr]
-            .values(locked_until=now - timedelta(seconds=1))
-        ).rowcount
+        freed = rowcount(
+            session.execute(
+                sa.update(ServerJob)
+                .where(col(ServerJob.status) == "running", col(ServerJob.locked_by).in_(dead))
+                .values(locked_until=now - timedelta(seconds=1))
+            )
+        )
     log.warning("freed %d job(s) leased by worker(s) no longer running: %s", freed, ", ".join(dead))
     return freed
 
@@ -177,14 +181,7 @@ def renew_lease(ctx: AppContext, job: ClaimedJob) -> bool:
     """Extend ``job``'s lease by ``servers.job_lease_seconds`` from now; False when it is no longer ours."""
     until = ctx.clock.now() + timedelta(seconds=policy(ctx).job_lease_seconds)
     with ctx.db.session() as session:
-        return (
-            session.execute(
-                sa.update(ServerJob)
-                .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
-                .values(locked_until=until)
-            ).rowcount
-            == 1
-        )
+        return rowcount(session.execute(sa.update(ServerJob).where(_ours(job)).values(locked_until=until))) == 1
 
 
 async def _keep_lease(ctx: AppContext, job: ClaimedJob) -> None:
@@ -201,15 +198,15 @@ async def _keep_lease(ctx: AppContext, job: ClaimedJob) -> None:
             return
 
 
-def _finish(session: Session, job: ClaimedJob, now: datetime, **values: object) -> bool:
-    return (
-        session.execute(
-            sa.update(ServerJob)
-            .where(ServerJob.id == job.id, ServerJob.locked_by == job.worker, ServerJob.status == "running")
-            .values(**values)
-        ).rowcount
-        == 1
+def _ours(job: ClaimedJob) -> sa.ColumnElement[bool]:
+    """``job``'s row while its worker still holds it: running under that worker's lease."""
+    return sa.and_(
+        col(ServerJob.id) == job.id, col(ServerJob.locked_by) == job.worker, col(ServerJob.status) == "running"
     )
+
+
+def _finish(session: Session, job: ClaimedJob, now: datetime, **values: object) -> bool:
+    return rowcount(session.execute(sa.update(ServerJob).where(_ours(job)).values(**values))) == 1
 
 
 def _handle(server: Server) -> ServerHandle:
@@ -260,12 +257,12 @@ def _prepare(ctx: AppContext, server_id: int, status: str = "provisioning") -> t
         return server, spec
 
 
-def _lease_address(session: Session, pool: str, addresses: object, server_id: int, now: datetime) -> str:
+def _lease_address(session: Session, pool: str, addresses: Iterable[str], server_id: int, now: datetime) -> str:
     held = session.exec(select(IpLease).where(IpLease.server_id == server_id)).first()
     if held is not None:
         return held.address
     taken = set(session.exec(select(IpLease.address).where(IpLease.pool == pool)).all())
-    for address in addresses:  # type: ignore[attr-defined]
+    for address in addresses:
         if address in taken:
             continue
         savepoint = session.begin_nested()
@@ -281,7 +278,7 @@ def _lease_address(session: Session, pool: str, addresses: object, server_id: in
 
 def _release_address(ctx: AppContext, server_id: int) -> None:
     with ctx.db.session() as session:
-        session.execute(sa.delete(IpLease).where(IpLease.server_id == server_id))  # type: ignore[arg-type]
+        session.execute(sa.delete(IpLease).where(col(IpLease.server_id) == server_id))
 
 
 async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
@@ -305,19 +302,28 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
         raise PluginError(f"domain {handle.domain} is {state.value} after creation, not running")
     ip = handle.ip or spec.ip
 
+    server_id = saved_id(server)
+
     def activate() -> None:
         now = ctx.clock.now()
         with ctx.db.session() as session:
-            moved = session.execute(
-                sa.update(Server)
-                .where(Server.id == server.id, Server.status == "provisioning")
-                .values(
-                    status="active", ip=ip, host=handle.host, domain=handle.domain, status_reason=None, power="running"
+            moved = rowcount(
+                session.execute(
+                    sa.update(Server)
+                    .where(col(Server.id) == server_id, col(Server.status) == "provisioning")
+                    .values(
+                        status="active",
+                        ip=ip,
+                        host=handle.host,
+                        domain=handle.domain,
+                        status_reason=None,
+                        power="running",
+                    )
                 )
-            ).rowcount
+            )
             if moved:
-                record(session, server.id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")  # type: ignore[arg-type]
-                events.emit(session, "server.active", server.account_id, server_event(session, server.id), now=now)  # type: ignore[arg-type]
+                record(session, server_id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")
+                events.emit(session, "server.active", server.account_id, server_event(session, server_id), now=now)
 
     await to_thread.run_sync(activate)
 
@@ -337,7 +343,9 @@ def cancel_queued_provisioning(session: Session, server_id: int, now: datetime, 
     """Cancel ``server_id``'s provisioning job if it still waits: the server will not be made."""
     session.execute(
         sa.update(ServerJob)
-        .where(ServerJob.server_id == server_id, ServerJob.kind == "provision", ServerJob.status == "queued")  # type: ignore[arg-type]
+        .where(
+            col(ServerJob.server_id) == server_id, col(ServerJob.kind) == "provision", col(ServerJob.status) == "queued"
+        )
         .values(status="cancelled", finished_at=now, locked_until=None, last_error=f"cancelled: {reason}"[:500])
     )
 
@@ -359,15 +367,17 @@ def abandon_provisioning(session: Session, server: Server, now: datetime, reason
     assert server.id is not None
     server_id = server.id
     refunded_note = " The order was refunded."
-    moved = session.execute(
-        sa.update(Server)
-        .where(Server.id == server_id, Server.status == "provisioning")  # type: ignore[arg-type]
-        .values(
-            status="terminated",
-            terminated_at=now,
-            status_reason=reason[: 500 - len(refunded_note)] + refunded_note,
+    moved = rowcount(
+        session.execute(
+            sa.update(Server)
+            .where(col(Server.id) == server_id, col(Server.status) == "provisioning")
+            .values(
+                status="terminated",
+                terminated_at=now,
+                status_reason=reason[: 500 - len(refunded_note)] + refunded_note,
+            )
         )
-    ).rowcount
+    )
     if moved != 1:
         return None
     posting = ledger.post(
@@ -418,11 +428,13 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
         now = ctx.clock.now()
         with ctx.db.session() as session:
             record(session, job.server_id, "reinstalled", now, f"{handle.host} {handle.domain} {spec.os_id}")
-            moved = session.execute(
-                sa.update(Server)
-                .where(Server.id == job.server_id, Server.status == "active")
-                .values(status_reason=None, power="running")
-            ).rowcount
+            moved = rowcount(
+                session.execute(
+                    sa.update(Server)
+                    .where(col(Server.id) == job.server_id, col(Server.status) == "active")
+                    .values(status_reason=None, power="running")
+                )
+            )
             if moved:
                 events.emit(
                     session, "server.reinstalled", server.account_id, server_event(session, job.server_id), now=now
@@ -484,11 +496,13 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
         def powered() -> None:
             with ctx.db.session() as session:
-                moved = session.execute(
-                    sa.update(Server)
-                    .where(Server.id == job.server_id, Server.status != "terminated")
-                    .values(power=_POWER_AFTER[job.kind])
-                ).rowcount
+                moved = rowcount(
+                    session.execute(
+                        sa.update(Server)
+                        .where(col(Server.id) == job.server_id, col(Server.status) != "terminated")
+                        .values(power=_POWER_AFTER[job.kind])
+                    )
+                )
                 event = _POWER_EVENTS.get(job.kind)
                 if moved and event is not None:
                     events.emit(
@@ -502,14 +516,14 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
             def forget() -> None:
                 with ctx.db.session() as session:
-                    session.execute(sa.update(Server).where(Server.id == job.server_id).values(reverse_dns=None))
+                    session.execute(sa.update(Server).where(col(Server.id) == job.server_id).values(reverse_dns=None))
 
             await to_thread.run_sync(forget)
         await to_thread.run_sync(_release_address, ctx, job.server_id)
 
         def destroyed() -> None:
             with ctx.db.session() as session:
-                session.execute(sa.update(Server).where(Server.id == job.server_id).values(power=None))
+                session.execute(sa.update(Server).where(col(Server.id) == job.server_id).values(power=None))
                 record(
                     session,
                     job.server_id,

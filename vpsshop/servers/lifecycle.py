@@ -33,16 +33,17 @@ import calendar
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.context import AppContext
+from vpsshop.db import rowcount
 from vpsshop.errors import Conflict
 from vpsshop.models import Server
 from vpsshop.servers.models import ServerEvent, ServerJob
@@ -52,7 +53,7 @@ from vpsshop.settings import ServersSettings
 log = logging.getLogger("vpsshop.servers")
 
 CYCLE_MONTHS = {"monthly": 1, "annual": 12}
-DEFAULT_CYCLE = "monthly"
+DEFAULT_CYCLE: Final = "monthly"
 
 
 ServersPolicy = ServersSettings
@@ -176,16 +177,18 @@ def renew(session: Session, server: Server, now: datetime, *, by: str, periods: 
     resumed = server.status == "suspended"
     if resumed:
         values.update(status="active", suspended_at=None, status_reason=None, suspended_by=None)
-    moved = session.execute(
-        sa.update(Server)
-        .where(
-            Server.id == server.id,
-            Server.expires_at == old_expiry,
-            Server.status.in_(("active", "suspended")),  # type: ignore[attr-defined]
-            sa.or_(Server.suspended_by.is_(None), Server.suspended_by != "admin"),  # type: ignore[union-attr]
+    moved = rowcount(
+        session.execute(
+            sa.update(Server)
+            .where(
+                col(Server.id) == server.id,
+                col(Server.expires_at) == old_expiry,
+                col(Server.status).in_(("active", "suspended")),
+                sa.or_(col(Server.suspended_by).is_(None), col(Server.suspended_by) != "admin"),
+            )
+            .values(**values)
         )
-        .values(**values)
-    ).rowcount
+    )
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
         raise RenewalRaced()
     record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
@@ -203,8 +206,8 @@ class RenewalRaced(Exception):
     """A conditional update found the row changed; the transaction is rolled back and retried."""
 
 
-def _due(session: Session, where: Any, limit: int = 200) -> list[Server]:
-    return list(session.exec(select(Server).where(where).order_by(Server.id).limit(limit)).all())  # type: ignore[arg-type]
+def _due(session: Session, where: sa.ColumnElement[bool], limit: int = 200) -> list[Server]:
+    return list(session.exec(select(Server).where(where).order_by(col(Server.id)).limit(limit)).all())
 
 
 def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
@@ -212,10 +215,14 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
     horizon = now + timedelta(hours=pol.renew_lead_hours)
     with ctx.db.session() as session:
         candidates = _due(
-            session, sa.and_(Server.status == "active", Server.auto_renew.is_(True), Server.expires_at <= horizon)
-        )  # type: ignore[attr-defined]
+            session,
+            sa.and_(
+                col(Server.status) == "active", col(Server.auto_renew).is_(True), col(Server.expires_at) <= horizon
+            ),
+        )
     done = 0
     for server in candidates:
+        assert server.id is not None
         if server.expires_at - renew_lead(pol, server) > now:
             continue
         try:
@@ -232,14 +239,14 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
                 if record(
                     session,
                     server.id,
-                    "renewal_failed",  # type: ignore[arg-type]
+                    "renewal_failed",
                     now,
                     exc.message,
                     once_key=f"renewal_failed:{server.id}:{server.expires_at.isoformat()}",
                 ):
                     events.emit(
                         session, "server.renewal_failed", server.account_id, server_event(session, server.id), now=now
-                    )  # type: ignore[arg-type]
+                    )
         except RenewalRaced:
             continue
     return done
@@ -248,21 +255,28 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
 def _suspend_expired(ctx: AppContext, now: datetime) -> int:
     done = 0
     with ctx.db.session() as session:
-        for server in _due(session, sa.and_(Server.status == "active", Server.expires_at <= now)):  # type: ignore[arg-type]
-            moved = session.execute(
-                sa.update(Server)
-                .where(Server.id == server.id, Server.status == "active", Server.expires_at == server.expires_at)
-                .values(
-                    status="suspended",
-                    suspended_at=now,
-                    suspended_by="nonpayment",
-                    status_reason="The paid period ended and the balance did not cover a renewal.",
+        for server in _due(session, sa.and_(col(Server.status) == "active", col(Server.expires_at) <= now)):
+            assert server.id is not None
+            moved = rowcount(
+                session.execute(
+                    sa.update(Server)
+                    .where(
+                        col(Server.id) == server.id,
+                        col(Server.status) == "active",
+                        col(Server.expires_at) == server.expires_at,
+                    )
+                    .values(
+                        status="suspended",
+                        suspended_at=now,
+                        suspended_by="nonpayment",
+                        status_reason="The paid period ended and the balance did not cover a renewal.",
+                    )
                 )
-            ).rowcount
+            )
             if moved == 1:
-                record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")  # type: ignore[arg-type]
-                events.emit(session, "server.suspended", server.account_id, server_event(session, server.id), now=now)  # type: ignore[arg-type]
-                enqueue(session, server.id, "suspend", now)  # type: ignore[arg-type]
+                record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")
+                events.emit(session, "server.suspended", server.account_id, server_event(session, server.id), now=now)
+                enqueue(session, server.id, "suspend", now)
                 done += 1
     return done
 
@@ -271,20 +285,27 @@ def _terminate_overdue(ctx: AppContext, pol: ServersPolicy, now: datetime) -> in
     cutoff = now - timedelta(days=pol.grace_days)
     done = 0
     with ctx.db.session() as session:
-        for server in _due(session, sa.and_(Server.status == "suspended", Server.expires_at <= cutoff)):  # type: ignore[arg-type]
-            moved = session.execute(
-                sa.update(Server)
-                .where(Server.id == server.id, Server.status == "suspended", Server.expires_at == server.expires_at)
-                .values(
-                    status="terminated",
-                    terminated_at=now,
-                    status_reason=f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.",
+        for server in _due(session, sa.and_(col(Server.status) == "suspended", col(Server.expires_at) <= cutoff)):
+            assert server.id is not None
+            moved = rowcount(
+                session.execute(
+                    sa.update(Server)
+                    .where(
+                        col(Server.id) == server.id,
+                        col(Server.status) == "suspended",
+                        col(Server.expires_at) == server.expires_at,
+                    )
+                    .values(
+                        status="terminated",
+                        terminated_at=now,
+                        status_reason=f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.",
+                    )
                 )
-            ).rowcount
+            )
             if moved == 1:
-                record(session, server.id, "terminated", now, "grace period over")  # type: ignore[arg-type]
-                events.emit(session, "server.terminated", server.account_id, server_event(session, server.id), now=now)  # type: ignore[arg-type]
-                enqueue(session, server.id, "destroy", now)  # type: ignore[arg-type]
+                record(session, server.id, "terminated", now, "grace period over")
+                events.emit(session, "server.terminated", server.account_id, server_event(session, server.id), now=now)
+                enqueue(session, server.id, "destroy", now)
                 done += 1
     return done
 

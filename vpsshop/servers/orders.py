@@ -13,13 +13,13 @@ import contextlib
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import sqlalchemy as sa
 from anyio import to_thread
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
@@ -33,7 +33,7 @@ from vpsshop.encryption import encrypt_text
 from vpsshop.errors import ApiError, BadRequest, Conflict
 from vpsshop.inputs import Input
 from vpsshop.ledger import InsufficientBalance
-from vpsshop.models import Server
+from vpsshop.models import Server, table_of
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import DEFAULT_CYCLE, period_end
@@ -294,18 +294,43 @@ def _live_servers(session: Session, account_id: int) -> int:
     count = session.execute(
         sa.select(sa.func.count())
         .select_from(Server)
-        .where(Server.account_id == account_id, Server.status != "terminated")  # type: ignore[arg-type]
+        .where(col(Server.account_id) == account_id, col(Server.status) != "terminated")
     ).scalar()
     return int(count or 0)
 
 
-def _insert_order_pg(values: dict[str, Any], default_hostname: bool, detail: str, now: datetime) -> Any:
+class _OrderRow(TypedDict):
+    """The columns an order writes to ``servers``, as one Core insert takes them."""
+
+    account_id: int
+    plan: str
+    location: str
+    os: str
+    hostname: str
+    cycle: str
+    price_micros: int
+    status: str
+    username: str
+    created_at: datetime
+    expires_at: datetime
+    root_password_enc: str
+    idempotency_key: str | None
+    request_digest: str | None
+    auto_renew: bool
+    ssh_keys: str | None
+    user_data_enc: str | None
+
+
+_TABLES = table_of(Server), table_of(ServerEvent), table_of(ServerJob)
+
+
+def _insert_order_pg(values: _OrderRow, default_hostname: bool, detail: str, now: datetime) -> Any:
     """PostgreSQL: the server row, its ``ordered`` event and its ``provision`` job in one statement.
 
     The id is drawn from the table's sequence first, so the default hostname ``vps-<id>`` goes into
     the same insert (elsewhere it takes an insert and an update).
     """
-    servers, events, jobs = Server.__table__, ServerEvent.__table__, ServerJob.__table__  # type: ignore[attr-defined]
+    servers, events, jobs = _TABLES
     fields = {k: v for k, v in values.items() if not (default_hostname and k == "hostname")}
     seq = sa.select(sa.func.nextval(sa.func.pg_get_serial_sequence("servers", "id")).label("n")).cte("n")
     columns: list[Any] = [seq.c.n, *(sa.literal(v, servers.c[k].type) for k, v in fields.items())]
@@ -376,7 +401,7 @@ def _place(ctx: AppContext, customer: Customer, body: OrderInput, key: str | Non
     try:
         with _writers(ctx), ctx.db.session() as session:
             # Core statements, not ORM units of work: this is the hot path of ordering (bench/orders.py).
-            values = dict(
+            values = _OrderRow(
                 account_id=account_id,
                 plan=body.plan,
                 location=body.location,
@@ -402,7 +427,7 @@ def _place(ctx: AppContext, customer: Customer, body: OrderInput, key: str | Non
                 if body.hostname is None:
                     values["hostname"] = f"vps-{server_id}"
             else:
-                server_id = session.execute(sa.insert(Server).values(**values).returning(Server.id)).scalar_one()
+                server_id = session.execute(sa.insert(Server).values(**values).returning(col(Server.id))).scalar_one()
                 if body.hostname is None:
                     values["hostname"] = f"vps-{server_id}"
                     session.execute(sa.update(Server).where(Server.id == server_id).values(hostname=values["hostname"]))

@@ -5,7 +5,7 @@ and reading the account's servers.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, cast
 
 from anyio import to_thread
 from pydantic import BaseModel, Field
@@ -20,6 +20,11 @@ from vpsshop.money import UsdAmount, micros_to_usd
 __all__ = ["ServerList", "ServerOut", "get_server", "list_servers", "owned", "server_event", "server_out"]
 
 
+Cycle = Literal["monthly", "annual"]
+ServerStatus = Literal["provisioning", "active", "suspended", "terminated"]
+Power = Literal["running", "stopped"]
+
+
 class ServerOut(BaseModel):
     """The seed's Server."""
 
@@ -28,9 +33,9 @@ class ServerOut(BaseModel):
     location: str
     os: str
     hostname: str
-    cycle: Literal["monthly", "annual"]
+    cycle: Cycle
     price_usd: UsdAmount = Field(description="Price of one billing cycle, charged at order and at each renewal.")
-    status: Literal["provisioning", "active", "suspended", "terminated"]
+    status: ServerStatus
     ip: str | None = Field(description="Null until the server is active.")
     username: str = Field(description="Login name: root.")
     created_at: datetime
@@ -40,7 +45,7 @@ class ServerOut(BaseModel):
         description="Why the server is suspended or terminated; while a reinstall is under way, that it is "
         "reinstalling (null again once it is done, or why it failed); else null."
     )
-    power: Literal["running", "stopped"] | None = Field(
+    power: Power | None = Field(
         description="Whether the VM is powered on, as the last hypervisor job left it: running once provisioned "
         "and after start, reboot, resume or reinstall; stopped after stop or suspension. Null while provisioning "
         "and once the VM is destroyed (by the job that follows termination). A power action changes it when its "
@@ -51,22 +56,23 @@ class ServerOut(BaseModel):
 
 def server_out(server: Server) -> ServerOut:
     assert server.id is not None
+    # The str columns cycle, status and power hold only the values vpsshop.servers writes (ServerOut checks them).
     return ServerOut(
         id=server.id,
         plan=server.plan,
         location=server.location,
         os=server.os,
         hostname=server.hostname,
-        cycle=server.cycle,  # type: ignore[arg-type]
+        cycle=cast(Cycle, server.cycle),
         price_usd=micros_to_usd(server.price_micros),
-        status=server.status,  # type: ignore[arg-type]
+        status=cast(ServerStatus, server.status),
         ip=server.ip,
         username=server.username,
         created_at=server.created_at,
         expires_at=server.expires_at,
         auto_renew=server.auto_renew,
         status_reason=server.status_reason,
-        power=server.power,  # type: ignore[arg-type]
+        power=cast(Power | None, server.power),
         reverse_dns=server.reverse_dns,
     )
 

@@ -118,7 +118,7 @@ def _add_key(ctx: AppContext, account_id: int, body: SshKeyInput) -> SshKeyOut:
     try:
         with ctx.db.session() as session:
             count = session.execute(
-                sa.select(sa.func.count()).select_from(SshKey).where(SshKey.account_id == account_id)
+                sa.select(sa.func.count()).select_from(SshKey).where(col(SshKey.account_id) == account_id)
             ).scalar_one()
             if count >= MAX_KEYS_PER_ACCOUNT:
                 raise Conflict(

@@ -25,7 +25,8 @@ X402_VERSION = 1
 
 def amount_atomic(coin: X402Coin, amount_micros: int) -> int:
     """The top-up's USD amount in the stablecoin's base units, at par."""
-    return amount_micros * 10**coin.decimals // MICROS_PER_USD
+    atomic: int = amount_micros * 10**coin.decimals // MICROS_PER_USD  # int ** int is Any to typeshed
+    return atomic
 
 
 def requirements(

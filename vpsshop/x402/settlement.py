@@ -34,13 +34,14 @@ from typing import Any
 
 from anyio import to_thread
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, PluginError
+from vpsshop.models import saved_id
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import Topup, X402Record, new_ref
 from vpsshop.payments.resource import topup_event, x402_payment_event
@@ -199,8 +200,8 @@ def _record_before_settling(
                 coin=coin.code,
                 payer=payer,
                 nonce=nonce,
-                topup_id=topup.id,
-                status="settling",  # type: ignore[arg-type]
+                topup_id=saved_id(topup),
+                status="settling",
                 amount_atomic=str(payment.value_atomic),
                 header=header,
                 requirements=json.dumps(reqs),
@@ -217,9 +218,9 @@ def _record_before_settling(
                     X402Record.coin == coin.code, X402Record.payer == payer, X402Record.nonce == nonce
                 )
             ).one()
-            topup = session.get(Topup, record.topup_id)
-            assert topup is not None
-            return record, topup, False
+            paid = session.get(Topup, record.topup_id)
+            assert paid is not None
+            return record, paid, False
 
 
 def _reject(ctx: AppContext, record_id: int | None, code: str) -> None:
@@ -329,6 +330,8 @@ def _open_records(ctx: AppContext, coins: list[str]) -> list[X402Record]:
     with ctx.db.session() as session:
         return list(
             session.exec(
-                select(X402Record).where(X402Record.status == "settling", X402Record.coin.in_(coins)).limit(100)
+                select(X402Record)
+                .where(col(X402Record.status) == "settling", col(X402Record.coin).in_(coins))
+                .limit(100)
             ).all()
-        )  # type: ignore[attr-defined]
+        )
