@@ -341,6 +341,29 @@ def test_the_sqlite_database_is_private(shop):
     assert "Traceback" not in shop.output()
 
 
+def test_no_log_line_holds_a_client_address(shop):
+    """uvicorn logs every WebSocket with the client's address first (issue 22, item 7); the console's
+    socket is the one WebSocket of the shop."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    before = shop.output()
+    url = shop.base.replace("http://", "ws://") + "/servers/1/console/ws?ticket=not-a-ticket"
+    address = httpx.URL(shop.base)
+    sock = socket.create_connection((address.host, address.port))
+    host, port = sock.getsockname()[:2]
+    client = f"{host}:{port}"
+    with connect(url, sock=sock) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    deadline = time.monotonic() + 5
+    while "WebSocket /v1/servers/1/console/ws" not in shop.output()[len(before) :] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new = shop.output()[len(before) :]
+    assert '"WebSocket /v1/servers/1/console/ws?ticket=***\\" [accepted]' in new, new  # logged, scrubbed
+    assert client not in new and f"{address.host}:" not in new, new
+
+
 # ---- 3: account creation's memory is bounded ---------------------------------------------------------
 
 
