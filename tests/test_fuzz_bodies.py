@@ -1,6 +1,8 @@
 """Property-based fuzzing of every endpoint that reads a body: whatever arrives (any JSON, broken
 JSON, odd bytes, wrong content types, duplicate keys, deep nesting, huge numbers), the answer is
-never a 5xx, every error is the error body, and nothing in the ledger moves on a 4xx."""
+never a 5xx, every error is the error body, and nothing in the ledger moves on a 4xx. The same for
+every path with an id, the console's WebSocket included: any number in the id's place is a 4xx (or a
+refused handshake), never a 5xx."""
 
 from __future__ import annotations
 
@@ -114,5 +116,41 @@ def test_no_body_gets_a_5xx_or_moves_the_ledger_on_a_4xx(vpsshop_client, vpsshop
             body = response.json()
             assert isinstance(body.get("error"), str) and isinstance(body.get("message"), str) and body["message"]
             assert _ledger(ctx) == before, (route.method, path, content[:200], response.text)
+
+    one()
+
+
+path_ids = st.one_of(
+    st.integers(min_value=0, max_value=2**31 + 10),
+    st.integers(min_value=2**31 - 3, max_value=2**31 + 3),  # the database's integer ends here
+    st.integers(min_value=0, max_value=10**40),
+    st.sampled_from([2**63 - 1, 2**63, 2**64, 10**18 - 1, 10**18]),
+).map(str) | st.sampled_from(["00000000001", "0" * 30, "1e3", "-1", "%31", "1.0"])
+
+
+def test_no_path_id_gets_a_5xx(vpsshop_client, vpsshop_account):
+    from starlette.websockets import WebSocketDisconnect
+
+    ctx = vpsshop_client.app.state.ctx
+    routes = [r for r in ctx.routes if "{id}" in r.path]
+    assert len(routes) >= 10, [r.path for r in routes]
+
+    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None)
+    @hypothesis.given(data=st.data())
+    def one(data: st.DataObject) -> None:
+        route = data.draw(st.sampled_from(routes), label="route")
+        server_id = data.draw(path_ids, label="id")
+        path = "/v1" + route.path.replace("{id}", server_id).replace("{ref}", "x")
+        body = b"{}" if route.body is not None else b""
+        headers = {**vpsshop_account.headers, "Content-Type": "application/json"}
+        response = vpsshop_client.request(route.method, path, headers=headers, content=body)
+        assert response.status_code < 500, (route.method, path, response.text)
+        if response.status_code >= 400:
+            assert isinstance(response.json()["error"], str) and response.json()["message"], response.text
+        try:  # the console's socket: a refused handshake, or closed for the bad ticket; never an error
+            with vpsshop_client.websocket_connect(f"/v1/servers/{server_id}/console/ws?ticket=x") as ws:
+                assert ws.receive()["code"] == 4401
+        except WebSocketDisconnect:
+            pass
 
     one()

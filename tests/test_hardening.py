@@ -405,3 +405,57 @@ def test_rate_unavailable_names_the_coin_only(vpsshop_client, caplog):
         "message": "No current BTC/USD exchange rate; try again shortly.",
     }
     assert "rates.internal" in caplog.text
+
+
+# ---- issue 22, item 4: the console route's ids ------------------------------------------------------
+
+
+def _console_handshake(client, path: str) -> int:
+    """The close code of a console WebSocket at ``path``: 4401 after the handshake (a bad ticket), or
+    the code of a handshake refused before it (the route did not match)."""
+    from starlette.websockets import WebSocketDisconnect
+
+    try:
+        with client.websocket_connect(path) as ws:
+            message = ws.receive()
+            assert message["type"] == "websocket.close", message
+            return message["code"]
+    except WebSocketDisconnect as refused:
+        return refused.code
+
+
+def test_console_ids_past_the_database_integer_are_refused_before_the_database(vpsshop_client, caplog):
+    """Ids are PostgreSQL ``integer`` columns: 2**31 and up failed there (DataError), 2**63 and up on
+    SQLite too (OverflowError), each a plain-text 500 before any authentication."""
+    caplog.set_level(logging.INFO)
+    for server_id in (2**31, 2**31 + 1, 2**63, 2**64, 10**19, 10**40):
+        code = _console_handshake(vpsshop_client, f"/v1/servers/{server_id}/console/ws?ticket=x")
+        assert code != 4401, server_id  # refused at the route, before the ticket (or the database) is read
+    for server_id in (0, 1, 2**31 - 1):
+        assert _console_handshake(vpsshop_client, f"/v1/servers/{server_id}/console/ws?ticket=x") == 4401
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_ids_past_the_database_integer_are_404_everywhere(vpsshop_client, vpsshop_account):
+    for server_id in (2**31, 3_000_000_000, 999_999_999_999_999_999):
+        for method, path in (("GET", "/v1/servers/{}"), ("DELETE", "/v1/keys/{}"), ("GET", "/v1/webhooks/{}")):
+            answer = vpsshop_client.request(method, path.format(server_id), headers=vpsshop_account.headers)
+            error_body(answer, 404, "not_found")
+    answer = vpsshop_client.post(
+        "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "ssh_keys": [2**31]}
+    )
+    error_body(answer, 400, "invalid_ssh_keys")
+    spec = vpsshop_client.get("/v1/openapi.json").json()["paths"]["/servers/{id}"]["get"]["parameters"]
+    assert [p["schema"]["maximum"] for p in spec if p["name"] == "id"] == [2**31 - 1]
+
+
+def test_console_ids_past_the_database_integer_are_no_500_from_the_server(shop):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    for server_id in (2**31, 2**63, 10**30):
+        url = shop.base.replace("http://", "ws://") + f"/servers/{server_id}/console/ws?ticket=x"
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, open_timeout=10)
+        assert refused.value.response.status_code == 403, refused.value.response
+    assert "Traceback" not in shop.output()

@@ -31,11 +31,17 @@ from vpsshop.errors import ApiError, BadRequest, Unauthorized
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
 
+INT32_MAX = 2**31 - 1
+_ID_DIGITS = (  # 0 to 2147483647 (INT32_MAX) in decimal: 1 to 9 digits, or 10 digits not above it
+    "[0-9]{1,9}|1[0-9]{9}|20[0-9]{8}|21[0-3][0-9]{7}|214[0-6][0-9]{6}|2147[0-3][0-9]{5}|21474[0-7][0-9]{4}"
+    "|214748[0-2][0-9]{3}|2147483[0-5][0-9]{2}|21474836[0-3][0-9]|214748364[0-7]"
+)
+
 
 class IdConvertor(Convertor[int]):
-    """Path ids: 1 to 18 digits, so an id always fits a 64-bit column (longer is a 404)."""
+    """Path ids: 0 to ApiRoute.MAX_ID, so an id always fits the id columns (anything else is a 404)."""
 
-    regex = "[0-9]{1,18}"
+    regex = _ID_DIGITS
 
     def convert(self, value: str) -> int:
         return int(value)
@@ -184,7 +190,8 @@ class ApiRoute:
     tags: tuple[str, ...] = ()
     operation_id: str = ""
 
-    MAX_ID: ClassVar[int] = 2**63 - 1
+    MAX_ID: ClassVar[int] = INT32_MAX
+    """The largest id: ids are PostgreSQL ``integer`` columns (SQLite's hold more, PostgreSQL's do not)."""
 
     def starlette_path(self) -> str:
         return self.path.replace("{id}", "{id:id}")

@@ -173,7 +173,8 @@ async def _why_no_console(ctx: AppContext, server_id: int, handle: ServerHandle)
 
 
 def websocket_route(prefix: str) -> WebSocketRoute:
-    return WebSocketRoute(prefix + WS_PATH.replace("{id}", "{id:int}"), console_socket)
+    # {id:id}: an id past the database's integer never reaches it (the handshake is refused before the ticket)
+    return WebSocketRoute(prefix + WS_PATH.replace("{id}", "{id:id}"), console_socket)
 
 
 def routes() -> list[ApiRoute]:
