@@ -303,6 +303,32 @@ def test_trailing_slash_does_not_redirect_to_the_host_header(shop):
         response = httpx.get(shop.base.removesuffix("/v1") + path, headers={"Host": "evil.example"})
         error_body(response, 404, "not_found")
         assert "location" not in response.headers and "evil.example" not in response.text
+    for path in ("/dashboard/keys/", "/dashboard/servers/", "/dashboard/signin/", "/dashboard/servers/1/"):
+        for method in ("GET", "POST"):  # the dashboard too (issue 22, item 5): its 404 page, no redirect
+            response = httpx.request(method, shop.base.removesuffix("/v1") + path, headers={"Host": "evil.example"})
+            assert response.status_code == 404 and "location" not in response.headers, (method, path, response.headers)
+            assert response.headers["content-type"].startswith("text/html")
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+
+
+def test_no_dashboard_answer_points_to_another_host(vpsshop_client):
+    """Every dashboard route, with and without a trailing slash, GET and POST, signed out: a redirect
+    is relative (to the dashboard's own pages), never built from the Host header."""
+    mount = next(r for r in vpsshop_client.app.routes if getattr(r, "path", "") == "/dashboard")
+    paths = [
+        "/dashboard" + route.path.replace("{id:id}", "1").replace("{ref}", "x").replace("{name}", "x")
+        for route in mount.routes
+    ]
+    assert len(paths) > 30
+    for path in {*paths, *(p.rstrip("/") + "/" for p in paths), "/dashboard", "/"}:
+        for method in ("GET", "POST"):
+            answer = vpsshop_client.request(
+                method, path, headers={"Host": "evil.example", "Accept": "text/html"}, follow_redirects=False
+            )
+            location = answer.headers.get("location", "/")
+            assert location.startswith("/") and not location.startswith("//"), (method, path, location)
+            assert answer.status_code < 500 and answer.headers["x-content-type-options"] == "nosniff", (method, path)
 
 
 def test_a_slow_body_is_cut_off_with_408(shop):

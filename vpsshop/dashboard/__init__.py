@@ -21,11 +21,13 @@ def mount(ctx: AppContext) -> Mount | None:
     settings = ctx.settings.dashboard
     if not settings.enabled:
         return None
-    from starlette.routing import Mount
+    from starlette.routing import Mount, Router
 
     from vpsshop.dashboard.pages import routes
     from vpsshop.dashboard.web import Dashboard
 
     dash = Dashboard(ctx, settings.path)
     ctx.dashboard = dash
-    return Mount(settings.path, routes=routes(dash))
+    # No trailing-slash redirects (as for the API): Starlette builds them from the Host header, which the
+    # client chooses. /dashboard/keys/ is the dashboard's 404 page, with its security headers.
+    return Mount(settings.path, app=Router(routes(dash), redirect_slashes=False))
