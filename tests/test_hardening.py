@@ -485,3 +485,112 @@ def test_console_ids_past_the_database_integer_are_no_500_from_the_server(shop):
             connect(url, open_timeout=10)
         assert refused.value.response.status_code == 403, refused.value.response
     assert "Traceback" not in shop.output()
+
+
+# ---- issue 22, items 2 and 3: user data's nesting and numbers -----------------------------------------
+
+DEEP_USER_DATA = {
+    "flow lists": lambda n: "deep: " + "[" * n + "]" * n,
+    "flow mappings": lambda n: "deep: " + "{a: " * n + "}" * n,
+    "mixed flow": lambda n: "deep: " + "[{a: " * (n // 2) + "}]" * (n // 2),
+    "block lists": lambda n: "deep:\n" + "".join(" " * i + "- \n" for i in range(min(n, 180))),
+    "compact block lists": lambda n: "- " * n + "x",
+    "flow in block": lambda n: "a:\n  b:\n    - " + "[" * n + "]" * n,
+}
+
+
+@pytest.mark.parametrize("form", DEEP_USER_DATA)
+def test_deeply_nested_user_data_is_refused_at_once(vpsshop_client, vpsshop_account, form):
+    """Flow collections 1,000 to 8,000 deep took PyYAML 2 to 28 s each; the scanner now stops at 64."""
+    from vpsshop.cloudinit import InvalidInput, check_user_data
+
+    for depth in (65, 1_000, 8_000):
+        text = "#cloud-config\n" + DEEP_USER_DATA[form](depth) + "\n"
+        if len(text) > 16_384:
+            continue
+        started = time.perf_counter()
+        with pytest.raises(InvalidInput, match="more than 64 levels deep"):
+            check_user_data(text)
+        assert time.perf_counter() - started < 0.05, (form, depth, time.perf_counter() - started)
+        body = error_body(
+            vpsshop_client.post(
+                "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": text}
+            ),
+            400,
+            "invalid_user_data",
+        )
+        assert "64 levels" in body["message"] or "at most 16384" in body["message"]
+    at_limit = "#cloud-config\nruncmd:\n  - " + "[" * 62 + "]" * 62 + "\n"  # mapping, list, 62 more: 64
+    assert (
+        vpsshop_client.post(
+            "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": at_limit}
+        ).status_code
+        == 200
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "9" * 4301,
+        "-" + "9" * 4400,
+        "1_" + "0" * 4300,
+        "0x" + "f" * 3600,  # hexadecimal: Python reads it, but it has more than 4,300 decimal digits
+        "0b" + "1" * 14_300,
+        "1" + ":59" * 2500,  # sexagesimal (YAML 1.1)
+    ],
+)
+def test_an_integer_past_4300_digits_is_400_not_500(vpsshop_client, vpsshop_account, value, caplog):
+    vpsshop_account.credit("10")
+    text = f"#cloud-config\nnumber: {value}\n"
+    for path in ("/v1/servers/quote", "/v1/servers"):
+        body = error_body(
+            vpsshop_client.post(path, headers=vpsshop_account.headers, json={**ORDER, "user_data": text}),
+            400,
+            "invalid_user_data",
+        )
+        assert "more than 4300 digits" in body["message"]
+    assert vpsshop_client.get("/v1/account", headers=vpsshop_account.headers).json()["balance_usd"] == 10
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_user_data_the_seed_could_not_hold_is_refused_and_the_rest_accepted(vpsshop_client, vpsshop_account):
+    from vpsshop.cloudinit import compose_user_data
+
+    for text, says in (
+        ("#cloud-config\nwhen: 2001-13-45\n", "not valid"),  # a date YAML resolves and Python cannot make
+        ("#cloud-config\n2001-01-01: new year\n", "key that is not text"),  # json cannot write a date key
+        ("#cloud-config\n!!binary aGk=: x\n", "key that is not text"),
+    ):
+        body = error_body(
+            vpsshop_client.post(
+                "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": text}
+            ),
+            400,
+            "invalid_user_data",
+        )
+        assert says in body["message"], body
+    for text in (
+        "#cloud-config\nnumber: " + "9" * 4300 + "\n",
+        "#cloud-config\nwhen: 2001-01-01\nblob: !!binary aGk=\n1: one\n",
+    ):
+        quote = vpsshop_client.post(
+            "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": text}
+        )
+        assert quote.status_code == 200, quote.text
+        assert compose_user_data({"hostname": "h"}, text).startswith("#cloud-config\n")  # the seed can be made
+
+
+def test_an_8000_deep_quote_is_refused_in_under_50_ms_by_the_server(shop):
+    account = httpx.post(f"{shop.base}/account").json()
+    headers = {"Authorization": f"Bearer {account['api_key']}"}
+    text = "#cloud-config\ndeep: " + "[" * 8000 + "]" * 8000 + "\n"
+    took = []
+    with httpx.Client(base_url=shop.base, headers=headers) as client:
+        client.get("/account")  # the connection is open before the clock starts
+        for _ in range(5):
+            started = time.perf_counter()
+            answer = client.post("/servers/quote", json={**ORDER, "user_data": text})
+            took.append(time.perf_counter() - started)
+            error_body(answer, 400, "invalid_user_data")
+    assert sorted(took)[2] < 0.05, took  # the median of five
