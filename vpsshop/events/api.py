@@ -86,8 +86,8 @@ class EventList(BaseModel):
 
 
 URL_PATTERN = r"^https?://[^\s/?#@]+(?:[/?#]\S*)?$"
-"""An http(s) URL with a host and no user name or password (the schema's part of the rule; the rest,
-such as private addresses, is checked when the endpoint is registered and at every delivery)."""
+"""An http(s) URL with a host and no user name or password: the schema's part of the rule, documented
+only; normalize_url checks all of it in words when the endpoint is registered (and every delivery)."""
 
 
 class WebhookBody(ApiModel):
@@ -96,8 +96,7 @@ class WebhookBody(ApiModel):
     url: str = Field(
         min_length=1,
         max_length=2000,
-        pattern=URL_PATTERN,
-        json_schema_extra={"format": "uri"},
+        json_schema_extra={"format": "uri", "pattern": URL_PATTERN},
         description="Where to POST events. https (the sandbox also allows http and loopback); no "
         "user name or password; a private, loopback or link-local address is refused (invalid_url).",
     )
@@ -120,7 +119,7 @@ class WebhookPatch(ApiModel):
     """Body of ``PATCH /webhooks/{id}``: any of the fields."""
 
     url: str | None = Field(
-        None, min_length=1, max_length=2000, pattern=URL_PATTERN, json_schema_extra={"format": "uri"}
+        None, min_length=1, max_length=2000, json_schema_extra={"format": "uri", "pattern": URL_PATTERN}
     )
     event_types: list[str] | None = Field(
         None, min_length=1, max_length=50, json_schema_extra={"items": {"type": "string", "enum": PATTERNS}}
