@@ -22,6 +22,8 @@ JSON_TYPES = [
     None,
     "application/x-www-form-urlencoded",
     "application/merge-patch+json",
+    "application/json-patch+json",
+    "application/vnd.api+json",
 ]
 
 scalars = st.one_of(
@@ -113,6 +115,9 @@ def test_no_body_gets_a_5xx_or_moves_the_ledger_on_a_4xx(vpsshop_client, vpsshop
         before = _ledger(ctx)
         response = vpsshop_client.request(route.method, path, headers=sent, content=content)
         assert response.status_code < 500, (route.method, path, content[:200], response.text)
+        media = (content_type or "").split(";")[0].strip().lower()
+        if content.strip() and media != "application/json":  # no other type is taken as JSON
+            assert response.status_code in (415, 429), (content_type, response.text)
         if response.status_code >= 400:
             assert response.headers["content-type"].startswith("application/json"), response.headers
             body = response.json()

@@ -89,8 +89,49 @@ def test_booleans_are_strict(vpsshop_client, vpsshop_account):
     assert done.status_code == 200 and done.json()["auto_renew"] is False
 
 
+def test_integers_are_strict_in_every_body(vpsshop_client, vpsshop_account):
+    """A number field takes a JSON number: not true, not "3" (issue 22, item 8: periods took both)."""
+    vpsshop_account.credit("10")
+    server = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers, json=ORDER).json()["server"]
+    checked = []
+    for route in vpsshop_client.app.state.ctx.routes:
+        if route.body is None:
+            continue
+        for name, field in route.body.model_json_schema()["properties"].items():
+            kinds = [field, *field.get("anyOf", [])]
+            if any(k.get("type") == "integer" for k in kinds):
+                values = (True, "3", 3.0)
+            elif any(k.get("type") == "array" and k.get("items", {}).get("type") == "integer" for k in kinds):
+                values = ([True], ["3"], [3.0])
+            else:
+                continue
+            path = "/v1" + route.path.replace("{id}", str(server["id"]))
+            valid = {k: v for k, v in ORDER.items() if k in route.body.model_fields}  # the other required fields
+            for value in values:
+                answer = vpsshop_client.request(
+                    route.method, path, headers=vpsshop_account.headers, json={**valid, name: value}
+                )
+                error_body(answer, 400, f"invalid_{name}")
+            checked.append(f"{route.method} {route.path} {name}")
+    wanted = {"POST /servers/{id}/renew periods", "POST /servers/{id}/renew/quote periods", "POST /servers ssh_keys"}
+    assert wanted <= set(checked), checked
+    quote = vpsshop_client.post(
+        f"/v1/servers/{server['id']}/renew/quote", headers=vpsshop_account.headers, json={"periods": 3}
+    )
+    assert quote.status_code == 409 and quote.json()["error"] == "server_not_renewable"  # the number passed the body
+
+
 def test_a_body_must_be_sent_as_json(vpsshop_client, vpsshop_account):
-    for content_type in (None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+    for content_type in (
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json-patch+json",  # another meaning (RFC 6902): not taken as a body of this API
+        "application/merge-patch+json",
+        "application/vnd.api+json",
+        "application/jsonx",
+    ):
         headers = dict(vpsshop_account.headers)
         if content_type:
             headers["Content-Type"] = content_type

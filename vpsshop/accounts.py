@@ -207,9 +207,9 @@ def check_login_token(ctx: AppContext, token: str, client: str) -> tuple[int, bo
     """The account of a login token and whether it has two-factor on.
 
     Failed attempts are counted per client address (``[signin]`` settings); over the limit every
-    attempt from that address is refused until the window ends, before any hash is computed. An
-    attempt is counted before it is checked and given back when it succeeds, so attempts sent
-    together cannot slip past the limit.
+    attempt from that address is refused until enough have slid out of the window, before any hash
+    is computed. An attempt is counted before it is checked and given back when it succeeds, so
+    attempts sent together cannot slip past the limit.
 
     :raises Unauthorized: the token is not valid.
     :raises RateLimited: too many failed sign-ins from ``client``.

@@ -36,6 +36,12 @@ class Unauthorized(ApiError):
         super().__init__(401, "unauthorized", message)
 
 
+class BadApiKey(Unauthorized):
+    """An ``Authorization`` header was sent and holds no valid key (malformed, unknown or revoked):
+    what the failed-authentication limit counts. A request without the header is refused without
+    counting: it guessed nothing."""
+
+
 class NotFound(ApiError):
     def __init__(self, what: str = "resource") -> None:
         super().__init__(404, "not_found", f"No such {what}.")

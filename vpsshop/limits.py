@@ -4,8 +4,9 @@
 
 * **per client address**: ``POST /v1/account`` (``signups_per_client`` per ``signup_window_seconds``)
   and failed API-key authentications (``auth_failures_per_client`` per
-  ``auth_failure_window_seconds``; once over, that address's requests with an API key are refused
-  until the window ends). ``POST /v1/login`` has its own limit on failed sign-ins (``[signin]``).
+  ``auth_failure_window_seconds``: an Authorization header without a valid key; once over, that
+  address's requests with an API key are refused for the Retry-After given). ``POST /v1/login``
+  has its own limit on failed sign-ins (``[signin]``).
   The client address is the TCP peer, or ``X-Forwarded-For`` when the peer is one of
   ``[server] forwarded_allow_ips`` (uvicorn rewrites the peer; nothing else reads the header).
 * **per account**: every authenticated write (``POST``, ``PUT``, ``PATCH``, ``DELETE``: top-ups,

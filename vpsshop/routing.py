@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from vpsshop import limits
 from vpsshop.accesslog import ACCOUNT_SCOPE_KEY
 from vpsshop.auth import api_key_digester, parse_bearer
-from vpsshop.errors import ApiError, BadRequest, Unauthorized
+from vpsshop.errors import ApiError, BadApiKey, BadRequest, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -271,7 +271,7 @@ def _handler(route: ApiRoute, ctx: AppContext) -> Callable[[Request], Awaitable[
             limits.auth_blocked(ctx, client)
             try:
                 principal = await authenticate(request, db, digest)
-            except Unauthorized:
+            except BadApiKey:  # a key was sent and is wrong; no Authorization header is no failed key
                 await run_in_threadpool(limits.auth_failed, ctx, client)
                 raise
             request.scope[ACCOUNT_SCOPE_KEY] = principal.account_id  # for the access log
@@ -306,11 +306,11 @@ async def authenticate(request: Request, db: Any, digest: Callable[[str], str]) 
             break
     key = parse_bearer(header)
     if key is None:
-        raise Unauthorized()
+        raise Unauthorized() if header is None else BadApiKey()
     hashed = digest(key)
     row = await db.fetch_one(_AUTH_SQL, {"digest": hashed}, cache_key=hashed)
     if row is None:
-        raise Unauthorized("The API key is unknown or revoked.")
+        raise BadApiKey("The API key is unknown or revoked.")
     # Keyed by the row's values, so it is never staler than the read: the same row, the same caller.
     principal = _PRINCIPALS.get(row)
     if principal is None:
@@ -411,11 +411,11 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 def is_json_media_type(value: str | None) -> bool:
-    """``application/json`` or ``application/<something>+json``, with any parameters."""
+    """``application/json``, with any parameters: the one type the API's bodies are (and OpenAPI
+    documents). ``application/json-patch+json`` and other ``+json`` types mean other things."""
     if not value:
         return False
-    media = value.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    return value.split(";", 1)[0].strip().lower() == "application/json"
 
 
 async def _read_body(request: Request, model: type[ApiModel], required: bool) -> Any:

@@ -114,7 +114,7 @@ class SigninSettings(_Section):
         ge=1,
         le=10_000,
         description="Failed sign-ins one client address may "
-        "make per window; then every attempt from it is refused until the window ends.",
+        "make per (sliding) window; then every attempt from it is refused until enough have slid out of it.",
     )
     client_window_seconds: int = Field(600, ge=1, le=86_400)
     totp_failures_per_account: int = Field(

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from vpsshop.dashboard.web import Page, format_usd
+from vpsshop.dashboard.web import Page, format_usd, whole_number
 from vpsshop.dashboard.words import cycles, friendly, renewal_words
 from vpsshop.errors import ApiError, BadRequest
 from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL
@@ -98,7 +98,7 @@ async def place_order(page: Page) -> Response:
     if form.get("root_password", ""):
         data["root_password"] = form["root_password"]
     if page.values("ssh_keys"):
-        data["ssh_keys"] = page.values("ssh_keys")
+        data["ssh_keys"] = [whole_number(v) for v in page.values("ssh_keys")]
     if page.text("user_data").strip():
         data["user_data"] = page.text("user_data")
     key = form.get("idempotency_key") or None
@@ -197,7 +197,7 @@ async def renew(page: Page) -> Response:
     shows the price of the new count first."""
     server_id = _server_id(page)
     try:
-        periods = page.shop.renew_body(page.form.get("periods", "1"))
+        periods = page.shop.renew_body(whole_number(page.form.get("periods", "").strip() or "1"))
     except ApiError as exc:
         return await server_page(page, status=exc.status, renew_error=friendly(exc))
     if page.form.get("quoted", "1") != str(periods):
@@ -226,7 +226,7 @@ async def renew_quote(page: Page) -> Response:
     page's words."""
     server_id = _server_id(page)
     try:
-        periods = page.shop.renew_body(page.request.query_params.get("periods", "1")[:6])
+        periods = page.shop.renew_body(whole_number(page.request.query_params.get("periods", "").strip()[:6] or "1"))
         server = await page.shop.server(page.account_id, server_id)
         quote = await page.shop.renewal_quote(page.account_id, server_id, periods)
     except ApiError as exc:
@@ -325,7 +325,7 @@ async def reinstall(page: Page) -> Response:
         return await reinstall_form(page, status=refused.status, headers=refused.headers, code_error=refused.message)
     data: dict[str, Any] = {"os": page.form.get("os", "")}
     if page.values("ssh_keys"):
-        data["ssh_keys"] = page.values("ssh_keys")
+        data["ssh_keys"] = [whole_number(v) for v in page.values("ssh_keys")]
     if page.form.get("root_password", ""):
         data["root_password"] = page.form["root_password"]
     if page.text("user_data").strip():

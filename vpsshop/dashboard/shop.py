@@ -253,8 +253,8 @@ class Shop:
 
         return policy(self.ctx).max_prepay_days
 
-    def renew_body(self, periods: str) -> int:
-        return parse(server_api.RenewBody, {"periods": periods.strip() or "1"}).periods  # type: ignore[no-any-return]
+    def renew_body(self, periods: int | str) -> int:
+        return parse(server_api.RenewBody, {"periods": periods}).periods  # type: ignore[no-any-return]
 
     async def renewal_quote(self, account_id: int, server_id: int, periods: int = 1) -> QuoteOut:
         return await run_in_threadpool(server_api.quote_renewal, self.ctx, account_id, server_id, periods)

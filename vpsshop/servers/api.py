@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, Field, StrictBool, StrictInt
 from pydantic.json_schema import SkipJsonSchema
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
@@ -127,7 +127,7 @@ class QuoteBody(OrderBody):
 class RenewBody(ApiModel):
     """Optional body of ``POST /servers/{id}/renew`` and ``POST /servers/{id}/renew/quote``."""
 
-    periods: int = Field(
+    periods: StrictInt = Field(
         1,
         ge=1,
         le=120,

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
@@ -120,7 +120,7 @@ def delete_key(ctx: AppContext, account_id: int, key_id: int) -> None:
         raise NotFound("SSH key on this account")
 
 
-SshKeyId = Annotated[int, Field(ge=1, le=ApiRoute.MAX_ID)]
+SshKeyId = Annotated[StrictInt, Field(ge=1, le=ApiRoute.MAX_ID)]  # a number: not true, not "3"
 """The id of a stored key as a request names it: a database id (a larger number is an unknown key,
 refused by the model instead of overflowing the database's integer)."""
 
