@@ -7,10 +7,8 @@ from __future__ import annotations
 import ast
 import base64
 import json
-import os
 import re
 import secrets
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -189,11 +187,10 @@ def test_the_documented_spend_controls_let_the_pypi_client_pay_in_v1_and_v2(shop
 
 def test_the_documented_spend_controls_let_x402_fetch_pay(shop_402: tuple[dict, str]) -> None:
     """npm @x402/fetch (v2), with the config the docs give, pays the shop's 402; at its defaults it refuses."""
-    from x402_peers import npm_bin
+    from x402_peers import npm_bin, run_node
 
     from vpsshop_x402 import USDCBASE
 
-    env = {**os.environ, "NODE_PATH": str(npm_bin().parent)}
     _, header = shop_402
     core = (npm_bin().parent / "@x402" / "core" / "dist" / "cjs" / "client" / "index.js").read_text()
     assert 'DEFAULT_MAX_AMOUNT_PER_PAYMENT = "$1"' in core and 'DEFAULT_MAX_AMOUNT_PER_PAYMENT = "$1"' in DOC
@@ -202,15 +199,7 @@ def test_the_documented_spend_controls_let_x402_fetch_pay(shop_402: tuple[dict, 
 
     def run(controls: str | None) -> dict:
         request = {"privateKey": "0x" + secrets.token_hex(32), "paymentRequired": header, "spendControls": controls}
-        done = subprocess.run(
-            ["node", str(ROOT / "tests" / "node" / "x402_fetch_spend.cjs")],
-            input=json.dumps(request).encode(),
-            capture_output=True,
-            env=env,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr.decode()[-2000:]
-        return json.loads(done.stdout)
+        return json.loads(run_node("x402_fetch_spend.cjs", request, timeout=120))
 
     refused = run(None)
     assert "maxAmountPerPayment" in refused.get("error", ""), refused
