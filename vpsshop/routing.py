@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
@@ -67,6 +68,16 @@ class ApiModel(BaseModel):
         if error_type == "extra_forbidden":
             return "unknown_field"
         return f"invalid_{field_name}" if field_name else "invalid_request"
+
+
+def _whole_json_number(value: Any) -> Any:
+    if isinstance(value, int | Decimal) and not isinstance(value, bool) and value == int(value):
+        return int(value)  # 3, or 3.0 (a JSON Schema integer too): never true, "3" or 3.5
+    raise PydanticCustomError("int_type", "Input should be a whole JSON number (not text, not true or false)")
+
+
+JsonInt = Annotated[int, BeforeValidator(_whole_json_number)]
+"""An integer field of a body: a JSON number without a fraction, nothing that pydantic would coerce."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import BaseModel, Field, StrictBool
 from pydantic.json_schema import SkipJsonSchema
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
@@ -33,7 +33,7 @@ from vpsshop.errors import ApiError, BadRequest, Conflict, NotFound
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Account, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
-from vpsshop.routing import ApiModel, ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
+from vpsshop.routing import ApiModel, ApiRoute, Call, Header, JsonInt, Reply, idempotency_header, idempotency_key
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
 from vpsshop.servers.lifecycle import (
     DEFAULT_CYCLE,
@@ -127,7 +127,7 @@ class QuoteBody(OrderBody):
 class RenewBody(ApiModel):
     """Optional body of ``POST /servers/{id}/renew`` and ``POST /servers/{id}/renew/quote``."""
 
-    periods: StrictInt = Field(
+    periods: JsonInt = Field(
         1,
         ge=1,
         le=120,

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, Field, WithJsonSchema
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from vpsshop.cloudinit import MAX_PUBLIC_KEY_CHARS, InvalidInput, parse_ssh_public_key
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest, Conflict, NotFound
-from vpsshop.routing import ApiModel, ApiRoute, Call, Reply
+from vpsshop.routing import ApiModel, ApiRoute, Call, JsonInt, Reply
 from vpsshop.servers.models import SshKey
 
 TAG = ("ssh-keys",)
@@ -120,7 +120,11 @@ def delete_key(ctx: AppContext, account_id: int, key_id: int) -> None:
         raise NotFound("SSH key on this account")
 
 
-SshKeyId = Annotated[StrictInt, Field(ge=1, le=ApiRoute.MAX_ID)]  # a number: not true, not "3"
+SshKeyId = Annotated[
+    JsonInt,  # a number: not true, not "3"
+    Field(ge=1, le=ApiRoute.MAX_ID),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": ApiRoute.MAX_ID}),  # pydantic writes ge/le
+]
 """The id of a stored key as a request names it: a database id (a larger number is an unknown key,
 refused by the model instead of overflowing the database's integer)."""
 
