@@ -51,7 +51,7 @@ def test_creating_accounts_in_the_dashboard_counts_against_the_api_signup_limit(
     client.cookies.clear()
     refused = post_form(client, f"{D}/account", page=f"{D}/signin")
     assert refused.status_code == 429
-    assert 0 < int(refused.headers["retry-after"]) <= 3600
+    assert 0 < int(refused.headers["retry-after"]) <= 2 * 3600  # a sliding hour: until enough have slid out
     assert "Too many accounts created from your address. Try again in" in _alert(refused.text)
     assert "login-token" not in refused.text  # no account was made
     api = client.post("/v1/account")
@@ -99,7 +99,7 @@ def test_writes_share_the_api_count_and_the_page_says_when_to_retry(vpsshop_clie
     assert post_form(client, f"{D}/webhooks", webhook).status_code == 201  # 5
     assert post_form(client, f"{D}/keys", {"name": "six"}).status_code == 201  # 6 of 6 a minute
     refused = post_form(client, f"{D}/keys", {"name": "seven"})
-    assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= 60
+    assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= 2 * 60  # a sliding minute
     assert "Too many changes from this account. Try again in" in _alert(refused.text)
     assert "seven" not in client.get(f"{D}/keys").text
     assert client.post("/v1/keys", headers=account.headers).status_code == 429  # the API sees the same count
@@ -107,7 +107,7 @@ def test_writes_share_the_api_count_and_the_page_says_when_to_retry(vpsshop_clie
     assert hooked.status_code == 429 and "Too many changes" in _alert(hooked.text)
     # signing other browsers out is never held back by the write limit
     assert post_form(client, f"{D}/security/sessions/end-others", page=f"{D}/security").status_code == 303
-    vpsshop_clock.advance(seconds=61)
+    vpsshop_clock.advance(seconds=int(hooked.headers["retry-after"]))  # the last refusal's word holds
     assert post_form(client, f"{D}/keys", {"name": "seven"}).status_code == 201
 
 

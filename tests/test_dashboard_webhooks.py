@@ -67,7 +67,8 @@ def test_register_shows_the_secret_once_and_events_arrive_signed(vpsshop_client,
 def test_register_refusals_are_said_in_words(vpsshop_client, me):
     client = vpsshop_client
     cases = [
-        ({"url": "ftp://example.com/x", "event_types": "*"}, "an http:// or https:// address"),
+        ({"url": "ftp://example.com/x", "event_types": "*"}, "URL: the URL must start with https://"),
+        ({"url": "https://user:pw@example.com/x", "event_types": "*"}, "URL: the URL must not carry a user name"),
         ({"url": "http://10.1.2.3/x", "event_types": "*"}, "URL:"),
         ({"url": "http://127.0.0.1:9/x"}, "Choose at least one kind of event."),
     ]

@@ -19,6 +19,7 @@ import pytest
 from served import serve, shop_env
 
 from vpsshop import hookimpl
+from vpsshop.api.spec import spec_of
 from vpsshop.errors import PluginError
 
 ORDER = {"plan": "pup", "location": "nl", "os": "ubuntu-24.04"}
@@ -89,8 +90,50 @@ def test_booleans_are_strict(vpsshop_client, vpsshop_account):
     assert done.status_code == 200 and done.json()["auto_renew"] is False
 
 
+def test_integers_are_strict_in_every_body(vpsshop_client, vpsshop_account):
+    """A number field takes a JSON number: not true, not "3" (issue 22, item 8: periods took both)."""
+    vpsshop_account.credit("10")
+    server = vpsshop_client.post("/v1/servers", headers=vpsshop_account.headers, json=ORDER).json()["server"]
+    checked = []
+    for route in spec_of(vpsshop_client.app.state.ctx).routes:
+        if route.body is None:
+            continue
+        for name, field in route.body.model_json_schema()["properties"].items():
+            kinds = [field, *field.get("anyOf", [])]
+            if any(k.get("type") == "integer" for k in kinds):
+                values = (True, "3", 3.5)
+            elif any(k.get("type") == "array" and k.get("items", {}).get("type") == "integer" for k in kinds):
+                values = ([True], ["3"], [3.5])
+            else:
+                continue
+            path = "/v1" + route.path.replace("{id}", str(server["id"]))
+            valid = {k: v for k, v in ORDER.items() if k in route.body.model_fields}  # the other required fields
+            for value in values:
+                answer = vpsshop_client.request(
+                    route.method, path, headers=vpsshop_account.headers, json={**valid, name: value}
+                )
+                error_body(answer, 400, f"invalid_{name}")
+            checked.append(f"{route.method} {route.path} {name}")
+    wanted = {"POST /servers/{id}/renew periods", "POST /servers/{id}/renew/quote periods", "POST /servers ssh_keys"}
+    assert wanted <= set(checked), checked
+    for whole in (3, 3.0):  # 3.0 is an integer to JSON Schema (schemathesis sends it): taken as 3
+        quote = vpsshop_client.post(
+            f"/v1/servers/{server['id']}/renew/quote", headers=vpsshop_account.headers, json={"periods": whole}
+        )
+        assert quote.status_code == 409 and quote.json()["error"] == "server_not_renewable"  # past the body
+
+
 def test_a_body_must_be_sent_as_json(vpsshop_client, vpsshop_account):
-    for content_type in (None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+    for content_type in (
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json-patch+json",  # another meaning (RFC 6902): not taken as a body of this API
+        "application/merge-patch+json",
+        "application/vnd.api+json",
+        "application/jsonx",
+    ):
         headers = dict(vpsshop_account.headers)
         if content_type:
             headers["Content-Type"] = content_type
@@ -303,6 +346,32 @@ def test_trailing_slash_does_not_redirect_to_the_host_header(shop):
         response = httpx.get(shop.base.removesuffix("/v1") + path, headers={"Host": "evil.example"})
         error_body(response, 404, "not_found")
         assert "location" not in response.headers and "evil.example" not in response.text
+    for path in ("/dashboard/keys/", "/dashboard/servers/", "/dashboard/signin/", "/dashboard/servers/1/"):
+        for method in ("GET", "POST"):  # the dashboard too (issue 22, item 5): its 404 page, no redirect
+            response = httpx.request(method, shop.base.removesuffix("/v1") + path, headers={"Host": "evil.example"})
+            assert response.status_code == 404 and "location" not in response.headers, (method, path, response.headers)
+            assert response.headers["content-type"].startswith("text/html")
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+
+
+def test_no_dashboard_answer_points_to_another_host(vpsshop_client):
+    """Every dashboard route, with and without a trailing slash, GET and POST, signed out: a redirect
+    is relative (to the dashboard's own pages), never built from the Host header."""
+    mount = next(r for r in vpsshop_client.app.routes if getattr(r, "path", "") == "/dashboard")
+    paths = [
+        "/dashboard" + route.path.replace("{id:id}", "1").replace("{ref}", "x").replace("{name}", "x")
+        for route in mount.routes
+    ]
+    assert len(paths) > 30
+    for path in {*paths, *(p.rstrip("/") + "/" for p in paths), "/dashboard", "/"}:
+        for method in ("GET", "POST"):
+            answer = vpsshop_client.request(
+                method, path, headers={"Host": "evil.example", "Accept": "text/html"}, follow_redirects=False
+            )
+            location = answer.headers.get("location", "/")
+            assert location.startswith("/") and not location.startswith("//"), (method, path, location)
+            assert answer.status_code < 500 and answer.headers["x-content-type-options"] == "nosniff", (method, path)
 
 
 def test_a_slow_body_is_cut_off_with_408(shop):
@@ -339,6 +408,29 @@ def test_the_sqlite_database_is_private(shop):
         if extra.exists():
             assert stat.S_IMODE(extra.stat().st_mode) & 0o077 == 0, extra
     assert "Traceback" not in shop.output()
+
+
+def test_no_log_line_holds_a_client_address(shop):
+    """uvicorn logs every WebSocket with the client's address first (issue 22, item 7); the console's
+    socket is the one WebSocket of the shop."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    before = shop.output()
+    url = shop.base.replace("http://", "ws://") + "/servers/1/console/ws?ticket=not-a-ticket"
+    address = httpx.URL(shop.base)
+    sock = socket.create_connection((address.host, address.port))
+    host, port = sock.getsockname()[:2]
+    client = f"{host}:{port}"
+    with connect(url, sock=sock) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    deadline = time.monotonic() + 5
+    while "WebSocket /v1/servers/1/console/ws" not in shop.output()[len(before) :] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new = shop.output()[len(before) :]
+    assert '"WebSocket /v1/servers/1/console/ws?ticket=***\\" [accepted]' in new, new  # logged, scrubbed
+    assert client not in new and f"{address.host}:" not in new, new
 
 
 # ---- 3: account creation's memory is bounded ---------------------------------------------------------
@@ -382,3 +474,166 @@ def test_rate_unavailable_names_the_coin_only(vpsshop_client, caplog):
         "message": "No current BTC/USD exchange rate; try again shortly.",
     }
     assert "rates.internal" in caplog.text
+
+
+# ---- issue 22, item 4: the console route's ids ------------------------------------------------------
+
+
+def _console_handshake(client, path: str) -> int:
+    """The close code of a console WebSocket at ``path``: 4401 after the handshake (a bad ticket), or
+    the code of a handshake refused before it (the route did not match)."""
+    from starlette.websockets import WebSocketDisconnect
+
+    try:
+        with client.websocket_connect(path) as ws:
+            message = ws.receive()
+            assert message["type"] == "websocket.close", message
+            return message["code"]
+    except WebSocketDisconnect as refused:
+        return refused.code
+
+
+def test_console_ids_past_the_database_integer_are_refused_before_the_database(vpsshop_client, caplog):
+    """Ids are PostgreSQL ``integer`` columns: 2**31 and up failed there (DataError), 2**63 and up on
+    SQLite too (OverflowError), each a plain-text 500 before any authentication."""
+    caplog.set_level(logging.INFO)
+    for server_id in (2**31, 2**31 + 1, 2**63, 2**64, 10**19, 10**40):
+        code = _console_handshake(vpsshop_client, f"/v1/servers/{server_id}/console/ws?ticket=x")
+        assert code != 4401, server_id  # refused at the route, before the ticket (or the database) is read
+    for server_id in (0, 1, 2**31 - 1):
+        assert _console_handshake(vpsshop_client, f"/v1/servers/{server_id}/console/ws?ticket=x") == 4401
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_ids_past_the_database_integer_are_404_everywhere(vpsshop_client, vpsshop_account):
+    for server_id in (2**31, 3_000_000_000, 999_999_999_999_999_999):
+        for method, path in (("GET", "/v1/servers/{}"), ("DELETE", "/v1/keys/{}"), ("GET", "/v1/webhooks/{}")):
+            answer = vpsshop_client.request(method, path.format(server_id), headers=vpsshop_account.headers)
+            error_body(answer, 404, "not_found")
+    answer = vpsshop_client.post(
+        "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "ssh_keys": [2**31]}
+    )
+    error_body(answer, 400, "invalid_ssh_keys")
+    spec = vpsshop_client.get("/v1/openapi.json").json()["paths"]["/servers/{id}"]["get"]["parameters"]
+    assert [p["schema"]["maximum"] for p in spec if p["name"] == "id"] == [2**31 - 1]
+
+
+def test_console_ids_past_the_database_integer_are_no_500_from_the_server(shop):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    for server_id in (2**31, 2**63, 10**30):
+        url = shop.base.replace("http://", "ws://") + f"/servers/{server_id}/console/ws?ticket=x"
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, open_timeout=10)
+        assert refused.value.response.status_code == 403, refused.value.response
+    assert "Traceback" not in shop.output()
+
+
+# ---- issue 22, items 2 and 3: user data's nesting and numbers -----------------------------------------
+
+DEEP_USER_DATA = {
+    "flow lists": lambda n: "deep: " + "[" * n + "]" * n,
+    "flow mappings": lambda n: "deep: " + "{a: " * n + "}" * n,
+    "mixed flow": lambda n: "deep: " + "[{a: " * (n // 2) + "}]" * (n // 2),
+    "block lists": lambda n: "deep:\n" + "".join(" " * i + "- \n" for i in range(min(n, 180))),
+    "compact block lists": lambda n: "- " * n + "x",
+    "flow in block": lambda n: "a:\n  b:\n    - " + "[" * n + "]" * n,
+}
+
+
+@pytest.mark.parametrize("form", DEEP_USER_DATA)
+def test_deeply_nested_user_data_is_refused_at_once(vpsshop_client, vpsshop_account, form):
+    """Flow collections 1,000 to 8,000 deep took PyYAML 2 to 28 s each; the scanner now stops at 64."""
+    from vpsshop.cloudinit import InvalidInput, check_user_data
+
+    for depth in (65, 1_000, 8_000):
+        text = "#cloud-config\n" + DEEP_USER_DATA[form](depth) + "\n"
+        if len(text) > 16_384:
+            continue
+        started = time.perf_counter()
+        with pytest.raises(InvalidInput, match="more than 64 levels deep"):
+            check_user_data(text)
+        assert time.perf_counter() - started < 0.05, (form, depth, time.perf_counter() - started)
+        body = error_body(
+            vpsshop_client.post(
+                "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": text}
+            ),
+            400,
+            "invalid_user_data",
+        )
+        assert "64 levels" in body["message"] or "at most 16384" in body["message"]
+    at_limit = "#cloud-config\nruncmd:\n  - " + "[" * 62 + "]" * 62 + "\n"  # mapping, list, 62 more: 64
+    assert (
+        vpsshop_client.post(
+            "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": at_limit}
+        ).status_code
+        == 200
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "9" * 4301,
+        "-" + "9" * 4400,
+        "1_" + "0" * 4300,
+        "0x" + "f" * 3600,  # hexadecimal: Python reads it, but it has more than 4,300 decimal digits
+        "0b" + "1" * 14_300,
+        "1" + ":59" * 2500,  # sexagesimal (YAML 1.1)
+    ],
+)
+def test_an_integer_past_4300_digits_is_400_not_500(vpsshop_client, vpsshop_account, value, caplog):
+    vpsshop_account.credit("10")
+    text = f"#cloud-config\nnumber: {value}\n"
+    for path in ("/v1/servers/quote", "/v1/servers"):
+        body = error_body(
+            vpsshop_client.post(path, headers=vpsshop_account.headers, json={**ORDER, "user_data": text}),
+            400,
+            "invalid_user_data",
+        )
+        assert "more than 4300 digits" in body["message"]
+    assert vpsshop_client.get("/v1/account", headers=vpsshop_account.headers).json()["balance_usd"] == 10
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_user_data_the_seed_could_not_hold_is_refused_and_the_rest_accepted(vpsshop_client, vpsshop_account):
+    from vpsshop.cloudinit import compose_user_data
+
+    for text, says in (
+        ("#cloud-config\nwhen: 2001-13-45\n", "not valid"),  # a date YAML resolves and Python cannot make
+        ("#cloud-config\n2001-01-01: new year\n", "key that is not text"),  # json cannot write a date key
+        ("#cloud-config\n!!binary aGk=: x\n", "key that is not text"),
+    ):
+        body = error_body(
+            vpsshop_client.post(
+                "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": text}
+            ),
+            400,
+            "invalid_user_data",
+        )
+        assert says in body["message"], body
+    for text in (
+        "#cloud-config\nnumber: " + "9" * 4300 + "\n",
+        "#cloud-config\nwhen: 2001-01-01\nblob: !!binary aGk=\n1: one\n",
+    ):
+        quote = vpsshop_client.post(
+            "/v1/servers/quote", headers=vpsshop_account.headers, json={**ORDER, "user_data": text}
+        )
+        assert quote.status_code == 200, quote.text
+        assert compose_user_data({"hostname": "h"}, text).startswith("#cloud-config\n")  # the seed can be made
+
+
+def test_an_8000_deep_quote_is_refused_in_under_50_ms_by_the_server(shop):
+    account = httpx.post(f"{shop.base}/account").json()
+    headers = {"Authorization": f"Bearer {account['api_key']}"}
+    text = "#cloud-config\ndeep: " + "[" * 8000 + "]" * 8000 + "\n"
+    took = []
+    with httpx.Client(base_url=shop.base, headers=headers) as client:
+        client.get("/account")  # the connection is open before the clock starts
+        for _ in range(5):
+            started = time.perf_counter()
+            answer = client.post("/servers/quote", json={**ORDER, "user_data": text})
+            took.append(time.perf_counter() - started)
+            error_body(answer, 400, "invalid_user_data")
+    assert sorted(took)[2] < 0.05, took  # the median of five

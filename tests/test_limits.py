@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from served import VPSSHOP, serve, shop_env
 
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
@@ -65,6 +66,25 @@ def test_limits_hold_across_two_serve_processes(vpsshop_database_url, tmp_path: 
         _limited(httpx.get(f"{b.base}/account", headers=bad))
         _limited(httpx.get(f"{b.base}/account", headers=keys[0]))
         assert httpx.get(f"{a.base}/health").status_code == 200  # unauthenticated reads still answer
+
+
+@pytest.fixture
+def vpsshop_overrides():
+    return {"ratelimit": {"auth_failures_per_client": 3}}
+
+
+def test_only_a_sent_key_that_is_wrong_counts_as_a_failed_key(vpsshop_client, vpsshop_account):
+    """Requests without an Authorization header guessed nothing: a hundred of them used to lock valid
+    keys of that address out (issue 22, item 8)."""
+    for _ in range(20):
+        assert vpsshop_client.get("/v1/account").status_code == 401
+        assert vpsshop_client.post("/v1/keys").status_code == 401
+    assert vpsshop_client.get("/v1/account", headers=vpsshop_account.headers).status_code == 200
+    for bad in ("Bearer vpsk_" + "x" * 43, "Bearer not-a-key", "Basic dXNlcjpwdw=="):  # unknown, malformed
+        answer = vpsshop_client.get("/v1/account", headers={"Authorization": bad})
+        assert answer.status_code == 401 and answer.headers["www-authenticate"].startswith("Bearer")
+    _limited(vpsshop_client.get("/v1/account", headers={"Authorization": "Bearer vpsk_" + "y" * 43}))
+    _limited(vpsshop_client.get("/v1/account", headers=vpsshop_account.headers))  # that address, for now
 
 
 def test_429_is_in_openapi(vpsshop_client):

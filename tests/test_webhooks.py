@@ -6,11 +6,14 @@ same against `vpsshop serve` and `vpsshop worker` processes."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 from sqlmodel import select
 from starlette.testclient import TestClient
@@ -19,7 +22,7 @@ from webhook_receiver import Receiver
 from vpsshop import hookimpl
 from vpsshop.events import delivery, dispatch, outbox, signing
 from vpsshop.events.models import WebhookDelivery, WebhookEndpoint
-from vpsshop.events.sender import InvalidUrl, normalize_url, post
+from vpsshop.events.sender import InvalidUrl, normalize_url, post, refusal
 from vpsshop.events.settings import build_settings
 from vpsshop.testing import create_test_account
 
@@ -317,6 +320,148 @@ def test_url_rules_by_mode() -> None:
     assert normalize_url("https://10.20.1.2/x", allowed) == "https://10.20.1.2/x"
     with pytest.raises(InvalidUrl):
         normalize_url("https://10.21.1.2/x", allowed)
+
+
+# ---- issue 22, items 6 and 10: a host in any spelling is the address it spells --------------------
+
+# 10.1.2.3 (refused in the sandbox too) and 127.0.0.1 (refused in production) as resolvers and IDNA read them
+INTERNAL_SPELLINGS = [
+    "10\u30021\u30022\u30023",  # ideographic full stops
+    "10\uff0e1\uff0e2\uff0e3",  # fullwidth full stops
+    "\uff11\uff10.\uff11.\uff12.\uff13",  # fullwidth digits
+    "012.1.2.3",  # octal
+    "0xa.1.2.3",
+    "0x0A.0x01.0x0203",
+    "10.66051",  # 10.1.515 -> 10.1.2.3
+    "167838211",  # one number
+    "0xa010203",
+    "10.1.2.3.",  # a trailing dot
+    "[2002:a01:203::1]",  # 6to4 of 10.1.2.3
+    "[64:ff9b::a01:203]",  # NAT64 of 10.1.2.3
+    "[::ffff:10.1.2.3]",
+    "0xa9.254.169.254",  # the metadata service
+    "2852039166",
+]
+LOOPBACK_SPELLINGS = [
+    "127\u30020\u30020\u30021",
+    "\uff11\uff12\uff17.\uff10.\uff10.\uff11",
+    "0177.0.0.1",
+    "0x7f.0.0.1",
+    "127.1",
+    "2130706433",
+    "[2002:7f00:1::1]",
+    "[64:ff9b::7f00:1]",
+]
+
+
+def test_a_host_in_unicode_or_numeric_form_is_refused_at_registration(vpsshop_client: TestClient) -> None:
+    account = create_test_account(vpsshop_client)
+    for host in INTERNAL_SPELLINGS:
+        for url in (f"https://{host}:19151/h", f"http://{host}/h"):
+            bad = vpsshop_client.post("/v1/webhooks", headers=account.headers, json={"url": url})
+            assert bad.status_code == 400 and bad.json()["error"] == "invalid_url", (url, bad.text)
+            assert "which webhooks may not reach" in bad.json()["message"], bad.text
+    for host in LOOPBACK_SPELLINGS:
+        with pytest.raises(InvalidUrl, match="loopback address"):
+            normalize_url(f"https://{host}:19151/h", PRODUCTION)
+        if not host.startswith("["):  # the sandbox allows loopback: it is stored as the plain address
+            assert normalize_url(f"http://{host}:19151/h", SANDBOX) == "http://127.0.0.1:19151/h"
+    for url in ("https://127.0.0.1\u200b/h", "https://exa\u200bmple.com/h", "https://example.com/a b"):
+        with pytest.raises(InvalidUrl, match="invisible characters"):
+            normalize_url(url, SANDBOX)
+    assert vpsshop_client.get("/v1/webhooks", headers=account.headers).json()["webhooks"] == []
+    # a public address in an odd spelling is stored as the address
+    assert normalize_url("https://0x08.8.8.8/h", PRODUCTION) == "https://8.8.8.8/h"
+    assert normalize_url("https://\uff18.\uff18.\uff18.\uff18/h", PRODUCTION) == "https://8.8.8.8/h"
+    with pytest.raises(InvalidUrl, match="ends in a number but is not an IPv4 address"):
+        normalize_url("https://hooks.example.123/h", PRODUCTION)
+
+
+def test_6to4_and_nat64_of_an_internal_address_are_refused_at_delivery(receiver: Receiver) -> None:
+    for host in ("[2002:7f00:1::1]", "[64:ff9b::7f00:1]", "[2002:a9fe:a9fe::]"):
+        result = asyncio.run(post(f"http://{host}:{receiver.port}/x", {}, b"{}", PRODUCTION))
+        assert result.outcome == "refused" and "may not reach" in (result.error or ""), (host, result)
+    assert receiver.received == []
+
+
+def test_url_refusals_are_said_in_words(vpsshop_client: TestClient) -> None:
+    account = create_test_account(vpsshop_client)
+    for url, says in (
+        ("https://user:pw@example.com/x", "url: the URL must not carry a user name or password."),
+        ("https://token@example.com/x", "url: the URL must not carry a user name or password."),
+        ("https://100.64.0.1/x", "url: 100.64.0.1 is not a public address, which webhooks may not reach."),
+        ("https://10.0.0.8/x", "url: 10.0.0.8 is a private address, which webhooks may not reach."),
+        ("https://exa mple.com/x", "url: the URL must not contain spaces"),
+    ):
+        bad = vpsshop_client.post("/v1/webhooks", headers=account.headers, json={"url": url})
+        assert bad.status_code == 400 and bad.json()["error"] == "invalid_url", bad.text
+        assert bad.json()["message"].startswith(says), bad.json()["message"]
+        assert "pattern" not in bad.json()["message"] and "^" not in bad.json()["message"]
+    hook = vpsshop_client.post("/v1/webhooks", headers=account.headers, json={"url": "https://hooks.example.com/x"})
+    changed = vpsshop_client.patch(
+        f"/v1/webhooks/{hook.json()['id']}", headers=account.headers, json={"url": "https://u:p@hooks.example.com/x"}
+    )
+    assert changed.status_code == 400 and "user name or password" in changed.json()["message"], changed.text
+    spec = vpsshop_client.get("/v1/openapi.json").json()["components"]["schemas"]["WebhookBody"]["properties"]["url"]
+    assert spec["pattern"].startswith("^https?://")  # still documented for clients and schemathesis
+
+
+# ---- fuzz: spellings of addresses -------------------------------------------------------------------
+
+_DOTS = ["."] * 6 + ["\u3002", "\uff0e", "\uff61"]
+_FULLWIDTH = str.maketrans("0123456789", "\uff10\uff11\uff12\uff13\uff14\uff15\uff16\uff17\uff18\uff19")
+
+
+def _spell(address: int, data: Any) -> str:
+    """``address`` (an IPv4 address as an integer) spelt as resolvers or IDNA read it."""
+    octets = list(address.to_bytes(4, "big"))
+    parts = data.draw(st.sampled_from([4, 3, 2, 1]), label="parts")
+    numbers = [*octets[: parts - 1], int.from_bytes(bytes(octets[parts - 1 :]), "big")]
+    texts = []
+    for number in numbers:
+        form = data.draw(st.sampled_from(["dec", "oct", "hex", "HEX"]), label="form")
+        texts.append(
+            {"dec": str(number), "oct": "0" + format(number, "o"), "hex": hex(number)}.get(form, f"0X{number:X}")
+        )
+    dot = data.draw(st.sampled_from(_DOTS), label="dot")
+    host = dot.join(texts) + data.draw(st.sampled_from(["", "", "."]), label="trailing dot")
+    if data.draw(st.booleans(), label="fullwidth digits"):
+        host = host.translate(_FULLWIDTH)
+    return host
+
+
+def test_fuzz_every_spelling_of_an_internal_address_is_refused_and_of_a_public_one_stored_plain() -> None:
+
+    import hypothesis.strategies as st
+
+    internal = st.sampled_from(["127.0.0.1", "10.1.2.3", "169.254.169.254", "192.168.0.1", "100.64.0.9", "0.0.0.0"])
+    addresses = st.one_of(
+        internal, st.integers(min_value=0, max_value=2**32 - 1).map(lambda n: str(ipaddress.IPv4Address(n)))
+    )
+
+    @hypothesis.settings(max_examples=400, deadline=None, derandomize=True, database=None)
+    @hypothesis.given(address=addresses, data=st.data(), wrap=st.sampled_from(["v4", "v4", "6to4", "nat64", "mapped"]))
+    def one(address: str, data: Any, wrap: str) -> None:
+        ip = ipaddress.IPv4Address(address)
+        if wrap == "v4":
+            host = _spell(int(ip), data)
+        else:
+            v6 = {
+                "6to4": (0x2002 << 112) | (int(ip) << 80),
+                "nat64": (0x64FF9B << 96) | int(ip),
+                "mapped": (0xFFFF << 32) | int(ip),
+            }
+            host = f"[{ipaddress.IPv6Address(v6[wrap])}]"
+        try:
+            stored = normalize_url(f"https://{host}/h", PRODUCTION)
+        except InvalidUrl:
+            stored = None
+        if refusal(address) is not None:  # internal in any spelling: refused at registration
+            assert stored is None, (host, stored)
+        elif wrap == "v4":  # public: stored as the plain address, which delivery checks the same way
+            assert stored == f"https://{address}/h", (host, stored)
+
+    one()
 
 
 # ---- the vpsshop_event hook ----------------------------------------------------------------------

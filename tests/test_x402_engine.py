@@ -10,11 +10,13 @@ and an unknown outcome resolved later through ``settlement_status``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import secrets
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
@@ -48,6 +50,8 @@ class UsdcBook:
         self.used: dict[tuple[str, str], str] = {}
         self.received = 0
         self.fail_after_transfer = False
+        self.settle_seconds = 0.0
+        """How long a settlement takes (a chain's block time and receipt)."""
 
     def transfer_with_authorization(self, payer: str, nonce: str, value: int) -> str:
         if (payer, nonce) in self.used:
@@ -112,6 +116,8 @@ class SignedUsdcStandIn(X402Coin):
             raise X402Rejected("wrong_recipient", "authorization pays someone else")
         if str(payment.value_atomic) != requirements["maxAmountRequired"]:
             raise X402Rejected("wrong_amount", "value differs from maxAmountRequired")
+        if BOOK.settle_seconds:
+            await asyncio.sleep(BOOK.settle_seconds)
         tx = BOOK.transfer_with_authorization(payment.payer, payment.nonce, payment.value_atomic)
         return X402Settlement(payment.payer, payment.nonce, tx, "base-sepolia", payment.value_atomic)
 
@@ -135,7 +141,7 @@ def vpsshop_app(vpsshop_settings: Any, vpsshop_clock: Any) -> Any:
     from vpsshop.app import create_app
     from vpsshop.plugins import build_plugin_manager
 
-    BOOK.fail_after_transfer = False
+    BOOK.fail_after_transfer, BOOK.settle_seconds = False, 0.0
     pm = build_plugin_manager(extra=[StandInPlugin()])
     return create_app(vpsshop_settings, pm=pm, clock=vpsshop_clock, background=False)
 
@@ -259,3 +265,78 @@ def test_unknown_outcome_is_resolved_once_later(vpsshop_client: TestClient) -> N
     )
     assert retry.status_code == 201 and retry.json()["status"] == "completed"
     assert balance(vpsshop_client, account.headers) == 50
+
+
+# ---- re-sends while the first settlement runs (issue 22, item 9) -----------------------------------
+
+
+def _resend_together(client: TestClient, account: Any, header: str, count: int = 3) -> list[Any]:
+    def send(_: int) -> Any:
+        return client.post(
+            "/v1/topups", json={"amount": 40, "coin": "USDCTEST"}, headers={**account.headers, "X-PAYMENT": header}
+        )
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(send, range(count)))
+
+
+def _ask(client: TestClient, account: Any) -> dict[str, Any]:
+    return client.post("/v1/topups", json={"amount": 40, "coin": "USDCTEST"}, headers=account.headers).json()[
+        "accepts"
+    ][0]
+
+
+def test_concurrent_resends_wait_for_the_first_settlement_and_replay_it(vpsshop_client: TestClient) -> None:
+    """Three re-sends of one payment at once: one settles, the others wait for it (they used to get
+    503 settlement_pending, which no official client retries) and answer the same completed top-up."""
+    account = create_test_account(vpsshop_client)
+    header = sign(_ask(vpsshop_client, account))
+    received = BOOK.received
+    BOOK.settle_seconds = 1.0
+    answers = _resend_together(vpsshop_client, account, header)
+    assert [a.status_code for a in answers] == [201, 201, 201], [a.text for a in answers]
+    assert len({a.json()["ref"] for a in answers}) == 1 and answers[0].json()["status"] == "completed"
+    transactions = {json.loads(base64.b64decode(a.headers["X-PAYMENT-RESPONSE"]))["transaction"] for a in answers}
+    assert len(transactions) == 1
+    assert balance(vpsshop_client, account.headers) == 40 and BOOK.received - received == 40_000_000
+
+
+def test_a_resend_waiting_on_an_unknown_outcome_asks_the_chain(vpsshop_client: TestClient) -> None:
+    """The first request's outcome is unknown (503): the waiting re-sends stop waiting at once and ask
+    the chain, which shows the transfer: they are credited (once) while the first said pending."""
+    account = create_test_account(vpsshop_client)
+    header = sign(_ask(vpsshop_client, account))
+    BOOK.settle_seconds, BOOK.fail_after_transfer = 1.0, True
+    started = time.monotonic()
+    answers = _resend_together(vpsshop_client, account, header)
+    assert time.monotonic() - started < 5
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201, 201, 503], [a.text for a in answers]
+    assert [a.json()["error"] for a in answers if a.status_code == 503] == ["settlement_pending"]
+    assert balance(vpsshop_client, account.headers) == 40
+
+
+def test_the_wait_for_a_first_settlement_is_bounded(vpsshop_client: TestClient, monkeypatch: Any) -> None:
+    from datetime import timedelta
+
+    monkeypatch.setattr("vpsshop.x402.settlement.RESEND_WAIT", timedelta(seconds=1))
+    account = create_test_account(vpsshop_client)
+    header = sign(_ask(vpsshop_client, account))
+    BOOK.settle_seconds = 4.0
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(
+            vpsshop_client.post,
+            "/v1/topups",
+            json={"amount": 40, "coin": "USDCTEST"},
+            headers={**account.headers, "X-PAYMENT": header},
+        )
+        time.sleep(0.5)  # the first is settling
+        started = time.monotonic()
+        waited = vpsshop_client.post(
+            "/v1/topups", json={"amount": 40, "coin": "USDCTEST"}, headers={**account.headers, "X-PAYMENT": header}
+        )
+        took = time.monotonic() - started
+        assert waited.status_code == 503 and waited.json()["error"] == "settlement_pending", waited.text
+        assert 0.8 < took < 2.5, took  # waited RESEND_WAIT (a second here), not the first settlement's four
+        assert first.result().status_code == 201
+    assert balance(vpsshop_client, account.headers) == 40

@@ -373,21 +373,26 @@ def sign_v2_header(payer: Any, requirements_v2: dict[str, Any], resource: str) -
     return encode_payment_signature_header(client.create_payment_payload(required))
 
 
-def sign_npm_header(payer: Any, requirements: dict[str, Any], rpc_url: str) -> str:
-    """An ``X-PAYMENT`` header made by the npm ``x402`` client with a viem wallet (Node.js)."""
-    bin_dir = npm_bin()
-    env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
-    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "requirements": requirements}
+def run_node(script: str, request: dict[str, Any], timeout: float = 60) -> str:
+    """What ``tests/node/<script>`` prints for ``request`` (JSON on its stdin), with the npm packages
+    of ``scripts/deps/npm-x402.txt`` on its module path."""
+    env = {**os.environ, "NODE_PATH": str(npm_bin().parent)}
     done = subprocess.run(
-        ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
+        ["node", str(ROOT / "tests" / "node" / script)],
         input=json.dumps(request).encode(),
         capture_output=True,
         env=env,
-        timeout=60,
+        timeout=timeout,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"npm x402 client failed: {done.stderr.decode()[-2000:]}")
-    return done.stdout.decode().strip()
+        raise RuntimeError(f"node {script} failed: {done.stderr.decode()[-2000:]}")
+    return done.stdout.decode()
+
+
+def sign_npm_header(payer: Any, requirements: dict[str, Any], rpc_url: str) -> str:
+    """An ``X-PAYMENT`` header made by the npm ``x402`` client with a viem wallet (Node.js)."""
+    request = {"privateKey": "0x" + bytes(payer.key).hex(), "rpcUrl": rpc_url, "requirements": requirements}
+    return run_node("x402_npm_client.cjs", request).strip()
 
 
 # ---- a paid HTTP resource in front of the coin ---------------------------------------------------
@@ -486,8 +491,6 @@ def fetch_with_npm_client(
     """``POST url`` with the npm ``x402-fetch`` wrapper (viem wallet); its status, body and headers.
 
     ``body``: the JSON request body (default: a 25 USD USDCBASE top-up)."""
-    bin_dir = npm_bin()
-    env = {**os.environ, "NODE_PATH": str(bin_dir.parent)}
     request: dict[str, Any] = {
         "privateKey": "0x" + bytes(payer.key).hex(),
         "rpcUrl": rpc_url,
@@ -496,13 +499,4 @@ def fetch_with_npm_client(
     }
     if body is not None:
         request["body"] = body
-    done = subprocess.run(
-        ["node", str(ROOT / "tests" / "node" / "x402_npm_client.cjs")],
-        input=json.dumps(request).encode(),
-        capture_output=True,
-        env=env,
-        timeout=60,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"npm x402-fetch failed: {done.stderr.decode()[-2000:]}")
-    return json.loads(done.stdout)
+    return json.loads(run_node("x402_npm_client.cjs", request))

@@ -135,9 +135,11 @@ PREFLIGHT_DONE_ENV = "VPSSHOP_PREFLIGHT_DONE"
 
 def app_from_env() -> Starlette:
     """Factory for ``uvicorn --factory`` workers: settings from ``VPSSHOP_CONFIG`` and the environment."""
-    return create_app(
-        load_settings(os.environ.get("VPSSHOP_CONFIG") or None), check=os.environ.get(PREFLIGHT_DONE_ENV) != "1"
-    )
+    from vpsshop.httpserver import configure
+
+    settings = load_settings(os.environ.get("VPSSHOP_CONFIG") or None)
+    configure(settings.server)  # this worker's request-head limits (its protocol class is imported anew)
+    return create_app(settings, check=os.environ.get(PREFLIGHT_DONE_ENV) != "1")
 
 
 async def preflight(ctx: AppContext) -> list[str]:

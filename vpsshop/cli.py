@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vpsshop.errors import StartupError
 from vpsshop.logs import CLI_HANDLER_NAME
@@ -126,20 +126,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     # X-Forwarded-For/-Proto are believed only from the proxies the settings name.
     trusted = settings.server.forwarded_allow_ips
-    proxy_headers, forwarded_allow_ips = bool(trusted), ",".join(trusted) or None
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": "info",
+        "access_log": False,
+        # request heads bounded in size, count and time (vpsshop/httpserver.py; h11 bounds the size only)
+        "http": http_protocol(settings.server),
+        "h11_max_incomplete_event_size": settings.server.max_header_bytes,
+        "log_config": uvicorn_log_config(settings),
+        "proxy_headers": bool(trusted),
+        "forwarded_allow_ips": ",".join(trusted) or None,
+    }
     if workers == 1:
-        app = create_app(settings, check=False)
-        uvicorn.run(
-            app,
-            host=host,
-            port=port,
-            log_level="info",
-            access_log=False,
-            http=http_protocol(),
-            log_config=uvicorn_log_config(settings),
-            proxy_headers=proxy_headers,
-            forwarded_allow_ips=forwarded_allow_ips,
-        )
+        uvicorn.run(create_app(settings, check=False), **options)
         return 0
     # Several processes: each worker builds its own app from the same settings.
     if args.config:
@@ -151,19 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.port:
         os.environ["VPSSHOP__SERVER__PORT"] = str(args.port)
     os.environ[PREFLIGHT_DONE_ENV] = "1"
-    uvicorn.run(
-        "vpsshop.app:app_from_env",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="info",
-        access_log=False,
-        http=http_protocol(),
-        log_config=uvicorn_log_config(settings),
-        proxy_headers=proxy_headers,
-        forwarded_allow_ips=forwarded_allow_ips,
-    )
+    uvicorn.run("vpsshop.app:app_from_env", factory=True, workers=workers, **options)
     return 0
 
 
@@ -502,6 +490,9 @@ port = 8000
 workers = 2
 max_body_bytes = 65536
 body_timeout_seconds = 10   # a request body must arrive within this (slow clients get 408)
+max_header_bytes = 32768    # request line and headers together (larger: 431, connection closed)
+max_headers = 100           # header lines per request (more: 431)
+header_timeout_seconds = 10 # the request line and headers must arrive within this (else 408, closed)
 background = true           # run watchers and provisioning inside `serve`; false if you run `vpsshop worker`
 access_log = true           # one JSON line per request on stderr (no client address, no headers)
 # The reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed: rate limits then count

@@ -36,7 +36,12 @@ MAX_EXPANDED_CHARS = 65536
 may hold at most this many characters of keys and values: a few aliases of aliases (an "alias
 bomb") would otherwise turn 500 bytes into gigabytes."""
 MAX_DEPTH = 64
-"""Mappings and lists nested deeper than this are refused (cloud-configs are a few levels deep)."""
+"""Mappings and lists nested deeper than this are refused (cloud-configs are a few levels deep). The
+YAML scanner stops at this depth (:class:`_BoundedLoader`): PyYAML's cost per token grows with the
+depth of open flow collections, so ``[[[[...`` 8,000 deep used to take seconds of CPU to refuse."""
+MAX_INT_DIGITS = 4300
+"""Integers of more digits are refused: Python cannot write them out (``sys.get_int_max_str_digits``),
+so the seed's user-data could not be made."""
 
 _KEY_TYPES = {
     "ssh-ed25519": "ed25519",
@@ -55,6 +60,41 @@ COMBINED_KEYS = ("ssh_authorized_keys", "write_files", "runcmd", "bootcmd")
 
 class InvalidInput(ValueError):
     """A public key or user data that vpsshop does not accept; the message says why."""
+
+
+def _too_deep() -> InvalidInput:
+    return InvalidInput(f"the cloud-config nests lists or mappings more than {MAX_DEPTH} levels deep")
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, while scanning, a document nesting more than :data:`MAX_DEPTH`
+    collections (flow ``[``/``{`` and block mappings and lists alike), and integers of more than
+    :data:`MAX_INT_DIGITS` digits. The scanner counts what is open when a collection starts, so the
+    refusal comes after at most :data:`MAX_DEPTH` levels of work whatever the document's depth."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        if self.flow_level + len(self.indents) >= MAX_DEPTH:
+            raise _too_deep()
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column: int) -> bool:
+        added = super().add_indent(column)
+        if added and len(self.indents) + self.flow_level > MAX_DEPTH:
+            raise _too_deep()
+        return added
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            value = super().construct_yaml_int(node)
+        except ValueError:  # decimal: int() refuses more than 4,300 digits
+            value = None
+        if value is None or abs(value) >= _INT_LIMIT:  # 0x..., 0b..., 1:2:3... past it too
+            raise InvalidInput(f"a number in the cloud-config has more than {MAX_INT_DIGITS} digits")
+        return value
+
+
+_INT_LIMIT = 10**MAX_INT_DIGITS
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 @dataclass(frozen=True)
@@ -136,7 +176,7 @@ def _cloud_config(text: str) -> dict[str, Any]:
     try:
         # Parsed once: the node graph first (aliases stay shared nodes: nothing is expanded yet), its
         # expansion checked, then the data built from it, as yaml.safe_load would.
-        loader = yaml.SafeLoader(text)
+        loader = _BoundedLoader(text)
         node = loader.get_single_node()
         if node is None:
             return {}
@@ -147,13 +187,21 @@ def _cloud_config(text: str) -> dict[str, Any]:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise InvalidInput(f"the cloud-config is not valid YAML{where}") from None
     except RecursionError:
-        raise InvalidInput(f"the cloud-config nests lists or mappings more than {MAX_DEPTH} levels deep") from None
+        raise _too_deep() from None
+    except InvalidInput:
+        raise
+    except (ValueError, OverflowError):  # a value YAML resolves but Python cannot build (2001-13-45)
+        raise InvalidInput("the cloud-config holds a value that is not valid (a date, time or number)") from None
     finally:
         if loader is not None:
             loader.dispose()
     if not isinstance(data, dict):
         raise InvalidInput("a cloud-config must be a YAML mapping (key: value lines)")
     _check_combined(data)
+    try:  # what is accepted can be written into the seed (compose_user_data), or provisioning would fail
+        json.dumps(data, default=str)
+    except (TypeError, ValueError):
+        raise InvalidInput("the cloud-config has a key that is not text or a number (a date, or binary)") from None
     return data
 
 

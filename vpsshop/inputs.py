@@ -9,18 +9,23 @@ everywhere. A field's failure is ``400 invalid_<field>`` unless the model says o
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from decimal import Decimal
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
 
 from vpsshop.errors import BadRequest
 
 __all__ = [
     "IDEMPOTENCY_KEY",
     "LABEL_PATTERN",
+    "MAX_ID",
     "Input",
+    "JsonInt",
     "check_idempotency_key",
     "parse",
     "validation_error",
@@ -45,6 +50,23 @@ class Input(BaseModel):
 
 
 InputT = TypeVar("InputT", bound=Input)
+
+MAX_ID = 2**31 - 1
+"""The largest id an input may name: ids are PostgreSQL ``integer`` columns (SQLite's hold more). A
+larger id is refused by the model (or is a 404 in a path) instead of overflowing the database."""
+
+
+def _whole_json_number(value: Any) -> Any:
+    if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError, ValueError):  # infinities and NaN are no number of anything
+            if value == int(value):
+                return int(value)  # 3, or 3.0 (a JSON Schema integer too): never true, "3" or 3.5
+    raise PydanticCustomError("int_type", "Input should be a whole JSON number (not text, not true or false)")
+
+
+JsonInt = Annotated[int, BeforeValidator(_whole_json_number)]
+"""An integer field: a JSON number without a fraction (``3`` or ``3.0``, as JSON Schema's integer),
+nothing pydantic would otherwise coerce (``true``, ``"3"``)."""
 
 
 def validation_error(model: type[Input], exc: ValidationError) -> BadRequest:

@@ -5,9 +5,10 @@ apply them themselves, so the REST API, the dashboard and the MCP tools count al
 
 * **per client address**: creating an account (``signups_per_client`` per ``signup_window_seconds``,
   :func:`signup`) and failed API-key authentications (``auth_failures_per_client`` per
-  ``auth_failure_window_seconds``; once over, that address's requests with an API key are refused
-  until the window ends: :func:`auth_blocked`, :func:`auth_failed`). Signing in with the login token
-  has its own limit on failed sign-ins (``[signin]``, :mod:`vpsshop.accounts`). The client address
+  ``auth_failure_window_seconds``: an Authorization header without a valid key, not a request
+  without one; once over, that address's requests with an API key are refused for the Retry-After
+  given: :func:`auth_blocked`, :func:`auth_failed`). Signing in with the login token
+  has its own limit on failed sign-ins (``[signin]``, :mod:`vpsshop.signin`). The client address
   is the TCP peer, or ``X-Forwarded-For`` when the peer is one of ``[server] forwarded_allow_ips``
   (uvicorn rewrites the peer; nothing else reads the header).
 * **per account**: every operation that changes something (top-ups, orders, renewals, key mints,

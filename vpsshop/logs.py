@@ -11,7 +11,8 @@ for people. The access log (``vpsshop.accesslog``) is separate and always JSON.
 No secret goes into a log line: the code never logs keys, tokens, passwords or mnemonics, and as a
 second line of defence every line is passed through :func:`scrub`, which hides the user
 information of URLs (``http://user:pass@node:8332`` becomes ``http://***@node:8332``), so a node
-URL with credentials in an error message does not reach the log.
+URL with credentials in an error message does not reach the log. No line holds a client's address
+either: uvicorn's access log is off, and its WebSocket lines lose the address (:class:`NoClientAddress`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ class TextFormatter(logging.Formatter):
         return scrub(super().format(record))
 
 
+class NoClientAddress(logging.Filter):
+    """Takes the client's address out of uvicorn's WebSocket lines (``127.0.0.1:33100 - "WebSocket
+    /v1/servers/7/console/ws?ticket=***" [accepted]``, logged whatever ``access_log`` says): no log line
+    holds a client address (docs/configuration.md)."""
+
+    PREFIX = '%s - "WebSocket '
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIX) and isinstance(record.args, tuple):
+            record.msg, record.args = record.msg[len("%s - ") :], record.args[1:]
+        return True
+
+
 def formatter(settings: Settings) -> logging.Formatter:
     return JsonFormatter() if settings.logging.format == "json" else TextFormatter()
 
@@ -96,14 +110,21 @@ def configure_logging(settings: Settings) -> None:
 
 
 def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
-    """``uvicorn.run(log_config=...)``: uvicorn's own lines in the configured format."""
+    """``uvicorn.run(log_config=...)``: uvicorn's own lines in the configured format, without client
+    addresses (:class:`NoClientAddress`)."""
     fmt = "vpsshop.logs.JsonFormatter" if settings.logging.format == "json" else "vpsshop.logs.TextFormatter"
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"vpsshop": {"()": fmt}},
+        "filters": {"no_client_address": {"()": "vpsshop.logs.NoClientAddress"}},
         "handlers": {
-            "stderr": {"class": "logging.StreamHandler", "formatter": "vpsshop", "stream": "ext://sys.stderr"}
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "vpsshop",
+                "filters": ["no_client_address"],
+                "stream": "ext://sys.stderr",
+            }
         },
         "loggers": {
             "uvicorn": {"handlers": ["stderr"], "level": settings.logging.level.upper(), "propagate": False},

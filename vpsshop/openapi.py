@@ -187,7 +187,7 @@ def build_openapi(
                     "name": "id",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+                    "schema": {"type": "integer", "minimum": 0, "maximum": ApiRoute.MAX_ID},
                 }
             )
         for name in re.findall(r"\{(\w+)\}", route.path):  # other path parameters are strings

@@ -1,8 +1,15 @@
 """Rate limits: how many attempts one key (a client address, an account) may make per window.
 
 A :class:`Rule` says "``limit`` attempts per ``window_seconds``"; a limiter counts attempts per
-``(rule name, key)`` in fixed windows that start at multiples of the window length. Two limiters
-share one interface (:class:`RateLimiter`):
+``(rule name, key)`` in a **sliding window**: counts are kept per fixed window (starting at multiples
+of the window length) and an attempt is weighed against the current window's count plus the part of
+the previous window's count that the sliding window still covers (``previous * (1 - elapsed /
+window)``, the previous window's attempts taken as spread evenly). Fixed windows alone let twice the
+limit through around a boundary (the limit just before it, the limit again just after); the sliding
+window lets through the limit and what the previous window's attempts have slid out of it. Every
+attempt counts, refused ones too (a client that keeps trying while refused waits longer), but a
+window's count stops at ``limit + 1``, so a storm of refused attempts weighs no more than one over
+the limit. Two limiters share one interface (:class:`RateLimiter`):
 
 * :class:`MemoryRateLimiter` counts in this process. Cheap enough for any request path, but each
   worker process counts on its own.
@@ -31,7 +38,7 @@ from sqlmodel import col
 
 from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ApiError
-from vpsshop.models import RateLimitCounter
+from vpsshop.models import RateLimitCounter, table_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from sqlalchemy.dialects import postgresql, sqlite
@@ -53,9 +60,49 @@ class Decision:
     allowed: bool
     """False once the key has used up the window's attempts."""
     count: int
-    """Attempts counted in the current window (including this one, for :meth:`RateLimiter.hit`)."""
+    """Attempts counted in the sliding window (including this one, for :meth:`RateLimiter.hit`),
+    rounded up: the current window's and the previous window's share."""
     retry_after: int
-    """Seconds until the window ends and the count starts again."""
+    """Seconds until another attempt is allowed (when no more are made meanwhile)."""
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """Where ``now`` falls: the current fixed window's start, the previous one's, and the share of the
+    previous window the sliding window still covers."""
+
+    start: int
+    previous: int
+    left: float
+    """Seconds until the current window ends."""
+    weight: float
+    """Share of the previous window's count that still counts."""
+
+    @classmethod
+    def at(cls, rule: Rule, now: float) -> _Windows:
+        size = rule.window_seconds
+        start = int(now // size) * size
+        left = start + size - now
+        return cls(start, start - size, left, left / size)
+
+
+def _decide(rule: Rule, windows: _Windows, previous: int, current: int, hit: bool) -> Decision:
+    """The decision for a key whose previous and current windows hold these counts (``current``
+    including the attempt when ``hit``)."""
+    weighed = previous * windows.weight + current
+    allowed = weighed <= rule.limit if hit else weighed + 1 <= rule.limit
+    return Decision(allowed, math.ceil(weighed - 1e-9), _retry_after(rule, windows, previous, current))
+
+
+def _retry_after(rule: Rule, windows: _Windows, previous: int, current: int) -> int:
+    """Whole seconds until one more attempt fits (``previous * weight + current + 1 <= limit``)."""
+    room = rule.limit - 1 - current
+    size = rule.window_seconds
+    if room >= 0:  # within this window, once enough of the previous one has slid out
+        wait = 0.0 if previous == 0 else max(0.0, windows.left - size * room / previous)
+    else:  # after this window ends, once enough of this one has slid out
+        wait = windows.left + size * (1 - (rule.limit - 1) / current)
+    return max(1, math.ceil(wait))
 
 
 class RateLimited(ApiError):
@@ -89,32 +136,30 @@ class RateLimiter(Protocol):
         """Forget ``key``'s attempts in the current window."""
 
 
-def _window(rule: Rule, now: float) -> tuple[int, int]:
-    """The current window's start and the seconds left in it."""
-    start = int(now) - int(now) % rule.window_seconds
-    return start, max(1, start + rule.window_seconds - int(now))
-
-
 class MemoryRateLimiter:
-    """Counts in this process (thread-safe). Windows that have ended are dropped as they are met."""
+    """Counts in this process (thread-safe). Keys not seen for a day are dropped now and then."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self._counts: dict[tuple[str, str], tuple[int, int]] = {}
+        self._counts: dict[tuple[str, str], tuple[int, int, int]] = {}
+        """(rule, key) -> (current window's start, previous window's count, current window's count)"""
         self._lock = threading.Lock()
 
     def _current(self, rule: Rule, key: str, add: int) -> Decision:
-        start, left = _window(rule, self.clock())
+        windows = _Windows.at(rule, self.clock())
         with self._lock:
             if len(self._counts) > 100_000:
                 self._prune()
-            window, count = self._counts.get((rule.name, key), (start, 0))
-            if window != start:
-                count = 0
-            count += add
-            self._counts[(rule.name, key)] = (start, count)
-        allowed = count <= rule.limit if add else count < rule.limit
-        return Decision(allowed, count, left)
+            previous, current = self._counts_at(rule, key, windows)
+            current = min(current + add, rule.limit + 1)
+            self._counts[(rule.name, key)] = (windows.start, previous, current)
+        return _decide(rule, windows, previous, current, hit=add > 0)
+
+    def _counts_at(self, rule: Rule, key: str, windows: _Windows) -> tuple[int, int]:
+        start, previous, current = self._counts.get((rule.name, key), (windows.start, 0, 0))
+        if start == windows.start:
+            return previous, current
+        return (current if start == windows.previous else 0), 0
 
     def _prune(self) -> None:
         now = int(self.clock())
@@ -127,11 +172,10 @@ class MemoryRateLimiter:
         return self._current(rule, key, 1)
 
     def refund(self, rule: Rule, key: str) -> None:
-        start, _ = _window(rule, self.clock())
+        windows = _Windows.at(rule, self.clock())
         with self._lock:
-            window, count = self._counts.get((rule.name, key), (start, 0))
-            if window == start and count > 0:
-                self._counts[(rule.name, key)] = (start, count - 1)
+            previous, current = self._counts_at(rule, key, windows)
+            self._counts[(rule.name, key)] = (windows.start, previous, max(0, current - 1))
 
     def reset(self, rule: Rule, key: str) -> None:
         with self._lock:
@@ -139,7 +183,8 @@ class MemoryRateLimiter:
 
 
 class DatabaseRateLimiter:
-    """Counts in the database: one upsert per attempt, shared by every process of the shop.
+    """Counts in the database: one statement per attempt (an upsert of the current window's row that
+    also returns the previous window's count), shared by every process of the shop.
 
     Rows of windows that ended more than a day ago are deleted now and then (about one ``hit`` in
     a hundred), so the table stays small without a background task.
@@ -165,41 +210,52 @@ class DatabaseRateLimiter:
         return f"{rule.name}:{key}"[:200]
 
     def check(self, rule: Rule, key: str) -> Decision:
-        start, left = _window(rule, self.clock())
+        windows = _Windows.at(rule, self.clock())
         with self.db.engine.connect() as conn:
-            count = conn.execute(
-                sa.select(col(RateLimitCounter.count)).where(
-                    col(RateLimitCounter.key) == self._key(rule, key), col(RateLimitCounter.window_start) == start
-                )
-            ).scalar()
-        count = int(count or 0)
-        return Decision(count < rule.limit, count, left)
+            rows = dict(
+                conn.execute(
+                    sa.select(col(RateLimitCounter.window_start), col(RateLimitCounter.count)).where(
+                        col(RateLimitCounter.key) == self._key(rule, key),
+                        col(RateLimitCounter.window_start).in_([windows.previous, windows.start]),
+                    )
+                ).all()
+            )
+        return _decide(rule, windows, int(rows.get(windows.previous, 0)), int(rows.get(windows.start, 0)), hit=False)
 
     def hit(self, rule: Rule, key: str) -> Decision:
         now = self.clock()
-        start, left = _window(rule, now)
-        insert = self._insert(RateLimitCounter).values(key=self._key(rule, key), window_start=start, count=1)
-        stmt = insert.on_conflict_do_update(
-            index_elements=["key", "window_start"], set_={"count": col(RateLimitCounter.count) + 1}
-        ).returning(col(RateLimitCounter.count))
+        windows = _Windows.at(rule, now)
+        name = self._key(rule, key)
+        earlier = sa.alias(table_of(RateLimitCounter))
+        previous = (
+            sa.select(earlier.c.count)
+            .where(earlier.c.key == name, earlier.c.window_start == windows.previous)
+            .scalar_subquery()
+        )
+        insert = self._insert(RateLimitCounter).values(key=name, window_start=windows.start, count=1)
+        count = col(RateLimitCounter.count)
+        counted = sa.case((count <= rule.limit, count + 1), else_=count)
+        stmt = insert.on_conflict_do_update(index_elements=["key", "window_start"], set_={"count": counted}).returning(
+            count, previous
+        )
         with self.db.engine.begin() as conn:
-            count = int(conn.execute(stmt).scalar_one())
+            current, before = conn.execute(stmt).one()
             if random.random() < 0.01:
                 conn.execute(
                     sa.delete(RateLimitCounter).where(
                         col(RateLimitCounter.window_start) < int(now) - self.PURGE_AFTER_SECONDS
                     )
                 )
-        return Decision(count <= rule.limit, count, left)
+        return _decide(rule, windows, int(before or 0), int(current), hit=True)
 
     def refund(self, rule: Rule, key: str) -> None:
-        start, _ = _window(rule, self.clock())
+        windows = _Windows.at(rule, self.clock())
         with self.db.engine.begin() as conn:
             conn.execute(
                 sa.update(RateLimitCounter)
                 .where(
                     col(RateLimitCounter.key) == self._key(rule, key),
-                    col(RateLimitCounter.window_start) == start,
+                    col(RateLimitCounter.window_start) == windows.start,
                     col(RateLimitCounter.count) > 0,
                 )
                 .values(count=col(RateLimitCounter.count) - 1)

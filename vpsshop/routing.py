@@ -28,7 +28,7 @@ from vpsshop.accounts import MissingCredential, authenticator
 from vpsshop.actors import Customer
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Unauthorized
-from vpsshop.inputs import LABEL_PATTERN, Input, check_idempotency_key, validation_error
+from vpsshop.inputs import LABEL_PATTERN, MAX_ID, Input, check_idempotency_key, validation_error
 
 __all__ = [
     "LABEL_PATTERN",
@@ -46,11 +46,16 @@ __all__ = [
     "validation_error",
 ]
 
+_ID_DIGITS = (  # 0 to 2147483647 (inputs.MAX_ID) in decimal: 1 to 9 digits, or 10 digits not above it
+    "[0-9]{1,9}|1[0-9]{9}|20[0-9]{8}|21[0-3][0-9]{7}|214[0-6][0-9]{6}|2147[0-3][0-9]{5}|21474[0-7][0-9]{4}"
+    "|214748[0-2][0-9]{3}|2147483[0-5][0-9]{2}|21474836[0-3][0-9]|214748364[0-7]"
+)
+
 
 class IdConvertor(Convertor[int]):
-    """Path ids: 1 to 18 digits, so an id always fits a 64-bit column (longer is a 404)."""
+    """Path ids: 0 to ApiRoute.MAX_ID, so an id always fits the id columns (anything else is a 404)."""
 
-    regex = "[0-9]{1,18}"
+    regex = _ID_DIGITS
 
     def convert(self, value: str) -> int:
         return int(value)
@@ -171,7 +176,8 @@ class ApiRoute:
     limits: str = ""
     """The route's own reasons for a 429 (a quota), for the OpenAPI description."""
 
-    MAX_ID: ClassVar[int] = 2**63 - 1
+    MAX_ID: ClassVar[int] = MAX_ID
+    """The largest id: ids are PostgreSQL ``integer`` columns (SQLite's hold more, PostgreSQL's do not)."""
 
     def starlette_path(self) -> str:
         return self.path.replace("{id}", "{id:id}")
@@ -370,11 +376,11 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 def is_json_media_type(value: str | None) -> bool:
-    """``application/json`` or ``application/<something>+json``, with any parameters."""
+    """``application/json``, with any parameters: the one type the API's bodies are (and OpenAPI
+    documents). ``application/json-patch+json`` and other ``+json`` types mean other things."""
     if not value:
         return False
-    media = value.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    return value.split(";", 1)[0].strip().lower() == "application/json"
 
 
 async def _read_body(request: Request, model: type[ApiModel], required: bool) -> Any:

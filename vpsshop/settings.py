@@ -108,6 +108,24 @@ class ServerSettings(_Section):
         description="A request body must arrive completely "
         "within this many seconds of the request's start; else 408 body_timeout.",
     )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="The request line and headers of a request, together, in bytes; a larger head is answered "
+        "431 headers_too_large and its connection closed (vpsshop/httpserver.py).",
+    )
+    max_headers: int = Field(
+        100, ge=10, le=10_000, description="Header lines of one request; more is 431 headers_too_large."
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A request's line and headers must arrive within this many seconds of the connection "
+        "opening (or of their first byte, on a kept-alive connection); else 408 header_timeout and the "
+        "connection is closed.",
+    )
     background: bool = Field(True, description="Run background tasks inside `vpsshop serve`.")
     database_wait_seconds: float = Field(
         60,
@@ -148,7 +166,7 @@ class SigninSettings(_Section):
         ge=1,
         le=10_000,
         description="Failed sign-ins one client address may "
-        "make per window; then every attempt from it is refused until the window ends.",
+        "make per (sliding) window; then every attempt from it is refused until enough have slid out of it.",
     )
     client_window_seconds: int = Field(600, ge=1, le=86_400)
     totp_failures_per_account: int = Field(

@@ -2,9 +2,9 @@
 sign-in (a session, :mod:`vpsshop.sessions`), with the two-factor code when the account has it on.
 
 Failed attempts are counted per client address (``[signin]`` settings); over the limit every
-attempt from that address is refused until the window ends, before any hash is computed. An attempt
-is counted before it is checked and given back when it succeeds, so attempts sent together cannot
-slip past the limit.
+attempt from that address is refused until enough have slid out of the (sliding) window, before any
+hash is computed. An attempt is counted before it is checked and given back when it succeeds, so
+attempts sent together cannot slip past the limit.
 """
 
 from __future__ import annotations

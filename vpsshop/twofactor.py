@@ -10,8 +10,8 @@
 * Ten recovery codes are made when two-factor is turned on, shown once and stored only as keyed
   digests (:func:`vpsshop.auth.keyed_digest`). Each works once, wherever a code is asked for.
 * Wrong codes are counted per account (:mod:`vpsshop.ratelimit`, ``[signin]`` settings); over the
-  limit, every code of that account is refused until the window ends, so the million codes cannot
-  be tried.
+  limit, every code of that account is refused until enough have slid out of the window, so the
+  million codes cannot be tried.
 
 What it changes (``docs/dashboard.md``): signing in to the dashboard and ``POST /v1/login`` ask for a
 code; the dashboard asks for one again before it reveals a server's root password. Bearer API keys

@@ -95,7 +95,8 @@ NETWORKS: dict[str, BaseNetwork] = {
 }
 
 SANDBOX_PAY_TO = "0x000000000000000000000000000000000000dEaD"
-"""The sandbox's placeholder recipient. check_ready reports it: nobody holds its key."""
+"""The sandbox's placeholder recipient, a burn address: nobody holds its key, so what settles there
+is lost. check_ready says so (the sandbox still counts the coin ready: its 402s work)."""
 
 SANDBOX_FACILITATOR_URL = "https://x402.org/facilitator"
 """The public test facilitator of the x402 project (Base Sepolia), used by the sandbox."""
@@ -633,8 +634,8 @@ class USDCBASE(X402Coin):
             # Not ready for real use; enough for a sandbox: the 402 and its payment requirements work.
             return Readiness(
                 False,
-                "pay_to is the sandbox placeholder: set coins.USDCBASE.pay_to to your address "
-                "(payment requirements are served; nothing settles to you)",
+                f"pay_to is {SANDBOX_PAY_TO}, a burn address nobody holds: a payment settled there is lost. "
+                "Set coins.USDCBASE.pay_to to your own address (the 402s and payment requirements work meanwhile)",
                 sandbox_ok=self.sandbox,
             )
         if self.config.mode == "direct":

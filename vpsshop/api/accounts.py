@@ -142,7 +142,7 @@ def routes() -> list[ApiRoute]:
             "credential, minted by someone who signed in.\n\nFailed attempts are limited per client address and "
             "wrong codes per account (the shop's `[signin]` settings; by default 10 failures per 10 minutes, 5 "
             "wrong codes per 15 minutes): over the limit the answer is 429 `rate_limited` with `Retry-After` "
-            "and `retry_after` (seconds) until the window ends.",
+            "and `retry_after` (seconds) until enough failures have slid out of the window.",
             errors={
                 401: "unauthorized: the login token is not valid; totp_required: the account has two-factor on "
                 "and no totp_code was sent; invalid_totp_code: the code is wrong or was used already.",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from starlette.routing import Mount
+from starlette.routing import Mount, Router
 
 from vpsshop.context import AppContext
 from vpsshop.dashboard.pages import routes
@@ -30,4 +30,6 @@ def mount(ctx: AppContext) -> MountedDashboard | None:
     if not settings.enabled:
         return None
     dash = Dashboard(ctx, settings.path)
-    return MountedDashboard(Mount(settings.path, routes=routes(dash)), dash)
+    # No trailing-slash redirects (as for the API): Starlette builds them from the Host header, which the
+    # client chooses. /dashboard/keys/ is the dashboard's 404 page, with its security headers.
+    return MountedDashboard(Mount(settings.path, app=Router(routes(dash), redirect_slashes=False)), dash)

@@ -15,7 +15,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from vpsshop import accounts
-from vpsshop.dashboard.web import Page, format_usd
+from vpsshop.dashboard.web import Page, format_usd, whole_number
 from vpsshop.dashboard.words import cycles, friendly, renewal_words
 from vpsshop.errors import ApiError, BadRequest
 from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL
@@ -108,7 +108,7 @@ async def place_order(page: Page) -> Response:
     if form.get("root_password", ""):
         data["root_password"] = form["root_password"]
     if page.values("ssh_keys"):
-        data["ssh_keys"] = page.values("ssh_keys")
+        data["ssh_keys"] = [whole_number(v) for v in page.values("ssh_keys")]
     if page.text("user_data").strip():
         data["user_data"] = page.text("user_data")
     key = form.get("idempotency_key") or None
@@ -151,11 +151,7 @@ def _orderable(page: Page) -> list[Any]:
 
 def _periods(text: str) -> int:
     """The form's number of periods, checked as the API checks ``periods`` (a whole number, 1 to 120)."""
-    try:
-        periods = int(text.strip() or "1")
-    except ValueError:
-        raise BadRequest("invalid_periods", "periods: enter a whole number of billing cycles.") from None
-    return parse(RenewInput, {"periods": periods}).periods
+    return parse(RenewInput, {"periods": whole_number(text.strip() or "1")}).periods
 
 
 async def server_page(
@@ -351,7 +347,7 @@ async def reinstall(page: Page) -> Response:
         return await reinstall_form(page, status=refused.status, headers=refused.headers, code_error=refused.message)
     data: dict[str, Any] = {"os": page.form.get("os", "")}
     if page.values("ssh_keys"):
-        data["ssh_keys"] = page.values("ssh_keys")
+        data["ssh_keys"] = [whole_number(v) for v in page.values("ssh_keys")]
     if page.form.get("root_password", ""):
         data["root_password"] = page.form["root_password"]
     if page.text("user_data").strip():

@@ -389,6 +389,14 @@ class Dashboard:
         )
 
 
+def whole_number(text: str) -> int | str:
+    """A form field's whole number as a number: forms send text, and the API's models take a number
+    only as a JSON number (``"3"`` and ``true`` are refused). Other text is returned as it is, for the
+    model to refuse in its own words."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else text
+
+
 def secure_headers(response: Response, secure: bool) -> None:
     for name, value in PAGE_HEADERS.items():
         response.headers.setdefault(name, value)

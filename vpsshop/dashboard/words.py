@@ -46,8 +46,6 @@ FRIENDLY = {
 }
 
 PATTERN_WORDS = {
-    "url": "URL: an http:// or https:// address with a host name, like https://example.com/hooks, without a user "
-    "name or password.",
     "name": "Name: letters, digits, spaces and punctuation only.",
     "description": "Description: no control or invisible characters.",
     "public_key": "Public key: one line, like ssh-ed25519 AAAA… you@laptop.",

@@ -1,10 +1,15 @@
 """Sending one webhook request without becoming a tool against the shop's own network (SSRF).
 
 * The URL must be ``https`` (``http`` only where ``events.require_https`` is off, as in the
-  sandbox), carry no credentials, and name a host.
+  sandbox), carry no credentials, and name a host. A host that is an address in any spelling
+  (``127。0。0。1``, fullwidth digits, a zero-width space: IDNA maps them to ``127.0.0.1``; the
+  numeric forms resolvers accept, ``0177.0.0.1``, ``0x7f.0.0.1``, ``127.1``) is read as that address,
+  checked as below at registration already, and stored in its plain form.
 * The host is resolved once per request, and **every** address it resolves to is checked: a
   loopback, private, link-local (``169.254.169.254``), shared, multicast, reserved or unspecified
-  address is refused unless it falls in ``events.allowed_networks``. The connection then goes to
+  address is refused unless it falls in ``events.allowed_networks``, and so is an IPv6 address that
+  carries such an IPv4 address (IPv4-mapped ``::ffff:0:0/96``, 6to4 ``2002::/16``, NAT64
+  ``64:ff9b::/96``). The connection then goes to
   the checked address itself (a pinned network backend under httpcore): the name is never resolved
   a second time, so DNS rebinding has no window. TLS still verifies the certificate for the name.
 * No redirect is followed (a 3xx is a failed attempt that says where it pointed), no proxy from the
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import ssl
 import time
@@ -58,13 +64,31 @@ async def system_resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): its last 32 bits are the IPv4 address it reaches."""
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a 6to4 (``2002::/16``) or NAT64 (``64:ff9b::/96``) address leads to."""
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def refusal(address: str, allowed: Iterable[Network] = ()) -> str | None:
-    """Why ``address`` may not be reached (``"loopback"``, ``"link-local"`` ...), or None."""
+    """Why ``address`` may not be reached, as words that follow it ("a loopback address", "not a
+    public address", "a 6to4 address of 127.0.0.1, a loopback address"), or None."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     if any(ip.version == net.version and ip in net for net in allowed):
         return None
+    if isinstance(ip, ipaddress.IPv6Address) and (inner := _embedded_ipv4(ip)) is not None:
+        why = refusal(str(inner), allowed)
+        if why is not None:
+            return f"a {'6to4' if ip.sixtofour else 'NAT64'} address of {inner}, {why}"
     for reason, flag in (
         ("loopback", ip.is_loopback),
         ("link-local", ip.is_link_local),
@@ -74,9 +98,9 @@ def refusal(address: str, allowed: Iterable[Network] = ()) -> str | None:
         ("reserved", ip.is_reserved),
     ):
         if flag:
-            return reason
+            return f"a {reason} address"
     if not ip.is_global:
-        return "not public"
+        return "not a public address"
     return None
 
 
@@ -87,9 +111,43 @@ def _ip_literal(host: str) -> str | None:
         return None
 
 
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
+
+
+def _inet_number(label: str) -> int:
+    """One part of a numeric IPv4 host: ``0x..`` hexadecimal, ``0..`` octal, else decimal.
+    :raises ValueError: not a number of that form (``08``)."""
+    if label[:2].lower() == "0x":
+        return int(label[2:] or "0", 16)
+    return int(label, 8 if len(label) > 1 and label[0] == "0" else 10)
+
+
+def _numeric_ipv4(host: str) -> str | None:
+    """The IPv4 address of a host written as numbers the way resolvers (``inet_aton``) and browsers
+    (the WHATWG URL standard) read it: ``127.1``, ``0177.0.0.1``, ``0x7f.0.0.1``, ``2130706433``.
+    None when the host does not end in a number (a name).
+
+    :raises InvalidUrl: the host ends in a number but is no IPv4 address (``example.123``).
+    """
+    labels = host.removesuffix(".").split(".")
+    if not _NUMBER.fullmatch(labels[-1]):
+        return None
+    try:
+        if len(labels) > 4 or not all(_NUMBER.fullmatch(label) for label in labels):
+            raise ValueError(host)
+        *parts, last = [_inet_number(label) for label in labels]
+        if any(n > 255 for n in parts) or last >= 256 ** (4 - len(parts)):
+            raise ValueError(host)
+    except ValueError:
+        raise InvalidUrl(f"the host {host} ends in a number but is not an IPv4 address") from None
+    return str(ipaddress.IPv4Address(last + sum(n << (8 * (3 - i)) for i, n in enumerate(parts))))
+
+
 def normalize_url(url: str, settings: EventSettings) -> str:
     """The URL as it will be called (host in IDNA ASCII, no fragment). :raises InvalidUrl: why not."""
     url = url.strip()
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InvalidUrl("the URL must not contain spaces, line breaks, control or invisible characters")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -113,6 +171,10 @@ def normalize_url(url: str, settings: EventSettings) -> str:
             host = host.encode("idna").decode("ascii").lower()
         except UnicodeError:
             raise InvalidUrl("the host name is not a valid domain name") from None
+        # IDNA maps ideographic full stops, fullwidth digits and zero-width spaces to plain ASCII:
+        # "127。0。0。1" is 127.0.0.1 now, and so are the numeric forms resolvers accept.
+        literal = _ip_literal(host) or _numeric_ipv4(host)
+    if literal is None:
         if host == "localhost" or host.endswith(".localhost"):
             if refusal("127.0.0.1", settings.networks()) is not None:
                 raise InvalidUrl(f"{host} is a loopback name, which webhooks may not reach")
@@ -121,7 +183,7 @@ def normalize_url(url: str, settings: EventSettings) -> str:
     else:
         why = refusal(literal, settings.networks())
         if why is not None:
-            raise InvalidUrl(f"{literal} is a {why} address, which webhooks may not reach")
+            raise InvalidUrl(f"{literal} is {why}, which webhooks may not reach")
         host = f"[{literal}]" if ":" in literal else literal
     netloc = host if port is None else f"{host}:{port}"
     return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
@@ -149,7 +211,7 @@ async def check_destination(host: str, port: int, settings: EventSettings, resol
     for address in addresses:
         why = refusal(address, networks)
         if why is not None:
-            raise DestinationRefused(f"{host} resolves to {address}, a {why} address, which webhooks may not reach")
+            raise DestinationRefused(f"{host} resolves to {address}, {why}, which webhooks may not reach")
     return addresses[0]
 
 

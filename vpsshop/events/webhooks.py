@@ -53,8 +53,8 @@ __all__ = [
 ]
 
 URL_PATTERN = r"^https?://[^\s/?#@]+(?:[/?#]\S*)?$"
-"""An http(s) URL with a host and no user name or password (the schema's part of the rule; the rest,
-such as private addresses, is checked when the endpoint is registered and at every delivery)."""
+"""An http(s) URL with a host and no user name or password: the schema's part of the rule, documented
+only; normalize_url checks all of it in words when the endpoint is registered (and every delivery)."""
 
 
 class WebhookInput(Input):
@@ -63,8 +63,7 @@ class WebhookInput(Input):
     url: str = Field(
         min_length=1,
         max_length=2000,
-        pattern=URL_PATTERN,
-        json_schema_extra={"format": "uri"},
+        json_schema_extra={"format": "uri", "pattern": URL_PATTERN},
         description="Where to POST events. https (the sandbox also allows http and loopback); no "
         "user name or password; a private, loopback or link-local address is refused (invalid_url).",
     )
@@ -90,8 +89,7 @@ class WebhookChange(Input):
         None,
         min_length=1,
         max_length=2000,
-        pattern=URL_PATTERN,
-        json_schema_extra={"format": "uri"},
+        json_schema_extra={"format": "uri", "pattern": URL_PATTERN},
         description="A new URL to POST events to, under the rules of registration (invalid_url); absent: unchanged.",
     )
     event_types: list[str] | None = Field(

@@ -29,13 +29,13 @@ from vpsshop.errors import ApiError
 from vpsshop.events import feed, webhooks
 from vpsshop.events.feed import EVENT_ID_PATTERN, EventQuery
 from vpsshop.events.webhooks import DeliveryQuery, RedeliverInput, WebhookChange, WebhookInput
-from vpsshop.inputs import IDEMPOTENCY_KEY, Input
+from vpsshop.inputs import IDEMPOTENCY_KEY, MAX_ID, Input
 from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys
 from vpsshop.servers.control import PowerAction, ServerChange
 from vpsshop.servers.orders import OrderInput, QuoteInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
-from vpsshop.servers.sshkeys import MAX_ID, SshKeyInput
+from vpsshop.servers.sshkeys import SshKeyInput
 from vpsshop.signin import LoginInput
 from vpsshop.topups import REF_PATTERN, TopupInput
 from vpsshop.x402.offers import SettledPayment, SignedPayment

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from anyio import to_thread
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
 
 from vpsshop import idempotency, limits
@@ -22,7 +21,7 @@ from vpsshop.accounts import read_summary
 from vpsshop.actors import Customer
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest, Conflict
-from vpsshop.inputs import Input
+from vpsshop.inputs import Input, JsonInt
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Server
 from vpsshop.money import UsdAmount, micros_to_usd
@@ -41,20 +40,13 @@ OPERATION = "renewal"
 class RenewInput(Input):
     """Optional body of ``POST /servers/{id}/renew`` and ``POST /servers/{id}/renew/quote``."""
 
-    periods: int = Field(
+    periods: JsonInt = Field(
         1,
         ge=1,
         le=120,
         description="Billing cycles to pay for at once, default 1; a JSON integer (not a string or a boolean), "
         "capped by the prepay horizon (servers.max_prepay_days, default 1100 days) (invalid_periods).",
     )
-
-    @field_validator("periods", mode="before")
-    @classmethod
-    def _json_integer(cls, value: Any) -> Any:
-        if isinstance(value, (bool, str)):  # JSON true or "3" are not a number of periods
-            raise ValueError("periods must be a JSON integer (1 to 120)")
-        return value
 
 
 class RenewOut(BaseModel):

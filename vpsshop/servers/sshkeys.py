@@ -14,7 +14,7 @@ from typing import Annotated
 
 import sqlalchemy as sa
 from anyio import to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -24,11 +24,10 @@ from vpsshop.actors import Customer
 from vpsshop.cloudinit import MAX_PUBLIC_KEY_CHARS, InvalidInput, parse_ssh_public_key
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest, Conflict, NotFound
-from vpsshop.inputs import Input
+from vpsshop.inputs import MAX_ID, Input, JsonInt
 from vpsshop.servers.models import SshKey
 
 __all__ = [
-    "MAX_ID",
     "MAX_KEYS_PER_ACCOUNT",
     "MAX_KEYS_PER_SERVER",
     "SshKeyDeleted",
@@ -42,9 +41,6 @@ __all__ = [
     "list_keys",
 ]
 
-MAX_ID = 2**63 - 1
-"""The largest id a request may name: ids are 64-bit columns (a larger number is refused, never
-overflows the database's integer)."""
 MAX_KEYS_PER_ACCOUNT = 50
 MAX_KEYS_PER_SERVER = 10
 _NAME = r"^[\x20-\x7e]+$"
@@ -174,7 +170,11 @@ async def delete_key(ctx: AppContext, customer: Customer, key_id: int) -> SshKey
     return await to_thread.run_sync(delete)
 
 
-SshKeyId = Annotated[int, Field(ge=1, le=MAX_ID)]
+SshKeyId = Annotated[
+    JsonInt,  # a number: not true, not "3"
+    Field(ge=1, le=MAX_ID),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_ID}),  # the validator hides ge/le from pydantic
+]
 """The id of a stored key as a request names it: a database id (a larger number is an unknown key,
 refused by the model instead of overflowing the database's integer)."""
 

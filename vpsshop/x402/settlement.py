@@ -12,10 +12,15 @@ see :mod:`vpsshop.x402.purchases`):
    rejection's status with ``{"error", "message"}``. A rejection with a 5xx status (``settlement_unavailable``:
    the facilitator's ``/verify`` or the node could not be asked, nothing was sent) removes the record
    instead and cancels its top-up: nothing is left open, and the same payment may be re-sent.
-4. :class:`PluginError` (outcome unknown: something may have been sent): the record stays ``settling``, the
-   answer is 503; a
-   retry of the same header, or the ``x402-settlements`` background task, asks
-   :meth:`X402Coin.settlement_status` and credits once if the authorization was used. A record the
+4. :class:`PluginError` (outcome unknown: something may have been sent): the record stays ``settling``
+   (marked ``outcome_unknown``), the answer is 503; a retry of the same header, or the
+   ``x402-settlements`` background task, asks :meth:`X402Coin.settlement_status` and credits once if
+   the authorization was used.
+
+A re-send that arrives while the first request is still settling the same payment (clients retry,
+or send twice at once) waits for that settlement, up to :data:`RESEND_WAIT`, and then answers with
+its result: the completed top-up (the order, the renewal), or the refusal. Any process of the shop
+sees it, since the wait watches the record. A record the
    chain does not show is closed as rejected only once the authorization can no longer be used: ``valid_before`` (plus
    :data:`SETTLE_GRACE` for blocks still arriving) has passed. Until then anyone holding the
    signed authorization (the shop's stuck transaction, a front-runner) may still get it mined,
@@ -29,10 +34,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from anyio import to_thread
+from anyio import sleep, to_thread
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
@@ -55,6 +61,13 @@ show after this long is closed as rejected."""
 SETTLE_GRACE = timedelta(minutes=2)
 """How long after ``valid_before`` a transaction may still show up: block timestamps that trail
 the shop's clock, an RPC node a few blocks behind."""
+RESEND_WAIT = timedelta(seconds=45)
+"""How long a re-send waits for the first request's settlement of the same payment, counted from
+when the payment was recorded: longer than a settlement takes (USDCBASE: its RPC and receipt
+time-outs, 10 s and 30 s by default). Past it, the re-send asks the chain as after an unknown outcome."""
+OUTCOME_UNKNOWN = "outcome_unknown"
+"""``X402Record.error`` of a record whose settling request ended without knowing the outcome: no
+request is settling it any more, so re-sends do not wait for one."""
 
 
 def may_still_settle(payment: X402Payment, created_at: datetime, now: datetime) -> bool:
@@ -103,6 +116,15 @@ async def pay(
     if not fresh:
         if topup.account_id != account_id or record.purpose != purpose:
             raise ApiError(409, "nonce_used", "This authorization was already used for another request.")
+        if record.status == "settling" and record.error is None:  # another request is settling it now
+            found = await _first_settlement(ctx, record)
+            if found is None:  # it could not have the payment checked: nothing was sent, nothing kept
+                raise ApiError(
+                    503,
+                    "settlement_unavailable",
+                    "The payment could not be checked now; nothing was sent or kept. Send it again later.",
+                )
+            record, topup = found
         if record.status == "settled":
             # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
             settlement = X402Settlement(
@@ -138,6 +160,7 @@ async def pay(
         raise ApiError(exc.status, exc.code, exc.message) from None
     except PluginError as exc:
         log.warning("x402 settlement of %s/%s has an unknown outcome: %s", payment.payer, payment.nonce, exc)
+        await to_thread.run_sync(_note_outcome_unknown, ctx, record.id)
         raise ApiError(
             503,
             "settlement_pending",
@@ -145,6 +168,44 @@ async def pay(
             "The authorization is recorded and will be credited once if it settles.",
         ) from None
     return await _credited(ctx, coin, record.id, settled), settled
+
+
+async def _first_settlement(ctx: AppContext, record: X402Record) -> tuple[X402Record, Topup] | None:
+    """The record (and its top-up) once the request settling it is done with it, or as it stands after
+    :data:`RESEND_WAIT` from its recording; None when that request withdrew it."""
+    created = record.created_at if record.created_at.tzinfo else record.created_at.replace(tzinfo=UTC)
+    left = (created + RESEND_WAIT - ctx.clock.now()).total_seconds()
+    deadline = time.monotonic() + min(max(left, 0.0), RESEND_WAIT.total_seconds())
+    pause = 0.05
+    while time.monotonic() < deadline:
+        # a read-only, indexed read (no write lock on SQLite): has the settling request let go of it?
+        row = await ctx.db.fetch_one(_RECORD_STATE_SQL, {"id": record.id})
+        if row is None or row[0] != "settling" or row[1] is not None:
+            break
+        await sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.5)
+    return await to_thread.run_sync(_reload, ctx, record.id)
+
+
+_RECORD_STATE_SQL = "SELECT status, error FROM x402_payments WHERE id = :id"
+
+
+def _reload(ctx: AppContext, record_id: int | None) -> tuple[X402Record, Topup] | None:
+    with ctx.db.session() as session:
+        record = session.get(X402Record, record_id)
+        if record is None:
+            return None
+        topup = session.get(Topup, record.topup_id)
+        assert topup is not None
+        return record, topup
+
+
+def _note_outcome_unknown(ctx: AppContext, record_id: int | None) -> None:
+    with ctx.db.session() as session:
+        record = session.get(X402Record, record_id)
+        if record is not None and record.status == "settling":
+            record.error = OUTCOME_UNKNOWN
+            session.add(record)
 
 
 def _pending() -> ApiError:
