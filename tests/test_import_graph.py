@@ -182,7 +182,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.hdkeys",
             "vpsshop.cloudinit",
             "vpsshop.qrcodes",
-            "vpsshop.httpserver",
             "vpsshop.actors",
             "vpsshop.markers",
             "vpsshop.inputs",
@@ -194,6 +193,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         {
             "vpsshop.settings",
             "vpsshop.logs",
+            "vpsshop.httpserver",
             "vpsshop.db",
             "vpsshop.backup",
             "vpsshop.component",

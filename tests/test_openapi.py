@@ -120,11 +120,38 @@ def test_document_schemas_are_the_validating_models(vpsshop_client):
 
     schemas = vpsshop_client.get("/v1/openapi.json").json()["components"]["schemas"]
     assert set(schemas["AccountOut"]["required"]) == set(AccountOut.model_fields) - {"currency"}
-    assert schemas["NewKeyInput"]["additionalProperties"] is False
+    assert schemas["NewKeyBody"]["additionalProperties"] is False
     assert (
-        schemas["NewKeyInput"]["properties"]["name"]["anyOf"][0]["maxLength"]
+        schemas["NewKeyBody"]["properties"]["name"]["anyOf"][0]["maxLength"]
         == NewKeyInput.model_fields["name"].metadata[1].max_length
     )
+
+
+def test_request_bodies_keep_the_names_clients_were_generated_with(vpsshop_client):
+    """The operations call their inputs ...Input; the description publishes them under their 1.0
+    names, so a client generated from it keeps its class names."""
+    paths = vpsshop_client.get("/v1/openapi.json").json()["paths"]
+    named = {
+        (path, method): op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        for path, ops in paths.items()
+        for method, op in ops.items()
+        if "requestBody" in op
+    }
+    assert named == {
+        ("/keys", "post"): "NewKeyBody",
+        ("/login", "post"): "LoginBody",
+        ("/topups", "post"): "TopupBody",
+        ("/servers", "post"): "OrderBody",
+        ("/servers/quote", "post"): "QuoteBody",
+        ("/servers/{id}", "patch"): "ServerPatch",
+        ("/servers/{id}/renew", "post"): "RenewBody",
+        ("/servers/{id}/renew/quote", "post"): "RenewBody",
+        ("/servers/{id}/reinstall", "post"): "ReinstallBody",
+        ("/ssh-keys", "post"): "SshKeyBody",
+        ("/webhooks", "post"): "WebhookBody",
+        ("/webhooks/{id}", "patch"): "WebhookPatch",
+        ("/webhooks/{id}/redeliver", "post"): "RedeliverBody",
+    }
 
 
 @schema.parametrize()

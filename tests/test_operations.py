@@ -69,7 +69,7 @@ def test_one_write_limit_for_every_front_end(vpsshop_client: TestClient, vpsshop
     assert mcp_call(client, account.api_key, "quote_order", **ORDER).get("isError") is not True  # 4: quotes count
     refused = mcp_call(client, account.api_key, "create_api_key", name="five")
     assert refused["isError"] is True and refused["structuredContent"]["error"] == "rate_limited"
-    assert 0 < refused["structuredContent"]["retry_after"] <= 60
+    assert 0 < refused["structuredContent"]["retry_after"] <= 2 * 60  # a sliding window of 60 s
     assert client.post("/v1/keys", headers=account.headers).status_code == 429
     assert post_form(client, f"{D}/keys", {"name": "six"}).status_code == 429
     keys = client.get("/v1/keys", headers=account.headers).json()["keys"]

@@ -9,8 +9,12 @@ from vpsshop import accounts, limits, signin
 from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyRevoked, NewKeyInput
 from vpsshop.actors import Customer
 from vpsshop.context import StateKey
-from vpsshop.routing import ApiRoute, Call, JsonBody, client_address
+from vpsshop.routing import ApiRoute, Call, JsonBody, body_named, client_address
 from vpsshop.signin import LoginInput
+
+# The bodies under the names of the OpenAPI description (clients generated from it use them).
+NewKeyBody = body_named("NewKeyBody", NewKeyInput)
+LoginBody = body_named("LoginBody", LoginInput)
 
 TAG = ("account",)
 NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
@@ -100,7 +104,7 @@ def routes() -> list[ApiRoute]:
             "Mint an API key",
             ApiKeyCreated,
             status=201,
-            body=NewKeyInput,
+            body=NewKeyBody,
             body_required=False,
             description="The body is optional; it may name the key. The full key is in this response only.",
             tags=TAG,
@@ -130,7 +134,7 @@ def routes() -> list[ApiRoute]:
             ApiKeyCreated,
             status=201,
             auth=False,
-            body=LoginInput,
+            body=LoginBody,
             description='Exchanges the account\'s login_token for a new API key named "dashboard": how a customer '
             "who lost or revoked every key regains access (the web dashboard signs in with the same token, into a "
             "browser session rather than a key). The token is checked against a keyed digest and is not usable "

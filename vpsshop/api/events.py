@@ -31,9 +31,14 @@ from vpsshop.events.webhooks import (
 from vpsshop.inputs import parse
 from vpsshop.ledger import LedgerEntryOut
 from vpsshop.payments.resource import TopupOut
-from vpsshop.routing import ApiRoute, Call, JsonBody, Query, Reply
+from vpsshop.routing import ApiRoute, Call, JsonBody, Query, Reply, body_named
 from vpsshop.servers.resource import ServerOut
 from vpsshop.servers.sshkeys import SshKeyOut
+
+# The bodies under the names of the OpenAPI description (clients generated from it use them).
+WebhookBody = body_named("WebhookBody", WebhookInput)
+WebhookPatch = body_named("WebhookPatch", WebhookChange)
+RedeliverBody = body_named("RedeliverBody", RedeliverInput)
 
 TAG = ("events",)
 NO_STORE = {"Cache-Control": "no-store"}
@@ -159,7 +164,7 @@ def routes() -> list[ApiRoute]:
             "Register a webhook endpoint",
             WebhookCreated,
             status=201,
-            body=WebhookInput,
+            body=WebhookBody,
             response_headers=NO_STORE,
             description="Events of the account are POSTed to `url` as JSON, signed by the Standard Webhooks scheme: "
             "headers `webhook-id` (the event id), `webhook-timestamp` (Unix seconds of the attempt) and "
@@ -206,7 +211,7 @@ def routes() -> list[ApiRoute]:
             patch_webhook,
             "Change or re-enable a webhook endpoint",
             WebhookOut,
-            body=WebhookChange,
+            body=WebhookPatch,
             errors={400: "invalid_url, invalid_event_types", 404: _NOT_YOURS},
             description="Change the URL, types or description; `enabled: true` re-enables a disabled endpoint (its "
             "pending deliveries resume), `enabled: false` pauses it. Events that happen while an endpoint is "
@@ -255,7 +260,7 @@ def routes() -> list[ApiRoute]:
             "Send an event again",
             DeliveryOut,
             status=202,
-            body=RedeliverInput,
+            body=RedeliverBody,
             description="Queues a new delivery of one of the account's events to this endpoint (same webhook-id), "
             "sent within seconds and retried like any other. For replaying what an outage missed.",
             errors={

@@ -13,7 +13,7 @@ from vpsshop import limits
 from vpsshop.api import x402
 from vpsshop.api.console import CLOSE_BAD_TICKET, CLOSE_UNAVAILABLE
 from vpsshop.openapi import InsufficientBalanceBody
-from vpsshop.routing import ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
+from vpsshop.routing import ApiRoute, Call, Header, Reply, body_named, idempotency_header, idempotency_key
 from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys
 from vpsshop.servers.console import TICKET_SECONDS, WS_PATH, ConsoleTicketOut
 from vpsshop.servers.control import PowerAction, PowerActionOut, ServerChange
@@ -23,6 +23,14 @@ from vpsshop.servers.reinstall import ReinstallInput, ReinstallOut
 from vpsshop.servers.renewals import RenewInput, RenewOut
 from vpsshop.servers.resource import ServerList, ServerOut
 from vpsshop.servers.sshkeys import SshKeyDeleted, SshKeyInput, SshKeyList, SshKeyOut
+
+# The bodies under the names of the OpenAPI description (clients generated from it use them).
+OrderBody = body_named("OrderBody", OrderInput)
+QuoteBody = body_named("QuoteBody", QuoteInput)
+ServerPatch = body_named("ServerPatch", ServerChange)
+RenewBody = body_named("RenewBody", RenewInput)
+ReinstallBody = body_named("ReinstallBody", ReinstallInput)
+SshKeyBody = body_named("SshKeyBody", SshKeyInput)
 
 TAG = ("servers",)
 SSH_TAG = ("ssh-keys",)
@@ -195,7 +203,7 @@ def routes() -> list[ApiRoute]:
             "Order a server",
             OrderOut,
             status=201,
-            body=OrderInput,
+            body=OrderBody,
             response_headers={"Cache-Control": "no-store"},  # the generated root_password, also on a replay
             description="Charges one billing cycle (price from the catalog rule: monthly = plan base price x location "
             "modifier; annual = 10 x monthly; default cycle monthly) from the balance and creates the server with "
@@ -242,7 +250,7 @@ def routes() -> list[ApiRoute]:
             order_quote,
             "Price an order without placing it",
             QuoteOut,
-            body=QuoteInput,
+            body=QuoteBody,
             description="What POST /servers with this body would charge now, the balance, and the deficit to top "
             "up first. Send the order's own body: plan, location, os and cycle set the price; hostname, "
             "root_password, ssh_keys and user_data are accepted, checked as the order checks them (a quote refuses "
@@ -289,7 +297,7 @@ def routes() -> list[ApiRoute]:
             patch_server,
             "Change automatic renewal or reverse DNS",
             ServerOut,
-            body=ServerChange,
+            body=ServerPatch,
             description="auto_renew (default true) renews the server from the balance up to 72 hours before "
             "expires_at. Turned off, the server is suspended at expires_at unless POST /servers/{id}/renew is "
             "called, and terminated after the grace period.\n\n"
@@ -326,7 +334,7 @@ def routes() -> list[ApiRoute]:
             renew_server,
             "Renew a server for one or more cycles",
             RenewOut,
-            body=RenewInput,
+            body=RenewBody,
             body_required=False,
             description="Charges `periods` billing cycles (default 1; the body is optional) from the balance now "
             "and moves expires_at as many cycles on. A suspended server (expired unpaid) becomes active again and "
@@ -374,7 +382,7 @@ def routes() -> list[ApiRoute]:
             renewal_quote,
             "Price a renewal without making it",
             QuoteOut,
-            body=RenewInput,
+            body=RenewBody,
             body_required=False,
             description="What POST /servers/{id}/renew with these periods would charge now, where expires_at would "
             "move, the balance and the deficit. Shares the renewal's pricing code; writes nothing.",
@@ -396,7 +404,7 @@ def routes() -> list[ApiRoute]:
             "Reinstall a server",
             ReinstallOut,
             status=202,
-            body=ReinstallInput,
+            body=ReinstallBody,
             response_headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
             description="Erases the server's disk and installs `os` (any catalog OS) afresh: a job powers the VM "
             "off, recreates its disk from the OS's base image and boots it with new first-boot data (root password, "
@@ -448,7 +456,7 @@ def routes() -> list[ApiRoute]:
             "Store an SSH public key",
             SshKeyOut,
             status=201,
-            body=SshKeyInput,
+            body=SshKeyBody,
             description="Stores a public key under a name, to be chosen by id when ordering (ssh_keys on POST "
             f"/servers) or reinstalling. Accepted: Ed25519, ECDSA (P-256, P-384, P-521) and RSA of at least 2048 "
             "bits; anything else is a 400 invalid_public_key saying why. At most "

@@ -10,8 +10,11 @@ from pydantic import BaseModel, Field
 from vpsshop import limits, topups
 from vpsshop.api import x402
 from vpsshop.payments.resource import TopupOut
-from vpsshop.routing import ApiRoute, Call, Header, Reply, idempotency_header, idempotency_key
+from vpsshop.routing import ApiRoute, Call, Header, Reply, body_named, idempotency_header, idempotency_key
 from vpsshop.topups import TopupInput
+
+# The bodies under the names of the OpenAPI description (clients generated from it use them).
+TopupBody = body_named("TopupBody", TopupInput)
 
 TAG = ("topups",)
 
@@ -56,7 +59,7 @@ def routes() -> list[ApiRoute]:
             "Start a top-up",
             TopupOut,
             status=201,
-            body=TopupInput,
+            body=TopupBody,
             description="Creates a pending top-up of `amount` USD paid in `coin` (default BTC). A classic coin "
             "answers 201 with a deposit address unique to this top-up, the amount to pay at a rate locked until "
             "`expires_at`, and a QR code of the payment URI. USDCBASE, or the header `X-Payment-Mode: x402`, "
