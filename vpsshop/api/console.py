@@ -92,6 +92,6 @@ async def _why_no_console(ctx: AppContext, server_id: int, handle: ServerHandle)
 
 
 def websocket_route(prefix: str) -> WebSocketRoute:
-    """The console's WebSocket under ``prefix``. Its id takes 1 to 18 digits, as every API path's id does
-    (a larger number matches no route instead of overflowing the database's integer)."""
+    """The console's WebSocket under ``prefix``. Its id is bounded as every API path's id is (0 to
+    ``inputs.MAX_ID``: a larger number matches no route instead of overflowing the database's integer)."""
     return WebSocketRoute(prefix + WS_PATH.replace("{id}", "{id:id}"), console_socket)
