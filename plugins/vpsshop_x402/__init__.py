@@ -634,7 +634,8 @@ class USDCBASE(X402Coin):
             # Not ready for real use; enough for a sandbox: the 402 and its payment requirements work.
             return Readiness(
                 False,
-                f"pay_to is {SANDBOX_PAY_TO}, a burn address nobody holds: a payment settled there is lost. "
+                f"pay_to is the sandbox's placeholder {SANDBOX_PAY_TO}, a burn address nobody holds: a payment "
+                "settled there is lost. "
                 "Set coins.USDCBASE.pay_to to your own address (the 402s and payment requirements work meanwhile)",
                 sandbox_ok=self.sandbox,
             )
