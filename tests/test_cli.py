@@ -103,6 +103,9 @@ def test_serve_without_config_is_a_sandbox_with_a_banner(tmp_path):
         proc.terminate()
         output = proc.communicate(timeout=20)[0]
     assert "running as a SANDBOX" in output
+    # where a person, a browser and an agent each go
+    assert f"API         http://127.0.0.1:{port}/v1    web dashboard: http://127.0.0.1:{port}/dashboard/" in output
+    assert f"MCP         http://127.0.0.1:{port}/mcp" in output
     assert created.json()["api_key"] not in output  # no secret in logs
 
 

@@ -35,6 +35,7 @@ def sandbox_banner(
     *,
     api: str = "",
     dashboard: str = "",
+    mcp: str = "",
 ) -> str:
     """What ``vpsshop serve`` prints in the sandbox, computed from what is really loaded.
 
@@ -48,6 +49,7 @@ def sandbox_banner(
     ]
     if api:
         lines.append(f"  API         {api}    web dashboard: {dashboard or 'off'}")
+        lines.append(f"  MCP         {mcp or 'off'}    (for AI agents: docs/mcp.md)")
     labels = {"coin": "coin", "hypervisor": "hypervisor", "rates": "rates", "catalog": "catalog"}
     for kind, key, plugin, ready, detail in rows:
         label = labels.get(kind, kind)
@@ -118,9 +120,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # its remedy (production), the schema is migrated once, and the sandbox banner shows what loaded.
     problems, rows = asyncio.run(_start_checks(build_context(settings)))
     if settings.sandbox:
-        dashboard = f"http://{host}:{port}{settings.dashboard.path}/" if settings.dashboard.enabled else "off"
+        base = f"http://{host}:{port}"
+        dashboard = f"{base}{settings.dashboard.path}/" if settings.dashboard.enabled else "off"
+        mcp = f"{base}/mcp" if settings.mcp.enabled else "off"
+        banner = sandbox_banner(settings.database_url, rows, problems, api=f"{base}/v1", dashboard=dashboard, mcp=mcp)
         print(
-            sandbox_banner(settings.database_url, rows, problems, api=f"http://{host}:{port}/v1", dashboard=dashboard),
+            banner,
             file=sys.stderr,
             flush=True,
         )
