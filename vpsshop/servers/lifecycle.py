@@ -252,32 +252,51 @@ def _renew_due(ctx: AppContext, pol: ServersPolicy, now: datetime) -> int:
     return done
 
 
+def _step(
+    session: Session,
+    server: Server,
+    now: datetime,
+    before: str,
+    values: dict[str, Any],
+    *,
+    why: str,
+    event: str,
+    job: str,
+) -> int:
+    """Move ``server`` on from status ``before`` to ``values`` unless something changed it since it was
+    read (a renewal, an admin); then record the step, emit ``event`` and queue ``job``. 1 if it moved."""
+    assert server.id is not None
+    moved = rowcount(
+        session.execute(
+            sa.update(Server)
+            .where(
+                col(Server.id) == server.id,
+                col(Server.status) == before,
+                col(Server.expires_at) == server.expires_at,
+            )
+            .values(**values)
+        )
+    )
+    if moved != 1:
+        return 0
+    record(session, server.id, values["status"], now, why)
+    events.emit(session, event, server.account_id, server_event(session, server.id), now=now)
+    enqueue(session, server.id, job, now)
+    return 1
+
+
 def _suspend_expired(ctx: AppContext, now: datetime) -> int:
     done = 0
     with ctx.db.session() as session:
         for server in _due(session, sa.and_(col(Server.status) == "active", col(Server.expires_at) <= now)):
-            assert server.id is not None
-            moved = rowcount(
-                session.execute(
-                    sa.update(Server)
-                    .where(
-                        col(Server.id) == server.id,
-                        col(Server.status) == "active",
-                        col(Server.expires_at) == server.expires_at,
-                    )
-                    .values(
-                        status="suspended",
-                        suspended_at=now,
-                        suspended_by="nonpayment",
-                        status_reason="The paid period ended and the balance did not cover a renewal.",
-                    )
-                )
-            )
-            if moved == 1:
-                record(session, server.id, "suspended", now, f"expired {server.expires_at.isoformat()}")
-                events.emit(session, "server.suspended", server.account_id, server_event(session, server.id), now=now)
-                enqueue(session, server.id, "suspend", now)
-                done += 1
+            suspended = {
+                "status": "suspended",
+                "suspended_at": now,
+                "suspended_by": "nonpayment",
+                "status_reason": "The paid period ended and the balance did not cover a renewal.",
+            }
+            why = f"expired {server.expires_at.isoformat()}"
+            done += _step(session, server, now, "active", suspended, why=why, event="server.suspended", job="suspend")
     return done
 
 
@@ -286,27 +305,21 @@ def _terminate_overdue(ctx: AppContext, pol: ServersPolicy, now: datetime) -> in
     done = 0
     with ctx.db.session() as session:
         for server in _due(session, sa.and_(col(Server.status) == "suspended", col(Server.expires_at) <= cutoff)):
-            assert server.id is not None
-            moved = rowcount(
-                session.execute(
-                    sa.update(Server)
-                    .where(
-                        col(Server.id) == server.id,
-                        col(Server.status) == "suspended",
-                        col(Server.expires_at) == server.expires_at,
-                    )
-                    .values(
-                        status="terminated",
-                        terminated_at=now,
-                        status_reason=f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.",
-                    )
-                )
+            terminated = {
+                "status": "terminated",
+                "terminated_at": now,
+                "status_reason": f"Not renewed within {pol.grace_days:g} days of expiry; the server was deleted.",
+            }
+            done += _step(
+                session,
+                server,
+                now,
+                "suspended",
+                terminated,
+                why="grace period over",
+                event="server.terminated",
+                job="destroy",
             )
-            if moved == 1:
-                record(session, server.id, "terminated", now, "grace period over")
-                events.emit(session, "server.terminated", server.account_id, server_event(session, server.id), now=now)
-                enqueue(session, server.id, "destroy", now)
-                done += 1
     return done
 
 
