@@ -70,7 +70,7 @@ def test_an_order_or_quote_where_no_host_serves_is_refused_before_any_charge(vps
 def test_the_api_description_offers_only_served_locations(vpsshop_client):
     document = vpsshop_client.get("/v1/openapi.json").json()
     schemas = document["components"]["schemas"]
-    for name in ("OrderInput", "QuoteInput"):
+    for name in ("OrderBody", "QuoteBody"):
         assert schemas[name]["properties"]["location"]["enum"] == ["nl"], name
     assert "location_unavailable" in document["paths"]["/servers"]["post"]["responses"]["409"]["description"]
     catalog = vpsshop_client.get("/v1/catalog").json()  # the catalog itself still says what it sells
