@@ -173,6 +173,33 @@ class ConsoleStream:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class HostInspection:
+    """What exists on a host for one server, as :meth:`HypervisorBackend.inspect` finds it there.
+
+    Core never asks for it: a backend offers it to its contract kit (``vpsshop.testing``), which
+    then checks what the backend did rather than what the backend says it did: that ``destroy``
+    leaves nothing, that a repeated ``create``, ``suspend`` and ``resume`` keep the disk and
+    ``reinstall`` replaces it, that ``reboot`` restarts the guest, and that no test leaves anything
+    behind.
+
+    .. versionadded:: 1.1
+    """
+
+    resources: tuple[str, ...] = ()
+    """Everything on the host that belongs to the server, one ``"<kind> <name>"`` each:
+    ``"domain vps-1-ab"``, ``"volume vps-1-ab.qcow2"``, ``"file /var/lib/x/vps-1-ab.img"``,
+    ``"process 4121"``. Empty once the server is destroyed."""
+    running: int = 0
+    """How many guests of this server run now (active domains, live VM processes): 0 or 1, never more."""
+    boots: int = 0
+    """A counter that goes up each time a guest of this server starts or is reset (power on, reboot,
+    resume), as the host saw it; compared before and after a verb, never read as an absolute."""
+    disk_marker: str | None = None
+    """The marker :meth:`HypervisorBackend.mark_disk` wrote on the server's current disk, read back
+    from that disk; None when the disk has none (a new disk) or there is no disk."""
+
+
 CAPABILITY_REINSTALL = "reinstall"
 CAPABILITY_CONSOLE = "console"
 
@@ -286,3 +313,31 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         .. versionadded:: 1.1
         """
         raise NotImplementedError
+
+    async def inspect(self, handle: ServerHandle) -> HostInspection:
+        """Optional, for the contract kit only: what exists on the host for ``handle`` now
+        (:class:`HostInspection`), found by looking at the host (its domains, volumes, files,
+        processes), not at the backend's own records. ``handle.host`` may be empty: look on every
+        host of ``handle.location``. A backend that does not override it gets the kit's weaker
+        checks, which only ask :meth:`state`.
+
+        .. versionadded:: 1.1
+        """
+        raise NotImplementedError
+
+    async def mark_disk(self, handle: ServerHandle, marker: str) -> None:
+        """Optional, with :meth:`inspect`: write ``marker`` (a short ASCII string) on the server's
+        current disk, where :meth:`inspect` reads it back as ``disk_marker``; a disk made anew
+        (reinstall, or a broken verb that re-provisions) must come without it. The kit calls it with
+        the domain stopped. Write it where the guest does not look (the libvirt backend names a
+        qcow2 bitmap after it).
+
+        .. versionadded:: 1.1
+        """
+        raise NotImplementedError
+
+    @property
+    def inspectable(self) -> bool:
+        """Whether this backend offers :meth:`inspect` and :meth:`mark_disk` to its kit."""
+        cls = type(self)
+        return cls.inspect is not HypervisorBackend.inspect and cls.mark_disk is not HypervisorBackend.mark_disk

@@ -10,7 +10,10 @@ can log in to a simulated server.
 
 Each domain is one record of :class:`vpsshop.PluginState` (namespace ``simulator``, key = domain
 name), written with compare-and-set, so several ``vpsshop serve`` processes and a ``vpsshop
-worker`` see and change the same domains, and they survive a restart.
+worker`` see and change the same domains, and they survive a restart. The record is the
+simulated host's view of the server: whether the domain is defined, its volumes (a disk, whose
+identity changes when it is made anew, and a seed), how many guests run and how often one
+started; :meth:`SimulatedBackend.inspect` reads it for the contract kit.
 
 It is also the shortest complete hypervisor plugin: it imports only ``vpsshop``'s public API.
 
@@ -26,6 +29,7 @@ Settings (``[hypervisor] backend = "simulator"``)::
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -36,6 +40,7 @@ from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    HostInspection,
     HypervisorBackend,
     PluginError,
     PluginState,
@@ -96,8 +101,14 @@ class SimulatedBackend(HypervisorBackend):
         return self.records
 
     def _powered_on(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A guest starts (or is reset): one guest runs, and it has booted once more."""
         booted = self.clock.now() + timedelta(seconds=self.config.boot_seconds)
-        return {**data, "power": "on", "booted_at": booted.isoformat()}
+        return {**data, "power": "on", "booted_at": booted.isoformat(), "guests": 1, "boots": data.get("boots", 0) + 1}
+
+    @staticmethod
+    def _new_disk(data: dict[str, Any]) -> dict[str, Any]:
+        """The server's disk and seed made anew (create, reinstall): a new identity, no marker."""
+        return {**data, "defined": True, "disk": secrets.token_hex(8), "disk_marker": None, "seed": True}
 
     async def _power(self, handle: ServerHandle, change: Any, *, must_exist: bool) -> None:
         missing = False
@@ -115,16 +126,18 @@ class SimulatedBackend(HypervisorBackend):
 
     async def create(self, spec: ServerSpec) -> ServerHandle:
         data = self._powered_on(
-            {
-                "hostname": spec.hostname,
-                "location": spec.location,
-                "ip": spec.ip,
-                "vcpu": spec.vcpu,
-                "memory_mib": spec.memory_mib,
-                "disk_gib": spec.disk_gib,
-                "os": spec.os_id,
-                "created_at": self.clock.now().isoformat(),
-            }
+            self._new_disk(
+                {
+                    "hostname": spec.hostname,
+                    "location": spec.location,
+                    "ip": spec.ip,
+                    "vcpu": spec.vcpu,
+                    "memory_mib": spec.memory_mib,
+                    "disk_gib": spec.disk_gib,
+                    "os": spec.os_id,
+                    "created_at": self.clock.now().isoformat(),
+                }
+            )
         )
         if await self._state().create(spec.name, data) is None:  # an earlier attempt made it
             await self._power(ServerHandle(HOST, spec.name), self._start_data, must_exist=True)
@@ -137,7 +150,11 @@ class SimulatedBackend(HypervisorBackend):
         await self._power(handle, self._start_data, must_exist=True)
 
     async def stop(self, handle: ServerHandle) -> None:
-        await self._power(handle, lambda data: {**data, "power": "off", "booted_at": None}, must_exist=False)
+        await self._power(handle, self._stopped_data, must_exist=False)
+
+    @staticmethod
+    def _stopped_data(data: dict[str, Any]) -> dict[str, Any]:
+        return {**data, "power": "off", "booted_at": None, "guests": 0}
 
     async def reboot(self, handle: ServerHandle) -> None:
         await self._power(handle, self._powered_on, must_exist=True)
@@ -157,12 +174,14 @@ class SimulatedBackend(HypervisorBackend):
 
         def change(data: dict[str, Any]) -> dict[str, Any]:
             return self._powered_on(
-                {
-                    **data,
-                    "os": spec.os_id,
-                    "ssh_keys": len(spec.ssh_keys),
-                    "reinstalled_at": self.clock.now().isoformat(),
-                }
+                self._new_disk(
+                    {
+                        **data,
+                        "os": spec.os_id,
+                        "ssh_keys": len(spec.ssh_keys),
+                        "reinstalled_at": self.clock.now().isoformat(),
+                    }
+                )
             )
 
         await self._power(handle, change, must_exist=True)
@@ -176,13 +195,35 @@ class SimulatedBackend(HypervisorBackend):
 
     async def state(self, handle: ServerHandle) -> DomainState:
         record = await self._state().get(handle.domain)
-        if record is None:
+        if record is None or not record.data.get("defined", True):
             return DomainState.MISSING
         if record.data["power"] == "off":
             return DomainState.STOPPED
         if self.clock.now() < datetime.fromisoformat(record.data["booted_at"]):
             return DomainState.STARTING
         return DomainState.RUNNING
+
+    async def inspect(self, handle: ServerHandle) -> HostInspection:
+        """What the simulated host holds for the server: its domain, disk and seed volumes."""
+        record = await self._state().get(handle.domain)
+        if record is None:
+            return HostInspection()
+        data = record.data
+        resources = [f"domain {handle.domain}"] if data.get("defined", True) else []
+        if data.get("disk", "legacy"):
+            resources.append(f"volume {handle.domain}.qcow2")
+        if data.get("seed", True):
+            resources.append(f"volume {handle.domain}-seed.iso")
+        return HostInspection(
+            resources=tuple(resources),
+            running=data.get("guests", 1 if data.get("power") == "on" else 0),
+            boots=data.get("boots", 0),
+            disk_marker=data.get("disk_marker"),
+        )
+
+    async def mark_disk(self, handle: ServerHandle, marker: str) -> None:
+        """Note ``marker`` on the server's current (simulated) disk; a new disk comes without it."""
+        await self._power(handle, lambda data: {**data, "disk_marker": marker}, must_exist=True)
 
     async def preflight(self) -> None:
         if not self.sandbox:

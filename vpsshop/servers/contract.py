@@ -1,9 +1,10 @@
 """The hypervisor contract: what core relies on, as tests any backend runs against itself.
 
-Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs). Two ways to use it:
+Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs; ``pip install
+'vpsshop[testing]'``). Two ways to use it:
 
 1. **The test class.** Subclass :class:`HypervisorContract` in a test module whose name starts
-   with ``Test``, and give it the backend (built against a real or test daemon) as the
+   with ``Test``, and give it the backend (built against a real or test host) as the
    ``hypervisor_backend`` fixture. Every contract test then runs against it, one test per rule,
    so a failure names the rule that broke::
 
@@ -12,10 +13,15 @@ Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs). Two wa
 
        class TestMyBackend(HypervisorContract):
            @pytest.fixture
-           def hypervisor_backend(self):
+           def hypervisor_backend(self, vpsshop_context, hypervisor_run):
                backend = MyBackend.from_settings({...}, sandbox=False, where="hypervisor.mine")
+               backend.bind(vpsshop_context)
                yield backend
-               asyncio.run(backend.close())
+               hypervisor_run(backend.close())
+
+   Each test runs all its verbs on **one event loop** that lives for the test (a thread the
+   ``hypervisor_run`` fixture starts): a backend may keep an asyncio connection from one verb
+   to the next, and closes it in ``close()`` on that same loop, as above.
 
    Optional fixtures: ``hypervisor_location`` (a location the backend serves, default ``"nl"``),
    ``hypervisor_unserved_location`` (a location your configuration does not serve, default None:
@@ -27,21 +33,35 @@ Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs). Two wa
    uses them, twice where core may retry, and raises ``AssertionError`` naming the verb that broke
    the contract. It always destroys what it created.
 
+**Inspection.** A kit that only asks the backend's own ``state()`` believes what the backend says.
+A backend that also offers :meth:`~vpsshop.HypervisorBackend.inspect` (what exists on the host for
+a server: domains or processes, volumes and files, running guests, a boot counter) and
+:meth:`~vpsshop.HypervisorBackend.mark_disk` (a marker on the server's disk that ``inspect``
+reads back) is checked on what it did: ``destroy`` leaves nothing (with ``handle.host`` empty
+too), a repeated ``create``, ``start``, ``suspend`` and ``resume`` keep the disk and run one
+guest, ``reinstall`` replaces the disk, ``reboot`` restarts the guest, and no test leaves anything
+behind. Without them those checks are skipped, and say so.
+
 What the contract says (``docs/plugins.md``, "Hypervisor backends"):
 
 * ``serves`` answers a bool, True for the location the server is made in; for a location the
   configuration does not serve it is False, and ``create`` there raises :class:`vpsshop.PluginError`;
 * ``create`` returns a handle whose ``domain`` is ``spec.name`` and whose ``host`` is set; the
   domain is powered on: ``state`` reports ``starting`` and then ``running`` within the boot time;
-* ``create`` again with the same spec returns the same host and domain (a retried job);
-* ``start``/``resume`` of a running domain, ``stop``/``suspend`` of a stopped one, ``destroy`` of a
-  missing one do nothing and do not raise; ``reboot`` of a stopped domain starts it;
+* ``create`` again with the same spec returns the same host and domain (a retried job) and keeps
+  the disk;
+* ``start``/``resume`` of a running domain, ``stop``/``suspend`` of a stopped one, and ``stop``,
+  ``suspend`` and ``destroy`` of a missing one do nothing and do not raise; ``reboot`` of a
+  stopped domain starts it, of a running one restarts the guest;
+* ``suspend`` and ``resume`` keep the disk;
+* ``destroy`` removes the domain, its disk and its first-boot data, also when ``handle.host`` is
+  empty (look on every host of ``handle.location``);
 * ``state`` of a domain that never existed is ``missing``, without raising;
 * ``start`` or ``reboot`` of a missing domain raises :class:`vpsshop.PluginError`;
 * ``address_pool`` is None or an :class:`~vpsshop.AddressPool` of distinct address strings;
 * ``capabilities`` names only known optional verbs (``reinstall``, ``console``); for each one named:
-* ``reinstall`` of a running domain returns a handle on the same host and domain, and the domain
-  is running again within the boot time; reinstalling again (a retried job) does the same;
+* ``reinstall`` of a running domain returns a handle on the same host and domain, the domain is
+  running again within the boot time, on a new disk; reinstalling again (a retried job) does the same;
 * ``open_console`` of a running domain returns a :class:`~vpsshop.ConsoleStream` whose ``close``
   is idempotent and after which ``read`` comes to ``b""`` (after what was read before); of a missing domain it raises
   :class:`vpsshop.PluginError`.
@@ -54,10 +74,11 @@ import dataclasses
 import itertools
 import secrets
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
+from anyio.from_thread import start_blocking_portal
 
 from vpsshop.errors import PluginError
 from vpsshop.hypervisor import (
@@ -66,6 +87,7 @@ from vpsshop.hypervisor import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    HostInspection,
     HypervisorBackend,
     ServerHandle,
     ServerSpec,
@@ -75,6 +97,10 @@ KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE})
 
 DEFAULT_BOOT_TIMEOUT = 60.0
 _POLL_SECONDS = 0.1
+
+_T = TypeVar("_T")
+Run = Callable[[Awaitable[_T]], _T]
+"""Runs a coroutine on the test's event loop and returns its result (the ``hypervisor_run`` fixture)."""
 
 
 def contract_spec(location: str = "nl", **overrides: Any) -> ServerSpec:
@@ -113,48 +139,156 @@ async def expect_state(backend: HypervisorBackend, handle: ServerHandle, wanted:
     assert state == wanted, f"after {after} the domain is {state.value}, expected {wanted.value}"
 
 
+# ---- inspection: what is on the host, not what the backend says ---------------------------------
+
+
+class HostCheck:
+    """The checks on what a backend's :meth:`~vpsshop.HypervisorBackend.inspect` finds on the host;
+    each does nothing for a backend that offers no inspection (``enabled`` is False)."""
+
+    def __init__(self, backend: HypervisorBackend) -> None:
+        self.backend = backend
+        self.enabled = backend.inspectable
+        self.marker: str | None = None
+
+    async def look(self, handle: ServerHandle) -> HostInspection:
+        found = await self.backend.inspect(handle)
+        assert isinstance(found, HostInspection), "inspect must return a vpsshop.HostInspection"
+        assert found.running in (0, 1), f"{found.running} guests of one server are running: {found.resources}"
+        return found
+
+    async def running_once(self, handle: ServerHandle, after: str) -> HostInspection | None:
+        """Exactly one guest runs, on the disk marked before (if one was)."""
+        if not self.enabled:
+            return None
+        found = await self.look(handle)
+        assert found.running == 1, f"after {after} {found.running} guests run on the host, expected 1"
+        self._same_disk(found, after)
+        return found
+
+    async def stopped(self, handle: ServerHandle, after: str) -> None:
+        if not self.enabled:
+            return
+        found = await self.look(handle)
+        assert found.running == 0, f"after {after} a guest still runs on the host ({found.resources})"
+        self._same_disk(found, after)
+
+    def _same_disk(self, found: HostInspection, after: str) -> None:
+        if self.marker is not None:
+            now = "gone" if found.disk_marker is None else f"now {found.disk_marker!r}"
+            assert found.disk_marker == self.marker, (
+                f"after {after} the server's disk is not the one it had (its marker {self.marker!r} is {now}): "
+                "the verb replaced or wiped it"
+            )
+
+    async def mark(self, handle: ServerHandle, boot_timeout: float) -> None:
+        """Stop the domain, write a fresh marker on its disk, start it again."""
+        if not self.enabled:
+            return
+        await self.backend.stop(handle)
+        await expect_state(self.backend, handle, DomainState.STOPPED, "stop (before marking the disk)")
+        marker = f"vpsshop-kit-{secrets.token_hex(6)}"
+        await self.backend.mark_disk(handle, marker)
+        found = await self.look(handle)
+        assert found.disk_marker == marker, (
+            f"inspect reads disk marker {found.disk_marker!r}, mark_disk wrote {marker!r}"
+        )
+        self.marker = marker
+        await self.backend.start(handle)
+        await wait_running(self.backend, handle, "start (after marking the disk)", boot_timeout)
+
+    async def boots(self, handle: ServerHandle) -> int | None:
+        return (await self.look(handle)).boots if self.enabled else None
+
+    async def booted_since(self, handle: ServerHandle, before: int | None, after: str) -> None:
+        if before is None:
+            return
+        now = (await self.look(handle)).boots
+        assert now > before, f"after {after} the host saw no guest start or reset (boots {before} -> {now})"
+
+    async def new_disk(self, handle: ServerHandle, after: str) -> None:
+        if not self.enabled:
+            return
+        found = await self.look(handle)
+        assert found.disk_marker is None, (
+            f"after {after} the disk still carries marker {found.disk_marker!r}: not a new disk"
+        )
+        self.marker = None
+
+    async def nothing_left(self, handle: ServerHandle, after: str) -> None:
+        if not self.enabled:
+            return
+        for where in (handle, dataclasses.replace(handle, host="")):
+            found = await self.look(where)
+            assert not found.resources and found.running == 0, (
+                f"after {after} the host still holds {list(found.resources)} "
+                f"({found.running} running) for {handle.domain}"
+            )
+
+
+# ---- the walk -------------------------------------------------------------------------------------
+
+
 async def check_hypervisor(
     backend: HypervisorBackend, spec: ServerSpec, boot_timeout: float = DEFAULT_BOOT_TIMEOUT
 ) -> ServerHandle:
-    """Create, re-create, start, stop, reboot, suspend, resume and destroy one server, checking the
-    states and the idempotency core relies on.
+    """Create, re-create, start, stop, reboot, suspend, resume, (reinstall,) and destroy one server,
+    checking the states and the idempotency core relies on, and (for a backend that offers
+    inspection) what is on the host after each verb.
 
     :return: the handle ``create`` returned (the domain is gone by then).
     """
     check_serves(backend, spec.location)
+    host = HostCheck(backend)
     handle = await backend.create(spec)
     try:
         assert handle.domain == spec.name, f"create returned domain {handle.domain!r}, not spec.name {spec.name!r}"
         assert handle.host, "create must say which host the domain is on"
         await wait_running(backend, handle, "create", boot_timeout)
+        handle = ServerHandle(handle.host, handle.domain, handle.ip, spec.location)
+        created = await host.running_once(handle, "create")
+        assert created is None or created.resources, "inspect finds nothing on the host for a created server"
+        await host.mark(handle, boot_timeout)
         again = await backend.create(spec)
         assert (again.host, again.domain) == (handle.host, handle.domain), "create is not idempotent"
         await expect_state(backend, handle, DomainState.RUNNING, "create of an existing running domain")
-        handle = ServerHandle(handle.host, handle.domain, handle.ip, spec.location)
+        await host.running_once(handle, "create of an existing running domain")
         await backend.start(handle)
         await expect_state(backend, handle, DomainState.RUNNING, "start of a running domain")
+        await host.running_once(handle, "start of a running domain")
         await backend.stop(handle)
         await expect_state(backend, handle, DomainState.STOPPED, "stop")
+        await host.stopped(handle, "stop")
         await backend.stop(handle)
         await expect_state(backend, handle, DomainState.STOPPED, "stop of a stopped domain")
         await backend.reboot(handle)
         await wait_running(backend, handle, "reboot of a stopped domain", boot_timeout)
+        await host.running_once(handle, "reboot of a stopped domain")
+        before = await host.boots(handle)
         await backend.reboot(handle)
         await wait_running(backend, handle, "reboot", boot_timeout)
+        await host.booted_since(handle, before, "reboot of a running domain")
+        await host.running_once(handle, "reboot of a running domain")
         await backend.suspend(handle)
         await expect_state(backend, handle, DomainState.STOPPED, "suspend")
+        await host.stopped(handle, "suspend")
         await backend.suspend(handle)
         await expect_state(backend, handle, DomainState.STOPPED, "suspend of a suspended domain")
         await backend.resume(handle)
         await wait_running(backend, handle, "resume", boot_timeout)
+        await host.running_once(handle, "resume")
         await backend.resume(handle)
         await expect_state(backend, handle, DomainState.RUNNING, "resume of a running domain")
-        await check_optional_verbs(backend, handle, spec, boot_timeout)
+        await host.running_once(handle, "resume of a running domain")
+        await check_optional_verbs(backend, handle, spec, boot_timeout, host)
     finally:
         await backend.destroy(handle)
     await expect_state(backend, handle, DomainState.MISSING, "destroy")
+    await host.nothing_left(handle, "destroy")
     await backend.destroy(handle)
     await expect_state(backend, handle, DomainState.MISSING, "destroy of a missing domain")
+    for verb in ("stop", "suspend"):
+        await getattr(backend, verb)(handle)  # of a missing domain: nothing to do, no error
     return handle
 
 
@@ -172,15 +306,32 @@ async def check_unserved_location(backend: HypervisorBackend, spec: ServerSpec) 
     try:
         handle = await backend.create(spec)
     except PluginError:
+        if backend.inspectable:
+            await HostCheck(backend).nothing_left(
+                ServerHandle("", spec.name, location=spec.location), "a refused create"
+            )
         return
     await backend.destroy(handle)
     raise AssertionError(f"create in location {spec.location!r}, which serves() says is not served, did not raise")
 
 
+async def check_destroy_without_host(backend: HypervisorBackend, handle: ServerHandle) -> None:
+    """``destroy`` of a handle whose ``host`` is empty (placement did not finish, as core stored
+    it) finds the domain on the hosts of its location and removes it."""
+    await backend.destroy(ServerHandle("", handle.domain, handle.ip, handle.location))
+    await expect_state(backend, handle, DomainState.MISSING, "destroy with an empty handle.host")
+    await HostCheck(backend).nothing_left(handle, "destroy with an empty handle.host")
+
+
 async def check_optional_verbs(
-    backend: HypervisorBackend, handle: ServerHandle, spec: ServerSpec, boot_timeout: float = DEFAULT_BOOT_TIMEOUT
+    backend: HypervisorBackend,
+    handle: ServerHandle,
+    spec: ServerSpec,
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT,
+    host: HostCheck | None = None,
 ) -> None:
     """Check the optional verbs the backend's ``capabilities`` name, on a running domain."""
+    host = host or HostCheck(backend)
     unknown = set(backend.capabilities) - KNOWN_CAPABILITIES
     assert not unknown, f"capabilities names unknown verbs {sorted(unknown)}; known: {sorted(KNOWN_CAPABILITIES)}"
     if CAPABILITY_CONSOLE in backend.capabilities:
@@ -202,18 +353,39 @@ async def check_optional_verbs(
             raise AssertionError("open_console of a missing domain must raise PluginError")
     if CAPABILITY_REINSTALL in backend.capabilities:
         fresh = dataclasses.replace(spec, root_password=spec.root_password + "-new")
+        if host.enabled and host.marker is None:
+            await host.mark(handle, boot_timeout)
         for attempt in ("reinstall", "reinstall again (a retried job)"):
             again = await backend.reinstall(handle, fresh)
             assert (again.host, again.domain) == (handle.host, handle.domain), f"{attempt} moved the domain"
             await wait_running(backend, handle, attempt, boot_timeout)
+            await host.new_disk(handle, attempt)
+            await host.running_once(handle, attempt)
+            if attempt == "reinstall":
+                await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
 
 
 check_backend = check_hypervisor
 """The name this walk had before ``vpsshop.testing`` exposed it."""
 
 
+def _skip_without_inspection(backend: HypervisorBackend) -> None:
+    if not backend.inspectable:
+        pytest.skip(f"{type(backend).__name__} offers no inspect()/mark_disk(): the kit cannot look at the host")
+
+
 class HypervisorContract:
     """Contract tests for a hypervisor backend: subclass it as ``TestSomething`` (module docstring)."""
+
+    @pytest.fixture
+    def hypervisor_run(self) -> Iterator[Run[Any]]:
+        """Run a coroutine on this test's one event loop: ``hypervisor_run(backend.close())``."""
+        with start_blocking_portal() as portal:
+
+            async def wait(awaitable: Awaitable[Any]) -> Any:
+                return await awaitable
+
+            yield lambda awaitable: portal.call(wait, awaitable)
 
     @pytest.fixture
     def hypervisor_backend(self) -> HypervisorBackend:  # pragma: no cover - overridden by the subclass
@@ -241,67 +413,164 @@ class HypervisorContract:
 
     @pytest.fixture
     def created(
-        self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec, hypervisor_boot_timeout: float
+        self,
+        hypervisor_backend: HypervisorBackend,
+        hypervisor_spec: ServerSpec,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
     ) -> Iterator[ServerHandle]:
-        """A running domain, destroyed afterwards."""
-        handle = asyncio.run(hypervisor_backend.create(hypervisor_spec))
+        """A running domain; destroyed afterwards, and then nothing of it may be left on the host."""
+        run, backend = hypervisor_run, hypervisor_backend
+        handle = run(backend.create(hypervisor_spec))
         handle = ServerHandle(handle.host, handle.domain, handle.ip, hypervisor_spec.location)
         try:
-            asyncio.run(wait_running(hypervisor_backend, handle, "create", hypervisor_boot_timeout))
+            run(wait_running(backend, handle, "create", hypervisor_boot_timeout))
             yield handle
         finally:
-            asyncio.run(hypervisor_backend.destroy(handle))
+            run(backend.destroy(handle))
+        run(HostCheck(backend).nothing_left(handle, "the test (destroy at its end)"))
 
     def test_whole_life_of_a_server(
-        self, hypervisor_backend: HypervisorBackend, hypervisor_spec: ServerSpec, hypervisor_boot_timeout: float
+        self,
+        hypervisor_backend: HypervisorBackend,
+        hypervisor_spec: ServerSpec,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
     ) -> None:
-        asyncio.run(check_hypervisor(hypervisor_backend, hypervisor_spec, hypervisor_boot_timeout))
+        hypervisor_run(check_hypervisor(hypervisor_backend, hypervisor_spec, hypervisor_boot_timeout))
 
     def test_create_names_the_domain_and_its_host(self, created: ServerHandle, hypervisor_spec: ServerSpec) -> None:
         assert created.domain == hypervisor_spec.name
         assert created.host, "create must say which host the domain is on"
 
     def test_create_again_returns_the_same_domain(
-        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_spec: ServerSpec
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_spec: ServerSpec,
+        hypervisor_run: Run[Any],
     ) -> None:
-        again = asyncio.run(hypervisor_backend.create(hypervisor_spec))
+        again = hypervisor_run(hypervisor_backend.create(hypervisor_spec))
         assert (again.host, again.domain) == (created.host, created.domain)
-        asyncio.run(expect_state(hypervisor_backend, created, DomainState.RUNNING, "a second create"))
+        hypervisor_run(expect_state(hypervisor_backend, created, DomainState.RUNNING, "a second create"))
+
+    def test_create_again_keeps_the_disk(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_spec: ServerSpec,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
+    ) -> None:
+        """A retried provisioning job must not provision again over a server that got made."""
+        _skip_without_inspection(hypervisor_backend)
+        host = HostCheck(hypervisor_backend)
+        hypervisor_run(host.mark(created, hypervisor_boot_timeout))
+        hypervisor_run(hypervisor_backend.create(hypervisor_spec))
+        hypervisor_run(wait_running(hypervisor_backend, created, "a second create", hypervisor_boot_timeout))
+        hypervisor_run(host.running_once(created, "a second create"))
 
     def test_power_verbs_are_idempotent(
-        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_boot_timeout: float
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
     ) -> None:
-        async def walk() -> None:
-            for verb in ("stop", "stop", "suspend"):
-                await getattr(hypervisor_backend, verb)(created)
-                await expect_state(hypervisor_backend, created, DomainState.STOPPED, verb)
-            for verb in ("start", "start", "resume"):
-                await getattr(hypervisor_backend, verb)(created)
-                await wait_running(hypervisor_backend, created, verb, hypervisor_boot_timeout)
+        backend = hypervisor_backend
+        host = HostCheck(backend)
 
-        asyncio.run(walk())
+        async def walk() -> None:
+            await host.mark(created, hypervisor_boot_timeout)
+            for verb in ("stop", "stop", "suspend", "suspend"):
+                await getattr(backend, verb)(created)
+                await expect_state(backend, created, DomainState.STOPPED, verb)
+                await host.stopped(created, verb)
+            for verb in ("start", "start", "resume", "resume"):
+                await getattr(backend, verb)(created)
+                await wait_running(backend, created, verb, hypervisor_boot_timeout)
+                await host.running_once(created, f"{verb} (of a running domain the second time)")
+
+        hypervisor_run(walk())
+
+    def test_suspend_and_resume_keep_the_disk(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
+    ) -> None:
+        """Suspension for non-payment keeps the customer's data until termination."""
+        _skip_without_inspection(hypervisor_backend)
+        backend, host = hypervisor_backend, HostCheck(hypervisor_backend)
+
+        async def walk() -> None:
+            await host.mark(created, hypervisor_boot_timeout)
+            await backend.suspend(created)
+            await host.stopped(created, "suspend")
+            await backend.resume(created)
+            await wait_running(backend, created, "resume", hypervisor_boot_timeout)
+            await host.running_once(created, "resume")
+
+        hypervisor_run(walk())
 
     def test_reboot_starts_a_stopped_domain(
-        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_boot_timeout: float
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
     ) -> None:
-        asyncio.run(hypervisor_backend.stop(created))
-        asyncio.run(hypervisor_backend.reboot(created))
-        asyncio.run(wait_running(hypervisor_backend, created, "reboot of a stopped domain", hypervisor_boot_timeout))
+        hypervisor_run(hypervisor_backend.stop(created))
+        hypervisor_run(hypervisor_backend.reboot(created))
+        hypervisor_run(wait_running(hypervisor_backend, created, "reboot of a stopped domain", hypervisor_boot_timeout))
+        hypervisor_run(HostCheck(hypervisor_backend).running_once(created, "reboot of a stopped domain"))
+
+    def test_reboot_restarts_a_running_guest(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
+    ) -> None:
+        _skip_without_inspection(hypervisor_backend)
+        host = HostCheck(hypervisor_backend)
+
+        async def walk() -> None:
+            before = await host.boots(created)
+            await hypervisor_backend.reboot(created)
+            await wait_running(hypervisor_backend, created, "reboot", hypervisor_boot_timeout)
+            await host.booted_since(created, before, "reboot of a running domain")
+            await host.running_once(created, "reboot of a running domain")
+
+        hypervisor_run(walk())
 
     def test_destroy_removes_and_is_idempotent(
-        self, hypervisor_backend: HypervisorBackend, created: ServerHandle
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_run: Run[Any]
     ) -> None:
-        asyncio.run(hypervisor_backend.destroy(created))
-        asyncio.run(expect_state(hypervisor_backend, created, DomainState.MISSING, "destroy"))
-        asyncio.run(hypervisor_backend.destroy(created))
-        asyncio.run(hypervisor_backend.stop(created))  # stopping a missing domain: nothing to do
+        hypervisor_run(hypervisor_backend.destroy(created))
+        hypervisor_run(expect_state(hypervisor_backend, created, DomainState.MISSING, "destroy"))
+        hypervisor_run(HostCheck(hypervisor_backend).nothing_left(created, "destroy"))
+        hypervisor_run(hypervisor_backend.destroy(created))
+        for verb in ("stop", "suspend"):  # of a missing domain: nothing to do
+            hypervisor_run(getattr(hypervisor_backend, verb)(created))
 
-    def test_missing_domain(self, hypervisor_backend: HypervisorBackend, created: ServerHandle) -> None:
+    def test_destroy_without_a_host(
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_run: Run[Any]
+    ) -> None:
+        hypervisor_run(check_destroy_without_host(hypervisor_backend, created))
+
+    def test_missing_domain(
+        self, hypervisor_backend: HypervisorBackend, created: ServerHandle, hypervisor_run: Run[Any]
+    ) -> None:
         handle = ServerHandle(host=created.host, domain=f"{created.domain}-never", location=created.location)
-        asyncio.run(expect_state(hypervisor_backend, handle, DomainState.MISSING, "nothing"))
+        hypervisor_run(expect_state(hypervisor_backend, handle, DomainState.MISSING, "nothing"))
         for verb in ("start", "reboot"):
             with pytest.raises(PluginError):
-                asyncio.run(getattr(hypervisor_backend, verb)(handle))
+                hypervisor_run(getattr(hypervisor_backend, verb)(handle))
+        for verb in ("stop", "suspend", "destroy"):
+            hypervisor_run(getattr(hypervisor_backend, verb)(handle))
+        hypervisor_run(HostCheck(hypervisor_backend).nothing_left(handle, "verbs on a domain that never existed"))
 
     def test_serves_its_locations(
         self,
@@ -309,12 +578,13 @@ class HypervisorContract:
         hypervisor_location: str,
         hypervisor_unserved_location: str | None,
         hypervisor_spec_overrides: dict[str, Any],
+        hypervisor_run: Run[Any],
     ) -> None:
         """serves() is True where servers are made; where it is False, create refuses."""
         check_serves(hypervisor_backend, hypervisor_location, hypervisor_unserved_location)
         if hypervisor_unserved_location is not None:
             spec = contract_spec(hypervisor_unserved_location, **hypervisor_spec_overrides)
-            asyncio.run(check_unserved_location(hypervisor_backend, spec))
+            hypervisor_run(check_unserved_location(hypervisor_backend, spec))
 
     def test_capabilities_are_known(self, hypervisor_backend: HypervisorBackend) -> None:
         assert set(hypervisor_backend.capabilities) <= KNOWN_CAPABILITIES
@@ -325,9 +595,10 @@ class HypervisorContract:
         created: ServerHandle,
         hypervisor_spec: ServerSpec,
         hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
     ) -> None:
-        """reinstall and open_console, for the backends whose capabilities name them."""
-        asyncio.run(check_optional_verbs(hypervisor_backend, created, hypervisor_spec, hypervisor_boot_timeout))
+        """reinstall (on a new disk) and open_console, for the backends whose capabilities name them."""
+        hypervisor_run(check_optional_verbs(hypervisor_backend, created, hypervisor_spec, hypervisor_boot_timeout))
 
     def test_address_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
         pool = hypervisor_backend.address_pool(hypervisor_location)
