@@ -65,6 +65,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -72,6 +73,7 @@ from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    HostInspection,
     HypervisorBackend,
     PluginError,
     Readiness,
@@ -273,6 +275,8 @@ def volume_xml(name: str, capacity: int, unit: str, fmt: str, backing: tuple[str
         ET.SubElement(vol, "allocation").text = "0"  # a sparse overlay: grows as the guest writes
     target = ET.SubElement(vol, "target")
     ET.SubElement(target, "format", type=fmt)
+    if fmt == "qcow2":  # qcow2 v3 (libvirt's default is v2): zero clusters, lazy refcounts, persistent bitmaps
+        ET.SubElement(target, "compat").text = "1.1"
     if backing is not None:
         store = ET.SubElement(vol, "backingStore")
         ET.SubElement(store, "path").text = backing[0]
@@ -454,7 +458,10 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles
             self.capabilities = frozenset({"reinstall"})
         self._conns: dict[str, Any] = {}
+        self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
+        self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
         self._lock = threading.Lock()
+        self._boots_lock = threading.Lock()  # taken on libvirt's event thread: never held while calling libvirt
         if libvirt is not None:
             libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors arrive as exceptions
 
@@ -527,7 +534,35 @@ class LibvirtBackend(HypervisorBackend):
             except LibvirtError:
                 pass
             self._conns[uri] = conn
+            self._watch(uri, conn)
             return conn
+
+    def _watch(self, uri: str, conn: Any) -> None:
+        """Count each guest start and reset the host reports (libvirt's lifecycle and reboot events,
+        delivered on the event loop thread): :meth:`reboot` waits for one, :meth:`inspect` reports them."""
+
+        def started(_conn: Any, dom: Any, event: int, _detail: int, _opaque: Any) -> None:
+            if event == libvirt.VIR_DOMAIN_EVENT_STARTED:
+                self._count_boot(dom.name())
+
+        def reset(_conn: Any, dom: Any, _opaque: Any) -> None:
+            self._count_boot(dom.name())
+
+        ids = []
+        try:
+            ids.append(conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, started, None))
+            ids.append(conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_REBOOT, reset, None))
+        except LibvirtError:  # a driver without events: reboot does not wait for one
+            pass
+        self._watches[uri] = ids
+
+    def _count_boot(self, domain: str) -> None:
+        with self._boots_lock:
+            self._boots[domain] = self._boots.get(domain, 0) + 1
+
+    def _boot_count(self, domain: str) -> int:
+        with self._boots_lock:
+            return self._boots.get(domain, 0)
 
     def _lookup(self, conn: Any, name: str) -> Any | None:
         try:
@@ -668,13 +703,25 @@ class LibvirtBackend(HypervisorBackend):
             dom.destroy()  # hard power-off, like pulling the plug
 
     def _reboot(self, handle: ServerHandle) -> None:
+        """Ask the guest to restart (ACPI); one that has not restarted within the shutdown grace
+        period (hung, or it ignores ACPI) is reset, like pressing the reset button."""
         dom = self._require(handle)
         if not dom.isActive():
             dom.create()
             return
+        host, _ = self._host(handle.host)
+        before = self._boot_count(handle.domain)
         try:
             dom.reboot(0)
         except LibvirtError:
+            dom.reset(0)
+            return
+        if not self._watches.get(host.uri):
+            return  # no events from this host: nothing to wait for
+        deadline = time.monotonic() + self.cfg.shutdown_grace_seconds
+        while self._boot_count(handle.domain) == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self._boot_count(handle.domain) == before and dom.isActive():
             dom.reset(0)
 
     def _destroy(self, handle: ServerHandle) -> None:
@@ -768,6 +815,69 @@ class LibvirtBackend(HypervisorBackend):
     async def state(self, handle: ServerHandle) -> DomainState:
         return await self._run(self._state, handle)
 
+    # ---- inspection (for the contract kit) -------------------------------------------------------
+
+    @property
+    def inspectable(self) -> bool:
+        """Inspection reads and marks disks as files, so every host must be this machine (and not
+        the test driver, whose volumes have no content)."""
+        if self.cfg.domain_type == "test":
+            return False
+        return all(_is_local(host.uri) for loc in self.cfg.locations.values() for host in loc.hosts)
+
+    def _hosts_of(self, handle: ServerHandle) -> list[tuple[HostConfig, LocationConfig]]:
+        if handle.host:
+            return [self._host(handle.host)]
+        loc = self.location(handle.location or "")
+        return [(host, loc) for host in loc.hosts]
+
+    def _inspect(self, handle: ServerHandle) -> HostInspection:
+        name = handle.domain
+        resources: list[str] = []
+        running = 0
+        marker = None
+        for host, loc in self._hosts_of(handle):
+            conn = self._conn(host.uri)
+            dom = self._lookup(conn, name)
+            if dom is not None:
+                resources.append(f"domain {name} on {host.key}")
+                running += 1 if dom.isActive() else 0
+            pool, _ = self._pool(conn, loc)
+            pool.refresh(0)  # a file written beside libvirt's back is a volume too
+            for volume in sorted(pool.listVolumes()):
+                if volume.startswith((f"{name}.", f"{name}-seed")):
+                    resources.append(f"volume {volume} on {host.key}")
+            disk = self._volume(pool, f"{name}.qcow2")
+            if disk is not None and marker is None:
+                marker = _read_marker(disk.path())
+        return HostInspection(tuple(resources), running, self._boot_count(name), marker)
+
+    async def inspect(self, handle: ServerHandle) -> HostInspection:
+        """The domain and the volumes of the server on its host (every host of its location when
+        ``handle.host`` is empty), guest starts and resets seen through libvirt's events, and the
+        marker on its disk (a qcow2 bitmap named ``vpsshop-marker-<marker>``)."""
+        return await self._run(self._inspect, handle)
+
+    def _mark_disk(self, handle: ServerHandle, marker: str) -> None:
+        for host, loc in self._hosts_of(handle):
+            conn = self._conn(host.uri)
+            dom = self._lookup(conn, handle.domain)
+            if dom is None:
+                continue
+            if dom.isActive():
+                raise PluginError(f"domain {handle.domain} is running: its disk is marked while it is stopped")
+            disk = self._volume(self._pool(conn, loc)[0], f"{handle.domain}.qcow2")
+            if disk is None:
+                raise PluginError(f"domain {handle.domain} has no disk {handle.domain}.qcow2")
+            _qemu_img("bitmap", "--add", disk.path(), MARKER_PREFIX + marker)
+            return
+        raise PluginError(f"domain {handle.domain} does not exist")
+
+    async def mark_disk(self, handle: ServerHandle, marker: str) -> None:
+        """A persistent qcow2 bitmap named after ``marker`` on the server's disk: the guest never
+        sees it, and a disk made anew has none."""
+        await self._run(self._mark_disk, handle, marker)
+
     # ---- health ---------------------------------------------------------------------------------
 
     def _check(self) -> Readiness:
@@ -833,12 +943,42 @@ class LibvirtBackend(HypervisorBackend):
 
     async def close(self) -> None:
         with self._lock:
-            conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
+            conns, self._conns = dict(self._conns), {}
+            watches, self._watches = self._watches, {}
+        for uri, conn in conns.items():
             try:
+                for callback in watches.get(uri, []):
+                    conn.domainEventDeregisterAny(callback)
                 conn.close()
             except LibvirtError:
                 pass
+
+
+MARKER_PREFIX = "vpsshop-marker-"
+
+
+def _is_local(uri: str) -> bool:
+    """A libvirt URI of a daemon on this machine (``qemu:///system``, ``qemu+unix:///system?socket=...``)."""
+    parts = urlsplit(uri)
+    return parts.hostname in (None, "", "localhost") and parts.scheme.split("+")[-1] in ("", "unix", parts.scheme)
+
+
+def _qemu_img(*args: str) -> str:
+    result = subprocess.run(["qemu-img", *args], capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        raise PluginError(f"qemu-img {args[0]}: {result.stderr.strip()[:200]}")
+    return result.stdout
+
+
+def _read_marker(path: str) -> str | None:
+    """The marker of :meth:`LibvirtBackend.mark_disk` on the qcow2 file at ``path`` (read while the
+    domain runs: ``-U`` shares the image)."""
+    if not Path(path).is_file():
+        return None
+    info = json.loads(_qemu_img("info", "-U", "--output=json", path))
+    bitmaps = info.get("format-specific", {}).get("data", {}).get("bitmaps", [])
+    names = [b["name"] for b in bitmaps if b.get("name", "").startswith(MARKER_PREFIX)]
+    return names[0].removeprefix(MARKER_PREFIX) if names else None
 
 
 @hookimpl(trylast=True)
