@@ -89,3 +89,13 @@ def test_the_kit_fails_a_broken_coin_on_the_rule_it_breaks(kit_run: Outcomes, te
 
 def test_every_broken_coin_is_run_and_checked(kit_run: Outcomes) -> None:
     assert set(kit_run) == set(CAUGHT_BY) | set(UNBROKEN)
+
+
+def test_every_rule_of_the_kit_is_documented() -> None:
+    """docs/chain-kit.md's table and the kit's docstring name each test of the kit, its rule."""
+    from vpsshop.payments import contract
+
+    table = (ROOT / "docs" / "chain-kit.md").read_text()
+    for name in (n for n in dir(contract.DepositCoinContract) if n.startswith("test_")):
+        assert f"| `{name}` |" in table, f"docs/chain-kit.md section 8 does not list {name}"
+        assert f"``{name}``" in (contract.__doc__ or ""), f"the kit's docstring does not name {name}"
