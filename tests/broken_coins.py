@@ -24,6 +24,9 @@ from vpsshop.chains import BlockCursor, b58check_encode
 from vpsshop.testing import DepositCoinContract
 from vpsshop_evm import Ether, EvmCoin, TetherErc20
 
+TRANSFER_SELECTOR = "0xa9059cbb"
+"""keccak256("transfer(address,uint256)")[:4]: the calldata of an ERC-20 transfer starts with it"""
+
 # ---- credits twice: one payment under two identities ------------------------------------------------
 
 
@@ -52,6 +55,29 @@ class EtherMarkingMempoolPayments(Ether):
             if to in watched and value > 0:
                 found.append((self.code, DetectedPayment(f"{txid}:mempool", to, value, txid, 0)))
         return found
+
+
+class TetherMatchingCallsAndLogs(TetherErc20):
+    """BROKEN: finds a token payment twice in one scan: by its ``Transfer`` log (identity
+    ``<tx>:<log index>``) and by the ``transfer(to, amount)`` call in the transaction (identity: the
+    transaction hash), as a coin that decodes calls to catch transfers a log filter missed would.
+    Core credits both identities."""
+
+    async def scan_blocks(
+        self, after: BlockCursor, last: int, tip: int, watched: WatchSet, members: Sequence[DepositCoin[Any]]
+    ) -> tuple[BlockCursor, list[tuple[str, DetectedPayment]]]:
+        end, found = await super().scan_blocks(after, last, tip, watched, members)
+        for height in range(after.height + 1, end.height + 1):
+            block = await self.node.call("eth_getBlockByNumber", hex(height), True)
+            for tx in block["transactions"]:
+                data = tx.get("input") or ""
+                if (tx.get("to") or "").lower() != self.contract_key or not data.startswith(TRANSFER_SELECTOR):
+                    continue
+                to, amount, txid = "0x" + data[34:74].lower(), int(data[74:138], 16), tx["hash"].lower()
+                if to in watched and amount > 0:
+                    payment = DetectedPayment(txid, to, amount, txid, tip - height + 1, height, block["hash"])
+                    found.append((self.code, payment))
+        return end, found
 
 
 # ---- loses a late payment: a block never read -------------------------------------------------------
@@ -207,6 +233,10 @@ class TestTetherErc20(TetherKit):
 
 class TestTetherNumberingLogsPerScan(TetherKit):
     coin = TetherNumberingLogsPerScan
+
+
+class TestTetherMatchingCallsAndLogs(TetherKit):
+    coin = TetherMatchingCallsAndLogs
 
 
 class TestEtherMarkingMempoolPayments(EtherKit):

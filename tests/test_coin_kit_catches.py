@@ -22,6 +22,7 @@ BROKEN_COINS = ROOT / "tests" / "broken_coins.py"
 CAUGHT_BY = {
     # credits twice: one payment under two identities
     "TestTetherNumberingLogsPerScan": {"test_a_payment_keeps_one_identity_across_scans_and_rescans"},
+    "TestTetherMatchingCallsAndLogs": {"test_a_payment_keeps_one_identity_across_scans_and_rescans"},
     "TestEtherMarkingMempoolPayments": {"test_a_payment_keeps_one_identity_across_scans_and_rescans"},
     # loses a late payment
     "TestEtherSkippingTheTipBlock": {"test_a_payment_mined_after_a_scan_is_found_by_the_next_scan"},
