@@ -19,7 +19,7 @@ import broken_backends
 
 HERE = Path(__file__).parent
 
-MODULE = '''
+MODULE = """
 import pytest
 from vpsshop.testing import HypervisorContract
 import broken_backends
@@ -31,9 +31,9 @@ def _backend(cls, vpsshop_context):
     backend.bind(vpsshop_context)
     return backend
 
-'''
+"""
 
-CLASS = '''
+CLASS = """
 class Test{name}(HypervisorContract):
     @pytest.fixture
     def hypervisor_backend(self, vpsshop_context, hypervisor_run):
@@ -44,7 +44,7 @@ class Test{name}(HypervisorContract):
     @pytest.fixture
     def hypervisor_boot_timeout(self):
         return 5
-'''
+"""
 
 
 def run_kit(tmp_path: Path) -> dict[str, dict[str, str]]:
@@ -56,7 +56,17 @@ def run_kit(tmp_path: Path) -> dict[str, dict[str, str]]:
     report = tmp_path / "report.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "--rootdir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "--rootdir",
+            str(tmp_path),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

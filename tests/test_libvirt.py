@@ -242,15 +242,6 @@ def _contract_spec(name: str, location: str = "nl") -> ServerSpec:
     )
 
 
-def test_contract_on_real_libvirtd(storage_pool):
-    from vpsshop.servers.contract import check_backend
-
-    pool_name, directory = storage_pool
-    backend = LibvirtBackend.from_settings(_settings(pool_name), sandbox=False, where="hypervisor.libvirt")
-    asyncio.run(check_backend(backend, _contract_spec(f"vps-c-{uuid.uuid4().hex[:6]}")))
-    assert sorted(p.name for p in directory.iterdir()) == [BASE_IMAGE]
-
-
 def test_contract_on_the_sandbox_test_driver():
     from vpsshop.servers.contract import check_backend
 
