@@ -183,7 +183,10 @@ class LibvirtConfig(BaseModel):
         default_factory=dict, description="Base image file name -> direct kernel boot settings for that image."
     )
     shutdown_grace_seconds: float = Field(
-        SHUTDOWN_GRACE_SECONDS, ge=0, le=600, description="Wait this long for an ACPI shutdown (then power off) or an ACPI reboot (then reset)."
+        SHUTDOWN_GRACE_SECONDS,
+        ge=0,
+        le=600,
+        description="Wait this long for an ACPI shutdown (then power off) or an ACPI reboot (then reset).",
     )
     keepalive_interval_seconds: int = Field(
         5,
