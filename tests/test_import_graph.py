@@ -1,8 +1,10 @@
 """The import graph: default plugins use only vpsshop's public API, and core imports in one direction.
 
 The public API (docs/plugins.md, "What a plugin may import"): the names in ``vpsshop.__all__``,
-``vpsshop.chains`` (the chain kit) and ``vpsshop.testing`` (fixtures and contract kits). Every
-other module of ``vpsshop`` is internal. Imports are read with :mod:`ast`, so an import inside a
+``vpsshop.chains`` (the chain kit) and ``vpsshop.testing`` (fixtures and contract kits, in tests).
+Every other module of ``vpsshop`` is internal. The default plugins and the example plugins are held
+to it by the check a third-party plugin runs on itself (``vpsshop.testing.assert_public_imports``,
+tested in tests/test_importcheck.py). Imports are read with :mod:`ast`, so an import inside a
 function or under ``TYPE_CHECKING`` (an import for type annotations only) counts too: core's modules
 form no cycle, not even through type annotations, and import only from their own layer or below
 (:data:`LAYERS`, docs/architecture.md).
@@ -12,11 +14,15 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
+
+import pytest
 
 import vpsshop
 import vpsshop.chains
 import vpsshop.testing
+from vpsshop.testing import assert_public_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "plugins"
@@ -26,8 +32,6 @@ PUBLIC_MODULES = {
     "vpsshop.chains": set(vpsshop.chains.__all__),
     "vpsshop.testing": set(vpsshop.testing.__all__),
 }
-
-PENDING: dict[str, set[str]] = {}
 
 
 def imports(path: Path) -> Iterator[tuple[str, list[str], int]]:
@@ -48,26 +52,24 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def test_default_plugins_import_only_the_public_api() -> None:
-    problems, pending_seen = [], set()
-    for path in sorted(PLUGINS.rglob("*.py")):
-        where = str(path.relative_to(PLUGINS))
-        for module, names, line in imports(path):
-            if module != "vpsshop" and not module.startswith("vpsshop."):
-                continue
-            if module in PENDING.get(where, ()):
-                pending_seen.add((where, module))
-                continue
-            if module not in PUBLIC_MODULES:
-                problems.append(f"{where}:{line} imports internal module {module}")
-                continue
-            for name in names:
-                if name not in PUBLIC_MODULES[module]:
-                    problems.append(f"{where}:{line} imports {module}.{name}, which is not in its __all__")
-    assert problems == []
-    assert pending_seen == {(where, module) for where, modules in PENDING.items() for module in modules}, (
-        "a PENDING exception is no longer needed: delete it"
-    )
+PLUGIN_PACKAGES = sorted(path for path in PLUGINS.iterdir() if (path / "__init__.py").is_file())
+EXAMPLE_PLUGINS = sorted(path for path in (ROOT / "examples").iterdir() if (path / "pyproject.toml").is_file())
+
+
+@pytest.mark.parametrize("package", PLUGIN_PACKAGES, ids=lambda path: path.name)
+def test_default_plugins_import_only_the_public_api(package: Path) -> None:
+    """The check a third-party plugin runs on itself (``vpsshop.testing.assert_public_imports``)."""
+    assert_public_imports(package)
+
+
+@pytest.mark.parametrize("project", EXAMPLE_PLUGINS, ids=lambda path: path.name)
+def test_example_plugins_and_their_tests_import_only_the_public_api(project: Path) -> None:
+    assert_public_imports(project)
+
+
+def test_every_default_plugin_is_checked() -> None:
+    declared = {ep.value.split(":")[0] for ep in entry_points(group="vpsshop") if ep.dist and ep.dist.name == "vpsshop"}
+    assert declared == {path.name for path in PLUGIN_PACKAGES}
 
 
 def test_public_names_exist() -> None:
@@ -242,6 +244,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.app",
             "vpsshop.cli",
             "vpsshop.testing",
+            "vpsshop.importcheck",
             "vpsshop",
         },
     ),

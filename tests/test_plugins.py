@@ -8,7 +8,7 @@ import pytest
 
 from vpsshop import CatalogSource, PaymentCoin, RateSource, StartupError, hookimpl
 from vpsshop.assembly import build_context
-from vpsshop.plugins import DEFAULT_PLUGINS, blocked_from_env, build_plugin_manager, collect_classes
+from vpsshop.plugins import DEFAULT_PLUGINS, blocked_from_env, build_plugin_manager, collect_classes, default_plugins
 from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
 
 
@@ -49,6 +49,22 @@ def test_default_plugins_load_by_name_and_register_their_classes():
     assert {name for name, _ in DEFAULT_PLUGINS} <= names
     sources = collect_classes(pm, "vpsshop_register_catalog_sources", "name", "catalog source")
     assert sources["file"].plugin == "catalog"
+
+
+def test_every_hook_of_a_default_plugin_is_trylast():
+    """docs/hooks.md: default plugins implement their hooks with ``@hookimpl(trylast=True)``, so an
+    installed plugin is always asked first."""
+    pm = build_plugin_manager(entry_points=False)
+    defaults = {name for name, _ in default_plugins()}
+    impls = [
+        (impl, hook)
+        for hook, caller in vars(pm.hook).items()
+        if hook.startswith("vpsshop_")
+        for impl in caller.get_hookimpls()
+        if impl.plugin_name in defaults
+    ]
+    assert {impl.plugin_name for impl, _ in impls} == defaults  # each default plugin implements a hook
+    assert [f"{impl.plugin_name}: {hook}" for impl, hook in impls if not impl.trylast] == []
 
 
 def test_entry_points_do_not_register_defaults_twice():

@@ -150,3 +150,41 @@ def test_production_passes_once_the_catalog_or_the_hosts_match(tmp_path, remedy)
             raise AssertionError(f"production refused a matching catalog: {exc}") from None
     finally:
         asyncio.run(ctx.close())
+
+
+DIRVM = Path(__file__).resolve().parents[1] / "examples" / "vpsshop-dirvm"
+
+
+def _dirvm(tmp_path: Path) -> str:
+    """The example backend (examples/vpsshop-dirvm) as a one-file-style plugin, serving only nl with
+    one list-valued setting: its location_setting is ``hypervisor.dirvm.locations`` for every location."""
+    return (
+        '[plugins]\nmodules = ["vpsshop_dirvm"]\n[hypervisor]\nbackend = "dirvm"\n'
+        f'[hypervisor.dirvm]\nstate_dir = "{tmp_path}/hosts"\nhosts = ["a"]\nlocations = ["nl"]\n'
+    )
+
+
+def test_a_setting_shared_by_several_locations_is_named_once(tmp_path):
+    """The sandbox banner and the production refusal name ``hypervisor.dirvm.locations`` once, not
+    once per unserved location."""
+    sandbox = tmp_path / "sandbox.toml"
+    sandbox.write_text('mode = "sandbox"\n' + _dirvm(tmp_path))
+    env = shop_env(f"sqlite:///{tmp_path}/shop.db", PYTHONPATH=str(DIRVM))
+    with serve(tmp_path, env, "--config", str(sandbox)) as api:
+        assert httpx.get(f"{api.base}/health").status_code == 200
+        output = re.sub(r"\s+", " ", api.output())
+    banner = output[output.index("is running as a SANDBOX") : output.index("`vpsshop init` writes")]
+    assert "catalog sells location(s) fr, ro, bg, se, is, ch, my" in banner, output
+    assert "add hypervisor.dirvm.locations, or limit the catalog" in banner
+    assert banner.count("hypervisor.dirvm.locations") == 1, banner
+
+    config = _production(tmp_path, _dirvm(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VPSSHOP")} | {"PYTHONPATH": str(DIRVM)}
+    result = subprocess.run(
+        [VPSSHOP, "worker", "--config", str(config)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    message = re.sub(r"\s+", " ", result.stderr)
+    assert "the catalog sells location(s) fr, ro, bg, se, is, ch, my, where this backend has no hosts" in message
+    assert "add hypervisor.dirvm.locations, or limit the catalog" in message
+    assert message.count("hypervisor.dirvm.locations") == 1, message

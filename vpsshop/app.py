@@ -181,7 +181,8 @@ def unserved_locations(ctx: AppContext) -> list[str]:
 
 def _unserved_problem(ctx: AppContext, unserved: list[str]) -> str:
     assert ctx.hypervisor is not None
-    settings = ", ".join(ctx.hypervisor.location_setting(loc) for loc in unserved)
+    # one setting may serve several locations (a list of them): name it once
+    settings = ", ".join(dict.fromkeys(ctx.hypervisor.location_setting(loc) for loc in unserved))
     return (
         f"the catalog sells location(s) {', '.join(unserved)}, where this backend has no hosts (orders there are "
         f"refused with 409 location_unavailable): add {settings}, or limit the catalog to the locations "

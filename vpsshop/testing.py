@@ -31,6 +31,19 @@ fixtures (docs/chain-kit.md).
 The hypervisor contract kit (``vpsshop/servers/contract.py``): subclass
 :class:`HypervisorContract` as ``TestMyBackend`` and override its ``hypervisor_backend`` fixture,
 or call :func:`check_hypervisor` on a backend and a :func:`contract_spec`.
+
+The public API check (``vpsshop/importcheck.py``): :func:`check_public_imports` lists every import
+of a plugin package (a module, a module name or a directory) that reaches past vpsshop's public
+API, each as ``path:line: message``; :func:`assert_public_imports` fails a test with that list::
+
+    import vpsshop_mine
+    from vpsshop.testing import assert_public_imports
+
+    def test_imports_only_the_public_api():
+        assert_public_imports(vpsshop_mine)
+
+Everything here comes with ``pip install 'vpsshop[testing]'`` (pytest and what the kits need;
+nothing that compiles).
 """
 
 from __future__ import annotations
@@ -44,14 +57,18 @@ from typing import Any
 
 import pytest
 
+from vpsshop.importcheck import ImportViolation, assert_public_imports, check_public_imports
 from vpsshop.payments.contract import DepositCoinContract, scan_until_idle
 from vpsshop.servers.contract import HypervisorContract, check_hypervisor, check_optional_verbs, contract_spec
 
 __all__ = [
     "DepositCoinContract",
     "HypervisorContract",
+    "ImportViolation",
+    "assert_public_imports",
     "check_hypervisor",
     "check_optional_verbs",
+    "check_public_imports",
     "contract_spec",
     "create_test_account",
     "postgres_test_url",

@@ -268,6 +268,6 @@ class SimulatedConsole(ConsoleStream):
             self._queue.put_nowait(b"")
 
 
-@hookimpl
+@hookimpl(trylast=True)
 def vpsshop_register_hypervisors() -> Iterable[type[HypervisorBackend]]:
     return [SimulatedBackend]

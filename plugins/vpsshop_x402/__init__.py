@@ -679,7 +679,7 @@ class USDCBASE(X402Coin):
 # ---- hooks ----------------------------------------------------------------------------------
 
 
-@hookimpl
+@hookimpl(trylast=True)
 def vpsshop_register_coins() -> Iterable[type[PaymentCoin[Any]]]:
     return [USDCBASE]
 
