@@ -18,3 +18,24 @@ class TestABackendModelledOnTheSimulator(HypervisorContract):
     @pytest.fixture
     def hypervisor_boot_timeout(self):
         return 10
+
+
+def test_the_docs_and_the_kit_show_the_same_fixture():
+    """docs/plugins.md and the kit's docstring give a plugin author one way to set the kit up."""
+    import textwrap
+    from pathlib import Path
+
+    from vpsshop.servers import contract
+
+    docs = (Path(__file__).parent.parent / "docs" / "plugins.md").read_text()
+    after_marker = docs.split("<!-- hypervisor kit fixture: the same in vpsshop/servers/contract.py -->", 1)[1]
+    in_docs = after_marker.split("```python\n", 1)[1].split("```", 1)[0]
+    docstring = contract.__doc__ or ""
+    block = docstring.split("so a failure names the rule that broke::\n\n", 1)[1]
+    lines = []
+    for line in block.splitlines():
+        if line and not line.startswith("       "):
+            break
+        lines.append(line)
+    in_kit = textwrap.dedent("\n".join(lines)).strip() + "\n"
+    assert in_kit == in_docs

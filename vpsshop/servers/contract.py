@@ -11,6 +11,9 @@ Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs; ``pip i
        import pytest
        from vpsshop.testing import HypervisorContract
 
+       from my_backend import MyBackend
+
+
        class TestMyBackend(HypervisorContract):
            @pytest.fixture
            def hypervisor_backend(self, vpsshop_context, hypervisor_run):

@@ -50,6 +50,7 @@ from vpsshop import (
     AddressPool,
     Clock,
     DomainState,
+    HostInspection,
     HypervisorBackend,
     PluginError,
     Readiness,
@@ -169,7 +170,32 @@ class DirVmBackend(HypervisorBackend):
         host = await asyncio.to_thread(self._reinstall, handle, spec)
         return ServerHandle(host, handle.domain, handle.ip, handle.location)
 
+    # ---- for the contract kit: what is on the host, read from the host ---------------------------
+
+    async def inspect(self, handle: ServerHandle) -> HostInspection:
+        return await asyncio.to_thread(self._inspect, handle)
+
+    async def mark_disk(self, handle: ServerHandle, marker: str) -> None:
+        path = await asyncio.to_thread(self._existing, handle, "mark the disk of")
+        await asyncio.to_thread(_append, path / "disk.img", f"marker {marker}\n")
+
     # ---- blocking work, run in a thread -----------------------------------------------------------
+
+    def _inspect(self, handle: ServerHandle) -> HostInspection:
+        path = self._find(handle)
+        if path is None:
+            return HostInspection()
+        resources = (f"directory {path}", *(f"file {p}" for p in sorted(path.iterdir())))
+        power = json.loads((path / POWER).read_text()) if (path / POWER).is_file() else {"on": False, "boots": 0}
+        disk = path / "disk.img"
+        lines = disk.read_text().splitlines() if disk.is_file() else []
+        markers = [line.removeprefix("marker ") for line in lines if line.startswith("marker ")]
+        return HostInspection(
+            resources=resources,
+            running=1 if power["on"] else 0,
+            boots=power["boots"],
+            disk_marker=markers[-1] if markers else None,
+        )
 
     def _check_state_dir(self) -> None:
         for host in self.config.hosts:
@@ -279,6 +305,10 @@ def _seed(spec: ServerSpec) -> str:
         "root_password_scrypt": f"{salt.hex()}${digest.hex()}",
     }
     return json.dumps(seed)
+
+
+def _append(path: Path, text: str) -> None:
+    _write(path, path.read_text() + text)
 
 
 def _write(path: Path, text: str) -> None:
