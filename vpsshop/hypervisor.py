@@ -237,7 +237,9 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
     def location_setting(self, location: str) -> str:
         """The setting an operator adds so that :meth:`serves` says yes for ``location``; the start-up
-        refusal of an unserved catalog location names it. Default: ``hypervisor.<kind>``.
+        refusal of an unserved catalog location names it (once, however many locations share it:
+        a backend with one list-valued setting returns that setting for every location). Default:
+        ``hypervisor.<kind>``.
 
         .. versionadded:: 1.1
         """
