@@ -23,6 +23,14 @@ from pathlib import Path
 import libvirt
 import pytest
 from libvirt_peer import LibvirtdRelay
+from seed_secrets import (
+    attached_files,
+    crypt_verifies,
+    domain_host_files,
+    files_holding,
+    iso_files,
+    seed_root_hash,
+)
 
 from vpsshop import DomainState, ServerSpec
 from vpsshop.testing import HypervisorContract
@@ -115,14 +123,21 @@ def test_domain_lives_through_its_whole_life_on_real_libvirtd(storage_pool):
         assert info["format"] == "qcow2" and info["virtual-size"] == 5 * 1024**3
         assert info["backing-filename"] == str(directory / BASE_IMAGE)
 
-        # The NoCloud seed: volume id cidata, hostname, root password and the leased address.
+        # The NoCloud seed: volume id cidata, hostname, the root password's hash and the leased address.
         seed = directory / f"{name}-seed.iso"
         assert "Volume id: cidata" in _isoinfo(seed, "-d")
         user_data = _isoinfo(seed, "-R", "-x", "/user-data")
         assert user_data.startswith("#cloud-config\n")
         user = json.loads(user_data.split("\n", 1)[1])
         assert user["hostname"] == "web-1"
-        assert user["chpasswd"]["users"] == [{"name": "root", "password": "s3cret-Pass-42", "type": "text"}]
+        assert crypt_verifies("s3cret-Pass-42", seed_root_hash(seed))
+        # The password itself is in no file of the seed as the guest reads them, nor anywhere in the
+        # pool (disk, seed image, base image), nor behind any device or file of the domain.
+        assert set(iso_files(seed)) == {"/meta-data", "/user-data", "/network-config"}
+        assert not any(b"s3cret-Pass-42" in data for data in iso_files(seed).values())
+        assert domain_host_files(name)  # its definition and log at least
+        assert files_holding(b"s3cret-Pass-42", [directory, *attached_files(xml), *domain_host_files(name)]) == []
+        assert files_holding(seed_root_hash(seed).encode(), [directory]) == [str(seed)]  # the search finds
         assert user["ssh_pwauth"] is True and "PermitRootLogin yes" in user["write_files"][0]["content"]
         assert json.loads(_isoinfo(seed, "-R", "-x", "/meta-data"))["local-hostname"] == "web-1"
         network = json.loads(_isoinfo(seed, "-R", "-x", "/network-config"))
@@ -191,7 +206,8 @@ def test_order_becomes_active_on_real_libvirtd(storage_pool, tmp_path):
         assert creds["password"] == password
         domain = next(p.name for p in directory.iterdir() if p.name.endswith("-seed.iso"))[: -len("-seed.iso")]
         user = json.loads(_isoinfo(directory / f"{domain}-seed.iso", "-R", "-x", "/user-data").split("\n", 1)[1])
-        assert user["chpasswd"]["users"][0]["password"] == password and user["hostname"] == "api-test"
+        assert crypt_verifies(password, seed_root_hash(directory / f"{domain}-seed.iso"))
+        assert user["hostname"] == "api-test" and files_holding(password.encode(), [directory]) == []
         assert libvirt.open(URI).lookupByName(domain).isActive()
         # Unpaid: suspended at expiry, terminated at once (grace 0): the domain and its volumes go.
         clock.set(ctx.clock.now().replace(year=ctx.clock.now().year + 1))

@@ -62,6 +62,16 @@ def test_libvirt_without_a_seed_image_tool_is_refused(tmp_path, command):
     assert "genisoimage or cloud-localds" in message and "apt-get install genisoimage" in message
 
 
+def test_libvirt_without_the_password_hasher_is_refused(tmp_path):
+    """libpass (import name passlib) hides behind a package of the same name that fails to import."""
+    config = production_config(tmp_path, libvirt_table())
+    shadow = tmp_path / "shadow" / "passlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    message = refused(start(tmp_path, config, "worker", PYTHONPATH=str(shadow.parent)))
+    assert "root password's hash" in message and "pip install 'vpsshop[libvirt]'" in message
+
+
 @pytest.mark.parametrize("command", ["serve", "worker"])
 def test_a_libvirt_host_that_does_not_answer_is_named_with_its_setting(tmp_path, command):
     config = production_config(tmp_path, libvirt_table(f"qemu+tcp://127.0.0.1:{free_port()}/system", "kvm"))

@@ -188,12 +188,32 @@ def test_user_data_cannot_drop_keys_password_or_network():
     user = yaml.safe_load(files["user-data"])
     assert files["user-data"].startswith("#cloud-config\n")
     assert user["hostname"] == "web" and user["ssh_pwauth"] is True
-    assert user["chpasswd"]["users"] == [{"name": "root", "password": "Secret-pass-123", "type": "text"}]
+    [root] = user["chpasswd"]["users"]
+    assert root["name"] == "root" and root["type"] == "hash" and root["password"].startswith("$6$")
     assert user["ssh_authorized_keys"] == ["ssh-ed25519 AAAAtheirs", "ssh-ed25519 AAAAours"]
     assert [f["path"] for f in user["write_files"]] == ["/x", "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf"]
     assert user["packages"] == ["htop"]
     network = json.loads(files["network-config"])  # a separate file: user data never touches it
     assert network["ethernets"]["primary"]["addresses"] == ["10.0.0.5/24"]
+
+
+def test_the_seed_carries_the_root_passwords_hash_never_the_password():
+    """sha512-crypt, which every catalog guest's libc checks; a fresh salt for each seed. The hash is
+    checked with the system's crypt(3) (tests/seed_secrets.py), not with the library that made it."""
+    from passlib.hash import sha512_crypt
+    from seed_secrets import crypt_verifies
+
+    spec = _spec(user_data="#cloud-config\nchpasswd: {users: [{name: root, password: mine, type: text}]}\n")
+    first, second = seed_files(spec), seed_files(spec)
+    for files in (first, second):
+        assert not any("Secret-pass-123" in text for text in files.values())
+    hashes = [yaml.safe_load(f["user-data"])["chpasswd"]["users"] for f in (first, second)]
+    assert [[(u["name"], u["type"]) for u in users] for users in hashes] == [[("root", "hash")]] * 2
+    one, two = hashes[0][0]["password"], hashes[1][0]["password"]
+    assert one.startswith("$6$rounds=656000$") and one != two  # salted afresh
+    assert crypt_verifies("Secret-pass-123", one) and crypt_verifies("Secret-pass-123", two)
+    assert not crypt_verifies("Secret-pass-124", one)
+    assert sha512_crypt.verify("Secret-pass-123", one)
 
 
 def test_a_small_alias_bomb_would_have_been_megabytes():

@@ -25,10 +25,10 @@ A location named ``"*"`` serves every catalog location not listed. A sandbox tha
 ``backend = "libvirt"`` uses libvirt's ``test:///default`` driver for ``"*"`` (a sandbox that names
 no backend runs the simulator instead).
 
-Needs libvirt-python (``pip install 'vpsshop[libvirt]'``, which compiles against Debian's
-``libvirt-dev``) and ``genisoimage`` or ``cloud-localds`` on the vpsshop host: :meth:`preflight`
-refuses to start without them, naming the remedy, and names the setting of a host that does not
-answer.
+Needs libvirt-python and libpass (``pip install 'vpsshop[libvirt]'``; libvirt-python compiles
+against Debian's ``libvirt-dev``) and ``genisoimage`` or ``cloud-localds`` on the vpsshop host:
+:meth:`preflight` refuses to start without them, naming the remedy, and names the setting of a host
+that does not answer.
 
 How a server is made (:meth:`LibvirtBackend.create`):
 
@@ -38,8 +38,11 @@ How a server is made (:meth:`LibvirtBackend.create`):
 2. **disk**: ``<name>.qcow2`` in the pool, a qcow2 overlay whose backing file is the catalog's
    base image (``<pool path>/<os image>``), sized to the plan's disk;
 3. **seed**: ``<name>-seed.iso``, a NoCloud ISO (volume id ``cidata``, made with ``cloud-localds``
-   or ``genisoimage``) carrying ``meta-data`` (instance id, hostname), ``user-data`` (hostname, root
-   password, password SSH login) and ``network-config`` (the leased address), uploaded into the pool;
+   or ``genisoimage``) carrying ``meta-data`` (instance id, hostname), ``user-data`` (hostname, the
+   root password's sha512-crypt hash, never the password itself; password SSH login) and
+   ``network-config`` (the leased address), uploaded into the pool. It stays attached and in the
+   pool until the server is destroyed or reinstalled: nothing yet tells the backend when the guest
+   has read it;
 4. **domain**: memory with explicit ``unit='MiB'`` (a bare ``<memory>`` is KiB), BIOS boot (no
    firmware auto-selection), virtio disk and virtio network, started at once.
 
@@ -90,6 +93,11 @@ try:
 except ImportError:  # pragma: no cover - preflight then refuses to start, naming the remedy
     libvirt = None
 
+try:  # libpass (the maintained fork of passlib): sha512-crypt without the crypt module (gone in 3.13)
+    from passlib.hash import sha512_crypt
+except ImportError:  # pragma: no cover - preflight then refuses to start, naming the remedy
+    sha512_crypt = None
+
 
 class _LibvirtError(Exception):
     """What this plugin uses of ``libvirt.libvirtError`` (libvirt-python ships no type stubs), and its
@@ -112,6 +120,10 @@ INSTALL_BINDING = (
     "apt-get install libvirt-dev pkg-config gcc python3-dev first)"
 )
 INSTALL_SEED_TOOL = "apt-get install genisoimage (or cloud-image-utils, which has cloud-localds)"
+INSTALL_HASHER = "pip install 'vpsshop[libvirt]' (libpass: pure Python, nothing to compile)"
+ROOT_PASSWORD_ROUNDS = 656_000
+"""sha512-crypt rounds of the root password's hash in the seed (passlib's default; glibc's is 5,000).
+About 0.4 s to make on the vpsshop host, about as long for the guest to check at each password login."""
 PREFLIGHT_CONNECT_SECONDS = 10.0
 
 SHUTDOWN_GRACE_SECONDS = 30.0
@@ -287,15 +299,36 @@ def volume_xml(name: str, capacity: int, unit: str, fmt: str, backing: tuple[str
     return ET.tostring(vol, encoding="unicode")
 
 
+def root_password_hash(password: str) -> str:
+    """The password as a sha512-crypt hash (``$6$rounds=...$<salt>$...``, a fresh random salt each call).
+
+    What the seed carries instead of the password: cloud-init hands it to ``chpasswd -e`` as it is.
+    sha512-crypt because every guest in the catalog checks it (glibc and libxcrypt alike), where
+    yescrypt (``$y$``) needs Debian 12 or newer. The password never leaves this process: no program
+    is run, nothing is written.
+
+    :raises PluginError: libpass is not installed (the message names the remedy).
+    """
+    if sha512_crypt is None:
+        raise PluginError(f"libpass is not installed, so the root password cannot be hashed: {INSTALL_HASHER}")
+    return str(sha512_crypt.using(rounds=ROOT_PASSWORD_ROUNDS).hash(password))
+
+
 def seed_files(spec: ServerSpec) -> dict[str, str]:
-    """The NoCloud files. YAML is written as JSON (a subset of YAML), so no value needs escaping."""
+    """The NoCloud files. YAML is written as JSON (a subset of YAML), so no value needs escaping.
+
+    The root password travels as its hash (:func:`root_password_hash`, cloud-init's ``chpasswd``
+    ``type: hash``, which cloud-init has read since 22.3): the seed image, the files it is made
+    from and the guest's cloud-init cache never hold the password itself.
+    """
     meta = {"instance-id": spec.name, "local-hostname": spec.hostname}
+    hashed = root_password_hash(spec.root_password)
     user = {
         "hostname": spec.hostname,
         "preserve_hostname": False,
         "disable_root": False,
         "ssh_pwauth": True,
-        "chpasswd": {"expire": False, "users": [{"name": "root", "password": spec.root_password, "type": "text"}]},
+        "chpasswd": {"expire": False, "users": [{"name": "root", "password": hashed, "type": "hash"}]},
         # Debian and Ubuntu ship "PermitRootLogin prohibit-password": the customer logs in as root with
         # this password, so allow it; set_passwords restarts sshd after write_files has run.
         "write_files": [
@@ -903,8 +936,8 @@ class LibvirtBackend(HypervisorBackend):
         return await asyncio.to_thread(self._check)
 
     async def preflight(self) -> None:
-        """Refuse to start without the binding, without a seed-ISO tool, or with a host that does
-        not answer at all (each message names the remedy)."""
+        """Refuse to start without the binding, without a seed-ISO tool or the password hasher, or
+        with a host that does not answer at all (each message names the remedy)."""
         if libvirt is None:
             raise StartupError(
                 f"hypervisor backend 'libvirt' needs libvirt-python, which is not installed: {INSTALL_BINDING}"
@@ -914,6 +947,11 @@ class LibvirtBackend(HypervisorBackend):
             problems.append(
                 "hypervisor backend 'libvirt' builds each server's first-boot (NoCloud) seed image "
                 f"with genisoimage or cloud-localds, and neither is installed: {INSTALL_SEED_TOOL}"
+            )
+        if sha512_crypt is None:
+            problems.append(
+                "hypervisor backend 'libvirt' writes the root password's hash into each seed image "
+                f"with libpass, which is not installed: {INSTALL_HASHER}"
             )
         unanswered = []
         for name, loc in self.cfg.locations.items():
