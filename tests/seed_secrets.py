@@ -52,18 +52,20 @@ def crypt_verifies(password: str, hashed: str) -> bool:
 
 
 def files_holding(needle: bytes, paths: Iterable[Path]) -> list[str]:
-    """Which of ``paths`` (directories searched through, every file) contain ``needle``; every byte
-    of every file is read, in chunks that overlap by the needle's length."""
-    found = []
+    """Which files of ``paths`` (directories searched through) contain ``needle``, each named once in
+    sorted order; every byte of every file is read, in chunks that overlap by the needle's length."""
+    files = set()
     for top in paths:
-        for path in [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file()):
-            tail = b""
-            with path.open("rb") as fh:
-                while chunk := fh.read(CHUNK):
-                    if needle in tail + chunk:
-                        found.append(str(path))
-                        break
-                    tail = chunk[-len(needle) :]
+        files |= {top} if top.is_file() else {p for p in top.rglob("*") if p.is_file()}
+    found = []
+    for path in sorted(files):
+        tail = b""
+        with path.open("rb") as fh:
+            while chunk := fh.read(CHUNK):
+                if needle in tail + chunk:
+                    found.append(str(path))
+                    break
+                tail = chunk[-len(needle) :]
     return found
 
 

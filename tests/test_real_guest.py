@@ -5,7 +5,9 @@ the repository, so only the first run pays the few minutes of debootstrap). It b
 kernel boot with the shop's NoCloud seed ISO; a real cloud-init reads the seed. The guest sits on
 a transient, isolated libvirt network of its own (no DHCP, no dnsmasq) whose bridge has the
 gateway address, so this host reaches the leased address directly, and logs in with OpenSSH's
-client: as root with the ordered key, then with the password.
+client: as root with the ordered key, then with the password. Once it is in, no file on the host
+(the pool, the domain's disk and seed cdrom, libvirtd's files for it) holds the password in clear:
+the seed carried only its hash.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import libvirt
 import pytest
 from libvirt_peer import URI
+from seed_secrets import attached_files, crypt_verifies, domain_host_files, files_holding, seed_root_hash
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "debian-12-test.raw"
@@ -218,6 +222,28 @@ def wait_for_login(ip: str, key: Path, tmp: Path, timeout: float = BOOT_SECONDS)
     raise AssertionError(f"no root login with the ordered key on {ip} within {timeout:g} s: {last}")
 
 
+def assert_password_only_hashed(
+    domain: Any, directory: Path, passwords: list[str], ip: str, key: Path, tmp: Path
+) -> None:
+    """Once the guest is ready: the seed it booted from carries the root password's hash (the host's
+    crypt(3) checks it), and no file of the pool, behind a device of the domain (its disk with the
+    guest's cloud-init cache and /etc/shadow, the seed cdrom, the base image, kernel and initrd) or
+    kept by libvirtd for it holds any of ``passwords``."""
+    name = domain.name()
+    xml = domain.XMLDesc()
+    seed, disk = directory / f"{name}-seed.iso", directory / f"{name}.qcow2"
+    assert {str(seed), str(disk)} <= {str(p) for p in attached_files(xml)}  # the cdrom and disk it runs on
+    hashed = seed_root_hash(seed)
+    assert crypt_verifies(passwords[-1], hashed)
+    # What the guest wrote is on the disk file before it is searched (QEMU passes the flush through).
+    assert ssh_with_key(ip, key, "sync", tmp).returncode == 0
+    searched = [directory, *attached_files(xml), *domain_host_files(name)]
+    for password in passwords:
+        assert files_holding(password.encode(), searched) == [], "the root password in clear on the host"
+    # The search does see what cloud-init wrote inside the guest: the hash, in /etc/shadow and its cache.
+    assert files_holding(hashed.encode(), [directory]) == sorted([str(seed), str(disk)])
+
+
 def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool, guest_network, test_guest, tmp_path):
     from starlette.testclient import TestClient
 
@@ -290,6 +316,7 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
             assert by_password.returncode == 0 and by_password.stdout.strip() == "0", by_password.stderr
             wrong = ssh_with_password(ip, password + "x", "id -u", tmp_path)
             assert wrong.returncode != 0
+            assert_password_only_hashed(domain, directory, [password], ip, key, tmp_path)
             assert ssh_with_key(ip, key, "touch /root/old-disk", tmp_path).returncode == 0
 
             # Reinstall with a second key and a generated password: a new disk, the old file gone.
@@ -324,6 +351,7 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
             assert ssh_with_key(ip, key, "true", tmp_path).returncode != 0  # the first key is gone
             by_new = ssh_with_password(ip, new_password, "id -u", tmp_path)
             assert by_new.returncode == 0 and by_new.stdout.strip() == "0", by_new.stderr
+            assert_password_only_hashed(domain, directory, [password, new_password], ip, key2, tmp_path)
         finally:
             if domain.isActive():
                 domain.destroy()
