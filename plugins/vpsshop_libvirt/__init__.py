@@ -41,8 +41,9 @@ How a server is made (:meth:`LibvirtBackend.create`):
    or ``genisoimage``) carrying ``meta-data`` (instance id, hostname), ``user-data`` (hostname, the
    root password's sha512-crypt hash, never the password itself; password SSH login) and
    ``network-config`` (the leased address), uploaded into the pool. It stays attached and in the
-   pool until the server is destroyed or reinstalled: nothing yet tells the backend when the guest
-   has read it;
+   pool until the server is destroyed or reinstalled: nothing yet tells the backend when cloud-init
+   has applied it, and a guest rebooted without any seed takes itself for a new instance (new host
+   keys, no static address), so it could only ever be swapped for one without the hash;
 4. **domain**: memory with explicit ``unit='MiB'`` (a bare ``<memory>`` is KiB), BIOS boot (no
    firmware auto-selection), virtio disk and virtio network, started at once.
 
