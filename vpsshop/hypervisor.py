@@ -120,6 +120,9 @@ class ServerSpec:
     os_image: str
     """Base image file name of the operating system, as the catalog gives it."""
     root_password: str
+    """The password in clear, for the backend to set. Write only a hash of it to a host (the libvirt
+    plugin puts a sha512-crypt hash in cloud-init's ``chpasswd`` with ``type: hash``), never the
+    password itself: a seed image or a file on a host outlives the customer's next password change."""
     ip: str | None = None
     """The address core leased from :meth:`HypervisorBackend.address_pool` (None: no pool)."""
     prefix_length: int = 24
