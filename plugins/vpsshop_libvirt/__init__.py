@@ -124,7 +124,8 @@ INSTALL_SEED_TOOL = "apt-get install genisoimage (or cloud-image-utils, which ha
 INSTALL_HASHER = "pip install 'vpsshop[libvirt]' (libpass: pure Python, nothing to compile)"
 ROOT_PASSWORD_ROUNDS = 656_000
 """sha512-crypt rounds of the root password's hash in the seed (passlib's default; glibc's is 5,000).
-About 0.4 s to make on the vpsshop host, about as long for the guest to check at each password login."""
+About 0.4 s to make here (in a worker thread), about 0.2 s of the guest's CPU (libxcrypt, under
+KVM) at each password login."""
 PREFLIGHT_CONNECT_SECONDS = 10.0
 
 SHUTDOWN_GRACE_SECONDS = 30.0
