@@ -97,6 +97,23 @@ def worker(cwd: Path, env: dict[str, str], command: str = VPSSHOP) -> Iterator[S
         stop(proc)
 
 
+def active_server(
+    served: Served, cwd: Path, env: dict[str, str], order: dict[str, str], reason: str
+) -> tuple[dict[str, str], int]:
+    """A new account on ``served``, funded with ``vpsshop admin credit`` (10 USD), that ordered ``order``
+    and waited until it is active: (its authorization header, the server's id)."""
+    created = httpx.post(f"{served.base}/account").json()
+    headers = {"Authorization": f"Bearer {created['api_key']}"}
+    credit = [VPSSHOP, "admin", "credit", str(created["user_id"]), "10", "--reason", reason]
+    assert subprocess.run(credit, cwd=cwd, env=env, capture_output=True, timeout=60).returncode == 0
+    sid = httpx.post(f"{served.base}/servers", headers=headers, json=order).json()["server"]["id"]
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{served.base}/servers/{sid}", headers=headers).json()["status"] != "active":
+        assert time.monotonic() < deadline, served.output()
+        time.sleep(0.2)
+    return headers, sid
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.terminate()

@@ -1,8 +1,9 @@
 """The dashboard's newer pages in a real browser (Debian's Chromium through Playwright, against the
 real `vpsshop serve`, as in test_dashboard_browser.py): an SSH key added and ordered with, a
 renewal for several months at its quoted price, a reinstall that shows the new password once, the
-serial console streaming the guest's output, a webhook registered with its secret shown once and
-delivering to a real receiver, the events; each page checked with axe-core and at phone width."""
+serial console streaming the guest's output, the server terminated with its hostname typed, a
+webhook registered with its secret shown once and delivering to a real receiver, the events; each
+page checked with axe-core and at phone width."""
 
 from __future__ import annotations
 
@@ -131,6 +132,22 @@ def test_ssh_key_order_renewal_reinstall_and_console(shop, context, check):  # n
     page.keyboard.press("Enter")
     expect_text(output, re.compile(r"login: root"))
     check(page, "console")
+
+    # terminate: the hostname typed to confirm; the unused time credited, said on the server's page
+    page.goto(f"{shop.base}/servers/{server_id}")
+    page.get_by_role("link", name="Terminate…").click()
+    assert "is credited to your balance" in page.content()
+    check(page, "terminate")
+    page.get_by_label(re.compile("Type the hostname")).fill("not-keyed")
+    page.get_by_role("button", name="Terminate for good").click()
+    expect_text(page.locator("#terminate-error"), "not this server's hostname")
+    page.get_by_label(re.compile("Type the hostname")).fill("keyed")
+    page.get_by_role("button", name="Terminate for good").click()
+    expect_text(page.locator("#terminated-notice"), re.compile(r"keyed is terminated.*was credited", re.S))
+    check(page, "terminated")
+    server = httpx.get(f"{shop.url}/v1/servers/{server_id}", headers=api).json()
+    assert server["status"] == "terminated"
+    assert httpx.get(f"{shop.url}/v1/account", headers=api).json()["balance_usd"] > 84.04  # credited back
 
 
 def test_webhook_registered_with_its_secret_once_and_events(shop, context, check, receiver):  # noqa: F811

@@ -226,11 +226,10 @@ def test_a_backend_without_console_says_so(tmp_path):
 def test_a_console_the_client_closes_logs_no_error(tmp_path):
     """A served shop (uvicorn, a real WebSocket client): sessions that the client ends, after reading
     or at once, leave no ERROR and no traceback in the process's log."""
-    import subprocess
     import time
 
     import httpx
-    from served import VPSSHOP, serve, shop_env
+    from served import active_server, serve, shop_env
     from websockets.sync.client import connect
 
     env = shop_env(
@@ -239,15 +238,7 @@ def test_a_console_the_client_closes_logs_no_error(tmp_path):
         VPSSHOP__HYPERVISOR__SIMULATOR__BOOT_SECONDS="0",
     )
     with serve(tmp_path, env) as api:
-        created = httpx.post(f"{api.base}/account").json()
-        headers = {"Authorization": f"Bearer {created['api_key']}"}
-        credit = [VPSSHOP, "admin", "credit", str(created["user_id"]), "10", "--reason", "console"]
-        assert subprocess.run(credit, cwd=tmp_path, env=env, capture_output=True, timeout=60).returncode == 0
-        sid = httpx.post(f"{api.base}/servers", headers=headers, json=ORDER).json()["server"]["id"]
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{api.base}/servers/{sid}", headers=headers).json()["status"] != "active":
-            assert time.monotonic() < deadline, api.output()
-            time.sleep(0.2)
+        headers, sid = active_server(api, tmp_path, env, ORDER, "console")
         ws_base = api.base.replace("http://", "ws://").removesuffix("/v1")
         for read_first in (True, False):
             ticket = httpx.post(f"{api.base}/servers/{sid}/console", headers=headers).json()

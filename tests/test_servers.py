@@ -168,6 +168,7 @@ def test_openapi_documents_the_server_endpoints(vpsshop_client):
         "/servers/{id}/reboot",
     ):
         assert path in paths, path
+    assert paths["/servers/{id}"]["delete"]["operationId"] == "terminateServer"
     assert "Idempotency-Key" in paths["/servers"]["post"]["description"]
     assert "monthly" in paths["/servers"]["post"]["description"]
     assert "InsufficientBalanceBody" in str(paths["/servers"]["post"]["responses"]["402"])

@@ -12,7 +12,9 @@ Money handed back:
 * ``refund`` of an ``active`` or ``suspended`` server credits the unused part of everything paid
   ahead for it: each whole period still to come at its price, the current one pro rata to the
   second. Never more than the ledger shows was charged for that server (orders and renewals less
-  any refund), once (ledger dedupe key ``admin-refund:<id>``).
+  any refund), once (ledger dedupe key ``admin-refund:<id>``). The rule and the guarded step are the
+  ones of a customer's own termination (:mod:`vpsshop.servers.termination`): of an admin and a
+  customer terminating at once, one wins and one refund is made.
 * ``refund`` of a server still ``provisioning``, and ``cancel-job`` of its provisioning job, take the
   path of a provisioning given up after its last attempt
   (:func:`vpsshop.servers.jobs.abandon_provisioning`): terminated, the whole order refunded (dedupe
@@ -32,7 +34,7 @@ import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.actors import Operator
 from vpsshop.db import rowcount
-from vpsshop.models import AdminAudit, LedgerEntry, Server, utcnow
+from vpsshop.models import AdminAudit, Server, saved_id, utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.context import AppContext
@@ -185,45 +187,6 @@ def _server(session: Session, server_id: int) -> Server:
     return server
 
 
-def unused_micros(server: Server, now: datetime) -> int:
-    """What the paid time of ``server`` still to come is worth, in micro-USD (0 once it has expired).
-
-    Walks back from ``expires_at`` one billing cycle at a time: every cycle that starts after ``now``
-    counts its whole price (a renewal for several periods paid each of them), the cycle holding
-    ``now`` counts pro rata to the microsecond. Integer arithmetic only.
-    """
-    from vpsshop.servers.lifecycle import CYCLE_MONTHS, add_months
-
-    months = CYCLE_MONTHS.get(server.cycle, 1)
-    end = server.expires_at if server.expires_at.tzinfo else server.expires_at.replace(tzinfo=now.tzinfo)
-    micro = timedelta(microseconds=1)
-    total = 0
-    for _ in range(2400):  # bounded: 200 years of monthly periods
-        if end <= now:
-            break
-        start = add_months(end, -months)
-        if start >= now:
-            total += server.price_micros
-            end = start
-            continue
-        total += server.price_micros * ((end - now) // micro) // ((end - start) // micro)
-        break
-    return total
-
-
-def charged_micros(session: Session, server_id: int) -> int:
-    """What the ledger says was paid for ``server_id`` and not given back: its order and renewals less
-    every refund (entries with ``ref = server:<id>``)."""
-    rows = session.execute(
-        sa.select(col(LedgerEntry.reason), sa.func.sum(col(LedgerEntry.amount_micros)))
-        .where(col(LedgerEntry.ref) == f"server:{server_id}")
-        .group_by(col(LedgerEntry.reason))
-    ).all()
-    by_reason = {reason: int(total or 0) for reason, total in rows}
-    paid = -(by_reason.get("order", 0) + by_reason.get("renewal", 0))
-    return max(0, paid - by_reason.get("refund", 0))
-
-
 def set_server_state(
     ctx: AppContext, operator: Operator, server_id: int, action: str, reason: str, *, refund_unused: bool = False
 ) -> str:
@@ -233,9 +196,10 @@ def set_server_state(
         ``refund``, at most what was charged for the server, once) in the same transaction; a server
         still provisioning gets its whole order back (see the module docstring).
     """
-    from vpsshop.servers.jobs import abandon_provisioning, cancel_queued_provisioning
+    from vpsshop.servers.jobs import abandon_provisioning
     from vpsshop.servers.lifecycle import enqueue, record
     from vpsshop.servers.resource import server_event
+    from vpsshop.servers.termination import end_server
 
     reason = _need_reason(reason)
     now = ctx.clock.now()
@@ -254,15 +218,8 @@ def set_server_state(
             "server.unsuspended",
             "unsuspended",
         ),
-        "terminate": (
-            ("active", "suspended", "provisioning"),
-            dict(status="terminated", terminated_at=now, status_reason=f"Terminated by the shop: {reason}"),
-            "destroy",
-            "server.terminated",
-            "terminated",
-        ),
     }
-    allowed, values, job_kind, event, history = moves[action]
+    allowed = ("active", "suspended", "provisioning") if action == "terminate" else moves[action][0]
     audited = "refund" if refund_unused else action
     with ctx.db.session() as session:
         server = _server(session, server_id)
@@ -288,37 +245,35 @@ def set_server_state(
                 f"server {server_id}: was provisioning: terminated, its order refunded "
                 f"({refunded / 1_000_000:.6f} USD), clean-up queued"
             )
-        refunded = 0
-        if refund_unused:
-            refunded = min(unused_micros(server, now), charged_micros(session, server_id))
-        moved = rowcount(
-            session.execute(
-                sa.update(Server).where(col(Server.id) == server_id, col(Server.status) == was).values(**values)
-            )
-        )
-        if moved != 1:
-            raise AdminError(f"server {server_id} changed meanwhile: try again")
-        record(session, server_id, history, now, f"admin: {reason}"[:500])
-        if action == "terminate":  # a provisioning job still waiting has nothing left to do
-            cancel_queued_provisioning(session, server_id, now, f"server terminated: {reason}")
-        job = enqueue(session, server_id, job_kind, now)
-        events.emit(session, event, server.account_id, server_event(session, server_id), now=now)
-        if refunded > 0:
-            posting = ledger.post(
+        if action == "terminate":
+            ended = end_server(
                 session,
-                server.account_id,
-                refunded,
-                "refund",
-                ref=f"server:{server_id}",
-                dedupe_key=f"admin-refund:{server_id}",
-                memo=f"unused time: {reason}"[:500],
-                now=now,
+                server,
+                now,
+                status_reason=f"Terminated by the shop: {reason}",
+                why=f"admin: {reason}",
+                refund_key=f"admin-refund:{server_id}" if refund_unused else None,
+                memo=f"unused time: {reason}",
             )
-            refunded = posting.entry.amount_micros if posting.created else 0
-            record(session, server_id, "refunded", now, str(refunded))
-        detail = {"was": was, "job_id": job.id, "refunded_micros": refunded}
+            if ended is None:
+                raise AdminError(f"server {server_id} changed meanwhile: try again")
+            job_id, job_kind, refunded = ended.job_id, "destroy", ended.refunded_micros
+        else:
+            _, values, job_kind, event, history = moves[action]
+            moved = rowcount(
+                session.execute(
+                    sa.update(Server).where(col(Server.id) == server_id, col(Server.status) == was).values(**values)
+                )
+            )
+            if moved != 1:
+                raise AdminError(f"server {server_id} changed meanwhile: try again")
+            record(session, server_id, history, now, f"admin: {reason}"[:500])
+            job = enqueue(session, server_id, job_kind, now)
+            events.emit(session, event, server.account_id, server_event(session, server_id), now=now)
+            job_id, refunded = saved_id(job), 0
+        detail = {"was": was, "job_id": job_id, "refunded_micros": refunded}
         audit(session, operator, audited, f"server:{server_id}", reason, detail, now=now)
-    done = f"server {server_id}: {action} done, job {job.id} ({job_kind}) queued"
+    done = f"server {server_id}: {action} done, job {job_id} ({job_kind}) queued"
     if refund_unused:
         done += f"; refunded {refunded / 1_000_000:.6f} USD of unused prepaid time"
     return done

@@ -253,12 +253,10 @@ def build_openapi(
             )
         if route.auth:
             operation["security"] = [{"bearerAuth": []}]
-            responses.setdefault(
-                "401",
-                _error_response(
-                    "Missing, unknown or revoked API key (unauthorized); sent with WWW-Authenticate: Bearer."
-                ),
-            )
+            unauthorized = "Missing, unknown or revoked API key (unauthorized); sent with WWW-Authenticate: Bearer."
+            if 401 in route.errors:  # the operation's own 401s (a two-factor code) beside the key's
+                unauthorized += " " + route.errors[401]
+            responses.setdefault("401", _error_response(unauthorized))
         for status, description in route.errors.items():
             responses.setdefault(str(status), _error_response(description))
         limited = _limits(route)

@@ -18,7 +18,7 @@ from vpsshop import twofactor
 from vpsshop.accounts import ApiKeyCreated, mint_key
 from vpsshop.auth import login_token_selector, verify_login_token
 from vpsshop.context import AppContext
-from vpsshop.errors import ApiError, Unauthorized
+from vpsshop.errors import Unauthorized
 from vpsshop.inputs import Input
 from vpsshop.models import Account
 from vpsshop.ratelimit import RateLimited, Rule, limiter_for
@@ -106,12 +106,7 @@ async def login(ctx: AppContext, data: LoginInput, *, client: str) -> ApiKeyCrea
         account_id, totp_enabled = _check_login_token(ctx, data.login_token, client)
         if totp_enabled:
             if data.totp_code is None or not data.totp_code.strip():
-                raise ApiError(
-                    401,
-                    "totp_required",
-                    "This account has two-factor sign-in: send totp_code, the "
-                    "current code of the authenticator app (or a recovery code).",
-                )
+                raise twofactor.code_required()
             _check_second_factor(ctx, account_id, data.totp_code, client)
         return mint_key(ctx, account_id, "dashboard")
 

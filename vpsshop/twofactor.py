@@ -15,7 +15,8 @@
 
 What it changes (``docs/dashboard.md``): signing in to the dashboard and ``POST /v1/login`` ask for a
 code; the dashboard asks for one again before it reveals a server's root password. Bearer API keys
-are not affected: a key is a full credential of its own, minted by someone who signed in.
+are not affected (a key is a full credential of its own, minted by someone who signed in), but for
+one irreversible call: terminating a server (``DELETE /v1/servers/{id}``) asks for ``totp_code``.
 """
 
 from __future__ import annotations
@@ -186,6 +187,17 @@ async def verify(ctx: AppContext, customer: Customer, code: str | None) -> str:
     """:func:`check_code` for the account of ``customer`` (the dashboard asks for a fresh code before it
     reveals a secret)."""
     return await to_thread.run_sync(check_code, ctx, customer.account_id, code)
+
+
+def code_required() -> ApiError:
+    """The API's 401 ``totp_required``: a call that needs a two-factor code (``POST /v1/login``,
+    ``DELETE /v1/servers/{id}``) was sent without ``totp_code`` by an account that has two-factor on."""
+    return ApiError(
+        401,
+        "totp_required",
+        "This account has two-factor sign-in: send totp_code, the current code of the authenticator app "
+        "(or a recovery code).",
+    )
 
 
 def check_code(ctx: AppContext, account_id: int, code: str | None) -> str:

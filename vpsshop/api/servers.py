@@ -1,6 +1,6 @@
 """The server endpoints, over the operations of :mod:`vpsshop.servers`: ordering and quotes
 (:mod:`~vpsshop.servers.orders`), reading, credentials, renewals, power and changes, reinstalls, console
-tickets, and the SSH key store.
+tickets, termination, and the SSH key store.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from vpsshop.api import x402
 from vpsshop.api.console import CLOSE_BAD_TICKET, CLOSE_UNAVAILABLE
 from vpsshop.openapi import InsufficientBalanceBody
 from vpsshop.routing import ApiRoute, Call, Header, Reply, body_named, idempotency_header, idempotency_key
-from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys
+from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys, termination
 from vpsshop.servers.console import TICKET_SECONDS, WS_PATH, ConsoleTicketOut
 from vpsshop.servers.control import PowerAction, PowerActionOut, ServerChange
 from vpsshop.servers.credentials import CredentialsOut
@@ -23,6 +23,7 @@ from vpsshop.servers.reinstall import ReinstallInput, ReinstallOut
 from vpsshop.servers.renewals import RenewInput, RenewOut
 from vpsshop.servers.resource import ServerList, ServerOut
 from vpsshop.servers.sshkeys import SshKeyDeleted, SshKeyInput, SshKeyList, SshKeyOut
+from vpsshop.servers.termination import ServerTerminated, TerminateInput
 
 # The bodies under the names of the OpenAPI description (clients generated from it use them).
 OrderBody = body_named("OrderBody", OrderInput)
@@ -30,6 +31,7 @@ QuoteBody = body_named("QuoteBody", QuoteInput)
 ServerPatch = body_named("ServerPatch", ServerChange)
 RenewBody = body_named("RenewBody", RenewInput)
 ReinstallBody = body_named("ReinstallBody", ReinstallInput)
+TerminateBody = body_named("TerminateBody", TerminateInput)
 SshKeyBody = body_named("SshKeyBody", SshKeyInput)
 
 TAG = ("servers",)
@@ -134,6 +136,17 @@ def _power_endpoint(action: PowerAction) -> Any:
 async def reinstall_server(call: Call) -> Reply:
     done = await reinstall.reinstall_server(call.ctx, call.actor, call.path["id"], call.body)
     return Reply(done, 202)
+
+
+async def terminate_server(call: Call) -> Reply:
+    done = await termination.terminate_server(
+        call.ctx,
+        call.actor,
+        call.path["id"],
+        call.body if call.body is not None else TerminateInput(),
+        idempotency_key=idempotency_key(call.request),
+    )
+    return Reply(done.server, 200, _replayed(done.replayed))
 
 
 async def create_ticket(call: Call) -> Reply:
@@ -286,7 +299,8 @@ def routes() -> list[ApiRoute]:
             count_writes=False,
             operation_id="getServer",
             description="status: provisioning (paid, being created) -> active (running, ip set) -> suspended "
-            "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted after the grace period). "
+            "(expired unpaid: VM stopped, disk kept) -> terminated (VM and disk deleted: after the grace period, or at "
+            "once by DELETE /servers/{id}). "
             "A suspended server returns to active when renewed. status is the billing state: power says whether "
             "the VM is running or stopped (a stopped server is still active and still renews), and status_reason "
             "says when a reinstall is under way.",
@@ -313,6 +327,48 @@ def routes() -> list[ApiRoute]:
             tags=TAG,
             count_writes=False,
             operation_id="updateServer",
+        ),
+        ApiRoute(
+            "DELETE",
+            "/servers/{id}",
+            terminate_server,
+            "Terminate a server now",
+            ServerTerminated,
+            body=TerminateBody,
+            body_required=False,
+            description="Ends the server now, for good: it is terminated at once and a job deletes its VM, its disk "
+            "and its first-boot (seed) image on the host within seconds, then frees its address (it may go to "
+            "another customer). Nothing of it can be recovered. Works on an active server, one suspended for "
+            "non-payment, and one still provisioning (its provisioning is cancelled). Answers the server as GET "
+            "/servers/{id} now shows it (status terminated, status_reason saying why) with refunded_usd; emits "
+            "server.terminated.\n\n"
+            "Money: an active server's unused prepaid time is credited to the balance (ledger reason refund, ref "
+            "server:<id>, emitted as ledger.credit): every whole billing period still to come at its price, and the "
+            "current one pro rata to the microsecond; never more than was charged for the server, and once. A "
+            "server still provisioning gets its whole order back. A server suspended for non-payment has no paid "
+            "time left: nothing is credited. The balance is never paid out: top-ups are non-refundable.\n\n"
+            "Two-factor: when the account has two-factor sign-in on (totp_enabled in GET /account), the body must "
+            "carry totp_code, a fresh code of the authenticator app (or a recovery code), as POST /login does: "
+            "without it 401 totp_required, a wrong or used code 401 invalid_totp_code, and nothing is done. The "
+            "body is optional otherwise; confirm_hostname, when given, must be the server's hostname.\n\n"
+            "A terminated server is a 409 server_terminated. Idempotency-Key: scoped to the account; a retry with "
+            "the same key and server answers the first termination again (header Idempotent-Replayed: true) and "
+            "does nothing; the same key with another server is a 409 idempotency_key_reused.",
+            headers=(idempotency_header("1 to 200 visible ASCII characters; makes a retried termination safe."),),
+            errors={
+                400: "hostname_mismatch: confirm_hostname is not the server's hostname; invalid_totp_code, "
+                "invalid_confirm_hostname, unknown_field",
+                401: "totp_required: the account has two-factor on and no totp_code was sent; invalid_totp_code: the "
+                "code is wrong or was used already.",
+                404: _NOT_YOURS,
+                409: "server_terminated: the server is terminated already; server_admin_suspended: the shop "
+                "suspended the server (only the shop lifts or ends that); server_busy: the server changed meanwhile, "
+                "retry; idempotency_key_reused: this key was used to terminate another server.",
+            },
+            limits="or too many wrong two-factor codes for this account ([signin] totp_failures_per_account)",
+            tags=TAG,
+            count_writes=False,
+            operation_id="terminateServer",
         ),
         ApiRoute(
             "GET",

@@ -1,10 +1,12 @@
 """The dashboard's server pages: ordering (with SSH keys and user data), a server's page (power,
 renewal for one or more cycles at the API's quoted price, automatic renewal, the root login, reverse
-DNS), reinstalling, the serial console, and the SSH key store.
+DNS), reinstalling, the serial console, terminating (confirmed with the hostname), and the SSH key
+store.
 
 Each action calls the operation the API calls (:mod:`vpsshop.servers`), with its limits and events.
 What reaches into a server (its root password, a reinstall that shows a new one, the console)
-asks for a fresh two-factor code when two-factor is on, as credentials do.
+asks for a fresh two-factor code when two-factor is on, as credentials do; so does terminating, whose
+operation checks the code itself (the API asks for it too).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from vpsshop.errors import ApiError, BadRequest
 from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL
 from vpsshop.inputs import parse
 from vpsshop.ledger import InsufficientBalance
-from vpsshop.servers import console, control, orders, renewals, resource, sshkeys
+from vpsshop.servers import console, control, orders, renewals, resource, sshkeys, termination
 from vpsshop.servers import credentials as server_credentials
 from vpsshop.servers import reinstall as reinstalls
 from vpsshop.servers.control import POWER_ACTIONS, ServerChange
@@ -29,6 +31,7 @@ from vpsshop.servers.orders import OrderInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
 from vpsshop.servers.sshkeys import SshKeyInput
+from vpsshop.servers.termination import TerminateInput
 
 # ---- the list and the order form -------------------------------------------------------------------
 
@@ -369,6 +372,57 @@ async def reinstall(page: Page) -> Response:
         password=done.root_password,
         os_name=_names(page).get(f"os:{done.server.os}", done.server.os),
     )
+
+
+# ---- terminate ---------------------------------------------------------------------------------------------
+
+
+async def terminate_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    server_id = _server_id(page)
+    server = await resource.get_server(page.ctx, page.customer, server_id)
+    account = await accounts.get_account(page.ctx, page.customer)
+    return page.render(
+        "terminate.html",
+        status,
+        headers,
+        title=f"Terminate {server.hostname}",
+        server=server,
+        account=account,
+        credit=await termination.quote_termination(page.ctx, page.customer, server_id),
+        idempotency_key=page.form.get("idempotency_key") or secrets.token_urlsafe(16),
+        **extra,
+    )
+
+
+async def terminate_page(page: Page) -> Response:
+    return await terminate_form(page)
+
+
+async def terminate(page: Page) -> Response:
+    """``DELETE /v1/servers/{id}``, confirmed by typing the hostname (and a fresh two-factor code
+    when it is on, which the operation checks)."""
+    server_id = _server_id(page)
+    hostname = page.form.get("hostname", "").strip()
+    if not hostname:
+        return await terminate_form(page, status=400, error="Type the server's hostname to confirm.")
+    data: dict[str, Any] = {"confirm_hostname": hostname}
+    if page.form.get("code", "").strip():
+        data["totp_code"] = page.form["code"]
+    key = page.form.get("idempotency_key") or None
+    try:
+        body = parse(TerminateInput, data)
+        done = await termination.terminate_server(
+            page.ctx, page.customer, server_id, body, idempotency_key=f"dashboard:{key}" if key else None
+        )
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        if exc.error in ("totp_required", "invalid_totp_code"):
+            return await terminate_form(page, status=exc.status, headers=exc.headers, code_error=friendly(exc))
+        return await terminate_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return await server_page(page, terminated=done.server)
 
 
 # ---- the serial console ---------------------------------------------------------------------------------

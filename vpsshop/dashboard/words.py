@@ -43,6 +43,8 @@ FRIENDLY = {
     "hyphens, with dots between the parts.",
     "invalid_event_types": "Choose at least one kind of event.",
     "invalid_event_id": "An event id looks like evt_… (the Events page lists them).",
+    "hostname_mismatch": "That is not this server's hostname. Type it exactly as shown to confirm; nothing was done.",
+    "totp_required": "Enter the code from your authenticator app (or a recovery code).",
 }
 
 PATTERN_WORDS = {

@@ -92,8 +92,9 @@ _TYPES = [
     EventType(
         "server.terminated",
         "server",
-        "The server was deleted: after the grace period, or because "
-        "provisioning failed (then the order was refunded); data.status_reason says which.",
+        "The server was deleted: at its customer's request (DELETE /servers/{id}; unused prepaid time credited "
+        "as a ledger.credit), by the shop, after the grace period, or because provisioning failed (then the order "
+        "was refunded); data.status_reason says which.",
     ),
     EventType(
         "server.updated",

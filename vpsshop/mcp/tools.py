@@ -30,12 +30,13 @@ from vpsshop.events import feed, webhooks
 from vpsshop.events.feed import EVENT_ID_PATTERN, EventQuery
 from vpsshop.events.webhooks import DeliveryQuery, RedeliverInput, WebhookChange, WebhookInput
 from vpsshop.inputs import IDEMPOTENCY_KEY, MAX_ID, Input
-from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys
+from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys, termination
 from vpsshop.servers.control import PowerAction, ServerChange
 from vpsshop.servers.orders import OrderInput, QuoteInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
 from vpsshop.servers.sshkeys import SshKeyInput
+from vpsshop.servers.termination import TerminateInput
 from vpsshop.signin import LoginInput
 from vpsshop.topups import REF_PATTERN, TopupInput
 from vpsshop.x402.offers import SettledPayment, SignedPayment
@@ -153,6 +154,15 @@ class ReinstallArgs(ServerRef, ReinstallInput):
     pass
 
 
+class TerminateArgs(ServerRef, TerminateInput, Idempotent):
+    confirm_hostname: str = Field(  # required here: the agent confirms what it ends
+        min_length=1,
+        max_length=253,
+        description="The server's hostname (get_server shows it), to confirm which server is ended for good: a "
+        "different one is refused and nothing is done (hostname_mismatch).",
+    )
+
+
 class WaitArgs(ServerRef):
     status: Literal["provisioning", "active", "suspended", "terminated"] = Field(
         "active", description="The status to wait for (default active)."
@@ -226,6 +236,13 @@ async def _renew(ctx: AppContext, customer: Customer, args: RenewArgs) -> Result
         payment=_payment(args),
     )
     return paid_result(done.renewal, done.settled, done.replayed)
+
+
+async def _terminate(ctx: AppContext, customer: Customer, args: TerminateArgs) -> Result:
+    done = await termination.terminate_server(
+        ctx, customer, args.server_id, part(args, TerminateInput), idempotency_key=args.idempotency_key
+    )
+    return paid_result(done.server, None, done.replayed)
 
 
 async def _wait(ctx: AppContext, customer: Customer, args: WaitArgs) -> Result:
@@ -467,6 +484,20 @@ TOOLS: tuple[Tool, ...] = (
         ),
         ("reinstallServer",),
         destructive=True,
+    ),
+    Tool(
+        "terminate_server",
+        "Terminate a server",
+        "End a server now, for good: its VM, disk and address are deleted within seconds and nothing of it can be "
+        "recovered. Confirm with the server's hostname (confirm_hostname); an account with two-factor on also "
+        "needs a fresh totp_code from its owner. An active server's unused prepaid time is credited to the "
+        "balance (refunded_usd); one still provisioning gets its whole order back. The result is the server, "
+        "status terminated.",
+        TerminateArgs,
+        _terminate,
+        ("terminateServer",),
+        destructive=True,
+        idempotent=True,
     ),
     Tool(
         "open_console",

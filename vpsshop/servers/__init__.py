@@ -7,6 +7,7 @@ paid-period lifecycle.
 * :mod:`vpsshop.servers.control` - power actions, automatic renewal, reverse DNS;
 * :mod:`vpsshop.servers.reinstall` - a fresh disk from a catalog OS;
 * :mod:`vpsshop.servers.console` - serial console tickets;
+* :mod:`vpsshop.servers.termination` - ending a server now (the customer's and the shop's), and what it credits;
 * :mod:`vpsshop.servers.credentials` - root passwords, encrypted at rest, and revealing them;
 * :mod:`vpsshop.servers.sshkeys` - the SSH key store;
 * :mod:`vpsshop.servers.jobs` - hypervisor work as database-backed jobs (``servers-jobs`` task);
