@@ -141,7 +141,8 @@ def test_delete_ends_an_active_server_credits_its_unused_time_and_the_host_keeps
     assert asyncio.run(run_jobs(ctx))["done"] == 1
     assert _on_host(ctx, sid) == HostInspection()
     assert _lease(ctx, sid) is None
-    assert client.get(f"/v1/servers/{sid}", headers=account.headers).json()["power"] is None
+    ended = client.get(f"/v1/servers/{sid}", headers=account.headers).json()
+    assert ended["power"] is None and ended["ip"] is None  # the address is no longer this server's
     with ctx.db.session() as session:
         kinds = [e.kind for e in session.exec(select(ServerEvent).where(ServerEvent.server_id == sid))]
     assert kinds[-3:] == ["terminated", "refunded", "destroyed"]

@@ -523,7 +523,7 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
         def destroyed() -> None:
             with ctx.db.session() as session:
-                session.execute(sa.update(Server).where(col(Server.id) == job.server_id).values(power=None))
+                session.execute(sa.update(Server).where(col(Server.id) == job.server_id).values(power=None, ip=None))
                 record(
                     session,
                     job.server_id,
