@@ -10,17 +10,15 @@ and passes the unbroken coins run beside them.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
-from coincurve import PrivateKey
-from evm_peers import CHAIN_ID, EvmChain, start_evm_chain
+from evm_peers import CHAIN_ID, EvmChain, random_xpub, start_evm_chain
 
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, WatchSet
-from vpsshop.chains import BlockCursor, b58check_encode
+from vpsshop.chains import BlockCursor
 from vpsshop.testing import DepositCoinContract
 from vpsshop_evm import Ether, EvmCoin, TetherErc20
 
@@ -177,12 +175,6 @@ def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
         yield chain
     finally:
         chain.anvil.stop()
-
-
-def random_xpub() -> str:
-    key = PrivateKey().public_key.format(compressed=True)
-    depth_parent_child = bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
-    return b58check_encode(bytes.fromhex("0488b21e") + depth_parent_child + secrets.token_bytes(32) + key)
 
 
 class EtherKit(DepositCoinContract):

@@ -189,3 +189,15 @@ class RangeLimitedFront:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def random_xpub() -> str:
+    """A fresh account-level xpub (depth 3, hardened child) per call, so tests sharing one chain never
+    share an address."""
+    from coincurve import PrivateKey
+
+    from vpsshop.chains import b58check_encode
+
+    key = PrivateKey().public_key.format(compressed=True)
+    depth_parent_child = bytes([3]) + b"\0" * 4 + (0x80000000).to_bytes(4, "big")
+    return b58check_encode(bytes.fromhex("0488b21e") + depth_parent_child + secrets.token_bytes(32) + key)

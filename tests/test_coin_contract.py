@@ -7,15 +7,12 @@ when told to.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from coincurve import PrivateKey
-from evm_peers import CHAIN_ID, EvmChain, start_evm_chain
+from evm_peers import CHAIN_ID, EvmChain, random_xpub, start_evm_chain
 
-from vpsshop.chains import b58check_encode
 from vpsshop.testing import DepositCoinContract
 from vpsshop_evm import Ether, TetherErc20
 
@@ -27,19 +24,6 @@ def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
         yield chain
     finally:
         chain.anvil.stop()
-
-
-def random_xpub() -> str:
-    key = PrivateKey().public_key.format(compressed=True)
-    raw = (
-        bytes.fromhex("0488b21e")
-        + bytes([3])
-        + b"\0" * 4
-        + (0x80000000).to_bytes(4, "big")
-        + secrets.token_bytes(32)
-        + key
-    )
-    return b58check_encode(raw)
 
 
 class TestEther(DepositCoinContract):

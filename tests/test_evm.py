@@ -5,15 +5,13 @@ confirmations credits nothing; two token transfers in one transaction credit bot
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from bip32_private import ABANDON_MNEMONIC, account_node
-from coincurve import PrivateKey
-from evm_peers import CHAIN_ID, EvmChain, rpc, start_evm_chain
+from evm_peers import CHAIN_ID, EvmChain, random_xpub, rpc, start_evm_chain
 from starlette.testclient import TestClient
 from topup_helpers import balance, decode_qr, get, payments, run_pass
 
@@ -141,20 +139,6 @@ def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EvmChain]:
         yield chain
     finally:
         chain.anvil.stop()
-
-
-def random_xpub() -> str:
-    """A fresh account key per test, so tests sharing one chain never share an address."""
-    key = PrivateKey().public_key.format(compressed=True)
-    raw = (
-        bytes.fromhex("0488b21e")
-        + bytes([3])
-        + b"\0" * 4
-        + (0x80000000).to_bytes(4, "big")
-        + secrets.token_bytes(32)
-        + key
-    )
-    return b58check_encode(raw)
 
 
 @pytest.fixture
