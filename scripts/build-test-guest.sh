@@ -24,7 +24,9 @@ HASH=$(sha256sum "$SCRIPT" | cut -c1-16)
 CACHE_ROOT=${VPSSHOP_TEST_GUEST_CACHE:-/var/cache/vpsshop-test-guest}
 OUT="$CACHE_ROOT/$HASH"
 MIRROR=${VPSSHOP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-PACKAGES=systemd-sysv,cloud-init,openssh-server,linux-image-cloud-amd64,ifupdown,netbase,python3-cffi-backend,udev
+# locales, with en_US.UTF-8 generated below as on Debian's cloud images: cloud-init sets that locale on
+# first boot (update-locale); without it cloud-config.service fails and `cloud-init status` is error.
+PACKAGES=systemd-sysv,cloud-init,openssh-server,linux-image-cloud-amd64,ifupdown,netbase,python3-cffi-backend,udev,locales
 
 if [ -f "$OUT/done" ]; then
     echo "$OUT"
@@ -55,6 +57,8 @@ echo "/dev/vda / ext4 errors=remount-ro 0 1" >"$ROOT/etc/fstab"
 cat >"$ROOT/etc/cloud/cloud.cfg.d/90-vpsshop-test-guest.cfg" <<'EOF'
 datasource_list: [NoCloud, None]
 EOF
+sed -i 's/^# *en_US.UTF-8 UTF-8/en_US.UTF-8 UTF-8/' "$ROOT/etc/locale.gen"
+chroot "$ROOT" locale-gen >&2
 # A new machine id on first boot, and host keys made by cloud-init for each instance.
 : >"$ROOT/etc/machine-id"
 rm -f "$ROOT"/etc/ssh/ssh_host_*

@@ -208,15 +208,17 @@ def wait_for_login(ip: str, key: Path, tmp: Path, timeout: float = BOOT_SECONDS)
             done = ssh_with_key(
                 ip,
                 key,
-                "cloud-init status --wait >/dev/null 2>&1; hostname",
+                "cloud-init status --wait --long; hostname",
                 tmp,
                 timeout=max(10.0, deadline - time.monotonic()),
             )
         except subprocess.TimeoutExpired:
             last = "cloud-init did not finish"
             continue
-        if done.returncode == 0:
-            return done.stdout.strip()
+        if done.stdout.strip():  # logged in: cloud-init's verdict on the first boot, then the hostname
+            *status, hostname = done.stdout.strip().splitlines()
+            assert "status: done" in status, "the first boot ended in cloud-init errors:\n" + "\n".join(status)
+            return hostname
         last = done.stderr.strip()
         time.sleep(3)
     raise AssertionError(f"no root login with the ordered key on {ip} within {timeout:g} s: {last}")

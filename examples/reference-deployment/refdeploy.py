@@ -1247,7 +1247,7 @@ def guest_login(ip: str, key: Path, seconds: float = 600) -> str:
             done = subprocess.run(
                 [
                     *("ssh", *SSH_OPTIONS, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", str(key)),
-                    *(f"root@{ip}", "cloud-init status --wait >/dev/null 2>&1; hostname"),
+                    *(f"root@{ip}", "cloud-init status --wait --long; hostname"),
                 ],
                 capture_output=True,
                 text=True,
@@ -1257,8 +1257,11 @@ def guest_login(ip: str, key: Path, seconds: float = 600) -> str:
         except subprocess.TimeoutExpired:
             last = "no answer"
             continue
-        if done.returncode == 0:
-            return done.stdout.strip()
+        if done.stdout.strip():  # logged in: cloud-init's verdict on the first boot, then the hostname
+            *status, hostname = done.stdout.strip().splitlines()
+            if "status: done" not in status:
+                raise SystemExit("the guest's first boot ended in cloud-init errors:\n" + "\n".join(status))
+            return hostname
         last = done.stderr.strip()
         time.sleep(3)
     raise SystemExit(f"no SSH login as root with the ordered key on {ip} within {seconds:.0f} s: {last}")
