@@ -7,6 +7,9 @@ the shop handed out before the change is the address it derives after it.
 
     python tests/vectors/record_derived_addresses.py
 
+It was run on the parent of the bip-utils change (commit 7232d03, the hand-written code). Running it
+again records what the code of the day derives, which checks nothing: keep the recorded file.
+
 Each case holds what builds the coin (its settings, or the mnemonic for SOL) and ``[index, address,
 watch_key]`` triples, so the test needs nothing from this script.
 """
