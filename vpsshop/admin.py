@@ -65,6 +65,16 @@ def audit(
     )
 
 
+def owner_only(ctx: AppContext, operator: Operator, action: str, target: str, reason: str) -> None:
+    """Refuse (and audit the refusal of) an action that destroys or moves an amount no limit bounds
+    (terminate, refund, cancel a job) to an operator who is not an ``owner``."""
+    if operator.role == "owner":
+        return
+    with ctx.db.session() as session:
+        audit(session, operator, f"{action}_refused", target, reason, {"role": operator.role})
+    raise AdminError(f"a {operator.role} operator may not {action.replace('_', ' ')}: ask an owner")
+
+
 def _need_reason(reason: str) -> str:
     reason = reason.strip()
     if not reason:
@@ -168,13 +178,29 @@ def adjust_balance(ctx: AppContext, operator: Operator, account_id: int, micros:
     """Credit (``micros`` > 0) or debit through the ledger, with its audit entry."""
     reason = _need_reason(reason)
     kind = "admin_credit" if micros > 0 else "admin_debit"
+    limit = support_limit_micros(ctx)
+    if operator.role != "owner" and abs(micros) > limit:
+        with ctx.db.session() as session:
+            audit(session, operator, f"{kind}_refused", f"account:{account_id}", reason, {"amount_micros": micros})
+        raise AdminError(
+            f"a {operator.role} operator may credit or debit at most {limit / 1_000_000:.2f} USD: ask an owner"
+        )
     with ctx.db.session() as session:
         try:
             posting = ledger.post(session, account_id, micros, kind, memo=reason[:500])
         except LookupError:
             raise AdminError(f"no account {account_id}") from None
-        audit(session, operator, kind, f"account:{account_id}", reason, {"amount_micros": micros})
+        after = posting.entry.balance_after_micros
+        detail = {"amount_micros": micros, "balance_before_micros": after - micros, "balance_after_micros": after}
+        audit(session, operator, kind, f"account:{account_id}", reason, detail)
     return posting
+
+
+def support_limit_micros(ctx: AppContext) -> int:
+    """The largest amount a ``support`` operator may move (``[console] support_limit_usd``)."""
+    from vpsshop.money import usd_to_micros
+
+    return usd_to_micros(ctx.settings.console.support_limit_usd)
 
 
 # ---- servers ---------------------------------------------------------------------------------------
@@ -221,6 +247,8 @@ def set_server_state(
     }
     allowed = ("active", "suspended", "provisioning") if action == "terminate" else moves[action][0]
     audited = "refund" if refund_unused else action
+    if action == "terminate":
+        owner_only(ctx, operator, audited, f"server:{server_id}", reason)
     with ctx.db.session() as session:
         server = _server(session, server_id)
         was = server.status
@@ -293,6 +321,8 @@ def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, re
     from vpsshop.servers.models import ServerJob
 
     reason = _need_reason(reason)
+    if action == "cancel":
+        owner_only(ctx, operator, "cancel_job", f"job:{job_id}", reason)
     now = ctx.clock.now()
     with ctx.db.session() as session:
         job = session.get(ServerJob, job_id)
