@@ -320,3 +320,61 @@ def test_server_page_what_needs_attention_and_the_actions_only_an_owner_may_take
         ("console:sue", "refund_refused"),
         ("console:sue", "cancel_job_refused"),
     ]
+
+
+def test_revoking_an_accounts_access_and_disabling_a_webhook(
+    ctx, console, vpsshop_client, vpsshop_account, vpsshop_clock
+):
+    headers = vpsshop_account.headers
+    hook = vpsshop_client.post("/v1/webhooks", headers=headers, json={"url": "https://example.com/hook"}).json()
+    support = operators.add_operator(ctx, SHELL, "sid", "support", "support password 1")
+    sign_in(console, vpsshop_clock, "sid", "support password 1", support.secret)
+    page = console.get(f"/accounts/{vpsshop_account.user_id}")
+    assert f'action="/webhooks/{hook["id"]}/disable"' in page.text
+    csrf = csrf_of(page.text)
+    asked = console.post(f"/webhooks/{hook['id']}/disable", data={"csrf": csrf, "reason": "spam target"})
+    assert "Confirm: disable the webhook endpoint" in asked.text
+    done = console.post(
+        f"/webhooks/{hook['id']}/disable", data={"csrf": csrf, "reason": "spam target", "confirm": "yes"}
+    )
+    assert done.status_code == 200 and "disabled" in done.text
+    shown = vpsshop_client.get(f"/v1/webhooks/{hook['id']}", headers=headers).json()
+    assert shown["status"] == "disabled" and "spam target" in shown["disabled_reason"]
+    assert "Webhook endpoints failing or disabled" in console.get("/attention").text
+
+    form = {"csrf": csrf, "reason": "key leaked on a forum", "confirm": "yes"}
+    done = console.post(f"/accounts/{vpsshop_account.user_id}/revoke-access", data=form)
+    assert done.status_code == 200 and "1 API key(s) revoked" in done.text
+    deadline = time.monotonic() + 10  # the API's cache hears of it by NOTIFY on PostgreSQL
+    while vpsshop_client.get("/v1/account", headers=headers).status_code != 401:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with ctx.db.engine.connect() as conn:
+        kinds = list(conn.execute(sa.text("SELECT type FROM events ORDER BY id")).scalars())
+    assert "webhook.disabled" in kinds and "api_key.revoked" in kinds
+    assert [r["action"] for r in audit_log(ctx)[:2]] == ["revoke_access", "disable_webhook"]
+
+
+def test_attention_lists_topups_paid_late_or_other_amounts(
+    ctx, console, vpsshop_client, vpsshop_account, vpsshop_clock
+):
+    _deposit(vpsshop_client, vpsshop_account, "cd" * 32)
+    _deposit(vpsshop_client, vpsshop_account, "ef" * 32)
+    with ctx.db.engine.begin() as conn:  # as the watcher leaves them once credited: 30 and 25 USD of 25 asked
+        for txid, micros, late in (("cd" * 32, 30_000_000, True), ("ef" * 32, 25_000_000, False)):
+            conn.execute(
+                sa.text(
+                    "UPDATE topup_payments SET status = 'credited', credited_micros = :m, late = :late, "
+                    "credited_at = :now WHERE txid = :tx"
+                ),
+                {"m": micros, "late": late, "now": ctx.clock.now(), "tx": txid},
+            )
+    owner = operators.add_operator(ctx, SHELL, "tia", "owner", OWNER_PASSWORD)
+    sign_in(console, vpsshop_clock, "tia", OWNER_PASSWORD, owner.secret)
+    listed = shopview_rows(console.get("/attention").text, "paid late, too little or too much")
+    assert len(listed) == 1 and "late, overpaid" in listed[0] and "$30.00" in listed[0]
+
+
+def shopview_rows(html: str, heading: str) -> list[str]:
+    section = html[html.index(heading) :].split("</section>")[0]
+    return re.findall(r"<tr>(.*?)</tr>", section, re.S)[1:]

@@ -307,6 +307,60 @@ def set_server_state(
     return done
 
 
+# ---- access and webhooks ----------------------------------------------------------------------------
+
+
+def revoke_access(ctx: AppContext, operator: Operator, account_id: int, reason: str) -> str:
+    """Revoke every active API key of an account (an ``api_key.revoked`` event each) and sign out
+    every dashboard session of it: for a leaked key or an account taken over. The login token stays."""
+    from vpsshop.accounts import key_out
+    from vpsshop.db import touch_account
+    from vpsshop.models import Account, ApiKey, DashboardSession
+
+    reason = _need_reason(reason)
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        if session.get(Account, account_id) is None:
+            raise AdminError(f"no account {account_id}")
+        keys = session.exec(
+            select(ApiKey).where(col(ApiKey.account_id) == account_id, col(ApiKey.revoked_at).is_(None))
+        ).all()
+        for key in keys:
+            key.revoked_at = now
+            session.add(key)
+            events.emit(session, "api_key.revoked", account_id, key_out(key), now=now)
+        ended = rowcount(
+            session.execute(
+                sa.update(DashboardSession)
+                .where(col(DashboardSession.account_id) == account_id, col(DashboardSession.ended_at).is_(None))
+                .values(ended_at=now)
+            )
+        )
+        touch_account(session, account_id)
+        detail = {"keys_revoked": [key.id for key in keys], "sessions_ended": ended}
+        audit(session, operator, "revoke_access", f"account:{account_id}", reason, detail, now=now)
+    return f"account {account_id}: {len(keys)} API key(s) revoked, {ended} dashboard session(s) signed out"
+
+
+def disable_webhook(ctx: AppContext, operator: Operator, endpoint_id: int, reason: str) -> str:
+    """Disable a webhook endpoint (the account gets ``webhook.disabled``); its owner can turn it on again."""
+    from vpsshop.events.delivery import disable
+    from vpsshop.events.models import WebhookEndpoint
+
+    reason = _need_reason(reason)
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        endpoint = session.get(WebhookEndpoint, endpoint_id)
+        if endpoint is None or endpoint.deleted_at is not None:
+            raise AdminError(f"no webhook endpoint {endpoint_id}")
+        was = endpoint.status
+        if not disable(session, endpoint, now, f"Disabled by the shop: {reason}"):
+            raise AdminError(f"webhook endpoint {endpoint_id} is {was}: only an enabled one can be disabled")
+        detail = {"before": was, "after": "disabled", "account_id": endpoint.account_id}
+        audit(session, operator, "disable_webhook", f"webhook:{endpoint_id}", reason, detail, now=now)
+    return f"webhook endpoint {endpoint_id} disabled"
+
+
 # ---- jobs ------------------------------------------------------------------------------------------
 
 

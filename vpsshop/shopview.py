@@ -143,7 +143,7 @@ def account_page(ctx: AppContext, account_id: int) -> dict[str, Any] | None:
             return [dict(r._mapping) for r in conn.execute(sa.text(sql), {"a": account_id})]
 
         found["webhooks"] = rows(
-            "SELECT id, url, status, disabled_reason, failing_since, created_at FROM webhook_endpoints "
+            "SELECT id, account_id, url, status, disabled_reason, failing_since, created_at FROM webhook_endpoints "
             "WHERE account_id = :a AND deleted_at IS NULL ORDER BY id"
         )
         found["events"] = rows(
@@ -182,3 +182,50 @@ def server_page(ctx: AppContext, server_id: int) -> dict[str, Any] | None:
                 "SELECT kind, detail, created_at FROM server_events WHERE server_id = :s ORDER BY id DESC LIMIT 50"
             ),
         }
+
+
+def failing_webhooks(ctx: AppContext) -> list[dict[str, Any]]:
+    """Webhook endpoints failing now (``failing_since`` set) or disabled, the longest failing first."""
+    with ctx.db.engine.connect() as conn:
+        return [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, account_id, url, status, failing_since, disabled_reason FROM webhook_endpoints "
+                    "WHERE deleted_at IS NULL AND (failing_since IS NOT NULL OR status = 'disabled') "
+                    "ORDER BY failing_since LIMIT 100"
+                )
+            )
+        ]
+
+
+_TOPUPS_TO_CHECK = (
+    "SELECT t.ref, t.account_id, t.coin, t.status, t.amount_micros, "
+    "SUM(COALESCE(p.credited_micros, 0)) AS credited_micros, "
+    "SUM(CASE WHEN p.late THEN 1 ELSE 0 END) AS late_payments "
+    "FROM topups t JOIN topup_payments p ON p.topup_id = t.id "
+    "WHERE p.status = 'credited' AND p.credited_at >= :since "
+    "GROUP BY t.id, t.ref, t.account_id, t.coin, t.status, t.amount_micros ORDER BY t.id DESC"
+)
+
+
+def topups_to_check(ctx: AppContext, days: int = 7) -> list[dict[str, Any]]:
+    """Top-ups of the last ``days`` days whose credited payments were late, or add up to less or more than
+    the amount asked for (what arrived was credited all the same: these are for a customer's question)."""
+    since = ctx.clock.now() - timedelta(days=days)
+    found = []
+    with ctx.db.engine.connect() as conn:
+        for row in conn.execute(sa.text(_TOPUPS_TO_CHECK), {"since": since}):
+            item = dict(row._mapping)
+            why = [
+                word
+                for word, hit in (
+                    ("late", item["late_payments"] > 0),
+                    ("underpaid", item["credited_micros"] < item["amount_micros"]),
+                    ("overpaid", item["credited_micros"] > item["amount_micros"]),
+                )
+                if hit
+            ]
+            if why:
+                found.append({**item, "why": ", ".join(why)})
+    return found

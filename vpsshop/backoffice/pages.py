@@ -84,10 +84,8 @@ async def account(page: Page) -> Response:
 
 async def adjust(page: Page) -> Response:
     """Credit or debit: the form, then a confirmation page, then the change (``confirm=yes``)."""
-    account_id = int(page.request.path_params["account_id"])
-    kind = page.request.path_params["kind"]
-    if kind not in ("credit", "debit"):
-        return page.dash.error_page(page, 404, f"There is no page at {page.request.url.path}.")
+    account_id = int(page.request.path_params["number"])
+    kind = page.request.path_params["action"]
     form = page.form
     reason = form.get("reason", "").strip()[:500]
     try:
@@ -122,6 +120,12 @@ SERVER_ACTIONS = {
     "refund": "Terminate and refund the unused time",
 }
 JOB_ACTIONS = {"retry": "Retry", "cancel": "Cancel"}
+ACTIONS = {
+    "servers": SERVER_ACTIONS,
+    "jobs": JOB_ACTIONS,
+    "accounts": {"revoke-access": "Revoke every API key and dashboard session", "credit": "", "debit": ""},
+    "webhooks": {"disable": "Disable the webhook endpoint"},
+}
 
 
 async def server(page: Page) -> Response:
@@ -135,21 +139,33 @@ async def server(page: Page) -> Response:
 async def attention(page: Page) -> Response:
     minutes = 30.0
     found = await to_thread.run_sync(admin.stuck, page.ctx, minutes)
-    return page.render("attention.html", title="Needs attention", found=found, minutes=minutes, actions=JOB_ACTIONS)
+    hooks = await to_thread.run_sync(shopview.failing_webhooks, page.ctx)
+    odd = await to_thread.run_sync(shopview.topups_to_check, page.ctx)
+    return page.render(
+        "attention.html",
+        title="Needs attention",
+        found=found,
+        minutes=minutes,
+        actions=JOB_ACTIONS,
+        hooks=hooks,
+        odd_topups=odd,
+    )
 
 
 async def act(page: Page) -> Response:
     """A server's or a job's action: a reason, a confirmation page, then the change (``confirm=yes``)."""
     what, number = page.request.path_params["what"], page.request.path_params["number"]
     action = page.request.path_params["action"]
-    back = f"/servers/{number}" if what == "servers" else "/attention"
-    names = SERVER_ACTIONS if what == "servers" else JOB_ACTIONS if what == "jobs" else {}
+    names = ACTIONS.get(what, {})
     if action not in names:
         return page.dash.error_page(page, 404, f"There is no page at {page.request.url.path}.")
+    if action in ("credit", "debit"):
+        return await adjust(page)
+    back = {"servers": f"/servers/{number}", "accounts": f"/accounts/{number}"}.get(what, "/attention")
     reason = page.form.get("reason", "").strip()[:500]
     if not reason:
         return page.dash.error_page(page, 400, "Say why: the reason is kept in the audit log.")
-    thing = f"{'server' if what == 'servers' else 'job'} {number}"
+    thing = f"{what.removesuffix('s')} {number}"
     if page.form.get("confirm") != "yes":
         summary = f"{names[action]}: {thing}."
         return page.render(
@@ -168,8 +184,12 @@ async def act(page: Page) -> Response:
             done = await to_thread.run_sync(
                 lambda: admin.set_server_state(page.ctx, actor, number, state, reason, refund_unused=action == "refund")
             )
-        else:
+        elif what == "jobs":
             done = await to_thread.run_sync(admin.job_action, page.ctx, actor, number, action, reason)
+        elif what == "accounts":
+            done = await to_thread.run_sync(admin.revoke_access, page.ctx, actor, number, reason)
+        else:
+            done = await to_thread.run_sync(admin.disable_webhook, page.ctx, actor, number, reason)
     except admin.AdminError as exc:
         return _refused(page, exc)
     return page.render(
@@ -197,7 +217,6 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/signout", e(signout), methods=["POST"]),
         Route("/search", e(search), methods=["GET"]),
         Route("/accounts/{account_id:int}", e(account), methods=["GET"]),
-        Route("/accounts/{account_id:int}/{kind:str}", e(adjust), methods=["POST"]),
         Route("/audit", e(audit), methods=["GET"]),
         Route("/attention", e(attention), methods=["GET"]),
         Route("/servers/{server_id:int}", e(server), methods=["GET"]),
