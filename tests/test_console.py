@@ -100,6 +100,10 @@ def test_operator_sign_in_needs_password_and_a_fresh_code_and_ends_when_disabled
     renewed = operators.reset_operator(ctx, SHELL, "ann", "another good password", "came back")
     assert renewed.secret != ann.secret
     assert sign_in(console, vpsshop_clock, "ann", "another good password", renewed.secret).status_code == 303
+    assert sign_in(console, vpsshop_clock, "ann", "another good password", renewed.secret).status_code == 303
+    with ctx.db.engine.connect() as conn:  # signing in again ended the session it replaced
+        live = conn.execute(sa.text("SELECT count(*) FROM operator_sessions WHERE ended_at IS NULL")).scalar()
+    assert live == 1
     actions = [row["action"] for row in audit_log(ctx)]
     assert actions[:3] == ["operator_reset", "operator_disable", "operator_add"]
 
@@ -378,3 +382,13 @@ def test_attention_lists_topups_paid_late_or_other_amounts(
 def shopview_rows(html: str, heading: str) -> list[str]:
     section = html[html.index(heading) :].split("</section>")[0]
     return re.findall(r"<tr>(.*?)</tr>", section, re.S)[1:]
+
+
+def test_serve_refuses_the_console_beside_several_workers(tmp_path, monkeypatch, capsys):
+    from vpsshop.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in __import__("os").environ if n.startswith("VPSSHOP")]:
+        monkeypatch.delenv(name)
+    assert main(["serve", "--admin-listen", "127.0.0.1:8081", "--workers", "2"]) == 2
+    assert "process of its own" in capsys.readouterr().err

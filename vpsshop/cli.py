@@ -113,6 +113,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
+    listen = args.admin_listen or settings.console.listen
+    if listen and workers != 1:
+        print(
+            "error: the console (--admin-listen) is served by a single-process `vpsshop serve`: run it as a "
+            "process of its own (vpsshop serve --no-worker --workers 1 --port P --admin-listen ADDR:PORT)",
+            file=sys.stderr,
+        )
+        return 2
     configure_logging(settings)
     if settings.metrics.enabled:  # before the workers fork or spawn: they inherit the directory
         metrics.configure(settings)
@@ -143,14 +151,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "proxy_headers": bool(trusted),
         "forwarded_allow_ips": ",".join(trusted) or None,
     }
-    listen = args.admin_listen or settings.console.listen
-    if listen and workers != 1:
-        print(
-            "error: the console (--admin-listen) is served by a single-process `vpsshop serve`: run it as a "
-            "process of its own (vpsshop serve --no-worker --workers 1 --port P --admin-listen ADDR:PORT)",
-            file=sys.stderr,
-        )
-        return 2
     if listen:
         return _serve_with_console(settings, options, listen)
     if workers == 1:

@@ -41,6 +41,8 @@ async def signin(page: Page) -> Response:
         )
     except operators.SigninRefused as exc:
         return page.render("signin.html", 401, title="Operator sign-in", error=str(exc), name=form.get("name", ""))
+    if page.session is not None:  # a browser signing in again leaves no older session behind
+        await operators.sign_out(page.ctx, operator_of(page))
     response = page.redirect("")
     page.dash.sign_in(response, token)
     return response
