@@ -503,10 +503,21 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
             by_new = ssh_with_password(ip, new_password, "id -u", tmp_path)
             assert by_new.returncode == 0 and by_new.stdout.strip() == "0", by_new.stderr
             assert_password_only_hashed(domain, directory, [password, new_password], ip, key2, tmp_path)
+
+            # The customer ends it: nothing of it is left on the host (domain, disk, seed image).
+            name = domain.name()
+            ended = client.request("DELETE", f"/v1/servers/{sid}", headers=account.headers)
+            assert ended.status_code == 200 and ended.json()["status"] == "terminated", ended.text
+            run_jobs_until(ctx, client, account.headers, sid, lambda s: s["ip"] is None, timeout=120)
+            assert name not in [d.name() for d in libvirt.open(URI).listAllDomains()]
+            assert sorted(p.name for p in directory.iterdir()) == sorted([IMAGE, "vmlinuz", "initrd.img"])
         finally:
-            if domain.isActive():
-                domain.destroy()
-            domain.undefine()
+            try:
+                if domain.isActive():
+                    domain.destroy()
+                domain.undefine()
+            except libvirt.libvirtError:
+                pass  # terminated by the test: gone already
             for vol in libvirt.open(URI).storagePoolLookupByName(pool_name).listAllVolumes():
                 if vol.name() not in (IMAGE, "vmlinuz", "initrd.img"):
                     vol.delete(0)
