@@ -315,6 +315,37 @@ def test_keys_are_minted_once_and_revoked_like_the_api(vpsshop_client, signed_in
     assert vpsshop_client.get("/v1/account", headers=other.headers).status_code == 200
 
 
+def test_the_keys_page_shows_the_wallets_and_removes_them_like_the_api(vpsshop_client, signed_in):
+    from eth_account import Account
+    from test_x402_signup import challenge_of, signed
+
+    wallet = Account.create()
+    challenge = challenge_of(vpsshop_client.post("/v1/account/wallets", headers=signed_in.headers))
+    linked = vpsshop_client.post(
+        "/v1/account/wallets", headers={**signed_in.headers, "SIGN-IN-WITH-X": signed(wallet, challenge)}
+    )
+    assert linked.status_code == 201, linked.text
+    page = vpsshop_client.get(f"{D}/keys").text
+    assert wallet.address.lower() in page
+    other = create_test_account(vpsshop_client)
+    other_wallet = vpsshop_client.post(
+        "/v1/account/wallets",
+        headers={
+            **other.headers,
+            "SIGN-IN-WITH-X": signed(
+                Account.create(), challenge_of(vpsshop_client.post("/v1/account/wallets", headers=other.headers))
+            ),
+        },
+    ).json()
+    foreign = post_form(vpsshop_client, f"{D}/wallets/{other_wallet['id']}/remove", page=f"{D}/keys")
+    assert foreign.status_code == 404  # another account's wallet is not yours to remove
+    removed = post_form(vpsshop_client, f"{D}/wallets/{linked.json()['id']}/remove", page=f"{D}/keys")
+    assert removed.headers["location"].endswith("notice=wallet-removed")
+    assert vpsshop_client.get("/v1/account/wallets", headers=signed_in.headers).json() == {"wallets": []}
+    assert wallet.address.lower() not in vpsshop_client.get(f"{D}/keys").text
+    assert len(vpsshop_client.get("/v1/account/wallets", headers=other.headers).json()["wallets"]) == 1
+
+
 def test_top_up_form_uses_the_api_limits_and_shows_the_deposit(vpsshop_client, signed_in):
     low = post_form(vpsshop_client, f"{D}/topups", {"amount": "10", "coin": "LTC"})
     assert low.status_code == 400 and "The smallest top-up is $25." in low.text
