@@ -28,7 +28,7 @@ from test_x402_topups import (  # noqa: F401 - fixtures
     topup_chain,
     usdcbase_section,
 )
-from x402_peers import USDC_UNIT, Chain, fetch_with_npm_client, free_port, sign_v1_header
+from x402_peers import USDC_UNIT, Chain, fetch_with_npm_client, free_port, run_node, sign_v1_header
 
 pytestmark = pytest.mark.slow
 
@@ -157,6 +157,32 @@ def test_a_replayed_payment_creates_one_account_and_shows_the_key_once(
     assert len(servers) == 2
 
 
+def test_a_topup_without_a_key_signs_up_once(topup_chain: Chain, http: httpx.Client, shop: Any) -> None:
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    asked = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"})
+    assert asked.status_code == 402 and asked.json()["x402Version"] == 1, asked.text
+    header = sign_v1_header(payer, asked.json()["accepts"][0])
+    paid = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={"X-PAYMENT": header})
+    assert paid.status_code == 201 and paid.headers["Cache-Control"] == "no-store", paid.text
+    assert paid.json()["status"] == "completed"
+    account = paid.json()["account"]
+    assert account["created"] and account["address"] == payer.address.lower()
+    key = bearer(account["api_key"])
+    assert http.get("/account", headers=key).json()["balance_usd"] == 25
+    assert http.get(f"/topups/{paid.json()['ref']}", headers=key).json()["status"] == "completed"
+    # the same payment again: the same top-up, credited once, no key shown again
+    again = http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={"X-PAYMENT": header})
+    assert again.status_code == 201 and again.json()["ref"] == paid.json()["ref"], again.text
+    assert again.json()["account"]["api_key"] is None and again.json()["account"]["user_id"] == account["user_id"]
+    assert http.get("/account", headers=key).json()["balance_usd"] == 25
+    assert topup_chain.usdc(shop.address) == 25 * USDC_UNIT
+    # a deposit top-up needs an account first
+    assert (
+        http.post("/topups", json={"amount": 25, "coin": "USDCBASE"}, headers={"X-Payment-Mode": "deposit"}).status_code
+        == 401
+    )
+
+
 def test_npm_x402_fetch_signs_up_in_one_call(topup_chain: Chain, served: Served, http: httpx.Client, shop: Any) -> None:
     body = order_body(http)
     payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
@@ -165,6 +191,23 @@ def test_npm_x402_fetch_signs_up_in_one_call(topup_chain: Chain, served: Served,
     account = answer["body"]["account"]
     assert account["created"] and account["address"] == payer.address.lower()
     assert http.get("/servers", headers=bearer(account["api_key"])).json()["servers"][0]["status"] == "provisioning"
+
+
+def test_npm_x402_fetch_v2_signs_up_in_one_call(
+    topup_chain: Chain, served: Served, http: httpx.Client, shop: Any
+) -> None:
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    request = {
+        "privateKey": "0x" + bytes(payer.key).hex(),
+        "url": f"{served.base}/servers",
+        "body": order_body(http),
+        "asset": topup_chain.asset,
+    }
+    answer = json.loads(run_node("x402_v2_fetch.cjs", request, timeout=120))
+    assert answer["status"] == 201, answer
+    account = answer["body"]["account"]
+    assert account["created"] and account["address"] == payer.address.lower()
+    assert len(http.get("/servers", headers=bearer(account["api_key"])).json()["servers"]) == 1
 
 
 def test_sign_up_limits_apply_before_anything_moves(
@@ -247,8 +290,12 @@ def test_wallet_login_refuses_replays_strangers_and_other_endpoints(
     forged["address"] = payer.address
     assert refusal(base64.b64encode(json.dumps(forged).encode()).decode()) == "invalid_siwx_signature"
     assert refusal("not base64!") == "invalid_siwx_payload"
-    vpsshop_app.state.ctx.clock.advance(minutes=6)  # the shop's nonce has expired
-    assert refusal(signed(payer, fresh)) == "invalid_siwx_nonce"
+    clock = vpsshop_app.state.ctx.clock
+    clock.advance(minutes=6)  # five minutes to sign and use a challenge, on the shop's clock
+    assert refusal(signed(payer, fresh)) == "invalid_siwx_issued_at_too_old"
+    # an old nonce in a message that claims to be new: the nonce itself has expired
+    now = clock.now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert refusal(signed(payer, fresh, issuedAt=now, expirationTime=None)) == "invalid_siwx_nonce"
 
 
 def test_an_account_links_more_wallets_and_removes_them(http: httpx.Client, topup_chain: Chain, served: Served) -> None:

@@ -38,10 +38,8 @@ from sqlmodel import col, select
 from x402.extensions.sign_in_with_x import (
     SIGN_IN_WITH_X,
     SIWxPayload,
-    SIWxValidationOptions,
     build_siwx_schema,
     parse_siwx_header,
-    validate_siwx_message,
 )
 
 import vpsshop.events as events
@@ -75,6 +73,8 @@ __all__ = [
 
 NONCE_SECONDS = 300
 """How long a sign-in challenge can be signed and used: five minutes (the extension's own ``maxAge``)."""
+CLOCK_SKEW = timedelta(seconds=30)
+"""How far in the future a message's ``issuedAt`` may be: the shop's processes' clocks may differ a little."""
 DEFAULT_CHAIN = "eip155:8453"
 STATEMENT = "Sign in to the VPS shop with this wallet."
 
@@ -272,24 +272,22 @@ async def verify(ctx: AppContext, header: str, path: str) -> str:
     """The wallet address (lower-case) that signed ``header`` (``SIGN-IN-WITH-X``) for ``path``; its nonce
     is used up.
 
-    :raises ApiError: 401 with the extension's codes: ``invalid_siwx_payload`` (unreadable),
-        ``invalid_siwx_domain_mismatch``, ``invalid_siwx_uri_mismatch`` (another shop's or another
-        endpoint's message), ``invalid_siwx_issued_at_too_old``, ``invalid_siwx_expired``,
-        ``invalid_siwx_unsupported_chain``, ``invalid_siwx_nonce`` (not issued here, expired or used),
-        ``invalid_siwx_signature``.
+    :raises ApiError: 401 with the extension's codes (its ``validate_siwx_message`` checks, made on the
+        shop's clock): ``invalid_siwx_payload`` (unreadable), ``invalid_siwx_domain_mismatch``,
+        ``invalid_siwx_uri_mismatch`` (another shop's or another endpoint's message),
+        ``invalid_siwx_issued_at_too_old``, ``invalid_siwx_expired``, ``invalid_siwx_unsupported_chain``,
+        ``invalid_siwx_nonce`` (not issued here, expired or used), ``invalid_siwx_signature``.
     """
     try:
         payload = parse_siwx_header(header.strip())
     except ValueError as exc:
         raise _refused("invalid_siwx_payload", str(exc)[:300]) from None
-    checked = await validate_siwx_message(payload, origin(ctx), SIWxValidationOptions(max_age=NONCE_SECONDS * 1000))
-    if not checked.is_valid:
-        raise _refused(checked.invalid_reason or "invalid_siwx_payload", checked.invalid_message or "Refused.")
+    now = ctx.clock.now()
+    _check_message(ctx, payload, now)
     if payload.uri != resource_url(ctx, path):
         raise _refused("invalid_siwx_uri_mismatch", "The message was signed for another endpoint of this shop.")
     if payload.chain_id not in chains(ctx) or payload.type != "eip191":
         raise _refused("invalid_siwx_unsupported_chain", f"Sign for one of {', '.join(chains(ctx))} (eip191).")
-    now = ctx.clock.now()
     expires = nonce_expiry(ctx, payload.nonce)
     if expires is None or expires < now:
         raise _refused("invalid_siwx_nonce", "The nonce was not issued by this shop or has expired: ask again.")
@@ -298,6 +296,39 @@ async def verify(ctx: AppContext, header: str, path: str) -> str:
         raise _refused("invalid_siwx_signature", "The signature is not the address's signature of this message.")
     await to_thread.run_sync(_use_nonce, ctx, payload.nonce, expires, now)
     return address
+
+
+def _moment(value: str | None, code: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise _refused(code, f"{value!r} is not an ISO 8601 timestamp.") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _check_message(ctx: AppContext, payload: SIWxPayload, now: datetime) -> None:
+    """The checks of the extension's ``validate_siwx_message`` (same codes), on the shop's clock: the
+    message is for this shop's origin, issued at most :data:`NONCE_SECONDS` ago and not expired."""
+    expected = origin(ctx)
+    if payload.domain != urlparse(expected).netloc:
+        raise _refused("invalid_siwx_domain_mismatch", f"The message is for {payload.domain!r}, not this shop.")
+    uri = urlparse(payload.uri)
+    if f"{uri.scheme}://{uri.netloc}" != expected:
+        raise _refused("invalid_siwx_uri_mismatch", f"The message's uri is not under {expected}.")
+    issued = _moment(payload.issued_at, "invalid_siwx_issued_at")
+    assert issued is not None
+    if now - issued > timedelta(seconds=NONCE_SECONDS):
+        raise _refused("invalid_siwx_issued_at_too_old", "The message is too old: ask for a new one.")
+    if issued - now > CLOCK_SKEW:
+        raise _refused("invalid_siwx_issued_at_in_future", "issuedAt is in the future.")
+    expires = _moment(payload.expiration_time, "invalid_siwx_expiration_time")
+    if expires is not None and expires < now:
+        raise _refused("invalid_siwx_expired", "The message has expired: ask for a new one.")
+    not_before = _moment(payload.not_before, "invalid_siwx_not_before")
+    if not_before is not None and now < not_before:
+        raise _refused("invalid_siwx_not_yet_valid", "The message is not valid yet (notBefore).")
 
 
 def _use_nonce(ctx: AppContext, nonce: str, expires: datetime, now: datetime) -> None:
@@ -329,8 +360,8 @@ async def wallet_login(
     def run() -> WalletLogin:
         with ctx.db.session() as session:
             wallet = session.exec(select(Wallet).where(Wallet.address == address)).first()
-            totp = None if wallet is None else session.get(Account, wallet.account_id)
-            enabled = bool(totp is not None and totp.totp_enabled)
+            account = None if wallet is None else session.get(Account, wallet.account_id)
+            enabled = bool(account is not None and account.totp_enabled)
         if wallet is None:
             raise _refused("unknown_wallet", "No account is owned by this wallet: an order paid by it creates one.")
         if enabled:
