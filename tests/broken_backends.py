@@ -9,10 +9,11 @@ as it would on a real host. Used by tests/test_hypervisor_kit_catches.py.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any
 
-from vpsshop import DomainState, PluginError, PluginState, ServerHandle, ServerSpec
+from vpsshop import DomainState, GuestReport, PluginError, PluginState, ServerHandle, ServerSpec
 from vpsshop_simulator import SimulatedBackend
 
 
@@ -97,6 +98,26 @@ class DestroyNeedsAHost(SimulatedBackend):
             await super().destroy(handle)
 
 
+class ReinstallKeepsTheOldHostKeys(SimulatedBackend):
+    """``reinstall`` makes a new disk, but the new guest reports the host key of the system it
+    replaced (a backend that cached the first report)."""
+
+    async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        record = await _records(self).get(handle.domain)
+        old_key = record.data.get("host_key") if record is not None else None
+        made = await super().reinstall(handle, spec)
+        await _change(self, handle.domain, host_key=old_key)
+        return made
+
+
+class GuestReportHangs(SimulatedBackend):
+    """``guest_report`` of a guest that cannot report waits forever instead of ``wait_seconds``."""
+
+    async def guest_report(self, handle: ServerHandle, wait_seconds: float) -> GuestReport | None:
+        await asyncio.sleep(wait_seconds + 12)  # the kit allows 10 s over
+        return None
+
+
 BROKEN = {
     # backend: (the kit test that must fail, words its failure must contain)
     StopDoesNothing: ("test_power_verbs_are_idempotent", "the domain is running, expected stopped"),
@@ -111,4 +132,9 @@ BROKEN = {
     ),
     ReinstallKeepsTheOldDisk: ("test_optional_verbs", "after reinstall the disk still carries marker"),
     DestroyNeedsAHost: ("test_destroy_without_a_host", "after destroy with an empty handle.host the domain is"),
+    ReinstallKeepsTheOldHostKeys: (
+        "test_optional_verbs",
+        "after reinstall the guest reports the host keys of the system it replaced",
+    ),
+    GuestReportHangs: ("test_optional_verbs", "guest_report after create took"),
 }

@@ -9,6 +9,7 @@ search every file of the pool, of the domain and of its attached devices for the
 
 from __future__ import annotations
 
+import email
 import json
 import subprocess
 import xml.etree.ElementTree as ET
@@ -35,6 +36,11 @@ def iso_files(iso: Path) -> dict[str, bytes]:
 def seed_root_hash(iso: Path) -> str:
     """The ``password`` of root's ``chpasswd`` entry in the seed's user-data, asserting ``type: hash``."""
     user_data = isoinfo(iso, "-R", "-x", "/user-data")
+    if user_data.startswith("Content-Type: multipart/"):  # the customer's user data is a script
+        parts = email.message_from_string(user_data).get_payload()
+        assert isinstance(parts, list)
+        [config] = [part for part in parts if part.get_content_type() == "text/cloud-config"]
+        user_data = config.get_payload(decode=True).decode()
     assert user_data.startswith("#cloud-config\n"), user_data[:200]
     [entry] = json.loads(user_data.split("\n", 1)[1])["chpasswd"]["users"]
     assert entry["name"] == "root" and entry["type"] == "hash", entry

@@ -14,13 +14,14 @@ from sqlmodel import SQLModel, select
 from starlette.testclient import TestClient
 
 from vpsshop import twofactor
-from vpsshop.actors import Customer
+from vpsshop.actors import Customer, Operator
 from vpsshop.app import create_app
 from vpsshop.assembly import build_context
 from vpsshop.encryption import ENCRYPTED_COLUMNS, rotate_stored_secrets
 from vpsshop.events import signing
 from vpsshop.events.models import WebhookEndpoint
 from vpsshop.models import Server
+from vpsshop.operators import add_operator
 from vpsshop.servers.jobs import run_jobs
 from vpsshop.settings import load_settings
 from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
@@ -44,6 +45,7 @@ def _every_kind_of_secret(client, account) -> int:
     asyncio.run(twofactor.begin_enrolment(client.app.state.ctx, Customer(account.user_id)))
     hook = client.post("/v1/webhooks", headers=account.headers, json={"url": "https://example.com/hook"})
     assert hook.status_code == 201, hook.text
+    add_operator(client.app.state.ctx, Operator("root"), "ops", "owner", "a long enough password")
     return ordered.json()["server"]["id"]
 
 

@@ -230,11 +230,21 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.topups",
             "vpsshop.servers",
             "vpsshop.admin",
+            "vpsshop.operators",
+            "vpsshop.shopview",
         },
     ),
     (
         "front ends: the REST API, the dashboard, MCP",
-        {"vpsshop.accesslog", "vpsshop.routing", "vpsshop.openapi", "vpsshop.api", "vpsshop.dashboard", "vpsshop.mcp"},
+        {
+            "vpsshop.accesslog",
+            "vpsshop.routing",
+            "vpsshop.openapi",
+            "vpsshop.api",
+            "vpsshop.dashboard",
+            "vpsshop.mcp",
+            "vpsshop.backoffice",
+        },
     ),
     (
         "assembly: the plugin contract, loading plugins, the app, the command line, the public facade",

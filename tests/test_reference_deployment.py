@@ -288,6 +288,7 @@ def test_up_walk_down() -> None:
         assert results["metrics_totals"] == totals and results["prometheus_sums"] == totals, walk.stdout
         if real_guest:
             assert results["ssh_key_login"] == "walk-guest" and results["ssh_password_login"] == "0", walk.stdout
+            assert results["host_keys_match"] is True, walk.stdout  # the API's host keys are what the guest serves
     finally:
         down = subprocess.run([str(DEPLOY / "down")], env=env, capture_output=True, text=True, timeout=600)
         cluster_after = _cluster_status(version, cluster)

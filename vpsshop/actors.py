@@ -42,6 +42,9 @@ class Operator:
     """A person running the shop: recorded in the audit log with every change they make."""
 
     name: str
+    role: str = "owner"
+    """``owner`` may do everything; ``support`` only customer actions up to ``[console] support_limit_usd``
+    (:func:`vpsshop.admin.adjust_balance`). Whoever runs ``vpsshop admin`` on the shop's machine is an owner."""
 
     @classmethod
     def from_environment(cls) -> Operator:

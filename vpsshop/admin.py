@@ -65,6 +65,16 @@ def audit(
     )
 
 
+def owner_only(ctx: AppContext, operator: Operator, action: str, target: str, reason: str) -> None:
+    """Refuse (and audit the refusal of) an action that destroys or moves an amount no limit bounds
+    (terminate, refund, cancel a job) to an operator who is not an ``owner``."""
+    if operator.role == "owner":
+        return
+    with ctx.db.session() as session:
+        audit(session, operator, f"{action}_refused", target, reason, {"role": operator.role})
+    raise AdminError(f"a {operator.role} operator may not {action.replace('_', ' ')}: ask an owner")
+
+
 def _need_reason(reason: str) -> str:
     reason = reason.strip()
     if not reason:
@@ -168,13 +178,29 @@ def adjust_balance(ctx: AppContext, operator: Operator, account_id: int, micros:
     """Credit (``micros`` > 0) or debit through the ledger, with its audit entry."""
     reason = _need_reason(reason)
     kind = "admin_credit" if micros > 0 else "admin_debit"
+    limit = support_limit_micros(ctx)
+    if operator.role != "owner" and abs(micros) > limit:
+        with ctx.db.session() as session:
+            audit(session, operator, f"{kind}_refused", f"account:{account_id}", reason, {"amount_micros": micros})
+        raise AdminError(
+            f"a {operator.role} operator may credit or debit at most {limit / 1_000_000:.2f} USD: ask an owner"
+        )
     with ctx.db.session() as session:
         try:
             posting = ledger.post(session, account_id, micros, kind, memo=reason[:500])
         except LookupError:
             raise AdminError(f"no account {account_id}") from None
-        audit(session, operator, kind, f"account:{account_id}", reason, {"amount_micros": micros})
+        after = posting.entry.balance_after_micros
+        detail = {"amount_micros": micros, "balance_before_micros": after - micros, "balance_after_micros": after}
+        audit(session, operator, kind, f"account:{account_id}", reason, detail)
     return posting
+
+
+def support_limit_micros(ctx: AppContext) -> int:
+    """The largest amount a ``support`` operator may move (``[console] support_limit_usd``)."""
+    from vpsshop.money import usd_to_micros
+
+    return usd_to_micros(ctx.settings.console.support_limit_usd)
 
 
 # ---- servers ---------------------------------------------------------------------------------------
@@ -221,6 +247,8 @@ def set_server_state(
     }
     allowed = ("active", "suspended", "provisioning") if action == "terminate" else moves[action][0]
     audited = "refund" if refund_unused else action
+    if action == "terminate":
+        owner_only(ctx, operator, audited, f"server:{server_id}", reason)
     with ctx.db.session() as session:
         server = _server(session, server_id)
         was = server.status
@@ -279,6 +307,60 @@ def set_server_state(
     return done
 
 
+# ---- access and webhooks ----------------------------------------------------------------------------
+
+
+def revoke_access(ctx: AppContext, operator: Operator, account_id: int, reason: str) -> str:
+    """Revoke every active API key of an account (an ``api_key.revoked`` event each) and sign out
+    every dashboard session of it: for a leaked key or an account taken over. The login token stays."""
+    from vpsshop.accounts import key_out
+    from vpsshop.db import touch_account
+    from vpsshop.models import Account, ApiKey, DashboardSession
+
+    reason = _need_reason(reason)
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        if session.get(Account, account_id) is None:
+            raise AdminError(f"no account {account_id}")
+        keys = session.exec(
+            select(ApiKey).where(col(ApiKey.account_id) == account_id, col(ApiKey.revoked_at).is_(None))
+        ).all()
+        for key in keys:
+            key.revoked_at = now
+            session.add(key)
+            events.emit(session, "api_key.revoked", account_id, key_out(key), now=now)
+        ended = rowcount(
+            session.execute(
+                sa.update(DashboardSession)
+                .where(col(DashboardSession.account_id) == account_id, col(DashboardSession.ended_at).is_(None))
+                .values(ended_at=now)
+            )
+        )
+        touch_account(session, account_id)
+        detail = {"keys_revoked": [key.id for key in keys], "sessions_ended": ended}
+        audit(session, operator, "revoke_access", f"account:{account_id}", reason, detail, now=now)
+    return f"account {account_id}: {len(keys)} API key(s) revoked, {ended} dashboard session(s) signed out"
+
+
+def disable_webhook(ctx: AppContext, operator: Operator, endpoint_id: int, reason: str) -> str:
+    """Disable a webhook endpoint (the account gets ``webhook.disabled``); its owner can turn it on again."""
+    from vpsshop.events.delivery import disable
+    from vpsshop.events.models import WebhookEndpoint
+
+    reason = _need_reason(reason)
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        endpoint = session.get(WebhookEndpoint, endpoint_id)
+        if endpoint is None or endpoint.deleted_at is not None:
+            raise AdminError(f"no webhook endpoint {endpoint_id}")
+        was = endpoint.status
+        if not disable(session, endpoint, now, f"Disabled by the shop: {reason}"):
+            raise AdminError(f"webhook endpoint {endpoint_id} is {was}: only an enabled one can be disabled")
+        detail = {"before": was, "after": "disabled", "account_id": endpoint.account_id}
+        audit(session, operator, "disable_webhook", f"webhook:{endpoint_id}", reason, detail, now=now)
+    return f"webhook endpoint {endpoint_id} disabled"
+
+
 # ---- jobs ------------------------------------------------------------------------------------------
 
 
@@ -293,6 +375,8 @@ def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, re
     from vpsshop.servers.models import ServerJob
 
     reason = _need_reason(reason)
+    if action == "cancel":
+        owner_only(ctx, operator, "cancel_job", f"job:{job_id}", reason)
     now = ctx.clock.now()
     with ctx.db.session() as session:
         job = session.get(ServerJob, job_id)

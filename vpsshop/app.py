@@ -129,6 +129,26 @@ def create_app(
     return app
 
 
+def create_console_app(settings: Settings, *, clock: Clock | None = None) -> Starlette:
+    """The operators' web console (:mod:`vpsshop.backoffice`) as an app of its own, for a listener of
+    its own (``vpsshop serve --admin-listen``): never routed on the API's port."""
+    from vpsshop.backoffice import console_app
+
+    ctx = build_context(settings, clock=clock)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await ctx.close()
+
+    limit = Middleware(
+        BodyLimit, max_bytes=settings.server.max_body_bytes, timeout=settings.server.body_timeout_seconds
+    )
+    return console_app(ctx, [limit], lifespan)
+
+
 PREFLIGHT_DONE_ENV = "VPSSHOP_PREFLIGHT_DONE"
 """Set by ``vpsshop serve`` for its uvicorn workers: the checks ran once in the parent."""
 

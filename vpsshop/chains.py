@@ -23,7 +23,7 @@ The pieces (``docs/chain-kit.md`` walks through a whole coin):
   :meth:`~BlockCoin.recheck` compares each payment's block with the block now at its height.
 
 Key helpers (:class:`ExtendedPublicKey`, base58 and bech32 encodings, Keccak-256) are re-exported
-here so a plugin needs no internal module.
+here so a plugin needs no internal module; their cryptography is bip-utils' (EIP-55 is eth-utils').
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httpx
-from Crypto.Hash import keccak
+from bip_utils import EthAddrEncoder, Kekkak256
+from eth_utils import to_checksum_address as _eip55
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from vpsshop.coins import DepositCoin, DetectedPayment, PaymentCheck, ScanResult, WatchSet
@@ -100,7 +101,8 @@ def endpoint_id(url: str) -> str:
 
 def keccak256(data: bytes) -> bytes:
     """Keccak-256 (the pre-standard SHA-3 Ethereum and TRON use)."""
-    return keccak.new(digest_bits=256, data=data).digest()
+    digest: bytes = Kekkak256.QuickDigest(data)
+    return digest
 
 
 def to_checksum_address(address_hex: str) -> str:
@@ -109,8 +111,7 @@ def to_checksum_address(address_hex: str) -> str:
     lower = address_hex.lower().removeprefix("0x")
     if len(lower) != 40 or any(c not in "0123456789abcdef" for c in lower):
         raise ValueError(f"not a 20-byte hex address: {address_hex!r}")
-    digest = keccak256(lower.encode()).hex()
-    return "0x" + "".join(c.upper() if c.isalpha() and int(digest[i], 16) >= 8 else c for i, c in enumerate(lower))
+    return str(_eip55("0x" + lower))
 
 
 def keccak_address(uncompressed: bytes) -> bytes:
@@ -121,7 +122,8 @@ def keccak_address(uncompressed: bytes) -> bytes:
     """
     if len(uncompressed) != 65 or uncompressed[0] != 4:
         raise ValueError("expected a 65-byte uncompressed public key")
-    return keccak256(uncompressed[1:])[-20:]
+    address: str = EthAddrEncoder.EncodeKey(uncompressed, skip_chksum_enc=True)
+    return bytes.fromhex(address.removeprefix("0x"))
 
 
 # ---- one error family -----------------------------------------------------------------------------

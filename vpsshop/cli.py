@@ -113,6 +113,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = args.port or settings.server.port
     workers = args.workers or settings.server.workers
+    listen = args.admin_listen or settings.console.listen
+    if listen and workers != 1:
+        print(
+            "error: the console (--admin-listen) is served by a single-process `vpsshop serve`: run it as a "
+            "process of its own (vpsshop serve --no-worker --workers 1 --port P --admin-listen ADDR:PORT)",
+            file=sys.stderr,
+        )
+        return 2
     configure_logging(settings)
     if settings.metrics.enabled:  # before the workers fork or spawn: they inherit the directory
         metrics.configure(settings)
@@ -143,6 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "proxy_headers": bool(trusted),
         "forwarded_allow_ips": ",".join(trusted) or None,
     }
+    if listen:
+        return _serve_with_console(settings, options, listen)
     if workers == 1:
         uvicorn.run(create_app(settings, check=False), **options)
         return 0
@@ -157,6 +167,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["VPSSHOP__SERVER__PORT"] = str(args.port)
     os.environ[PREFLIGHT_DONE_ENV] = "1"
     uvicorn.run("vpsshop.app:app_from_env", factory=True, workers=workers, **options)
+    return 0
+
+
+def _serve_with_console(settings: Settings, options: dict[str, Any], listen: str) -> int:
+    """The API and the operators' console in one process, each on its own listener (two uvicorn
+    servers on one event loop); when either stops, so does the other."""
+    import uvicorn
+
+    from vpsshop.app import create_app, create_console_app
+
+    host, _, port = listen.rpartition(":")
+    console_options = {**options, "host": host.strip("[]"), "port": int(port)}
+    api = uvicorn.Server(uvicorn.Config(create_app(settings, check=False), **options))
+    console = uvicorn.Server(uvicorn.Config(create_console_app(settings), **console_options))
+    logging.getLogger("vpsshop").info("operators' console on http://%s/ (docs/operations.md)", listen)
+
+    async def run(server: uvicorn.Server, other: uvicorn.Server) -> None:
+        try:
+            await server.serve()
+        finally:
+            other.should_exit = True
+
+    async def both() -> None:
+        await asyncio.gather(run(api, console), run(console, api))
+
+    asyncio.run(both())
     return 0
 
 
@@ -413,6 +449,50 @@ async def _rescan(ctx: AppContext, operator: Operator, args: argparse.Namespace)
         await ctx.close()
 
 
+def _new_password(args: argparse.Namespace) -> str:
+    import getpass
+
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    first = getpass.getpass("Password (12 characters or more): ")
+    if getpass.getpass("Again: ") != first:
+        raise SystemExit("error: the passwords differ")
+    return first
+
+
+def cmd_admin_operator(args: argparse.Namespace) -> int:
+    """``vpsshop admin operator add|list|disable|reset``: the web console's operators (vpsshop/operators.py)."""
+    from vpsshop import operators
+    from vpsshop.actors import Operator
+    from vpsshop.admin import AdminError
+
+    action = args.operator_command
+    password = _new_password(args) if action in ("add", "reset") else ""
+    ctx = _admin_ctx(args)
+    by = Operator.from_environment()
+    try:
+        if action == "list":
+            print(json.dumps(operators.list_operators(ctx), indent=2, default=str))
+            return 0
+        if action == "disable":
+            ended = operators.disable_operator(ctx, by, args.name, args.reason)
+            print(f"operator {args.name} disabled; {ended} session(s) ended")
+            return 0
+        if action == "add":
+            enrolment = operators.add_operator(ctx, by, args.name, args.role, password)
+        else:
+            enrolment = operators.reset_operator(ctx, by, args.name, password, args.reason)
+    except AdminError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.db.dispose()
+    print(f"operator {enrolment.name} ({enrolment.role}): add this to their authenticator app (shown once)")
+    print(f"TOTP secret: {enrolment.secret}")
+    print(f"TOTP URI:    {enrolment.uri}")
+    return 0
+
+
 def cmd_admin_rotate_keys(args: argparse.Namespace) -> int:
     """Re-encrypt every stored secret with ``encryption_key`` (see vpsshop/encryption.py)."""
     from vpsshop.actors import Operator
@@ -622,6 +702,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--workers", type=int)
     serve.add_argument("--no-worker", action="store_true", help="do not run background tasks in this process")
+    serve.add_argument(
+        "--admin-listen",
+        metavar="ADDR:PORT",
+        help="also serve the operators' web console there, never on the API's port (default [console] listen)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = with_config(sub.add_parser("worker", help="run background tasks (chain watchers, provisioning)"))
@@ -737,6 +822,22 @@ def build_parser() -> argparse.ArgumentParser:
     rescan.add_argument("--reason", default="re-scan of blocks", help="why (kept in the audit log)")
     for p in (lookup, debit, stuck, audit, rescan):
         p.set_defaults(func=cmd_admin)
+    operator = admin_sub.add_parser("operator", help="the web console's operators: add, list, disable, reset")
+    operator_sub = operator.add_subparsers(dest="operator_command", required=True)
+    add = with_config(operator_sub.add_parser("add", help="a new operator (password, then a TOTP secret to enrol)"))
+    add.add_argument("name")
+    add.add_argument("--role", choices=["owner", "support"], required=True)
+    reset = with_config(operator_sub.add_parser("reset", help="a new password and TOTP secret; enabled again"))
+    reset.add_argument("name")
+    reset.add_argument("--reason", default="reset", help="why (kept in the audit log)")
+    for p in (add, reset):
+        p.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+    disable = with_config(operator_sub.add_parser("disable", help="disable an operator; their sessions end"))
+    disable.add_argument("name")
+    disable.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    listed = with_config(operator_sub.add_parser("list", help="the operators, their role and state"))
+    for p in (add, reset, disable, listed):
+        p.set_defaults(func=cmd_admin_operator)
     return parser
 
 

@@ -31,6 +31,7 @@ ENCRYPTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("servers", "id", "user_data_enc"),
     ("accounts", "id", "totp_secret_enc"),
     ("webhook_endpoints", "id", "secret_enc"),
+    ("operators", "id", "totp_secret_enc"),
 )
 """(table, primary key, column) of every secret stored encrypted with the shop's keys."""
 

@@ -13,8 +13,12 @@ the event loop serving the API never waits on a hypervisor.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import hashlib
 import ipaddress
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -203,8 +207,98 @@ class HostInspection:
     from that disk; None when the disk has none (a new disk) or there is no disk."""
 
 
+HOST_KEY_TYPES = frozenset(
+    {
+        "ssh-ed25519",
+        "ssh-rsa",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+    }
+)
+"""The SSH host key types a :class:`HostKey` may have (what OpenSSH's ``sshd`` serves)."""
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]{16,2000}={0,2}$")
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """One SSH host key of a guest, public part only: ``type`` and ``key`` as in a ``known_hosts``
+    line (``ssh-ed25519`` and its base64 blob).
+
+    Made by :meth:`parse`, which refuses anything that is not a well-formed public key of a type in
+    :data:`HOST_KEY_TYPES` whose blob names that same type: a guest's report is the customer's to
+    write, so it is checked like any input.
+
+    .. versionadded:: 1.1
+    """
+
+    type: str
+    key: str
+
+    @classmethod
+    def parse(cls, line: str) -> HostKey:
+        """A key from ``"<type> <base64>"`` (a ``.pub`` file's line, or ``ssh-keyscan``'s output with
+        its host name removed); a trailing comment is ignored.
+
+        :raises ValueError: not a public host key (the message says why).
+        """
+        parts = line.split()
+        if len(parts) < 2:
+            raise ValueError("a host key is '<type> <base64>'")
+        kind, blob = parts[0], parts[1]
+        if kind not in HOST_KEY_TYPES:
+            raise ValueError(f"host key type {kind[:40]!r} is not one of {', '.join(sorted(HOST_KEY_TYPES))}")
+        if not _BASE64.match(blob):
+            raise ValueError("a host key's blob must be base64 (16 to 2000 characters)")
+        try:
+            raw = base64.b64decode(blob, validate=True)
+        except binascii.Error:
+            raise ValueError("a host key's blob must be base64") from None
+        named = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
+        if raw[4 : 4 + named] != kind.encode():
+            raise ValueError(f"the host key's blob is not a {kind} key")
+        return cls(kind, blob)
+
+    @property
+    def fingerprint(self) -> str:
+        """``SHA256:<unpadded base64>``, as ``ssh-keygen -l`` and an SSH client's first-connection prompt show it."""
+        digest = hashlib.sha256(base64.b64decode(self.key)).digest()
+        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+    def known_hosts_line(self, host: str) -> str:
+        """``<host> <type> <key>``: a line for ``~/.ssh/known_hosts``."""
+        return f"{host} {self.type} {self.key}"
+
+
+@dataclass(frozen=True)
+class GuestReport:
+    """What a server's guest reported about its boot, through the hypervisor (never over the network),
+    as :meth:`HypervisorBackend.guest_report` returns it.
+
+    Core makes a server ``active`` (or ends a reinstall) when the report arrives: with ``ready_at``
+    set when ``errors`` is empty, else with the errors in ``status_reason`` and a
+    ``server.boot_failed`` event instead of ``server.active``. ``host_keys`` are shown to the
+    customer as the server's SSH host keys.
+
+    .. versionadded:: 1.1
+    """
+
+    host_keys: tuple[HostKey, ...] = ()
+    """The guest's SSH host keys as its SSH daemon serves them (public parts only: the shop never
+    holds a guest's private host key)."""
+    ssh: bool = True
+    """Whether the SSH daemon answered. False when the customer's own first-boot data turned it off:
+    the server is ready all the same (it booted as asked); the status reason says SSH is off."""
+    errors: tuple[str, ...] = ()
+    """What went wrong during the first boot's configuration (cloud-init's errors), empty when it
+    completed cleanly."""
+
+
 CAPABILITY_REINSTALL = "reinstall"
 CAPABILITY_CONSOLE = "console"
+CAPABILITY_GUEST_REPORT = "guest_report"
 
 
 class HypervisorBackend(Component[Any]):  # not generic: a backend declares its own `config: MyConfig`
@@ -220,7 +314,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
     kind: ClassVar[str]
     capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
-    """Optional verbs this backend implements: ``"reinstall"``, ``"console"``.
+    """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``.
 
     .. versionadded:: 1.1"""
 
@@ -314,6 +408,22 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         Called when a customer opens the console WebSocket. A second attach may take the console
         over from the first. :raises PluginError: the domain is missing or not running.
+
+        .. versionadded:: 1.1
+        """
+        raise NotImplementedError
+
+    async def guest_report(self, handle: ServerHandle, wait_seconds: float) -> GuestReport | None:
+        """Optional (capability ``"guest_report"``): the report of the guest's first boot since the
+        last :meth:`create` or :meth:`reinstall`, waiting up to ``wait_seconds`` for it.
+
+        Called by the provisioning and reinstall jobs once :meth:`state` says ``RUNNING``; None when
+        the guest has not reported yet (core calls again until ``servers.boot_timeout_seconds`` after
+        the order or the reinstall request, then counts a failed attempt). The report must come from
+        the guest through the hypervisor (a virtio-serial channel, the guest agent, the console), so
+        a guest never needs to reach the shop's network; return it as soon as it arrives, since the
+        time to ``active`` is what a customer waits for. A backend without it makes servers ``active``
+        as soon as they run, without host keys.
 
         .. versionadded:: 1.1
         """

@@ -54,6 +54,7 @@ log = logging.getLogger("vpsshop.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+READY_BUCKETS = (5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 
 
 def shop_identity(settings: Settings) -> str:
@@ -150,6 +151,13 @@ class _Metrics:
             ["group"],
             multiprocess_mode="mostrecent",
         )
+        self.ready = Histogram(
+            "vpsshop_server_ready_seconds",
+            "Seconds from an order (after=order) or a reinstall request (after=reinstall) to the guest's "
+            "report that it booted and answers SSH, as the worker saw it.",
+            ["after"],
+            buckets=READY_BUCKETS,
+        )
         self.watcher_pass = Gauge(
             "vpsshop_watcher_last_pass_timestamp_seconds",
             "Unix time of the last successful watcher pass of a scan group.",
@@ -219,6 +227,14 @@ def node_error(group: str) -> None:
     metrics = _metrics()
     if metrics is not None:
         metrics.node_errors.labels(group).inc()
+
+
+def server_ready(after: str, seconds: float) -> None:
+    """A server became ready ``seconds`` after its order (``after="order"``) or reinstall request
+    (``"reinstall"``); called by the worker's provisioning job."""
+    metrics = _metrics()
+    if metrics is not None:
+        metrics.ready.labels(after).observe(max(0.0, seconds))
 
 
 def watcher_pass(group: str, *, tip: int | None = None, scanned: int | None = None) -> None:

@@ -176,6 +176,12 @@ class Server(SQLModel, table=True):
     power: str | None = Field(default=None, max_length=16)
     """``running`` or ``stopped``; None while provisioning and once the VM is destroyed (the job
     that follows termination, within seconds)."""
+    # Added by migration 0015 (issue 24): readiness reported by the guest.
+    ready_at: datetime | None = _ts(nullable=True)
+    """When the guest reported its last first boot (order or reinstall) finished cleanly; None until
+    then, and when it finished with errors."""
+    host_keys: str | None = Field(default=None, sa_type=sa.Text)
+    """JSON list of ``"<type> <base64>"``: the SSH host keys the guest reported (public parts)."""
 
 
 class RecoveryCode(SQLModel, table=True):

@@ -15,10 +15,11 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from anyio import to_thread
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from vpsshop.actors import Customer
 from vpsshop.auth import keyed_digest
@@ -40,6 +41,21 @@ class ActiveSession:
     last_seen_at: datetime
     expires_at: datetime
     user_agent: str | None
+
+    @classmethod
+    def of(cls, row: DashboardSession | Any, owner_id: int) -> ActiveSession:
+        """The session of a row of ``dashboard_sessions`` (``owner_id``: its account) or of another
+        table of the same columns (the console's ``operator_sessions``: its operator)."""
+        return cls(
+            saved_id(row),
+            owner_id,
+            bool(getattr(row, "pending_totp", False)),
+            row.token_hash,
+            row.created_at,
+            row.last_seen_at,
+            row.expires_at,
+            row.user_agent,
+        )
 
 
 def token_digest(ctx: AppContext, token: str) -> str:
@@ -89,22 +105,21 @@ def _resolve(ctx: AppContext, token: str) -> ActiveSession | None:
                 col(DashboardSession.ended_at).is_(None),
             )
         ).first()
-        if row is None or row.expires_at <= now or row.last_seen_at + idle <= now:
+        if row is None or not still_live(session, row, now, idle):
             return None
-        if now - row.last_seen_at >= TOUCH_EVERY:
-            row.last_seen_at = now
-            session.add(row)
-        assert row.id is not None
-        return ActiveSession(
-            row.id,
-            row.account_id,
-            row.pending_totp,
-            row.token_hash,
-            row.created_at,
-            row.last_seen_at,
-            row.expires_at,
-            row.user_agent,
-        )
+        return ActiveSession.of(row, row.account_id)
+
+
+def still_live(session: Session, row: DashboardSession | Any, now: datetime, idle: timedelta) -> bool:
+    """Whether a session row (of ``dashboard_sessions`` or a table of the same columns) has neither
+    passed its lifetime nor sat unused ``idle``; a live one's ``last_seen_at`` is written, at most
+    once per :data:`TOUCH_EVERY`."""
+    if row.expires_at <= now or row.last_seen_at + idle <= now:
+        return False
+    if now - row.last_seen_at >= TOUCH_EVERY:
+        row.last_seen_at = now
+        session.add(row)
+    return True
 
 
 async def complete_second_factor(ctx: AppContext, pending: ActiveSession) -> str:
@@ -174,16 +189,4 @@ def _live(ctx: AppContext, account_id: int) -> list[ActiveSession]:
             )
             .order_by(col(DashboardSession.id).desc())
         ).all()
-    return [
-        ActiveSession(
-            saved_id(r),
-            r.account_id,
-            r.pending_totp,
-            r.token_hash,
-            r.created_at,
-            r.last_seen_at,
-            r.expires_at,
-            r.user_agent,
-        )
-        for r in rows
-    ]
+    return [ActiveSession.of(r, r.account_id) for r in rows]

@@ -23,6 +23,7 @@ import os
 import secrets
 import tomllib
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -158,6 +159,22 @@ class DashboardSettings(_Section):
     session_max_hours: int = Field(24, ge=1, le=30 * 24, description="A session ends this long after sign-in.")
 
 
+class ConsoleSettings(_Section):
+    """The operators' web console (``vpsshop.backoffice``, docs/operations.md): never on the API's port."""
+
+    listen: str = Field(
+        "",
+        pattern=r"^$|^[^\s]+:[0-9]{1,5}$",
+        description="ADDR:PORT where `vpsshop serve` also serves the console (empty: not served; "
+        "`vpsshop serve --admin-listen` overrides it).",
+    )
+    support_limit_usd: Decimal = Field(
+        Decimal(100), ge=0, le=1_000_000, description="Largest credit or debit a `support` operator may make."
+    )
+    session_idle_minutes: int = Field(30, ge=5, le=24 * 60, description="An operator session unused this long ends.")
+    session_max_hours: int = Field(12, ge=1, le=7 * 24, description="An operator session ends this long after sign-in.")
+
+
 class SigninSettings(_Section):
     """Limits on signing in with the login token: the dashboard and ``POST /v1/login`` share them."""
 
@@ -257,6 +274,7 @@ class Settings(BaseModel):
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     signin: SigninSettings = Field(default_factory=SigninSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

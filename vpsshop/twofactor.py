@@ -123,7 +123,7 @@ def _confirm_enrolment(ctx: AppContext, account_id: int, code: str) -> list[str]
         if account.totp_secret_enc is None:
             raise Conflict("totp_not_started", "Start setting up two-factor sign-in first.")
         secret = decrypt_text(ctx, account.totp_secret_enc, "TOTP secret")
-        step = _matching_step(secret, code, ctx.clock.now().timestamp()) if code.isdigit() else None
+        step = matching_step(secret, code, ctx.clock.now().timestamp()) if code.isdigit() else None
         if step is not None:
             account.totp_enabled = True
             account.totp_last_step = step
@@ -231,7 +231,7 @@ def _check(ctx: AppContext, account_id: int, code: str) -> str | None:
             raise InvalidCode("Two-factor sign-in is not on for this account.")
         if code.isdigit() and len(code) == DIGITS:
             secret = decrypt_text(ctx, account.totp_secret_enc, "TOTP secret")
-            step = _matching_step(secret, code, now.timestamp())
+            step = matching_step(secret, code, now.timestamp())
             if step is not None:
                 used = rowcount(
                     session.execute(
@@ -284,7 +284,8 @@ def _normalise(code: str) -> str:
     return "".join(code.split()).replace("-", "").lower()[:64]
 
 
-def _matching_step(secret: str, code: str, timestamp: float) -> int | None:
+def matching_step(secret: str, code: str, timestamp: float) -> int | None:
+    """The 30-second step whose code ``code`` is (the previous, current or next), or None."""
     totp = pyotp.TOTP(secret)
     now_step = int(timestamp) // STEP_SECONDS
     for step in (now_step - 1, now_step, now_step + 1):

@@ -17,6 +17,7 @@ named ``REFDEPLOY_*``); every port and path is one of them, so two deployments r
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -517,6 +518,7 @@ backend = "libvirt"
 [hypervisor.libvirt]
 domain_type = "qemu"
 shutdown_grace_seconds = 2
+guest_reports = {"true" if state["real_guest"] else "false"}   # a blank disk boots no guest that could report
 {guest_kernel_boot(state)}
 [hypervisor.libvirt.locations."*"]   # one host serves every catalog location (production refuses unserved ones)
 hosts = [{{ uri = "{state["shop_libvirt_uri"]}", name = "local", max_memory_mib = 8192 }}]
@@ -1132,23 +1134,44 @@ class Walk:
             f"201, server {server_id} {order.json()['server']['status']}; balance {self.balance()} USD",
         )
 
-        self.step("Watch it become active (libvirt, QEMU)")
+        self.step("Watch it become active: once the guest reports its first boot done and SSH answering")
         deadline = time.monotonic() + 600
+        waiting: set[str] = set()
         while True:
             server = self.http.get(f"/servers/{server_id}", headers=self.auth).json()
-            if server["status"] == "active" or time.monotonic() > deadline:
+            if server["status"] != "provisioning" or time.monotonic() > deadline:
                 break
-            time.sleep(2)
+            if server.get("status_reason"):
+                waiting.add(server["status_reason"])
+            time.sleep(0.5)
+        for reason in sorted(waiting):
+            say(f"   while provisioning: {reason}")
         self.ok(
             "active",
             server["status"],
-            f"status {server['status']}, ip {server.get('ip')}, expires {server.get('expires_at')}"
-            + ("" if s["real_guest"] else " (a blank disk: active means the domain runs; nothing boots)"),
+            f"status {server['status']}, ip {server.get('ip')}, ready_at {server.get('ready_at')}, "
+            f"expires {server.get('expires_at')}"
+            + ("" if s["real_guest"] else " (a blank disk: guest_reports is off, so active when the domain runs)"),
         )
         if s["real_guest"]:
-            self.step(f"Log in over SSH as root with the ordered key (ssh root@{server['ip']})")
-            hostname = guest_login(server["ip"], key)
-            self.ok("ssh_key_login", hostname, f"logged in: hostname {hostname}")
+            self.step("Check its SSH host keys: the API's fingerprints against ssh-keyscan, then a strict login")
+            assert server.get("ready_at") and not server.get("status_reason"), server
+            shown = {k["fingerprint"] for k in server["host_keys"]}
+            scanned = keyscan_fingerprints(server["ip"])
+            for k in server["host_keys"]:
+                say(f"   {k['type']} {k['fingerprint']}")
+            self.ok(
+                "host_keys_match", bool(shown) and shown == scanned, f"ssh-keyscan sees the same {len(scanned)} keys"
+            )
+            known_hosts = Path(s["root"]) / "walk" / "known_hosts"
+            known_hosts.write_text("".join(f"{server['ip']} {k['type']} {k['key']}\n" for k in server["host_keys"]))
+            self.step(
+                f"Log in over SSH as root with the ordered key, StrictHostKeyChecking=yes (ssh root@{server['ip']})"
+            )
+            hostname = guest_login(server["ip"], key, known_hosts=known_hosts)
+            self.ok(
+                "ssh_key_login", hostname, f"logged in, the host key checked against the API's: hostname {hostname}"
+            )
 
         self.step("Read its credentials: GET /v1/servers/{id}/credentials")
         creds = self.http.get(f"/servers/{server_id}/credentials", headers=self.auth)
@@ -1238,15 +1261,34 @@ SSH_OPTIONS = (
 )
 
 
-def guest_login(ip: str, key: Path, seconds: float = 600) -> str:
-    """Log in as root with ``key`` once the guest has booted and cloud-init has finished: its hostname."""
+def keyscan_fingerprints(ip: str) -> set[str]:
+    """SHA256 fingerprints of the host keys ``ssh-keyscan`` sees from this host."""
+    out = run("ssh-keyscan", "-T", "5", ip, check=False, quiet=True).stdout
+    found = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#"):
+            digest = hashlib.sha256(base64.b64decode(parts[2])).digest()
+            found.add("SHA256:" + base64.b64encode(digest).decode().rstrip("="))
+    return found
+
+
+def guest_login(ip: str, key: Path, seconds: float = 600, known_hosts: Path | None = None) -> str:
+    """Log in as root with ``key`` once the guest has booted and cloud-init has finished: its hostname.
+    With ``known_hosts``, the host key must be one of its lines (StrictHostKeyChecking=yes)."""
     deadline = time.monotonic() + seconds
     last = ""
+    options: tuple[str, ...] = SSH_OPTIONS
+    if known_hosts is not None:
+        options = (
+            *("-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"),
+            *("-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"),
+        )
     while time.monotonic() < deadline:
         try:
             done = subprocess.run(
                 [
-                    *("ssh", *SSH_OPTIONS, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", str(key)),
+                    *("ssh", *options, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", str(key)),
                     *(f"root@{ip}", "cloud-init status --wait --long; hostname"),
                 ],
                 capture_output=True,

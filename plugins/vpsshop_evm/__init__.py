@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+from bip_utils import EthAddrEncoder
 from pydantic import Field, field_validator, model_validator
 
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, PluginError, WatchSet, hookimpl
@@ -52,7 +53,6 @@ from vpsshop.chains import (
     XpubCoin,
     XpubConfig,
     endpoint_id,
-    keccak_address,
     to_checksum_address,
 )
 
@@ -72,8 +72,9 @@ DECIMALS_SELECTOR = "0x313ce567"
 
 
 def public_key_to_address(uncompressed: bytes) -> str:
-    """The EIP-55 address of a 65-byte uncompressed secp256k1 public key."""
-    return to_checksum_address(keccak_address(uncompressed).hex())
+    """The EIP-55 address of a 65-byte uncompressed secp256k1 public key (bip-utils' encoder)."""
+    address: str = EthAddrEncoder.EncodeKey(uncompressed)
+    return address
 
 
 def parse_address(text: str) -> str:

@@ -4,6 +4,7 @@ Settings (``[hypervisor] backend = "libvirt"``)::
 
     [hypervisor.libvirt]
     domain_type = "kvm"                 # "qemu" for TCG (no /dev/kvm), "test" for test:///default
+    guest_reports = true                # active once the guest reports its first boot (docs/servers.md)
     [hypervisor.libvirt.kernel_boot."debian-12-test.raw"]   # optional, per base image
     kernel = "/var/lib/libvirt/boot/vmlinuz"
     initrd = "/var/lib/libvirt/boot/initrd.img"
@@ -77,7 +78,9 @@ from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    GuestReport,
     HostInspection,
+    HostKey,
     HypervisorBackend,
     PluginError,
     Readiness,
@@ -129,6 +132,20 @@ KVM) at each password login."""
 PREFLIGHT_CONNECT_SECONDS = 10.0
 
 SHUTDOWN_GRACE_SECONDS = 30.0
+GUEST_CHANNEL = "org.vpsshop.guest.0"
+"""The virtio-serial channel a guest reports its boot on (``/dev/virtio-ports/<name>`` in the guest)."""
+REPORTER_PATH = "/usr/local/lib/vpsshop/report-boot"
+REPORTER_UNIT = "vpsshop-report-boot.service"
+MAX_REPORT_BYTES = 65536
+HOLD_SSH = (
+    "for unit in ssh sshd; do mkdir -p /run/systemd/system/$unit.service.d && "
+    "printf '[Unit]\\nConditionPathExists=/run/vpsshop/first-boot-done\\n' "
+    "> /run/systemd/system/$unit.service.d/50-vpsshop-first-boot.conf; done; systemctl daemon-reload"
+)
+"""The first boot's hold on the SSH daemon: a runtime drop-in (gone at the next boot) whose condition
+the reporter satisfies. A start while it holds is skipped, not failed, so cloud-init's own restart of
+the daemon (after setting the password) is no error."""
+ASK_AGAIN_SECONDS = 5.0
 _STATES = {
     1: DomainState.RUNNING,  # VIR_DOMAIN_RUNNING
     2: DomainState.RUNNING,  # BLOCKED: running, waiting on I/O
@@ -191,6 +208,13 @@ class LibvirtConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     domain_type: Literal["kvm", "qemu", "test"] = "kvm"
+    guest_reports: bool = Field(
+        True,
+        description="Wait for each new guest's report of its first boot (over a virtio-serial channel; the "
+        "image needs cloud-init and Python 3, as every catalog image has): a server turns active once it has "
+        "booted and SSH answers, with its host keys. false: active as soon as the domain runs, no host keys "
+        "(for images without cloud-init or Python).",
+    )
     machine: str = Field("pc", description="QEMU machine type (pc boots with BIOS, no firmware auto-selection).")
     base_image_format: Literal["qcow2", "raw"] = "qcow2"
     kernel_boot: dict[str, KernelBoot] = Field(
@@ -280,6 +304,10 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(nic, "model", type="virtio")
     ET.SubElement(devices, "serial", type="pty")
     ET.SubElement(devices, "console", type="pty")
+    # The guest's report of its boot (reporter.py): a socket libvirt names and only libvirt opens.
+    channel = ET.SubElement(devices, "channel", type="unix")
+    ET.SubElement(channel, "source", mode="bind")
+    ET.SubElement(channel, "target", type="virtio", name=GUEST_CHANNEL)
     ET.SubElement(devices, "memballoon", model="virtio")
     return ET.tostring(dom, encoding="unicode")
 
@@ -338,8 +366,14 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
                 "path": "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
                 "content": "PermitRootLogin yes\nPasswordAuthentication yes\n",
                 "permissions": "0644",
-            }
+            },
+            *reporter_files(),
         ],
+        # Hold the SSH daemon back during the instance's first boot (the reporter releases it): bootcmd
+        # runs in cloud-init's network stage, which systemd orders before ssh.service.
+        "bootcmd": [["cloud-init-per", "instance", "vpsshop-hold-ssh", "sh", "-c", HOLD_SSH]],
+        # After the customer's runcmd: the unit runs once cloud-init's last stage has ended.
+        "runcmd": [["systemctl", "start", "--no-block", REPORTER_UNIT]],
     }
     if spec.ssh_keys:
         # With disable_root false, cloud-init writes these to root's authorized_keys (and the image's
@@ -359,6 +393,46 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
             eth["nameservers"] = {"addresses": list(spec.nameservers)}
         files["network-config"] = json.dumps({"version": 2, "ethernets": {"primary": eth}}) + "\n"
     return files
+
+
+def reporter_files() -> list[dict[str, str]]:
+    """cloud-init ``write_files`` entries: the guest's reporter (``reporter.py``) and its unit."""
+    unit = (
+        "[Unit]\n"
+        "Description=Report this server's first boot to the shop (vpsshop, over a virtio-serial channel)\n"
+        "After=cloud-final.service ssh.service sshd.service\n"
+        f"ConditionPathExists=/dev/virtio-ports/{GUEST_CHANNEL}\n"
+        "[Service]\n"
+        "Type=simple\n"
+        f"ExecStart=/usr/bin/python3 {REPORTER_PATH}\n"
+    )
+    return [
+        {"path": REPORTER_PATH, "content": REPORTER.read_text(), "permissions": "0755"},
+        {"path": f"/etc/systemd/system/{REPORTER_UNIT}", "content": unit, "permissions": "0644"},
+    ]
+
+
+REPORTER = Path(__file__).with_name("reporter.py")
+
+
+def parse_report(line: bytes) -> GuestReport | None:
+    """The guest's report from one line it wrote on the channel; None for anything else (a partial
+    line, noise). A report is the customer's guest talking, so every field is checked."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("vpsshop_guest") != 1:
+        return None
+    keys = []
+    for entry in data.get("host_keys") or []:
+        if isinstance(entry, str):
+            try:
+                keys.append(HostKey.parse(entry))
+            except ValueError:
+                continue
+    errors = tuple(str(e)[:300] for e in (data.get("errors") or [])[:10])
+    return GuestReport(host_keys=tuple(keys[:10]), ssh=data.get("ssh") is True, errors=errors)
 
 
 def build_seed_iso(spec: ServerSpec, out: Path) -> None:
@@ -486,15 +560,17 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console"})
+    capabilities = frozenset({"reinstall", "console", "guest_report"})
 
     config: LibvirtConfig
 
     def __init__(self, config: LibvirtConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
         self.cfg = config
-        if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles
+        if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall"})
+        elif not self.cfg.guest_reports:
+            self.capabilities = frozenset({"reinstall", "console"})
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
@@ -852,6 +928,54 @@ class LibvirtBackend(HypervisorBackend):
 
     async def state(self, handle: ServerHandle) -> DomainState:
         return await self._run(self._state, handle)
+
+    # ---- the guest's report ------------------------------------------------------------------------
+
+    def _guest_report(self, handle: ServerHandle, wait_seconds: float) -> GuestReport | None:
+        dom = self._require(handle)
+        host, _ = self._host(handle.host)
+        conn = self._conn(host.uri)
+        stream = conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
+        # FORCE: take the channel over from a worker that died holding it.
+        dom.openChannel(GUEST_CHANNEL, stream, libvirt.VIR_DOMAIN_CHANNEL_FORCE)
+        try:
+            return self._read_report(stream, time.monotonic() + wait_seconds)
+        finally:
+            try:
+                stream.abort()
+            except LibvirtError:
+                pass
+
+    def _read_report(self, stream: Any, deadline: float) -> GuestReport | None:
+        """Ask (``report``) every few seconds until a report line arrives; answer ``ok`` to it."""
+        buffered = b""
+        ask_at = 0.0
+        while time.monotonic() < deadline:
+            if time.monotonic() >= ask_at:
+                stream.send(b"report\n")  # a request the guest has not read yet waits in the channel
+                ask_at = time.monotonic() + ASK_AGAIN_SECONDS
+            data = stream.recv(MAX_REPORT_BYTES)
+            if data == -2:  # nothing yet (non-blocking)
+                time.sleep(0.05)
+                continue
+            if not data:
+                return None  # the guest went away (a reboot, a crash): the next call opens the channel again
+            buffered += data
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                report = parse_report(line)
+                if report is not None:
+                    stream.send(b"ok\n")
+                    return report
+            buffered = buffered[-MAX_REPORT_BYTES:]
+        return None
+
+    async def guest_report(self, handle: ServerHandle, wait_seconds: float) -> GuestReport | None:
+        """The report the guest's reporter (``reporter.py``, installed by the seed, run after
+        cloud-init's last stage) writes on the virtio-serial channel ``org.vpsshop.guest.0``,
+        through ``virDomainOpenChannel``: the guest never reaches the shop's network, and the host
+        keys come from the guest's own SSH daemon."""
+        return await self._run(self._guest_report, handle, wait_seconds)
 
     # ---- inspection (for the contract kit) -------------------------------------------------------
 

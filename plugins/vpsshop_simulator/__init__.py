@@ -34,13 +34,17 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    GuestReport,
     HostInspection,
+    HostKey,
     HypervisorBackend,
     PluginError,
     PluginState,
@@ -79,7 +83,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console"})
+    capabilities = frozenset({"reinstall", "console", "guest_report"})
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -107,8 +111,18 @@ class SimulatedBackend(HypervisorBackend):
 
     @staticmethod
     def _new_disk(data: dict[str, Any]) -> dict[str, Any]:
-        """The server's disk and seed made anew (create, reinstall): a new identity, no marker."""
-        return {**data, "defined": True, "disk": secrets.token_hex(8), "disk_marker": None, "seed": True}
+        """The server's disk and seed made anew (create, reinstall): a new identity, no marker, and a
+        new SSH host key, as a real first boot makes one (its private half is thrown away at once:
+        nobody logs in to a simulated server)."""
+        host_key = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+        return {
+            **data,
+            "defined": True,
+            "disk": secrets.token_hex(8),
+            "disk_marker": None,
+            "seed": True,
+            "host_key": host_key.decode(),
+        }
 
     async def _power(self, handle: ServerHandle, change: Any, *, must_exist: bool) -> None:
         missing = False
@@ -202,6 +216,20 @@ class SimulatedBackend(HypervisorBackend):
         if self.clock.now() < datetime.fromisoformat(record.data["booted_at"]):
             return DomainState.STARTING
         return DomainState.RUNNING
+
+    async def guest_report(self, handle: ServerHandle, wait_seconds: float) -> GuestReport | None:
+        """A simulated guest reports as soon as it has booted (``boot_seconds`` after power-on): a clean
+        first boot, SSH on, the host key its disk was made with."""
+        for _ in range(2):
+            record = await self._state().get(handle.domain)
+            if record is None or record.data["power"] != "on":
+                return None
+            left = (datetime.fromisoformat(record.data["booted_at"]) - self.clock.now()).total_seconds()
+            if left <= 0:
+                key = record.data.get("host_key")
+                return GuestReport(host_keys=(HostKey.parse(key),) if key else ())
+            await asyncio.sleep(min(left, wait_seconds))
+        return None
 
     async def inspect(self, handle: ServerHandle) -> HostInspection:
         """What the simulated host holds for the server: its domain, disk and seed volumes."""

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import struct
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from bip_utils import Bip32Slip10Ed25519, SolAddrDecoder, SolAddrEncoder
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -63,11 +63,10 @@ from vpsshop import (
     WatchSet,
     hookimpl,
 )
-from vpsshop.chains import BlockScanConfig, JsonRpcClient, KeyFormatError, NodeCoin, RpcError, b58decode, b58encode
+from vpsshop.chains import BlockScanConfig, JsonRpcClient, NodeCoin, RpcError, b58decode
 
 SANDBOX_MNEMONIC = "abandon " * 11 + "about"
 """The BIP-39 test mnemonic: public, so its keys are only for the sandbox (devnet)."""
-HARDENED = 0x8000_0000
 FINALIZED = 32
 LAMPORTS_PER_SIGNATURE = 5000
 SYSTEM_PROGRAM = bytes(32)
@@ -83,17 +82,6 @@ def mnemonic_to_seed(mnemonic: str, passphrase: str = "") -> bytes:
     return hashlib.pbkdf2_hmac("sha512", words.encode(), salt.encode(), 2048)
 
 
-def slip10_ed25519(seed: bytes, path: Iterable[int]) -> bytes:
-    """SLIP-0010 ed25519 private key (32 bytes) at a path of hardened indexes."""
-    digest = hmac.new(b"ed25519 seed", seed, hashlib.sha512).digest()
-    key, chain = digest[:32], digest[32:]
-    for index in path:
-        data = b"\0" + key + (index | HARDENED).to_bytes(4, "big")
-        digest = hmac.new(chain, data, hashlib.sha512).digest()
-        key, chain = digest[:32], digest[32:]
-    return key
-
-
 @dataclass(frozen=True)
 class DepositKey:
     """The key of one deposit address (kept in memory only)."""
@@ -103,24 +91,25 @@ class DepositKey:
 
     @property
     def address(self) -> str:
-        return b58encode(self.public)
+        address: str = SolAddrEncoder.EncodeKey(self.public)
+        return address
 
     def sign(self, message: bytes) -> bytes:
         return self.private.sign(message)
 
 
 def deposit_key(seed: bytes, index: int) -> DepositKey:
-    private = Ed25519PrivateKey.from_private_bytes(slip10_ed25519(seed, (44, 501, index, 0)))
+    """The key of deposit address ``index``: SLIP-0010 ed25519 at ``m/44'/501'/<index>'/0'`` (bip-utils)."""
+    node = Bip32Slip10Ed25519.FromSeed(seed).DerivePath(f"m/44'/501'/{index}'/0'")
+    private = Ed25519PrivateKey.from_private_bytes(node.PrivateKey().Raw().ToBytes())
     return DepositKey(private, private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
 
 
 def parse_pubkey(text: str) -> bytes:
     try:
-        raw = b58decode(text.strip())
-    except KeyFormatError as exc:
+        raw: bytes = SolAddrDecoder.DecodeAddr(text.strip())
+    except ValueError as exc:  # not base58, or not 32 bytes
         raise ValueError(f"not a Solana address: {exc}") from None
-    if len(raw) != 32:
-        raise ValueError("not a Solana address (32 bytes)")
     return raw
 
 

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from bip_utils import TrxAddrDecoder, TrxAddrEncoder
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 
 from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PluginError, WatchSet, hookimpl
@@ -53,14 +54,11 @@ from vpsshop.chains import (
     BlockCursor,
     BlockScanConfig,
     HttpJsonClient,
-    KeyFormatError,
     RpcError,
     XpubCoin,
     XpubConfig,
-    b58check_decode,
     b58check_encode,
     endpoint_id,
-    keccak_address,
 )
 
 # Account key m/44'/195'/0' of the test mnemonic "abandon x11 about": public and useless for real money.
@@ -77,19 +75,19 @@ TRANSFER_TOPIC = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3
 
 
 def public_key_to_address(uncompressed: bytes) -> str:
-    """The base58check TRON address (``T...``) of a 65-byte uncompressed secp256k1 public key."""
-    return b58check_encode(b"\x41" + keccak_address(uncompressed))
+    """The base58check TRON address (``T...``) of a 65-byte uncompressed secp256k1 public key
+    (bip-utils' encoder)."""
+    address: str = TrxAddrEncoder.EncodeKey(uncompressed)
+    return address
 
 
 def address_to_hex(address: str) -> str:
     """``T...`` to the node's hex form ``41...`` (lower case). :raises ValueError: not a TRON address."""
     try:
-        raw = b58check_decode(address.strip())
-    except KeyFormatError as exc:
+        account: bytes = TrxAddrDecoder.DecodeAddr(address.strip())
+    except ValueError as exc:  # bad base58, checksum, length or prefix (not 0x41)
         raise ValueError(f"not a TRON address: {exc}") from None
-    if len(raw) != 21 or raw[0] != 0x41:
-        raise ValueError("not a TRON address (0x41 prefix, 20 bytes)")
-    return raw.hex()
+    return "41" + account.hex()
 
 
 def hex_to_address(hex_address: str) -> str:

@@ -174,6 +174,7 @@ class Dashboard:
         self.base = base
         self.secure = ctx.settings.behind_tls
         prefix = "__Host-" if self.secure else ""
+        self.notices = NOTICES
         self.session_cookie = f"{prefix}vpsshop_session"
         self.csrf_cookie = f"{prefix}vpsshop_csrf"
         self.env = Environment(
@@ -206,7 +207,7 @@ class Dashboard:
     def render(
         self, page: Page, template: str, status: int = 200, headers: dict[str, str] | None = None, **context: Any
     ) -> Response:
-        notice = NOTICES.get(page.request.query_params.get("notice", ""))
+        notice = self.notices.get(page.request.query_params.get("notice", ""))
         signed_in = page.signed_in_now or (page.session is not None and not page.session.pending_totp)
         html = self.env.get_template(template).render(
             csrf=page.csrf,

@@ -87,7 +87,19 @@ _TYPES = [
         "The top-up was cancelled by the customer, or its x402 authorization was refused: status cancelled.",
     ),
     EventType("server.provisioning", "server", "A server was ordered and paid: status provisioning."),
-    EventType("server.active", "server", "The server is running with its address: status active."),
+    EventType(
+        "server.active",
+        "server",
+        "The server has booted and its SSH daemon answers (the guest reported it): status active, data.ready_at "
+        "and data.host_keys set.",
+    ),
+    EventType(
+        "server.boot_failed",
+        "server",
+        "The server's first boot (after an order or a reinstall) finished with errors in its configuration "
+        "(cloud-init's): the server runs (status active) but data.ready_at is null and data.status_reason names "
+        "the errors. Sent instead of server.active or server.reinstalled.",
+    ),
     EventType("server.suspended", "server", "The paid period ended unrenewed: the VM is stopped, its disk kept."),
     EventType("server.unsuspended", "server", "A suspended server was renewed: status active again, the VM starts."),
     EventType("server.renewed", "server", "One more billing cycle was charged; data.expires_at is the new end."),
@@ -140,8 +152,8 @@ _TYPES = [
     EventType(
         "server.reinstalled",
         "server",
-        "A reinstall (POST /servers/{id}/reinstall) is done: the new disk is made and the server is powered on; "
-        "data.status_reason is null again. The guest answers once the new system has booted.",
+        "A reinstall (POST /servers/{id}/reinstall) is done: the new system has booted and its SSH daemon "
+        "answers; data.status_reason is null again, data.ready_at and data.host_keys are the new system's.",
     ),
     EventType("ssh_key.created", "ssh_key", "An SSH public key was stored (POST /ssh-keys)."),
     EventType(

@@ -9,6 +9,7 @@ from sqlmodel.sql.sqltypes import AutoString
 
 import vpsshop.events.models
 import vpsshop.models
+import vpsshop.operators
 import vpsshop.payments.models
 import vpsshop.plugin_state
 import vpsshop.servers.models  # noqa: F401 - servers area: jobs, events, ip leases

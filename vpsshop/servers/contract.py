@@ -30,7 +30,9 @@ Exposed through ``vpsshop.testing`` (the pytest plugin vpsshop installs; ``pip i
    ``hypervisor_unserved_location`` (a location your configuration does not serve, default None:
    not checked), ``hypervisor_spec_overrides`` (fields of the :class:`~vpsshop.ServerSpec`, e.g.
    the OS image your test host has) and ``hypervisor_boot_timeout`` (seconds a domain may report
-   ``starting``, default 60).
+   ``starting``, default 60) and ``hypervisor_guest_reports`` (whether the test host's guests boot
+   and report, default True: a host whose base image boots nothing sets it False, and
+   ``guest_report`` must then return None after its wait instead of a report).
 
 2. **One walk.** :func:`check_hypervisor` takes one server through every verb in the order core
    uses them, twice where core may retry, and raises ``AssertionError`` naming the verb that broke
@@ -62,7 +64,12 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
 * ``state`` of a domain that never existed is ``missing``, without raising;
 * ``start`` or ``reboot`` of a missing domain raises :class:`vpsshop.PluginError`;
 * ``address_pool`` is None or an :class:`~vpsshop.AddressPool` of distinct address strings;
-* ``capabilities`` names only known optional verbs (``reinstall``, ``console``); for each one named:
+* ``capabilities`` names only known optional verbs (``reinstall``, ``console``, ``guest_report``);
+  for each one named:
+* ``guest_report`` of a running domain whose guest booted returns a :class:`~vpsshop.GuestReport`
+  (host keys as :class:`~vpsshop.HostKey`) within the boot time; of a guest that cannot report, None
+  once its wait is over (it neither hangs nor raises); after ``reinstall``, the new guest's report,
+  with new host keys;
 * ``reinstall`` of a running domain returns a handle on the same host and domain, the domain is
   running again within the boot time, on a new disk; reinstalling again (a retried job) does the same;
 * ``open_console`` of a running domain returns a :class:`~vpsshop.ConsoleStream` whose ``close``
@@ -86,17 +93,23 @@ from anyio.from_thread import start_blocking_portal
 from vpsshop.errors import PluginError
 from vpsshop.hypervisor import (
     CAPABILITY_CONSOLE,
+    CAPABILITY_GUEST_REPORT,
     CAPABILITY_REINSTALL,
     AddressPool,
     ConsoleStream,
     DomainState,
+    GuestReport,
     HostInspection,
+    HostKey,
     HypervisorBackend,
     ServerHandle,
     ServerSpec,
 )
 
-KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE})
+KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT})
+NO_REPORT_WAIT = 2.0
+"""How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
+boots nothing); the call must return None within a few seconds of that."""
 
 DEFAULT_BOOT_TIMEOUT = 60.0
 _POLL_SECONDS = 0.1
@@ -233,7 +246,10 @@ class HostCheck:
 
 
 async def check_hypervisor(
-    backend: HypervisorBackend, spec: ServerSpec, boot_timeout: float = DEFAULT_BOOT_TIMEOUT
+    backend: HypervisorBackend,
+    spec: ServerSpec,
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT,
+    guest_reports: bool = True,
 ) -> ServerHandle:
     """Create, re-create, start, stop, reboot, suspend, resume, (reinstall,) and destroy one server,
     checking the states and the idempotency core relies on, and (for a backend that offers
@@ -283,7 +299,7 @@ async def check_hypervisor(
         await backend.resume(handle)
         await expect_state(backend, handle, DomainState.RUNNING, "resume of a running domain")
         await host.running_once(handle, "resume of a running domain")
-        await check_optional_verbs(backend, handle, spec, boot_timeout, host)
+        await check_optional_verbs(backend, handle, spec, boot_timeout, host, guest_reports)
     finally:
         await backend.destroy(handle)
     await expect_state(backend, handle, DomainState.MISSING, "destroy")
@@ -332,6 +348,7 @@ async def check_optional_verbs(
     spec: ServerSpec,
     boot_timeout: float = DEFAULT_BOOT_TIMEOUT,
     host: HostCheck | None = None,
+    guest_reports: bool = True,
 ) -> None:
     """Check the optional verbs the backend's ``capabilities`` name, on a running domain."""
     host = host or HostCheck(backend)
@@ -354,6 +371,8 @@ async def check_optional_verbs(
             pass
         else:
             raise AssertionError("open_console of a missing domain must raise PluginError")
+    reporting = CAPABILITY_GUEST_REPORT in backend.capabilities
+    first = await check_guest_report(backend, handle, "create", boot_timeout, guest_reports) if reporting else None
     if CAPABILITY_REINSTALL in backend.capabilities:
         fresh = dataclasses.replace(spec, root_password=spec.root_password + "-new")
         if host.enabled and host.marker is None:
@@ -365,7 +384,33 @@ async def check_optional_verbs(
             await host.new_disk(handle, attempt)
             await host.running_once(handle, attempt)
             if attempt == "reinstall":
+                if reporting:
+                    report = await check_guest_report(backend, handle, attempt, boot_timeout, guest_reports)
+                    if first is not None and report is not None and first.host_keys and report.host_keys:
+                        assert set(first.host_keys).isdisjoint(report.host_keys), (
+                            "after reinstall the guest reports the host keys of the system it replaced"
+                        )
                 await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
+
+
+async def check_guest_report(
+    backend: HypervisorBackend, handle: ServerHandle, after: str, boot_timeout: float, expected: bool = True
+) -> GuestReport | None:
+    """``guest_report`` of a running domain: its guest's report within ``boot_timeout`` when
+    ``expected``; else None once a short wait is over."""
+    wait = boot_timeout if expected else NO_REPORT_WAIT
+    started = time.monotonic()
+    report = await backend.guest_report(handle, wait)
+    took = time.monotonic() - started
+    assert took < wait + 10, f"guest_report after {after} took {took:.1f} s with wait_seconds={wait:g}"
+    if not expected:
+        assert report is None, f"guest_report after {after} returned {report!r} for a guest that boots nothing"
+        return None
+    assert report is not None, f"after {after} the guest did not report within {boot_timeout:g} s"
+    assert isinstance(report, GuestReport), "guest_report must return a vpsshop.GuestReport or None"
+    assert all(isinstance(k, HostKey) for k in report.host_keys), "host_keys must be vpsshop.HostKey values"
+    assert isinstance(report.errors, tuple) and all(isinstance(e, str) for e in report.errors)
+    return report
 
 
 check_backend = check_hypervisor
@@ -411,6 +456,10 @@ class HypervisorContract:
         return DEFAULT_BOOT_TIMEOUT
 
     @pytest.fixture
+    def hypervisor_guest_reports(self) -> bool:
+        return True
+
+    @pytest.fixture
     def hypervisor_spec(self, hypervisor_location: str, hypervisor_spec_overrides: dict[str, Any]) -> ServerSpec:
         return contract_spec(hypervisor_location, **hypervisor_spec_overrides)
 
@@ -438,9 +487,12 @@ class HypervisorContract:
         hypervisor_backend: HypervisorBackend,
         hypervisor_spec: ServerSpec,
         hypervisor_boot_timeout: float,
+        hypervisor_guest_reports: bool,
         hypervisor_run: Run[Any],
     ) -> None:
-        hypervisor_run(check_hypervisor(hypervisor_backend, hypervisor_spec, hypervisor_boot_timeout))
+        hypervisor_run(
+            check_hypervisor(hypervisor_backend, hypervisor_spec, hypervisor_boot_timeout, hypervisor_guest_reports)
+        )
 
     def test_create_names_the_domain_and_its_host(self, created: ServerHandle, hypervisor_spec: ServerSpec) -> None:
         assert created.domain == hypervisor_spec.name
@@ -598,10 +650,19 @@ class HypervisorContract:
         created: ServerHandle,
         hypervisor_spec: ServerSpec,
         hypervisor_boot_timeout: float,
+        hypervisor_guest_reports: bool,
         hypervisor_run: Run[Any],
     ) -> None:
-        """reinstall (on a new disk) and open_console, for the backends whose capabilities name them."""
-        hypervisor_run(check_optional_verbs(hypervisor_backend, created, hypervisor_spec, hypervisor_boot_timeout))
+        """reinstall (on a new disk), open_console and guest_report, for the backends whose capabilities name them."""
+        hypervisor_run(
+            check_optional_verbs(
+                hypervisor_backend,
+                created,
+                hypervisor_spec,
+                hypervisor_boot_timeout,
+                guest_reports=hypervisor_guest_reports,
+            )
+        )
 
     def test_address_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
         pool = hypervisor_backend.address_pool(hypervisor_location)

@@ -51,11 +51,12 @@ from vpsshop.context import AppContext
 from vpsshop.db import rowcount
 from vpsshop.encryption import decrypt_text
 from vpsshop.errors import PluginError
-from vpsshop.hypervisor import DomainState, ServerHandle, ServerSpec
+from vpsshop.hypervisor import CAPABILITY_GUEST_REPORT, DomainState, GuestReport, ServerHandle, ServerSpec
+from vpsshop.metrics import server_ready
 from vpsshop.models import Server, saved_id
 from vpsshop.servers.credentials import decrypt_password
 from vpsshop.servers.lifecycle import ServersPolicy, enqueue, policy, record
-from vpsshop.servers.models import IpLease, ServerJob
+from vpsshop.servers.models import IpLease, ServerEvent, ServerJob
 from vpsshop.servers.resource import server_event
 
 log = logging.getLogger("vpsshop.servers")
@@ -83,7 +84,22 @@ class ClaimedJob:
 
 
 BOOT_RECHECK_SECONDS = 0.5
-"""How soon a provisioning job looks again at a domain that reports ``starting``."""
+"""How soon a provisioning job looks again at a domain that reports ``starting``, or whose guest has
+not reported its boot within :data:`REPORT_WAIT_SECONDS`."""
+REPORT_WAIT_SECONDS = 30.0
+"""How long one run of a provisioning or reinstall job waits for the guest's report (the backend
+returns it the moment it arrives) before it goes back to the queue; the job's lease is renewed meanwhile."""
+MAX_HOST_KEYS = 10
+
+BOOTING = "Booting: waiting for the guest to finish its first boot and for its SSH daemon to answer."
+"""``status_reason`` of a provisioning server whose domain runs, until its guest reports."""
+SSH_OFF = "Ready, but its SSH daemon does not answer: the server's own first-boot data (user data) turned it off."
+"""``status_reason`` of a server whose guest booted cleanly with SSH turned off by the customer's user data."""
+BOOT_ERRORS = (
+    "The first boot finished with errors, so the server may not be set up as ordered (it runs): {errors}. "
+    "Check the user data and reinstall, or ask the shop."
+)
+"""``status_reason`` of a server whose guest reported errors of its first boot (cloud-init's)."""
 
 
 class RetryLater(Exception):
@@ -301,31 +317,94 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
     if state != DomainState.RUNNING:
         raise PluginError(f"domain {handle.domain} is {state.value} after creation, not running")
     ip = handle.ip or spec.ip
-
     server_id = saved_id(server)
+    report = await _guest_report(ctx, server_id, handle, server.created_at, BOOTING)
 
     def activate() -> None:
         now = ctx.clock.now()
+        ready = _ready_values(report, now)
         with ctx.db.session() as session:
             moved = rowcount(
                 session.execute(
                     sa.update(Server)
                     .where(col(Server.id) == server_id, col(Server.status) == "provisioning")
-                    .values(
-                        status="active",
-                        ip=ip,
-                        host=handle.host,
-                        domain=handle.domain,
-                        status_reason=None,
-                        power="running",
-                    )
+                    .values(status="active", ip=ip, host=handle.host, domain=handle.domain, power="running", **ready)
                 )
             )
             if moved:
                 record(session, server_id, "provisioned", now, f"{handle.host} {handle.domain} {ip}")
-                events.emit(session, "server.active", server.account_id, server_event(session, server_id), now=now)
+                _record_report(session, server_id, report, now)
+                kind = "server.active" if ready["ready_at"] is not None else "server.boot_failed"
+                events.emit(session, kind, server.account_id, server_event(session, server_id), now=now)
+        if moved and ready["ready_at"] is not None:
+            server_ready("order", (now - server.created_at).total_seconds())
 
     await to_thread.run_sync(activate)
+
+
+async def _guest_report(
+    ctx: AppContext, server_id: int, handle: ServerHandle, since: datetime, waiting: str | None
+) -> GuestReport | None:
+    """The guest's report of its boot, waiting for it (None when the backend makes no reports).
+
+    Sets ``status_reason`` to ``waiting`` while it waits (None: leave it). A guest that has not
+    reported ``servers.boot_timeout_seconds`` after ``since`` (the order, the reinstall request)
+    fails the attempt; one that has not reported yet sends the job back to the queue.
+    """
+    backend = ctx.hypervisor
+    assert backend is not None
+    if CAPABILITY_GUEST_REPORT not in backend.capabilities:
+        return None
+    limit = policy(ctx).boot_timeout_seconds
+    waited = (ctx.clock.now() - since).total_seconds()
+    if waited >= limit:
+        raise PluginError(
+            f"the guest of domain {handle.domain} has not reported a finished boot {waited:.0f} s after it was "
+            f"started (servers.boot_timeout_seconds = {limit:g}); see its console"
+        )
+    if waiting is not None:
+        await to_thread.run_sync(_set_reason, ctx, server_id, waiting)
+    report = await backend.guest_report(handle, min(REPORT_WAIT_SECONDS, limit - waited))
+    if report is None:
+        raise RetryLater(
+            f"the guest of domain {handle.domain} has not reported its boot yet", after=BOOT_RECHECK_SECONDS
+        )
+    if not isinstance(report, GuestReport):
+        raise PluginError(f"guest_report returned {type(report).__name__}, not a vpsshop.GuestReport")
+    return report
+
+
+def _set_reason(ctx: AppContext, server_id: int, reason: str) -> None:
+    with ctx.db.session() as session:
+        session.execute(
+            sa.update(Server)
+            .where(
+                col(Server.id) == server_id,
+                sa.or_(col(Server.status_reason).is_(None), col(Server.status_reason) != reason),
+            )
+            .values(status_reason=reason)
+        )
+
+
+def _ready_values(report: GuestReport | None, now: datetime) -> dict[str, object]:
+    """The columns a guest's report sets: ``ready_at`` (None when its boot had errors),
+    ``host_keys`` and ``status_reason``. No report (a backend without reports): ready now."""
+    if report is None:
+        return {"ready_at": now, "host_keys": None, "status_reason": None}
+    keys = json.dumps([f"{k.type} {k.key}" for k in report.host_keys[:MAX_HOST_KEYS]]) if report.host_keys else None
+    if report.errors:
+        errors = "; ".join(e.strip()[:200] for e in report.errors[:3])
+        return {"ready_at": None, "host_keys": keys, "status_reason": BOOT_ERRORS.format(errors=errors)[:500]}
+    return {"ready_at": now, "host_keys": keys, "status_reason": None if report.ssh else SSH_OFF}
+
+
+def _record_report(session: Session, server_id: int, report: GuestReport | None, now: datetime) -> None:
+    if report is None:
+        return
+    if report.errors:
+        record(session, server_id, "boot_errors", now, "; ".join(report.errors)[:500])
+    else:
+        record(session, server_id, "ready", now, "ssh" if report.ssh else "ssh off")
 
 
 def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error: str) -> None:
@@ -422,25 +501,58 @@ async def _reinstall(ctx: AppContext, job: ClaimedJob) -> None:
         return  # suspended or terminated since the request: nothing to reinstall
     server, spec = prepared
     assert ctx.hypervisor is not None
-    handle = await ctx.hypervisor.reinstall(_handle(server), spec)
+    requested, made = await to_thread.run_sync(_reinstall_progress, ctx, job)
+    handle = _handle(server)
+    if not made:  # a job waiting for the new guest's report runs again: the disk is made once
+        handle = await ctx.hypervisor.reinstall(handle, spec)
+
+        def disk_made() -> None:
+            with ctx.db.session() as session:
+                record(
+                    session,
+                    job.server_id,
+                    "reinstalled",
+                    ctx.clock.now(),
+                    f"{handle.host} {handle.domain} {spec.os_id}",
+                    once_key=f"reinstalled:job:{job.id}",
+                )
+                session.execute(
+                    sa.update(Server).where(col(Server.id) == job.server_id).values(ready_at=None, host_keys=None)
+                )
+
+        await to_thread.run_sync(disk_made)
+    report = await _guest_report(ctx, job.server_id, handle, requested, None)
 
     def reinstalled() -> None:
         now = ctx.clock.now()
+        ready = _ready_values(report, now)
         with ctx.db.session() as session:
-            record(session, job.server_id, "reinstalled", now, f"{handle.host} {handle.domain} {spec.os_id}")
             moved = rowcount(
                 session.execute(
                     sa.update(Server)
                     .where(col(Server.id) == job.server_id, col(Server.status) == "active")
-                    .values(status_reason=None, power="running")
+                    .values(power="running", **ready)
                 )
             )
             if moved:
-                events.emit(
-                    session, "server.reinstalled", server.account_id, server_event(session, job.server_id), now=now
-                )
+                _record_report(session, job.server_id, report, now)
+                kind = "server.reinstalled" if ready["ready_at"] is not None else "server.boot_failed"
+                events.emit(session, kind, server.account_id, server_event(session, job.server_id), now=now)
+        if moved and ready["ready_at"] is not None:
+            server_ready("reinstall", (now - requested).total_seconds())
 
     await to_thread.run_sync(reinstalled)
+
+
+def _reinstall_progress(ctx: AppContext, job: ClaimedJob) -> tuple[datetime, bool]:
+    """When the reinstall was requested (its job was queued), and whether an earlier run of the job
+    made the new disk already."""
+    with ctx.db.session() as session:
+        requested = session.execute(
+            sa.select(col(ServerJob.created_at)).where(col(ServerJob.id) == job.id)
+        ).scalar_one()
+        made = session.exec(select(ServerEvent.id).where(ServerEvent.once_key == f"reinstalled:job:{job.id}")).first()
+        return requested, made is not None
 
 
 def _reinstall_failed(ctx: AppContext, server_id: int) -> None:

@@ -4,6 +4,7 @@ and reading the account's servers.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Literal, cast
 
@@ -14,15 +15,36 @@ from sqlmodel import Session, col, select
 from vpsshop.actors import Customer
 from vpsshop.context import AppContext
 from vpsshop.errors import NotFound
+from vpsshop.hypervisor import HostKey
 from vpsshop.models import Server
 from vpsshop.money import UsdAmount, micros_to_usd
 
-__all__ = ["ServerList", "ServerOut", "get_server", "list_servers", "owned", "server_event", "server_out"]
+__all__ = [
+    "HostKeyOut",
+    "ServerList",
+    "ServerOut",
+    "get_server",
+    "host_keys",
+    "list_servers",
+    "owned",
+    "server_event",
+    "server_out",
+]
 
 
 Cycle = Literal["monthly", "annual"]
 ServerStatus = Literal["provisioning", "active", "suspended", "terminated"]
 Power = Literal["running", "stopped"]
+
+
+class HostKeyOut(BaseModel):
+    """One SSH host key of the server, as its guest reported it."""
+
+    type: str = Field(description="Key type, as in known_hosts: ssh-ed25519, ecdsa-sha2-nistp256, ssh-rsa.")
+    key: str = Field(description="The public key, base64, as in known_hosts.")
+    fingerprint: str = Field(
+        description="SHA256:<base64>, as an SSH client shows it on first connection and ssh-keygen -l prints it."
+    )
 
 
 class ServerOut(BaseModel):
@@ -42,8 +64,10 @@ class ServerOut(BaseModel):
     expires_at: datetime = Field(description="End of the paid period; see docs/servers.md for what follows.")
     auto_renew: bool = Field(description="Renewed from the balance shortly before expires_at.")
     status_reason: str | None = Field(
-        description="Why the server is suspended or terminated; while a reinstall is under way, that it is "
-        "reinstalling (null again once it is done, or why it failed); else null."
+        description="Why the server is suspended or terminated; while provisioning, what it waits for (the guest's "
+        "first boot); while a reinstall is under way, that it is reinstalling (null again once the new system is "
+        "ready, or why it failed); when its first boot finished with errors, which; when the customer's user data "
+        "turned SSH off, that; else null."
     )
     power: Power | None = Field(
         description="Whether the VM is powered on, as the last hypervisor job left it: running once provisioned "
@@ -52,6 +76,23 @@ class ServerOut(BaseModel):
         "job has run (within seconds)."
     )
     reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
+    ready_at: datetime | None = Field(
+        None,
+        description="When the guest reported that its first boot (after the order, or the last reinstall) finished "
+        "and its SSH daemon answered: the server turns active at that moment. Null while it boots, when that boot "
+        "finished with errors (status_reason says which), and for servers made before vpsshop 1.1.",
+    )
+    host_keys: list[HostKeyOut] = Field(
+        default_factory=list,
+        description="The SSH host keys the server's own guest reported on its first boot (the shop never makes or "
+        "holds a guest's private key): compare the fingerprint your SSH client shows, or put "
+        "'<ip> <type> <key>' in known_hosts. Empty until the server is ready; replaced by a reinstall.",
+    )
+
+
+def host_keys(server: Server) -> list[HostKey]:
+    """The host keys the server's guest reported (stored as ``"<type> <base64>"`` lines)."""
+    return [HostKey.parse(line) for line in json.loads(server.host_keys)] if server.host_keys else []
 
 
 def server_out(server: Server) -> ServerOut:
@@ -74,6 +115,8 @@ def server_out(server: Server) -> ServerOut:
         status_reason=server.status_reason,
         power=cast(Power | None, server.power),
         reverse_dns=server.reverse_dns,
+        ready_at=server.ready_at,
+        host_keys=[HostKeyOut(type=k.type, key=k.key, fingerprint=k.fingerprint) for k in host_keys(server)],
     )
 
 

@@ -1,7 +1,7 @@
 """wallets, siwx_nonces: wallets that own accounts and used sign-in-with-x nonces (issue 29)
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-11-26
 """
 from alembic import op
@@ -9,8 +9,8 @@ import sqlalchemy as sa
 import vpsshop.models
 
 
-revision = '0015'
-down_revision = '0014'
+revision = '0017'
+down_revision = '0016'
 branch_labels = None
 depends_on = None
 

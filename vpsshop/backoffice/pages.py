@@ -1,0 +1,227 @@
+"""The console's pages. Each reads through :mod:`vpsshop.shopview` or acts through :mod:`vpsshop.admin`,
+the functions ``vpsshop admin`` calls, with the signed-in operator as the actor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+from anyio import to_thread
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from vpsshop import admin, operators, shopview
+from vpsshop.backoffice.charts import bar_chart
+from vpsshop.backoffice.web import Console, operator_of
+from vpsshop.dashboard.pages import static_endpoint
+from vpsshop.dashboard.web import Page, format_usd
+from vpsshop.money import micros_to_usd, usd_to_micros
+
+
+def _usd(micros: int) -> str:
+    return format_usd(micros_to_usd(micros))
+
+
+async def signin_form(page: Page) -> Response:
+    if page.session is not None:
+        return page.redirect("")
+    return page.render("signin.html", title="Operator sign-in")
+
+
+async def signin(page: Page) -> Response:
+    form = page.form
+    try:
+        token = await operators.sign_in(
+            page.ctx,
+            form.get("name", ""),
+            form.get("password", ""),
+            form.get("code", ""),
+            page.client,
+            page.request.headers.get("user-agent"),
+        )
+    except operators.SigninRefused as exc:
+        return page.render("signin.html", 401, title="Operator sign-in", error=str(exc), name=form.get("name", ""))
+    if page.session is not None:  # a browser signing in again leaves no older session behind
+        await operators.sign_out(page.ctx, operator_of(page))
+    response = page.redirect("")
+    page.dash.sign_in(response, token)
+    return response
+
+
+async def signout(page: Page) -> Response:
+    await operators.sign_out(page.ctx, operator_of(page))
+    response = page.redirect("signin", "signed-out")
+    page.dash.sign_out(response)
+    return response
+
+
+async def overview(page: Page) -> Response:
+    found = await shopview.overview(page.ctx)
+    days = found.days
+    series: list[tuple[str, str, list[tuple[str, int]], Callable[[int], str]]] = [
+        ("credited", "Credited per day (USD)", [(str(d.day), d.credited_micros) for d in days], _usd),
+        ("spent", "Spent per day (USD)", [(str(d.day), d.spent_micros) for d in days], _usd),
+        ("orders", "Orders per day", [(str(d.day), d.orders) for d in days], str),
+        ("renewals", "Renewals per day", [(str(d.day), d.renewals) for d in days], str),
+    ]
+    charts = [(title, bar_chart(chart_id, title, bars, show)) for chart_id, title, bars, show in series]
+    return page.render(
+        "overview.html", title="Overview", found=found, charts=charts, held=_usd(found.balances_held_micros)
+    )
+
+
+async def search(page: Page) -> Response:
+    query = page.request.query_params.get("q", "")
+    result = await to_thread.run_sync(shopview.search, page.ctx, query) if query.strip() else None
+    return page.render("search.html", title="Search", query=query, result=result)
+
+
+async def account(page: Page) -> Response:
+    account_id = int(page.request.path_params["account_id"])
+    found = await to_thread.run_sync(shopview.account_page, page.ctx, account_id)
+    if found is None:
+        return page.dash.error_page(page, 404, f"There is no account {account_id}.")
+    return page.render("account.html", title=f"Account {account_id}", found=found, operator=operator_of(page))
+
+
+async def adjust(page: Page) -> Response:
+    """Credit or debit: the form, then a confirmation page, then the change (``confirm=yes``)."""
+    account_id = int(page.request.path_params["number"])
+    kind = page.request.path_params["action"]
+    form = page.form
+    reason = form.get("reason", "").strip()[:500]
+    try:
+        micros = usd_to_micros(Decimal(form.get("amount", "").strip()))
+    except (InvalidOperation, ValueError):
+        micros = 0
+    if micros <= 0 or not reason:
+        return page.dash.error_page(page, 400, "Give a positive USD amount and the reason for it.")
+    if form.get("confirm") != "yes":
+        to_from = "to" if kind == "credit" else "from"
+        return page.render(
+            "confirm.html",
+            title=f"Confirm the {kind}",
+            summary=f"{kind.capitalize()} {_usd(micros)} {to_from} account {account_id}.",
+            url=f"/accounts/{account_id}/{kind}",
+            fields={"amount": form["amount"].strip(), "reason": reason},
+            reason=reason,
+            back=f"/accounts/{account_id}",
+        )
+    signed = micros if kind == "credit" else -micros
+    try:
+        await to_thread.run_sync(admin.adjust_balance, page.ctx, operator_of(page).actor, account_id, signed, reason)
+    except admin.AdminError as exc:
+        return _refused(page, exc)
+    return page.redirect(f"/accounts/{account_id}", "credited")
+
+
+SERVER_ACTIONS = {
+    "suspend": "Suspend",
+    "unsuspend": "Unsuspend",
+    "terminate": "Terminate (no refund)",
+    "refund": "Terminate and refund the unused time",
+}
+JOB_ACTIONS = {"retry": "Retry", "cancel": "Cancel"}
+ACTIONS = {
+    "servers": SERVER_ACTIONS,
+    "jobs": JOB_ACTIONS,
+    "accounts": {"revoke-access": "Revoke every API key and dashboard session", "credit": "", "debit": ""},
+    "webhooks": {"disable": "Disable the webhook endpoint"},
+}
+
+
+async def server(page: Page) -> Response:
+    server_id = int(page.request.path_params["server_id"])
+    found = await to_thread.run_sync(shopview.server_page, page.ctx, server_id)
+    if found is None:
+        return page.dash.error_page(page, 404, f"There is no server {server_id}.")
+    return page.render("server.html", title=f"Server {server_id}", found=found, actions=SERVER_ACTIONS)
+
+
+async def attention(page: Page) -> Response:
+    minutes = 30.0
+    found = await to_thread.run_sync(admin.stuck, page.ctx, minutes)
+    hooks = await to_thread.run_sync(shopview.failing_webhooks, page.ctx)
+    odd = await to_thread.run_sync(shopview.topups_to_check, page.ctx)
+    return page.render(
+        "attention.html",
+        title="Needs attention",
+        found=found,
+        minutes=minutes,
+        actions=JOB_ACTIONS,
+        hooks=hooks,
+        odd_topups=odd,
+    )
+
+
+async def act(page: Page) -> Response:
+    """A server's or a job's action: a reason, a confirmation page, then the change (``confirm=yes``)."""
+    what, number = page.request.path_params["what"], page.request.path_params["number"]
+    action = page.request.path_params["action"]
+    names = ACTIONS.get(what, {})
+    if action not in names:
+        return page.dash.error_page(page, 404, f"There is no page at {page.request.url.path}.")
+    if action in ("credit", "debit"):
+        return await adjust(page)
+    back = {"servers": f"/servers/{number}", "accounts": f"/accounts/{number}"}.get(what, "/attention")
+    reason = page.form.get("reason", "").strip()[:500]
+    if not reason:
+        return page.dash.error_page(page, 400, "Say why: the reason is kept in the audit log.")
+    thing = f"{what.removesuffix('s')} {number}"
+    if page.form.get("confirm") != "yes":
+        summary = f"{names[action]}: {thing}."
+        return page.render(
+            "confirm.html",
+            title=f"Confirm: {names[action].lower()}",
+            summary=summary,
+            url=f"/{what}/{number}/{action}",
+            fields={"reason": reason},
+            reason=reason,
+            back=back,
+        )
+    actor = operator_of(page).actor
+    try:
+        if what == "servers":
+            state = "terminate" if action == "refund" else action
+            done = await to_thread.run_sync(
+                lambda: admin.set_server_state(page.ctx, actor, number, state, reason, refund_unused=action == "refund")
+            )
+        elif what == "jobs":
+            done = await to_thread.run_sync(admin.job_action, page.ctx, actor, number, action, reason)
+        elif what == "accounts":
+            done = await to_thread.run_sync(admin.revoke_access, page.ctx, actor, number, reason)
+        else:
+            done = await to_thread.run_sync(admin.disable_webhook, page.ctx, actor, number, reason)
+    except admin.AdminError as exc:
+        return _refused(page, exc)
+    return page.render(
+        "done.html", title="Done", message=done, back=f"/{what}/{number}" if what == "servers" else "/attention"
+    )
+
+
+def _refused(page: Page, exc: admin.AdminError) -> Response:
+    text = str(exc)
+    status = 403 if "operator may" in text else 409
+    return page.dash.error_page(page, status, text[:1].upper() + text[1:] + ".")
+
+
+async def audit(page: Page) -> Response:
+    rows = await to_thread.run_sync(admin.audit_log, page.ctx, 200)
+    return page.render("audit.html", title="Audit log", rows=rows)
+
+
+def routes(console: Console) -> list[BaseRoute]:
+    e = console.endpoint
+    return [
+        Route("/", e(overview), methods=["GET"]),
+        Route("/signin", e(signin_form, auth=False), methods=["GET"]),
+        Route("/signin", e(signin, auth=False), methods=["POST"]),
+        Route("/signout", e(signout), methods=["POST"]),
+        Route("/search", e(search), methods=["GET"]),
+        Route("/accounts/{account_id:int}", e(account), methods=["GET"]),
+        Route("/audit", e(audit), methods=["GET"]),
+        Route("/attention", e(attention), methods=["GET"]),
+        Route("/servers/{server_id:int}", e(server), methods=["GET"]),
+        Route("/{what:str}/{number:int}/{action:str}", e(act), methods=["POST"]),
+        Route("/static/{name}", static_endpoint(console), methods=["GET"]),
+    ]
