@@ -71,6 +71,10 @@ install_python() {
         log "installing vpsshop and its test dependencies into .venv"
         .venv/bin/pip install -q --upgrade pip
         .venv/bin/pip install -q -c constraints.txt -e '.[test]'
+        # the x402 sign-in-with-x client formats its EIP-4361 messages with signinwithethereum, whose
+        # metadata still caps eth-account below the 0.14 we pin (it works with it): installed on its own
+        # (the shop itself verifies the messages without it, see vpsshop/wallets.py)
+        .venv/bin/pip install -q --no-deps -c constraints.txt signinwithethereum
         touch $stamp
     fi
 }

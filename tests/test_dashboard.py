@@ -315,6 +315,61 @@ def test_keys_are_minted_once_and_revoked_like_the_api(vpsshop_client, signed_in
     assert vpsshop_client.get("/v1/account", headers=other.headers).status_code == 200
 
 
+def test_the_keys_page_shows_the_wallets_and_removes_them_like_the_api(vpsshop_client, signed_in):
+    from eth_account import Account
+    from test_x402_signup import challenge_of, signed
+
+    wallet = Account.create()
+    challenge = challenge_of(vpsshop_client.post("/v1/account/wallets", headers=signed_in.headers))
+    linked = vpsshop_client.post(
+        "/v1/account/wallets", headers={**signed_in.headers, "SIGN-IN-WITH-X": signed(wallet, challenge)}
+    )
+    assert linked.status_code == 201, linked.text
+    page = vpsshop_client.get(f"{D}/keys").text
+    assert wallet.address.lower() in page
+    other = create_test_account(vpsshop_client)
+    other_wallet = vpsshop_client.post(
+        "/v1/account/wallets",
+        headers={
+            **other.headers,
+            "SIGN-IN-WITH-X": signed(
+                Account.create(), challenge_of(vpsshop_client.post("/v1/account/wallets", headers=other.headers))
+            ),
+        },
+    ).json()
+    foreign = post_form(vpsshop_client, f"{D}/wallets/{other_wallet['id']}/remove", page=f"{D}/keys")
+    assert foreign.status_code == 404  # another account's wallet is not yours to remove
+    removed = post_form(vpsshop_client, f"{D}/wallets/{linked.json()['id']}/remove", page=f"{D}/keys")
+    assert removed.headers["location"].endswith("notice=wallet-removed")
+    assert vpsshop_client.get("/v1/account/wallets", headers=signed_in.headers).json() == {"wallets": []}
+    assert wallet.address.lower() not in vpsshop_client.get(f"{D}/keys").text
+    assert len(vpsshop_client.get("/v1/account/wallets", headers=other.headers).json()["wallets"]) == 1
+
+
+def test_wallet_sign_in_asks_for_the_second_factor_like_the_login_token(vpsshop_client, signed_in, vpsshop_clock):
+    from eth_account import Account
+    from test_x402_signup import challenge_of, signed
+
+    wallet = Account.create()
+    challenge = challenge_of(vpsshop_client.post("/v1/account/wallets", headers=signed_in.headers))
+    linked = vpsshop_client.post(
+        "/v1/account/wallets", headers={**signed_in.headers, "SIGN-IN-WITH-X": signed(wallet, challenge)}
+    )
+    assert linked.status_code == 201, linked.text
+    _, recovery = _enable_totp(vpsshop_client, vpsshop_clock)
+
+    def wallet_login(body):
+        header = signed(wallet, challenge_of(vpsshop_client.post("/v1/account/wallet-login")))
+        return vpsshop_client.post("/v1/account/wallet-login", json=body, headers={"SIGN-IN-WITH-X": header})
+
+    missing = wallet_login({})
+    assert missing.status_code == 401 and missing.json()["error"] == "totp_required", missing.text
+    wrong = wallet_login({"totp_code": "000000"})
+    assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_totp_code", wrong.text
+    done = wallet_login({"totp_code": recovery[0]})
+    assert done.status_code == 201 and done.json()["user_id"] == signed_in.user_id, done.text
+
+
 def test_top_up_form_uses_the_api_limits_and_shows_the_deposit(vpsshop_client, signed_in):
     low = post_form(vpsshop_client, f"{D}/topups", {"amount": "10", "coin": "LTC"})
     assert low.status_code == 400 and "The smallest top-up is $25." in low.text

@@ -224,6 +224,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.sessions",
             "vpsshop.twofactor",
             "vpsshop.signin",
+            "vpsshop.wallets",
             "vpsshop.payments",
             "vpsshop.x402",
             "vpsshop.topups",

@@ -142,3 +142,30 @@ def test_the_endpoint_checks_the_key_the_host_and_the_origin(
         "/mcp", headers={**MCP, **headers}, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     )
     assert (answer.status_code, answer.json()["error"]) == (status, error)
+
+
+def test_a_wallet_links_and_signs_in_through_the_tools(vpsshop_client: TestClient, vpsshop_account: Any) -> None:
+    from eth_account import Account
+    from test_x402_signup import signed
+
+    wallet = Account.create()
+    key = vpsshop_account.api_key
+    asked = call(vpsshop_client, "link_wallet", key)
+    assert asked["isError"] is True and asked["structuredContent"]["error"] == "wallet_signature_required"
+    challenge = asked["structuredContent"]
+    linked = call(vpsshop_client, "link_wallet", key, signed_message=signed(wallet, challenge))
+    assert linked.get("isError") is not True, linked
+    listed = call(vpsshop_client, "list_wallets", key)["structuredContent"]["wallets"]
+    assert [w["address"] for w in listed] == [wallet.address.lower()]
+
+    login = call(vpsshop_client, "sign_in_with_wallet")["structuredContent"]
+    assert login["error"] == "wallet_signature_required"
+    signed_in = call(vpsshop_client, "sign_in_with_wallet", signed_message=signed(wallet, login))
+    assert signed_in.get("isError") is not True, signed_in
+    fresh = signed_in["structuredContent"]["api_key"]
+    assert call(vpsshop_client, "get_account", fresh)["structuredContent"]["user_id"] == vpsshop_account.user_id
+
+    removed = call(vpsshop_client, "unlink_wallet", key, wallet_id=listed[0]["id"])
+    assert removed.get("isError") is not True, removed
+    again = call(vpsshop_client, "sign_in_with_wallet", signed_message=signed(wallet, login))
+    assert again["isError"] is True and again["structuredContent"]["error"] == "invalid_siwx_nonce"  # used once

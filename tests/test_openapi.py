@@ -141,6 +141,7 @@ def test_request_bodies_keep_the_names_clients_were_generated_with(vpsshop_clien
     assert named == {
         ("/keys", "post"): "NewKeyBody",
         ("/login", "post"): "LoginBody",
+        ("/account/wallet-login", "post"): "WalletLoginBody",
         ("/topups", "post"): "TopupBody",
         ("/servers", "post"): "OrderBody",
         ("/servers/quote", "post"): "QuoteBody",

@@ -65,9 +65,9 @@ def rpc_front(topup_chain: Chain) -> Iterator[StallingRpcFront]:
         front.stop()
 
 
-@pytest.fixture
-def vpsshop_overrides(request: pytest.FixtureRequest, topup_chain: Chain, shop: Any, relayer: Any) -> dict[str, Any]:
-    section = {
+def usdcbase_section(topup_chain: Chain, shop: Any) -> dict[str, Any]:
+    """``[coins.USDCBASE]`` in direct mode on anvil, its relayer key from :data:`RELAYER_ENV`."""
+    return {
         "network": "base",
         "mode": "direct",
         "pay_to": shop.address,
@@ -77,6 +77,11 @@ def vpsshop_overrides(request: pytest.FixtureRequest, topup_chain: Chain, shop: 
         "max_timeout_seconds": 120,
         "facilitator_url": None,
     }
+
+
+@pytest.fixture
+def vpsshop_overrides(request: pytest.FixtureRequest, topup_chain: Chain, shop: Any, relayer: Any) -> dict[str, Any]:
+    section = usdcbase_section(topup_chain, shop)
     if "rpc_front" in request.fixturenames:  # the unknown-outcome tests
         section.update(rpc_url=request.getfixturevalue("rpc_front").url, rpc_timeout_seconds=1)
     return {"coins": {"USDCBASE": section}}
@@ -85,10 +90,10 @@ def vpsshop_overrides(request: pytest.FixtureRequest, topup_chain: Chain, shop: 
 class Served:
     """vpsshop under uvicorn on a loopback port."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, port: int | None = None) -> None:
         import uvicorn
 
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}/v1"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

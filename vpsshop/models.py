@@ -92,6 +92,31 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = _ts(nullable=True)
 
 
+class Wallet(SQLModel, table=True):
+    """A wallet address that owns an account (issue 29): the wallet that paid the order creating the account,
+    or one linked later by signing (:mod:`vpsshop.wallets`). An address owns at most one account."""
+
+    __tablename__ = "wallets"
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    address: str = Field(max_length=64, unique=True, nullable=False)
+    """Lower-case ``0x`` address (EVM)."""
+    created_at: datetime = _ts()
+    credentials_pending: bool = Field(default=False, nullable=False)
+    """The account was created by this wallet's payment and its first API key and login token were not
+    shown yet: the first paid order that succeeds shows them (once)."""
+
+
+class SiwxNonce(SQLModel, table=True):
+    """A sign-in-with-x nonce already used: each signed message signs in once (kept until it expires)."""
+
+    __tablename__ = "siwx_nonces"
+
+    nonce: str = Field(primary_key=True, max_length=64)
+    expires_at: datetime = _ts(index=True)
+
+
 class LedgerEntry(SQLModel, table=True):
     """One change of one balance. Rows are only ever inserted; the balance is their running sum."""
 

@@ -252,7 +252,7 @@ def build_openapi(
                 "415", _error_response("The body is not sent as application/json (unsupported_media_type).")
             )
         if route.auth:
-            operation["security"] = [{"bearerAuth": []}]
+            operation["security"] = [{"bearerAuth": []}, *([{}] if route.auth_optional else [])]
             unauthorized = "Missing, unknown or revoked API key (unauthorized); sent with WWW-Authenticate: Bearer."
             if 401 in route.errors:  # the operation's own 401s (a two-factor code) beside the key's
                 unauthorized += " " + route.errors[401]

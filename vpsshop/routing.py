@@ -126,7 +126,8 @@ class Call:
     request: Request
     ctx: AppContext
     customer: Customer | None
-    """The account of the request's API key (None on a route declared ``auth=False``)."""
+    """The account of the request's API key (None on a route declared ``auth=False``, or without a key on
+    one declared ``auth_optional``)."""
     body: Any
     path: dict[str, Any]
 
@@ -171,6 +172,9 @@ class ApiRoute:
     response: type[BaseModel] | None
     status: int = 200
     auth: bool = True
+    auth_optional: bool = False
+    """With ``auth``: a request without ``Authorization`` reaches the endpoint too, with no customer (an
+    order paid by x402 as sign-up); a wrong key is still refused."""
     body: type[ApiModel] | None = None
     body_required: bool = True
     description: str = ""
@@ -286,13 +290,15 @@ def _handler(route: ApiRoute, ctx: AppContext) -> Handler:
             try:
                 customer = await authenticate(header)
             except MissingCredential:
-                raise  # no key at all is not a wrong key: not counted against the address
+                if not route.auth_optional:
+                    raise  # no key at all is not a wrong key: not counted against the address
             except Unauthorized:
                 await run_in_threadpool(limits.auth_failed, ctx, client)
                 raise
-            request.scope[ACCOUNT_SCOPE_KEY] = customer.account_id  # for the access log
-            if counts_writes:
-                await run_in_threadpool(limits.count_write, ctx, customer.account_id)
+            if customer is not None:
+                request.scope[ACCOUNT_SCOPE_KEY] = customer.account_id  # for the access log
+                if counts_writes:
+                    await run_in_threadpool(limits.count_write, ctx, customer.account_id)
         body = await _read_body(request, body_model, route.body_required) if body_model is not None else None
         result = await route.endpoint(Call(request, ctx, customer, body, request.path_params))
         if isinstance(result, Response):

@@ -9,6 +9,8 @@ attempts sent together cannot slip past the limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sqlalchemy as sa
 from anyio import to_thread
 from pydantic import Field
@@ -23,7 +25,15 @@ from vpsshop.inputs import Input
 from vpsshop.models import Account
 from vpsshop.ratelimit import RateLimited, Rule, limiter_for
 
-__all__ = ["INVALID_TOKEN", "LoginInput", "check_login_token", "check_second_factor", "login"]
+__all__ = [
+    "INVALID_TOKEN",
+    "LoginInput",
+    "check_login_token",
+    "check_second_factor",
+    "count_attempt",
+    "login",
+    "second_factor",
+]
 
 INVALID_TOKEN = "The login token is not valid."
 
@@ -81,6 +91,27 @@ def _check_second_factor(ctx: AppContext, account_id: int, code: str | None, cli
     except twofactor.InvalidCode:
         limiter_for(ctx).hit(_client_rule(ctx), client)
         raise
+
+
+def count_attempt(ctx: AppContext, client: str) -> Callable[[], None]:
+    """Count a sign-in attempt from ``client`` as failed until the returned function gives it back (on
+    success): a wallet sign-in counts as a login token's does. Runs in a worker thread.
+
+    :raises RateLimited: too many failed sign-ins from ``client``.
+    """
+    limiter, rule = limiter_for(ctx), _client_rule(ctx)
+    decision = limiter.hit(rule, client)
+    if not decision.allowed:
+        raise RateLimited("Too many failed sign-ins from your address.", decision.retry_after)
+    return lambda: limiter.refund(rule, client)
+
+
+def second_factor(ctx: AppContext, account_id: int, code: str | None, client: str) -> None:
+    """The two-factor code of an account that has it on (in a worker thread): 401 ``totp_required``
+    without one, ``invalid_totp_code`` for a wrong one (also counted against ``client``)."""
+    if code is None or not code.strip():
+        raise twofactor.code_required()
+    _check_second_factor(ctx, account_id, code, client)
 
 
 async def check_login_token(ctx: AppContext, token: str, *, client: str) -> tuple[int, bool]:

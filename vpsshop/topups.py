@@ -16,7 +16,8 @@ from anyio import to_thread
 from pydantic import Field, WithJsonSchema, field_validator
 from sqlmodel import col, select
 
-from vpsshop import limits
+from vpsshop import limits, wallets
+from vpsshop.accounts import MissingCredential, customer_of
 from vpsshop.actors import Customer
 from vpsshop.coins import DepositCoin, PaymentCoin, X402Coin
 from vpsshop.context import AppContext
@@ -26,7 +27,8 @@ from vpsshop.money import MAX_TOPUP_CENTS, MIN_TOPUP_CENTS, usd_to_micros
 from vpsshop.payments import engine_for
 from vpsshop.payments.models import Topup
 from vpsshop.payments.resource import TopupOut, make_view, read_view, topup_out, x402_view
-from vpsshop.x402 import settlement
+from vpsshop.wallets import SignupCredentials
+from vpsshop.x402 import purchases, settlement
 from vpsshop.x402.offers import PaymentRequired, SettledPayment, SignedPayment, offer
 
 __all__ = [
@@ -149,6 +151,45 @@ async def start_topup(
     topup = await engine.create_topup(customer.account_id, amount_micros, coin, idempotency_key)
     view = make_view(topup, [])
     return TopupStarted(await to_thread.run_sync(topup_out, ctx, view))  # the QR code takes ~15 ms
+
+
+class TopupSignupOut(TopupOut):
+    """The answer of a top-up paid by x402 without an API key: the top-up and the paying wallet's account."""
+
+    account: SignupCredentials = Field(
+        description="The paying wallet's account, with its first API key and login token the first time (shown once)."
+    )
+
+
+async def start_signup_topup(
+    ctx: AppContext,
+    data: TopupInput,
+    *,
+    pay_by: Literal["x402", "deposit"] | None = None,
+    payment: SignedPayment | None = None,
+    client: str,
+) -> TopupStarted:
+    """A top-up sent without an API key (pay as sign-up): an x402 top-up credited to the account the paying
+    wallet owns, created by its first payment (:func:`vpsshop.wallets.owner_account`); the answer is a
+    :class:`TopupSignupOut`. Without a payment, the 402 of :func:`start_topup`.
+
+    :raises MissingCredential: 401 for a deposit coin (a deposit address needs an account first).
+    :raises RateLimited: a new account over the sign-up limit of ``client``.
+    """
+    engine = engine_for(ctx)
+    requested = engine.coin(data.coin)
+    x402 = isinstance(requested, X402Coin) or pay_by == "x402" or payment is not None
+    if pay_by == "deposit" or not x402 or purchases.offered_coin(ctx) is None:
+        raise MissingCredential()
+    coin = engine.x402_coin()
+    if payment is None:
+        raise PaymentRequired(offer(ctx, coin, usd_to_micros(data.amount), "/topups"))
+    _coin, decoded = purchases.decode(ctx, payment)
+    owner = await to_thread.run_sync(wallets.owner_account, ctx, decoded.payer, client)
+    customer = await customer_of(ctx, owner.account_id)
+    started = await start_topup(ctx, customer, data, pay_by="x402", payment=payment)
+    shown = await to_thread.run_sync(wallets.deliver_credentials, ctx, decoded.payer, owner)
+    return TopupStarted(TopupSignupOut(**started.topup.model_dump(), account=shown), started.settled)
 
 
 _REF = re.compile(REF_PATTERN)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from vpsshop import accounts, limits, signin
+from vpsshop import accounts, limits, signin, wallets
 from vpsshop.accounts import AccountCreated, AccountOut, ApiKeyCreated, ApiKeyList, ApiKeyRevoked, NewKeyInput
 from vpsshop.actors import Customer
+from vpsshop.api.x402 import signed_message
 from vpsshop.context import StateKey
-from vpsshop.routing import ApiRoute, Call, JsonBody, body_named, client_address
+from vpsshop.routing import ApiRoute, Call, Header, JsonBody, Reply, body_named, client_address
 from vpsshop.signin import LoginInput
+from vpsshop.wallets import WalletList, WalletLogin, WalletLoginInput, WalletOut
 
 # The bodies under the names of the OpenAPI description (clients generated from it use them).
 NewKeyBody = body_named("NewKeyBody", NewKeyInput)
 LoginBody = body_named("LoginBody", LoginInput)
+WalletLoginBody = body_named("WalletLoginBody", WalletLoginInput)
 
 TAG = ("account",)
 NO_STORE = {"Cache-Control": "no-store"}  # responses that carry a credential
@@ -55,6 +58,128 @@ async def revoke_key(call: Call) -> ApiKeyRevoked:
 
 async def login(call: Call) -> ApiKeyCreated:
     return await signin.login(call.ctx, call.body, client=client_address(call.request))
+
+
+WALLET_LOGIN = "/account/wallet-login"
+WALLETS = "/account/wallets"
+
+
+async def wallet_login(call: Call) -> WalletLogin:
+    data = call.body if call.body is not None else WalletLoginInput()
+    return await wallets.wallet_login(
+        call.ctx, signed_message(call.request), data, client=client_address(call.request), path=WALLET_LOGIN
+    )
+
+
+async def list_wallets(call: Call) -> WalletList:
+    return await wallets.list_wallets(call.ctx, call.actor)
+
+
+async def link_wallet(call: Call) -> Reply:
+    return Reply(await wallets.link_wallet(call.ctx, call.actor, signed_message(call.request), path=WALLETS), 201)
+
+
+async def unlink_wallet(call: Call) -> WalletOut:
+    return await wallets.unlink_wallet(call.ctx, call.actor, call.path["id"])
+
+
+_SIWX_HEADER = Header(
+    "SIGN-IN-WITH-X",
+    "The x402 sign-in-with-x extension's signed message: base64 JSON of the payload (domain, address, uri, "
+    "version, chainId, type, nonce, issuedAt, ..., signature) made from the 402's challenge.",
+    schema={"type": "string", "minLength": 1},
+)
+_SIWX_402 = (
+    "wallet_signature_required: sent without SIGN-IN-WITH-X. The body and the PAYMENT-REQUIRED header (x402 v2, "
+    "`accepts` empty: nothing to pay) carry `extensions.sign-in-with-x`: the EIP-4361 message to sign (domain, uri, "
+    "nonce valid 5 minutes, issuedAt, expirationTime) and `supportedChains` (eip155:8453, eip191). Sign it and "
+    "re-send this request with SIGN-IN-WITH-X; the x402 clients do so with the sign-in-with-x client extension."
+)
+_SIWX_401 = (
+    "The signed message is refused, with the extension's codes: invalid_siwx_payload, invalid_siwx_domain_mismatch, "
+    "invalid_siwx_uri_mismatch (another shop's or another endpoint's message), invalid_siwx_issued_at_too_old, "
+    "invalid_siwx_expired, invalid_siwx_unsupported_chain, invalid_siwx_nonce (not issued here, expired, or used: "
+    "each nonce signs in once), invalid_siwx_signature (only externally owned accounts are verified)."
+)
+
+
+def _wallet_routes() -> list[ApiRoute]:
+    return [
+        ApiRoute(
+            "POST",
+            WALLET_LOGIN,
+            wallet_login,
+            "Sign in with a wallet",
+            WalletLogin,
+            status=201,
+            auth=False,
+            body=WalletLoginBody,
+            body_required=False,
+            headers=(_SIWX_HEADER,),
+            description="The x402 `sign-in-with-x` extension (CAIP-122 / EIP-4361): the wallet that owns an account "
+            "(it paid the order that created it, or was linked with POST /account/wallets) signs a message and gets "
+            'a new API key named "wallet", shown once; so an agent that lost or revoked its key keeps its servers. '
+            "Without the SIGN-IN-WITH-X header the answer is a 402 carrying the message to sign.\n\n"
+            "Two-factor: with two-factor sign-in on, the body must carry `totp_code` (as POST /login). Failed "
+            "attempts count against the client address as POST /login's do.",
+            errors={
+                400: "invalid_siwx_payload: the SIGN-IN-WITH-X header is empty.",
+                401: _SIWX_401 + " unknown_wallet: the wallet owns no account; totp_required, invalid_totp_code.",
+                402: _SIWX_402,
+                429: "rate_limited: too many failed sign-ins from this client address ([signin]).",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="walletLogin",
+            response_headers=NO_STORE,
+            limits="rate_limited: too many failed sign-ins from this client address ([signin]); see Retry-After.",
+        ),
+        ApiRoute(
+            "GET",
+            WALLETS,
+            list_wallets,
+            "List the account's wallets",
+            WalletList,
+            description="The wallets that own the account: each signs in with POST /account/wallet-login.",
+            tags=TAG,
+            count_writes=False,
+            operation_id="listWallets",
+        ),
+        ApiRoute(
+            "POST",
+            WALLETS,
+            link_wallet,
+            "Link a wallet",
+            WalletOut,
+            status=201,
+            headers=(_SIWX_HEADER,),
+            description="Links the wallet that signs (sign-in-with-x, as POST /account/wallet-login) to the caller's "
+            "account: it signs in from then on. A wallet owns one account at most; linking a wallet of this "
+            "account again answers it unchanged.",
+            errors={
+                400: "invalid_siwx_payload: the SIGN-IN-WITH-X header is empty.",
+                402: _SIWX_402,
+                409: "wallet_taken: the wallet owns another account.",
+                401: _SIWX_401,
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="linkWallet",
+        ),
+        ApiRoute(
+            "DELETE",
+            WALLETS + "/{id}",
+            unlink_wallet,
+            "Remove a wallet",
+            WalletOut,
+            description="The wallet no longer signs in to this account (its servers stay). Removing the last wallet "
+            "is allowed: the API keys and the login token still work.",
+            errors={404: "No wallet with this id on this account."},
+            tags=TAG,
+            count_writes=False,
+            operation_id="unlinkWallet",
+        ),
+    ]
 
 
 def routes() -> list[ApiRoute]:
@@ -158,4 +283,5 @@ def routes() -> list[ApiRoute]:
             response_headers=NO_STORE,
             limits="rate_limited: too many failed sign-ins from this client address ([signin]); see Retry-After.",
         ),
+        *_wallet_routes(),
     ]

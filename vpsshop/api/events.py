@@ -34,6 +34,7 @@ from vpsshop.payments.resource import TopupOut
 from vpsshop.routing import ApiRoute, Call, JsonBody, Query, Reply, body_named
 from vpsshop.servers.resource import ServerOut
 from vpsshop.servers.sshkeys import SshKeyOut
+from vpsshop.wallets import WalletOut
 
 # The bodies under the names of the OpenAPI description (clients generated from it use them).
 WebhookBody = body_named("WebhookBody", WebhookInput)
@@ -292,6 +293,7 @@ _RESOURCES: dict[str, type[BaseModel]] = {
     "topup": TopupOut,
     "server": ServerOut,
     "ssh_key": SshKeyOut,
+    "wallet": WalletOut,
     "webhook": WebhookOut,
 }
 DATA_MODELS: dict[str, type[BaseModel]] = {obj: _data_model(obj, model) for obj, model in _RESOURCES.items()}

@@ -25,6 +25,7 @@ _AGENT_PATHS = (
     ("get", "/catalog"),
     ("post", "/account"),
     ("get", "/account"),
+    ("post", "/account/wallet-login"),
     ("post", "/topups"),
     ("get", "/topups/{ref}"),
     ("post", "/servers"),
@@ -113,7 +114,10 @@ def render(ctx: AppContext) -> str:
             "the payment settles, is credited, and the server is ordered in the same call. A payment never buys "
             "twice; send `Idempotency-Key` (or the x402 `payment-identifier` extension) to retry safely. "
             f'`POST /v1/topups {{"amount": {MIN_TOPUP_CENTS // 100}, "coin": "{coin.code}"}}` pays a top-up the '
-            "same way."
+            "same way. No account yet? `POST /v1/servers` without a key is answered 402 for the whole price: "
+            "paying it creates an account owned by the paying wallet and the answer's `account` carries its "
+            "`api_key` once. A wallet that owns an account gets a new key by signing (x402 sign-in-with-x): "
+            "`POST /v1/account/wallet-login`."
         )
     lines += ["", "Balances are in USD; an order or renewal is charged only when it succeeds."]
 

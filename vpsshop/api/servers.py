@@ -13,7 +13,16 @@ from vpsshop import limits
 from vpsshop.api import x402
 from vpsshop.api.console import CLOSE_BAD_TICKET, CLOSE_UNAVAILABLE
 from vpsshop.openapi import InsufficientBalanceBody
-from vpsshop.routing import ApiRoute, Call, Header, Reply, body_named, idempotency_header, idempotency_key
+from vpsshop.routing import (
+    ApiRoute,
+    Call,
+    Header,
+    Reply,
+    body_named,
+    client_address,
+    idempotency_header,
+    idempotency_key,
+)
 from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys, termination
 from vpsshop.servers.console import TICKET_SECONDS, WS_PATH, ConsoleTicketOut
 from vpsshop.servers.control import PowerAction, PowerActionOut, ServerChange
@@ -67,6 +76,19 @@ X402_HEADERS_DOC = (
 )
 
 
+SIGNUP_DOC = (
+    "Pay as sign-up: without an Authorization header (and with an x402 coin) the answer is a 402 `payment_required` "
+    "with the x402 requirements for the whole price, instead of a 401. Paying it (the same re-send) settles the "
+    "payment for the account the paying wallet owns, creating it (zero balance, the sign-up limit of "
+    "POST /account applies) on the wallet's first payment, and places the order there (the account's server quota "
+    "applies). The 201 then carries `account`: `user_id`, `address` (the payer), `created`, and, the first time an "
+    "order of that new account succeeds, its first `api_key` and `login_token` (shown once, Cache-Control: "
+    "no-store). A replay of the same payment returns the same order and no key; so does an order paid by a wallet "
+    "whose account already showed its key: that wallet signs in with POST /account/wallet-login for a new one. "
+    "A wrong or revoked key is still a 401."
+)
+
+
 # ---- endpoints -----------------------------------------------------------------------------------
 
 
@@ -75,6 +97,15 @@ def _replayed(replayed: bool) -> dict[str, str]:
 
 
 async def order_server(call: Call) -> Reply:
+    if call.customer is None:  # no API key: pay as sign-up
+        done = await orders.place_signup_order(
+            call.ctx,
+            call.body,
+            idempotency_key=idempotency_key(call.request),
+            payment=x402.signed_payment(call.request),
+            client=client_address(call.request),
+        )
+        return Reply(done.order, 201, {**x402.settlement_headers(done.settled), **_replayed(done.replayed)})
     done = await orders.place_order(
         call.ctx,
         call.actor,
@@ -229,7 +260,7 @@ def routes() -> list[ApiRoute]:
             "different body is a 409 idempotency_key_reused. Keys do not expire.\n\n"
             "Paying by x402: " + X402_HEADERS_DOC + " An order paid this way is idempotent even "
             "without Idempotency-Key: its key is then the x402 `payment-identifier` id if the client sent one, "
-            "else the authorization itself.",
+            "else the authorization itself.\n\n" + SIGNUP_DOC,
             headers=(
                 idempotency_header("1 to 200 visible ASCII characters; makes a retried order safe."),
                 *_X402_HEADERS,
@@ -244,18 +275,20 @@ def routes() -> list[ApiRoute]:
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
                 "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
-            limits=limits.SERVER_QUOTA,
+            limits=limits.SERVER_QUOTA + ", or (no API key) too many accounts created from this client address "
+            "([ratelimit] signups_per_client)",
             responses={
                 402: (
                     "insufficient_balance: the balance is below the price; nothing was charged (with the "
-                    "x402 requirements for the deficit when the shop takes x402); wrong_amount or another "
-                    "x402 refusal of a payment.",
+                    "x402 requirements for the deficit when the shop takes x402); payment_required: no API key, "
+                    "pay the whole price by x402 (pay as sign-up); wrong_amount or another x402 refusal of a payment.",
                     X402InsufficientBalanceBody,
                 )
             },
             tags=TAG,
             count_writes=False,
             operation_id="orderServer",
+            auth_optional=True,
         ),
         ApiRoute(
             "POST",

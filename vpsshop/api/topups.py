@@ -10,7 +10,16 @@ from pydantic import BaseModel, Field
 from vpsshop import limits, topups
 from vpsshop.api import x402
 from vpsshop.payments.resource import TopupOut
-from vpsshop.routing import ApiRoute, Call, Header, Reply, body_named, idempotency_header, idempotency_key
+from vpsshop.routing import (
+    ApiRoute,
+    Call,
+    Header,
+    Reply,
+    body_named,
+    client_address,
+    idempotency_header,
+    idempotency_key,
+)
 from vpsshop.topups import TopupInput
 
 # The bodies under the names of the OpenAPI description (clients generated from it use them).
@@ -22,6 +31,15 @@ TAG = ("topups",)
 async def create_topup(call: Call) -> Reply:
     key = idempotency_key(call.request)  # a malformed key is a 400 whichever way the top-up is paid
     mode = x402.payment_mode(call.request)
+    if call.customer is None:  # no API key: pay as sign-up
+        signup = await topups.start_signup_topup(
+            call.ctx,
+            call.body,
+            pay_by="x402" if mode == "x402" else "deposit" if mode == "deposit" else None,
+            payment=x402.signed_payment(call.request),
+            client=client_address(call.request),
+        )
+        return Reply(signup.topup, 201, {"Cache-Control": "no-store", **x402.settlement_headers(signup.settled)})
     started = await topups.start_topup(
         call.ctx,
         call.actor,
@@ -79,7 +97,12 @@ def routes() -> list[ApiRoute]:
             "both sent); 402 with an error code when an x402 authorization is refused (wrong_amount, nonce_used, "
             "authorization_expired ...); 409 idempotency_key_reused, nonce_used (authorization used by another "
             "account); 503 rate_unavailable, settlement_pending, settlement_unavailable. See docs/payments.md and "
-            "docs/x402.md.",
+            "docs/x402.md.\n\nPay as sign-up: without an Authorization header an x402 top-up (USDCBASE, or "
+            "X-Payment-Mode: x402) is answered the same 402, and its payment is credited to the account the paying "
+            "wallet owns, created by its first payment (the sign-up limit of POST /account applies); the 201 adds "
+            "`account` (`user_id`, `address`, `created`, and the account's first `api_key` and `login_token` the "
+            "first time, shown once; Cache-Control: no-store). A deposit coin without a key is a 401. See "
+            "POST /servers and docs/x402.md.",
             errors={
                 400: "amount_too_low (< 25), amount_too_high (> 2000), invalid_amount, invalid_coin, unknown_field, "
                 "invalid_payment_mode, or a malformed X-PAYMENT.",
@@ -112,10 +135,12 @@ def routes() -> list[ApiRoute]:
                 ),
             ),
             response_headers={},
-            limits=limits.TOPUP_QUOTA,
+            limits=limits.TOPUP_QUOTA + ", or (no API key) too many accounts created from this client address "
+            "([ratelimit] signups_per_client)",
             tags=TAG,
             count_writes=False,
             operation_id="createTopup",
+            auth_optional=True,
         ),
         ApiRoute(
             "GET",

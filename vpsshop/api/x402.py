@@ -23,9 +23,16 @@ from starlette.requests import Request
 from vpsshop.api.discovery import extensions
 from vpsshop.context import AppContext
 from vpsshop.errors import ApiError, BadRequest
+from vpsshop.wallets import SIGN_IN_WITH_X, SignatureRequired
 from vpsshop.x402.offers import PaidButFailed, PaymentOffer, SettledPayment, SignedPayment
 
-__all__ = ["error_headers", "payment_mode", "settlement_headers", "signed_payment"]
+__all__ = [
+    "error_headers",
+    "payment_mode",
+    "settlement_headers",
+    "signed_message",
+    "signed_payment",
+]
 
 
 def signed_payment(request: Request) -> SignedPayment | None:
@@ -44,6 +51,17 @@ def signed_payment(request: Request) -> SignedPayment | None:
     if v2 is not None:
         return SignedPayment(v2, 2)
     return None
+
+
+def signed_message(request: Request) -> str | None:
+    """The request's ``SIGN-IN-WITH-X`` header (the x402 sign-in-with-x extension's signed message), or None.
+
+    :raises BadRequest: invalid_siwx_payload when it is empty.
+    """
+    value = request.headers.get(SIGN_IN_WITH_X)
+    if value is not None and not value.strip():
+        raise BadRequest("invalid_siwx_payload", "The SIGN-IN-WITH-X header is empty; send the signed payload.")
+    return value
 
 
 def payment_mode(request: Request) -> str | None:
@@ -80,6 +98,11 @@ def error_headers(ctx: AppContext, exc: ApiError) -> dict[str, str]:
     response when it failed after its payment settled."""
     if isinstance(exc, PaidButFailed):
         return settlement_headers(exc.settled)
+    if isinstance(exc, SignatureRequired):
+        return {
+            "PAYMENT-REQUIRED": _b64_json(exc.payment_required()),
+            "Access-Control-Expose-Headers": "PAYMENT-REQUIRED",
+        }
     offer = getattr(exc, "offer", None)
     if isinstance(offer, PaymentOffer):
         return payment_required_header(ctx, offer)

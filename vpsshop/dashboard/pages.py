@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 import vpsshop.dashboard.event_pages as event_pages
 import vpsshop.dashboard.server_pages as server_pages
-from vpsshop import accounts, sessions, topups, twofactor
+from vpsshop import accounts, sessions, topups, twofactor, wallets
 from vpsshop.accounts import NewKeyInput
 from vpsshop.dashboard.web import Dashboard, Page, format_usd
 from vpsshop.dashboard.words import LEDGER_REASONS, friendly
@@ -238,7 +238,10 @@ def _ref(page: Page) -> str:
 async def keys_page(page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any) -> Response:
     keys = await accounts.list_keys(page.ctx, page.customer)
     account = await accounts.get_account(page.ctx, page.customer)
-    return page.render("keys.html", status, headers, title="API keys", keys=keys.keys, account=account, **extra)
+    owned = await wallets.list_wallets(page.ctx, page.customer)
+    return page.render(
+        "keys.html", status, headers, title="API keys", keys=keys.keys, account=account, wallets=owned.wallets, **extra
+    )
 
 
 async def keys(page: Page) -> Response:
@@ -270,6 +273,14 @@ async def revoke_key(page: Page) -> Response:
     except RateLimited as exc:
         return await keys_page(page, status=exc.status, headers=exc.headers, error=exc.message)
     return page.redirect("keys", "key-revoked")
+
+
+async def remove_wallet(page: Page) -> Response:
+    try:
+        await wallets.unlink_wallet(page.ctx, page.customer, page.request.path_params["id"])
+    except (RateLimited, NotFound) as exc:
+        return await keys_page(page, status=exc.status, headers=exc.headers, error=exc.message)
+    return page.redirect("keys", "wallet-removed")
 
 
 # ---- security: two-factor and sessions ---------------------------------------------------------------
@@ -438,6 +449,7 @@ def routes(dash: Dashboard) -> list[BaseRoute]:
         Route("/keys", e(keys), methods=["GET"]),
         Route("/keys", e(mint_key), methods=["POST"]),
         Route("/keys/{id:id}/revoke", e(revoke_key), methods=["POST"]),
+        Route("/wallets/{id:id}/remove", e(remove_wallet), methods=["POST"]),
         Route("/security", e(security), methods=["GET"]),
         Route("/security/totp", e(totp_enrol_page), methods=["GET"]),
         Route("/security/totp/start", e(totp_start), methods=["POST"]),

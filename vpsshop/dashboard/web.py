@@ -69,6 +69,7 @@ NOTICES = {
     "power-stop": "Stop requested. It runs on the host within seconds.",
     "power-reboot": "Reboot requested. It runs on the host within seconds.",
     "key-revoked": "The key is revoked: it stops working from its next request.",
+    "wallet-removed": "The wallet is removed: it no longer signs in to this account.",
     "ssh-key-added": "The SSH key is stored. Choose it when you order or reinstall a server.",
     "ssh-key-deleted": "The SSH key is deleted. Servers made with it keep it until they are reinstalled.",
     "rdns-set": "Reverse DNS saved. The shop's DNS is updated within seconds.",

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 class EventType:
     name: str
     object: str
-    """The resource in ``data`` (``data.object``): account, api_key, ledger_entry, topup, server, ssh_key, webhook."""
+    """The resource in ``data`` (``data.object``): account, api_key, wallet, ledger_entry, topup, server, ssh_key,
+    webhook."""
     description: str
 
 
@@ -28,6 +29,13 @@ _TYPES = [
     ),
     EventType("api_key.created", "api_key", "An API key was minted (POST /keys, or a dashboard sign-in)."),
     EventType("api_key.revoked", "api_key", "An API key was revoked (DELETE /keys/{id})."),
+    EventType(
+        "wallet.linked",
+        "wallet",
+        "A wallet now owns the account: it paid the order that created the account, or it was linked by signing "
+        "(POST /account/wallets).",
+    ),
+    EventType("wallet.unlinked", "wallet", "A wallet was removed from the account (DELETE /account/wallets/{id})."),
     EventType("ledger.credit", "ledger_entry", "The balance went up: a top-up payment, a refund, a support credit."),
     EventType("ledger.debit", "ledger_entry", "The balance went down: an order or a renewal."),
     EventType("topup.created", "topup", "A top-up was started; data carries its deposit address and amount."),

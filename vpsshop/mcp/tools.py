@@ -21,7 +21,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
-from vpsshop import accounts, signin, topups
+from vpsshop import accounts, signin, topups, wallets
 from vpsshop.accounts import NewKeyInput
 from vpsshop.actors import Customer
 from vpsshop.context import AppContext
@@ -39,6 +39,7 @@ from vpsshop.servers.sshkeys import SshKeyInput
 from vpsshop.servers.termination import TerminateInput
 from vpsshop.signin import LoginInput
 from vpsshop.topups import REF_PATTERN, TopupInput
+from vpsshop.wallets import WalletLoginInput
 from vpsshop.x402.offers import SettledPayment, SignedPayment
 
 __all__ = ["TOOLS", "Tool", "ToolError"]
@@ -130,6 +131,25 @@ class TopupArgs(TopupInput, Paid):
     pass
 
 
+class WalletRef(Input):
+    wallet_id: int = Field(description="The wallet's id (list_wallets).", **_ID)
+
+
+class Signed(Input):
+    signed_message: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16_384,
+        description="The x402 sign-in-with-x payload your wallet signed for this tool's challenge (the base64 "
+        "SIGN-IN-WITH-X value). Call without it first: the result is isError with error 402 and the message to "
+        "sign in extensions['sign-in-with-x'] (EIP-4361, valid 5 minutes, used once).",
+    )
+
+
+class WalletLoginArgs(WalletLoginInput, Signed):
+    pass
+
+
 class OrderArgs(OrderInput, Paid):
     pass
 
@@ -210,6 +230,11 @@ async def _create_account(ctx: AppContext, customer: Customer, args: NoArguments
 
 async def _sign_in(ctx: AppContext, customer: Customer, args: LoginInput) -> Result:
     return await signin.login(ctx, args, client="mcp")
+
+
+async def _wallet_login(ctx: AppContext, customer: Customer, args: WalletLoginArgs) -> Result:
+    data = WalletLoginInput(totp_code=args.totp_code)
+    return await wallets.wallet_login(ctx, args.signed_message, data, client="mcp", path="/account/wallet-login")
 
 
 async def _start_topup(ctx: AppContext, customer: Customer, args: TopupArgs) -> Result:
@@ -303,6 +328,45 @@ TOOLS: tuple[Tool, ...] = (
         _sign_in,
         ("login",),
         needs_key=False,
+    ),
+    Tool(
+        "sign_in_with_wallet",
+        "Sign in with a wallet",
+        "A new API key for the account a wallet owns (x402 sign-in-with-x): the wallet that paid the order that "
+        "created the account, or one linked to it. Call without signed_message for the challenge, sign it with the "
+        "wallet, call again with the signed payload.",
+        WalletLoginArgs,
+        _wallet_login,
+        ("walletLogin",),
+        needs_key=False,
+    ),
+    Tool(
+        "list_wallets",
+        "Wallets",
+        "The wallets that own the account: each signs in with sign_in_with_wallet.",
+        NoArguments,
+        lambda ctx, customer, args: wallets.list_wallets(ctx, customer),
+        ("listWallets",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "link_wallet",
+        "Link a wallet",
+        "Link the wallet that signs to the account, as sign_in_with_wallet signs (call without signed_message for "
+        "the challenge). A wallet owns one account at most (wallet_taken).",
+        Signed,
+        lambda ctx, customer, args: wallets.link_wallet(ctx, customer, args.signed_message, path="/account/wallets"),
+        ("linkWallet",),
+    ),
+    Tool(
+        "unlink_wallet",
+        "Remove a wallet",
+        "The wallet no longer signs in to the account.",
+        WalletRef,
+        lambda ctx, customer, args: wallets.unlink_wallet(ctx, customer, args.wallet_id),
+        ("unlinkWallet",),
+        destructive=True,
     ),
     Tool(
         "get_account",

@@ -23,8 +23,8 @@ from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
-from vpsshop import idempotency, limits
-from vpsshop.accounts import read_summary
+from vpsshop import idempotency, limits, wallets
+from vpsshop.accounts import MissingCredential, customer_of, read_summary
 from vpsshop.actors import Customer
 from vpsshop.catalog import price_cents
 from vpsshop.cloudinit import MAX_DEPTH, MAX_EXPANDED_CHARS, MAX_USER_DATA_BYTES, InvalidInput, check_user_data
@@ -40,6 +40,7 @@ from vpsshop.servers.lifecycle import DEFAULT_CYCLE, period_end
 from vpsshop.servers.models import ServerEvent, ServerJob
 from vpsshop.servers.resource import ServerOut, server_out
 from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, SshKeyId, keys_for_server
+from vpsshop.wallets import SignupCredentials
 from vpsshop.x402 import purchases
 from vpsshop.x402.offers import SettledPayment, SignedPayment
 
@@ -53,6 +54,7 @@ __all__ = [
     "QuoteInput",
     "QuoteOut",
     "place_order",
+    "place_signup_order",
     "quote_order",
 ]
 
@@ -147,6 +149,12 @@ class OrderOut(BaseModel):
     root_password: str | None = Field(
         description="The generated root password when the order gave none (null otherwise). Shown here once; "
         "GET /servers/{id}/credentials reveals it later."
+    )
+    account: SignupCredentials | None = Field(
+        None,
+        description="Only for an order paid by x402 without an API key (pay as sign-up): the paying wallet's "
+        "account, with its first API key and login token when this order created it (shown once; null on a "
+        "replay and for a wallet that already had an account).",
     )
 
 
@@ -535,3 +543,44 @@ async def _paid_order(
     except ApiError as exc:
         raise purchases.failed_after_payment(exc, paid, "the order") from None
     return Ordered(done.order, done.replayed, paid.settled)
+
+
+async def place_signup_order(
+    ctx: AppContext,
+    data: OrderInput,
+    *,
+    idempotency_key: str | None = None,
+    payment: SignedPayment | None = None,
+    client: str,
+) -> Ordered:
+    """An order sent without an API key (pay as sign-up): paid in full by x402, for the account the
+    paying wallet owns, created by its first payment (:func:`vpsshop.wallets.owner_account`). The answer
+    carries that account (``OrderOut.account``), with its first API key and login token the first time
+    an order of a new account succeeds. Otherwise as :func:`place_order` with a payment.
+
+    :raises InsufficientBalance: 402 without a payment, with the x402 requirements for the whole price.
+    :raises MissingCredential: 401 when the shop takes no x402 (no sign-up by paying there).
+    :raises RateLimited: a new account over the sign-up limit of ``client``; the order quota.
+    """
+    price = _resolve(ctx, data)  # a bad plan, location or os is refused before anything is asked or paid
+    if payment is None:
+        if purchases.offered_coin(ctx) is None:
+            raise MissingCredential()  # a shop without x402: no sign-up by paying, the key is required
+        raise purchases.offer_signup(ctx, price, "/servers", ORDER_DESCRIPTION)
+    _coin, decoded = purchases.decode(ctx, payment)
+    owner = await to_thread.run_sync(wallets.owner_account, ctx, decoded.payer, client)
+    customer = await customer_of(ctx, owner.account_id)
+    done = await _paid_order(ctx, customer, data, idempotency_key, payment)
+    if done.replayed:
+        shown = SignupCredentials(
+            user_id=owner.account_id,
+            address=decoded.payer.lower(),
+            created=False,
+            api_key=None,
+            key_id=None,
+            login_token=None,
+        )
+    else:
+        shown = await to_thread.run_sync(wallets.deliver_credentials, ctx, decoded.payer, owner)
+    order = done.order.model_copy(update={"account": shown})
+    return Ordered(order, done.replayed, done.settled)

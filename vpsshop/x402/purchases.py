@@ -65,6 +65,21 @@ def offer_deficit(
     )
 
 
+def offer_signup(ctx: AppContext, price_micros: int, path: str, description: str) -> InsufficientBalance:
+    """The 402 of an operation sent without an API key that x402 may pay in full (pay as sign-up): the
+    short balance of an account yet to be made, whose ``error`` is ``payment_required``."""
+    coin = offered_coin(ctx)
+    assert coin is not None
+    short = ShortBalance(price_micros, 0, offer(ctx, coin, price_micros, path, description))
+    short.error = "payment_required"
+    short.message = (
+        f"No API key: pay {micros_to_usd(price_micros)} USD by x402 (accepts, or PAYMENT-REQUIRED) and re-send this "
+        "request with the payment. The paying wallet owns the account the order goes to, created by its first "
+        "payment; the answer shows that account's API key and login token once (account)."
+    )
+    return short
+
+
 @dataclass(frozen=True)
 class Paid:
     """A settled and credited authorization."""
