@@ -114,8 +114,6 @@ def shop_config(root: Path, pool: str, network: str, prefix: str, image_dir: Pat
         f"""mode = "sandbox"
 [catalog.file]
 path = "{catalog}"
-[servers]
-jobs_interval_seconds = 0.2
 [hypervisor]
 backend = "libvirt"
 [hypervisor.libvirt]

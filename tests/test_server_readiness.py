@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 import pytest
+from served import VPSSHOP as VPSSHOP_CMD
 from sqlmodel import select
 from test_admin_support import _ctx, _order
 
@@ -241,3 +242,32 @@ def test_the_reporter_runs_on_the_oldest_python_a_guest_may_have():
     assert "import vpsshop" not in source and "from vpsshop" not in source
     compile(source, reporter.__file__, "exec", flags=0, dont_inherit=True)
     assert os.access(reporter.__file__, os.R_OK)
+
+
+def test_a_served_shop_runs_a_queued_job_at_once_not_at_its_interval(tmp_path):
+    """``vpsshop serve`` with its worker: the order's job is claimed as soon as the order commits,
+    though the jobs task's interval is 30 s (the simulator boots at once and reports)."""
+    import time
+
+    import httpx
+    from served import serve, shop_env
+
+    config = tmp_path / "shop.toml"
+    config.write_text("[servers]\njobs_interval_seconds = 30\n[hypervisor.simulator]\nboot_seconds = 0\n")
+    env = shop_env(f"sqlite:///{tmp_path / 'shop.db'}", VPSSHOP_CONFIG=str(config))
+    with serve(tmp_path, env) as served:
+        time.sleep(1)  # the jobs task's first pass (at start-up) is over: the next one is 30 s away
+        created = httpx.post(f"{served.base}/account").json()
+        headers = {"Authorization": f"Bearer {created['api_key']}"}
+        credit = [VPSSHOP_CMD, "admin", "credit", str(created["user_id"]), "10", "--reason", "test"]
+        assert subprocess.run(credit, cwd=tmp_path, env=env, capture_output=True, timeout=60).returncode == 0
+        order = httpx.post(
+            f"{served.base}/servers", headers=headers, json={"plan": "pup", "location": "nl", "os": "debian-12"}
+        )
+        assert order.status_code == 201, order.text
+        ordered = time.monotonic()
+        sid = order.json()["server"]["id"]
+        while (server := httpx.get(f"{served.base}/servers/{sid}", headers=headers).json())["status"] != "active":
+            assert time.monotonic() - ordered < 10, (server, served.output()[-2000:])
+            time.sleep(0.05)
+        assert server["ready_at"] and server["host_keys"], server

@@ -68,6 +68,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit
@@ -750,14 +751,26 @@ class LibvirtBackend(HypervisorBackend):
                 ) from None
         return vol
 
-    def _seed(self, conn: Any, pool: Any, spec: ServerSpec) -> Any:
+    def _disk_and_seed(self, conn: Any, pool: Any, pool_path: str, spec: ServerSpec) -> tuple[Any, Any]:
+        """The disk and the seed volumes. The seed image (the password's hash: a few hundred ms of CPU)
+        is built in a thread while libvirt makes the disk, so a new server waits for the slower one."""
+        with tempfile.TemporaryDirectory(prefix="vpsshop-iso-") as tmp:
+            iso = Path(tmp) / f"{spec.name}-seed.iso"
+            with ThreadPoolExecutor(1, thread_name_prefix="vpsshop-seed") as builder:
+                built = builder.submit(build_seed_iso, spec, iso)
+                disk = self._disk(pool, pool_path, spec)
+                built.result()
+            return disk, self._seed(conn, pool, spec, iso)
+
+    def _seed(self, conn: Any, pool: Any, spec: ServerSpec, built: Path | None = None) -> Any:
         name = f"{spec.name}-seed.iso"
         old = self._volume(pool, name)
         if old is not None:  # rebuilt on each attempt: the content must match this spec
             old.delete(0)
         with tempfile.TemporaryDirectory(prefix="vpsshop-iso-") as tmp:
-            iso = Path(tmp) / name
-            build_seed_iso(spec, iso)
+            iso = built or Path(tmp) / name
+            if built is None:
+                build_seed_iso(spec, iso)
             size = iso.stat().st_size
             vol = pool.createXML(volume_xml(name, size, "bytes", "raw"), 0)
             stream = conn.newStream(0)
@@ -779,8 +792,7 @@ class LibvirtBackend(HypervisorBackend):
             dom = self._lookup(conn, spec.name)
             if dom is None:
                 pool, pool_path = self._pool(conn, loc)
-                disk = self._disk(pool, pool_path, spec)
-                seed = self._seed(conn, pool, spec)
+                disk, seed = self._disk_and_seed(conn, pool, pool_path, spec)
                 dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
             if not dom.isActive():
                 dom.create()
@@ -906,8 +918,7 @@ class LibvirtBackend(HypervisorBackend):
             vol = self._volume(pool, name)
             if vol is not None:
                 vol.delete(0)
-        disk = self._disk(pool, pool_path, spec)
-        seed = self._seed(conn, pool, spec)
+        disk, seed = self._disk_and_seed(conn, pool, pool_path, spec)
         dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
         dom.create()
         return ServerHandle(host=host.key, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)

@@ -101,13 +101,14 @@ def boot_errors() -> list[str]:
 
 
 def report() -> dict[str, Any]:
+    errors, keys = boot_errors(), disk_host_keys()  # read first: the shop activates the server at the banner
     wanted = release_ssh()
     deadline = time.monotonic() + SSH_WAIT_SECONDS
     ssh = banner()
     while not ssh and wanted and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
         ssh = banner()
-    return {"vpsshop_guest": 1, "ssh": ssh, "host_keys": disk_host_keys(), "errors": boot_errors()}
+    return {"vpsshop_guest": 1, "ssh": ssh, "host_keys": keys or disk_host_keys(), "errors": errors}
 
 
 def serve(port: int, answer: Callable[[], dict[str, Any]], serve_seconds: float = SERVE_SECONDS) -> bool:

@@ -30,11 +30,11 @@ if TYPE_CHECKING:  # pragma: no cover
 def background_tasks(ctx: AppContext) -> list[BackgroundTask]:
     """Provisioning jobs and lifecycle passes, offered through ``vpsshop.servers.hooks``."""
     from vpsshop.servers.jobs import run_jobs
-    from vpsshop.servers.lifecycle import policy, run_lifecycle
+    from vpsshop.servers.lifecycle import JOBS_QUEUED, policy, run_lifecycle
     from vpsshop.tasks import BackgroundTask
 
     pol = policy(ctx)
     return [
-        BackgroundTask("servers-jobs", pol.jobs_interval_seconds, lambda: run_jobs(ctx)),
+        BackgroundTask("servers-jobs", pol.jobs_interval_seconds, lambda: run_jobs(ctx), JOBS_QUEUED),
         BackgroundTask("servers-lifecycle", pol.lifecycle_interval_seconds, lambda: run_lifecycle(ctx)),
     ]

@@ -37,6 +37,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from anyio import to_thread
+from sqlalchemy import event as sa_event
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -49,6 +50,7 @@ from vpsshop.models import Server
 from vpsshop.servers.models import ServerEvent, ServerJob
 from vpsshop.servers.resource import server_event
 from vpsshop.settings import ServersSettings
+from vpsshop.tasks import Nudge
 
 log = logging.getLogger("vpsshop.servers")
 
@@ -104,11 +106,29 @@ def record(
     return True
 
 
+JOBS_QUEUED = Nudge()
+"""Called once a transaction that queued a job commits: the ``servers-jobs`` task of this process
+(``vpsshop serve`` with its worker) claims the job at once instead of at its next interval."""
+
+
 def enqueue(session: Session, server_id: int, kind: str, now: datetime) -> ServerJob:
     job = ServerJob(server_id=server_id, kind=kind, status="queued", run_after=now, created_at=now)
     session.add(job)
     session.flush()
+    nudge_after_commit(session)
     return job
+
+
+def nudge_after_commit(session: Session) -> None:
+    """Call :data:`JOBS_QUEUED` once ``session`` commits: it queued a job (a rollback calls nothing)."""
+    if not session.info.get("nudges_jobs"):
+        session.info["nudges_jobs"] = True
+        sa_event.listen(session, "after_commit", _queued, once=True)
+
+
+def _queued(session: Session) -> None:
+    session.info.pop("nudges_jobs", None)
+    JOBS_QUEUED()
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Server, table_of
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.servers.credentials import decrypt_password, encrypt_password, generate_root_password
-from vpsshop.servers.lifecycle import DEFAULT_CYCLE, period_end
+from vpsshop.servers.lifecycle import DEFAULT_CYCLE, nudge_after_commit, period_end
 from vpsshop.servers.models import ServerEvent, ServerJob
 from vpsshop.servers.resource import ServerOut, server_out
 from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, SshKeyId, keys_for_server
@@ -452,6 +452,7 @@ def _place(ctx: AppContext, customer: Customer, body: OrderInput, key: str | Non
                         created_at=now,
                     )
                 )
+            nudge_after_commit(session)
             out = server_out(Server(id=server_id, **values))
             events.emit(session, "server.provisioning", account_id, out, now=now)
             # Last: the balance update locks the account row until commit, so keep that short.
