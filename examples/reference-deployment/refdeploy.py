@@ -967,6 +967,11 @@ def console_client(state: dict[str, Any]) -> Any:
     return httpx.Client(base_url=base, verify=str(Path(state["root"]) / "tls" / "cert.pem"), timeout=60)
 
 
+def console_answers(state: dict[str, Any]) -> bool:
+    with console_client(state) as client:
+        return bool(client.get("/signin").status_code == 200)
+
+
 def up_in_venv() -> None:
     from cryptography.fernet import Fernet
 
@@ -1019,7 +1024,7 @@ def up_in_venv() -> None:
     install_units(state)
     supervisorctl(state, "start", "nginx", "prometheus")
     wait("vpsshop behind nginx", lambda: api_get(state, "/health").status_code in (200, 503), 180)
-    wait("the console behind nginx", lambda: console_client(state).get("/signin").status_code == 200, 180)
+    wait("the console behind nginx", lambda: console_answers(state), 180)
     health = api_get(state, "/health").json()
     save_state(state)
     say(f"- /v1/health: {health.get('status')}")
