@@ -1,6 +1,7 @@
 """``vpsshop admin rescan`` (vpsshop/admin.py) on a real ``litecoind -regtest``: a payment in a block the
 watcher's cursor has already passed is found and credited after the re-scan, once, however often the
-range is scanned again, through the function and through the command."""
+range is scanned again, through the function, through the command and through the web console's
+re-scan of a top-up."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 import sqlalchemy as sa
 from chain_nodes import Litecoind, balance, random_tpub, run_pass, running_litecoind
 from served import VPSSHOP, shop_env
+from test_console import console, csrf_of, sign_in  # noqa: F401 - console: the console app fixture
 
-from vpsshop import admin
+from vpsshop import admin, operators
 from vpsshop.actors import Operator
 from vpsshop.testing import create_test_account
 
@@ -114,3 +116,63 @@ def test_rescan_command(vpsshop_client, vpsshop_database_url, litecoind: Litecoi
     assert balance(vpsshop_client, account.headers) == Decimal(50)
     usage = subprocess.run([VPSSHOP, "admin", "rescan", "LTC"], env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "from_height" in usage.stderr
+
+
+def test_console_rescans_a_top_up_with_a_reason_after_a_confirmation(
+    vpsshop_client,
+    console,  # noqa: F811 - the fixture of test_console
+    vpsshop_clock,
+    litecoind: Litecoind,
+) -> None:
+    ctx = vpsshop_client.app.state.ctx
+    account = create_test_account(vpsshop_client)
+    h = account.headers
+    topup, paid_at = _missed_payment(vpsshop_client, litecoind, h)
+    run_pass(vpsshop_client)
+    assert balance(vpsshop_client, h) == 0
+    bob = operators.add_operator(ctx, OPERATOR, "bob", "support", "support password 1")
+    assert sign_in(console, vpsshop_clock, "bob", "support password 1", bob.secret).status_code == 303
+
+    page = console.get(f"/accounts/{account.user_id}")
+    assert f'<option value="{topup["ref"]}">{topup["ref"]} (LTC, ' in page.text
+    url, csrf = f"/accounts/{account.user_id}/rescan", csrf_of(page.text)
+    form = {
+        "topup": topup["ref"],
+        "from_height": str(paid_at - 1),
+        "to_height": str(paid_at + 1),
+        "reason": "ticket 7: paid, not credited",
+    }
+    for missing in ("reason", "from_height", "topup"):
+        assert console.post(url, data={**form, missing: "", "csrf": csrf}).status_code == 400, missing
+    assert console.post(url, data={**form, "from_height": "ten", "csrf": csrf}).status_code == 400
+    assert console.post(url, data={**form, "confirm": "yes"}).status_code == 403  # no CSRF token: nothing
+
+    confirm = console.post(url, data={**form, "csrf": csrf})
+    assert confirm.status_code == 200 and "Confirm the re-scan" in confirm.text
+    assert f"Re-scan blocks {paid_at - 1} to {paid_at + 1} of the chain that pays top-up {topup['ref']}" in confirm.text
+    assert balance(vpsshop_client, h) == 0  # nothing happens before the confirmation
+    done = console.post(url, data={**form, "confirm": "yes", "csrf": csrf_of(confirm.text)})
+    assert done.status_code == 200 and "1 not known before" in done.text and "1 payment(s) credited" in done.text
+    assert balance(vpsshop_client, h) == Decimal(50)
+    assert vpsshop_client.get(f"/v1/topups/{topup['ref']}", headers=h).json()["status"] == "completed"
+
+    [row] = [r for r in admin.audit_log(ctx) if r["action"] == "rescan"]
+    assert (row["actor"], row["target"], row["reason"]) == ("console:bob", "scan_group:LTC", form["reason"])
+    detail = json.loads(row["detail"])
+    assert detail["topup"] == topup["ref"] and detail["from_height"] == paid_at - 1 and detail["credited"] == 1
+    audit = console.get("/audit").text
+    assert "console:bob" in audit and form["reason"] in audit and "scan_group:LTC" in audit
+
+    # Another account's top-up, or blocks past the tip: refused, said why, nothing scanned or credited.
+    other = create_test_account(vpsshop_client)
+    refused = console.post(
+        f"/accounts/{other.user_id}/rescan", data={**form, "confirm": "yes", "csrf": csrf_of(confirm.text)}
+    )
+    assert refused.status_code == 409 and "has no top-up" in refused.text
+    past = console.post(
+        url,
+        data={**form, "from_height": "1000000000", "to_height": "", "confirm": "yes", "csrf": csrf_of(confirm.text)},
+    )
+    assert past.status_code == 409 and "past the node" in past.text
+    assert [r["action"] for r in admin.audit_log(ctx)].count("rescan") == 1
+    assert balance(vpsshop_client, h) == Decimal(50)

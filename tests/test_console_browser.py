@@ -4,13 +4,16 @@ and TOTP, finds a customer by a deposit's transaction id and credits them with a
 customer's balance, ledger, events and webhook show it; a `support` operator is refused a credit
 above its limit; the audit log shows both. Every page is checked with axe-core and photographed at
 desktop and phone width (``VPSSHOP_SCREENSHOTS=docs/images`` refreshes the ones docs/operations.md
-shows)."""
+shows). A second walk takes the other actions in the browser: disable a webhook, suspend, unsuspend,
+terminate with a refund, cancel a job that failed long ago, revoke an account's access, each with a
+reason and a confirmation and each ending on the "Done" page, which axe-core checks too."""
 
 from __future__ import annotations
 
 import re
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -160,3 +163,89 @@ def test_an_owner_credits_a_customer_found_by_transaction_id_and_support_is_held
         check(page, "operator-audit")
         other.close()
     receiver.close()
+
+
+def confirm(page, check_page, button: str, name: str | None = None) -> str:
+    """Press ``button``, then the confirmation page's own button: the "Done" page's message."""
+    page.get_by_role("button", name=button, exact=True).click()
+    page.get_by_role("button", name=re.compile("^Confirm")).click()
+    message = page.locator("[role=status]").inner_text()
+    assert page.locator("h1").inner_text() == "Done", message
+    if name:
+        check_page(page, name)
+    return message
+
+
+def test_an_owner_disables_a_webhook_acts_on_a_server_and_a_job_and_revokes_access(
+    tmp_path: Path,
+    context,  # noqa: F811 - fixtures of test_dashboard_browser
+    check,  # noqa: F811
+):
+    database = tmp_path / "vpsshop.db"
+    env = shop_env(f"sqlite:///{database}")
+    console_port = free_port()
+    console = f"http://127.0.0.1:{console_port}"
+    with serve(tmp_path, env, "--admin-listen", f"127.0.0.1:{console_port}") as shop:
+        api = httpx.Client(base_url=shop.base, timeout=30)
+        created = api.post("/account").json()
+        account_id, customer = created["user_id"], {"Authorization": f"Bearer {created['api_key']}"}
+        hook = api.post("/webhooks", headers=customer, json={"url": "https://hooks.example.net/shop"}).json()
+        owner = add_operator(tmp_path, env, "olga", "owner", "owner password 1")
+        with sqlite3.connect(database) as db:  # 10 USD, as `vpsshop admin credit` would leave it
+            db.execute("UPDATE accounts SET balance_micros = 10000000 WHERE id = ?", (account_id,))
+        order = {"plan": "pup", "location": "nl", "os": "debian-12"}
+        server_id = api.post("/servers", headers=customer, json=order).json()["server"]["id"]
+
+        def server_status() -> str:
+            return str(api.get(f"/servers/{server_id}", headers=customer).json()["status"])
+
+        deadline = time.monotonic() + 60
+        while server_status() != "active" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert server_status() == "active"
+        with sqlite3.connect(database) as db:  # a job that failed an hour ago, as a worker leaves it
+            job_id = db.execute(
+                "INSERT INTO server_jobs (server_id, kind, status, attempts, run_after, created_at, finished_at, "
+                "last_error) VALUES (?, 'reinstall', 'failed', 5, ?, ?, ?, 'the hypervisor did not answer')",
+                (server_id, *["2026-01-01 00:00:00.000000"] * 3),
+            ).lastrowid
+
+        page = context.new_page()
+        sign_in(page, console, "olga", "owner password 1", owner)
+        page.goto(f"{console}/accounts/{account_id}")
+        page.locator(f"#hook-reason-{hook['id']}").fill("its host bounces everything")
+        assert "disabled" in confirm(page, check, "Disable…", "operator-done")
+        assert api.get(f"/webhooks/{hook['id']}", headers=customer).json()["status"] == "disabled"
+
+        for button, status in (("Suspend…", "suspended"), ("Unsuspend…", "active")):
+            page.goto(f"{console}/servers/{server_id}")
+            page.locator("#reason").fill(f"ticket 9: {button}")
+            confirm(page, check, button)
+            assert server_status() == status
+        page.goto(f"{console}/servers/{server_id}")
+        page.locator("#reason").fill("the customer asked to leave")
+        assert "refund" in confirm(page, check, "Terminate and refund the unused time…").lower()
+        deadline = time.monotonic() + 30
+        while server_status() not in ("terminated", "deleted") and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert server_status() in ("terminated", "deleted")
+        assert api.get("/account", headers=customer).json()["balance_usd"] > 10 - 3.99  # the unused time back
+
+        page.get_by_role("link", name="Needs attention").click()
+        page.locator(f"#reason-{job_id}").fill("the reinstall is not wanted any more")
+        assert f"job {job_id}: cancel done" in confirm(page, check, "Cancel…")
+        with sqlite3.connect(database) as db:
+            assert db.execute("SELECT status FROM server_jobs WHERE id = ?", (job_id,)).fetchone() == ("cancelled",)
+
+        page.goto(f"{console}/accounts/{account_id}")
+        page.locator("#revoke-reason").fill("the key leaked")
+        assert "1 API key(s) revoked" in confirm(page, check, "Revoke every API key and dashboard session…")
+        deadline = time.monotonic() + 30
+        while api.get("/account", headers=customer).status_code != 401 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert api.get("/account", headers=customer).status_code == 401
+
+        page.get_by_role("link", name="Audit log").click()
+        rows = page.locator("tbody tr").all_inner_texts()
+        for action in ("disable_webhook", "suspend", "unsuspend", "refund", "cancel_job", "revoke_access"):
+            assert any("console:olga" in r and action in r for r in rows), (action, rows)

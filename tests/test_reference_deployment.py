@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,13 @@ def systemd_unit(path: Path) -> configparser.ConfigParser:
 def test_supervisor_programs_and_systemd_units_agree() -> None:
     """supervisor/vpsshop.conf and systemd/*.service run the same commands the same way."""
     programs = supervisor_programs(SUPERVISOR.read_text())
-    assert sorted(programs) == ["vpsshop-api-8001", "vpsshop-api-8002", "vpsshop-worker"]
+    assert sorted(programs) == ["vpsshop-api-8001", "vpsshop-api-8002", "vpsshop-console", "vpsshop-worker"]
     units = {
         name: (systemd_unit(SYSTEMD / "vpsshop-api@.service"), port)
         for name, port in (("vpsshop-api-8001", "8001"), ("vpsshop-api-8002", "8002"))
     }
     units["vpsshop-worker"] = (systemd_unit(SYSTEMD / "vpsshop-worker.service"), "")
+    units["vpsshop-console"] = (systemd_unit(SYSTEMD / "vpsshop-console.service"), "")
     for name, program in programs.items():
         unit, instance = units[name]
         service = unit["Service"]
@@ -106,6 +108,12 @@ def test_supervisor_programs_and_systemd_units_agree() -> None:
         assert program["stopasgroup"] == program["killasgroup"] == "true", name  # systemd stops the cgroup
         if instance:
             assert f"--port {instance}" in service["ExecStart"].replace("%i", instance)
+            assert "--admin-listen" not in program["argv"], name  # never the console on an API port
+    # the console: a single-process serve of its own (docs/operations.md), its listener on loopback
+    console = programs["vpsshop-console"]["argv"]
+    assert console[console.index("--workers") + 1] == "1"
+    assert console[console.index("--admin-listen") + 1] == "127.0.0.1:8081"
+    assert console[console.index("--port") + 1] == "8003"
     group = configparser.ConfigParser(interpolation=None)
     group.read_string(SUPERVISOR.read_text())
     assert group["group:vpsshop"]["programs"].split(",") == sorted(programs)
@@ -114,7 +122,12 @@ def test_supervisor_programs_and_systemd_units_agree() -> None:
 def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     """``systemd-analyze verify`` finds no unknown key or bad value in the units (with ExecStart's
     binary, which this machine does not have at /opt/vpsshop, swapped for one it has)."""
-    for unit, name in (("vpsshop-api@.service", "vpsshop-api@8001.service"), ("vpsshop-worker.service", None)):
+    units = (
+        ("vpsshop-api@.service", "vpsshop-api@8001.service"),
+        ("vpsshop-worker.service", None),
+        ("vpsshop-console.service", None),
+    )
+    for unit, name in units:
         text = (SYSTEMD / unit).read_text().replace("/opt/vpsshop/venv/bin/vpsshop", "/bin/true")
         path = tmp_path / (name or unit)
         path.write_text(text)
@@ -127,14 +140,18 @@ def test_the_deployment_installs_the_shipped_file_changing_only_paths_and_ports(
     state = {
         "root": "/srv/ref-8001",  # a port number inside a path is not a port
         "venv": "/srv/venv-8002",
-        "ports": {"api1": 31001, "api2": 31002},
+        "ports": {"api1": 31001, "api2": 31002, "console_api": 31003, "console": 31081},
     }
     subs = refdeploy.unit_substitutions(state)
-    assert sorted(subs) == ["/etc/vpsshop", "/opt/vpsshop/venv", "/var/lib/vpsshop", "/var/log/vpsshop", "8001", "8002"]
+    assert sorted(subs) == [
+        *("/etc/vpsshop", "/opt/vpsshop/venv", "/var/lib/vpsshop", "/var/log/vpsshop"),
+        *("8001", "8002", "8003", "8081"),
+    ]
     shipped = SUPERVISOR.read_text()
     rendered = refdeploy.render_units(shipped, state)
     programs = supervisor_programs(rendered)
-    assert sorted(programs) == ["vpsshop-api-31001", "vpsshop-api-31002", "vpsshop-worker"]
+    assert sorted(programs) == ["vpsshop-api-31001", "vpsshop-api-31002", "vpsshop-console", "vpsshop-worker"]
+    assert programs["vpsshop-console"]["argv"][-4:] == ["--port", "31003", "--admin-listen", "127.0.0.1:31081"]
     api = programs["vpsshop-api-31001"]
     assert api["argv"] == [
         *("/srv/venv-8002/bin/vpsshop", "serve", "--no-worker", "--host", "127.0.0.1", "--port", "31001")
@@ -286,6 +303,13 @@ def test_up_walk_down() -> None:
         assert results["prometheus_up"] == ["1"], walk.stdout
         totals = {"credited_usd_total": 75, "orders_total": 1, "renewals_total": 1}
         assert results["metrics_totals"] == totals and results["prometheus_sums"] == totals, walk.stdout
+        # the operator's step: the console on its own TLS port, none of its pages on the public one
+        assert results["console_on_api_port"] == [404, 404], walk.stdout
+        assert results["console_signin"] == 303 and results["console_search"] == results["account"], walk.stdout
+        assert Decimal(results["console_credit"]) == 1, walk.stdout  # the balance moved by the credit
+        reason, amount = results["console_ledger"]  # the customer's ledger.credit event with the reason as memo
+        assert reason == "admin_credit" and Decimal(str(amount)) == 1, walk.stdout
+        assert results["console_audit"] == ["console:walk-operator", "admin_credit"], walk.stdout
         if real_guest:
             assert results["ssh_key_login"] == "walk-guest" and results["ssh_password_login"] == "0", walk.stdout
             assert results["host_keys_match"] is True, walk.stdout  # the API's host keys are what the guest serves

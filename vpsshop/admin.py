@@ -518,7 +518,13 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
 
 
 async def rescan(
-    ctx: AppContext, operator: Operator, coin_code: str, from_height: int, to_height: int | None, reason: str
+    ctx: AppContext,
+    operator: Operator,
+    coin_code: str,
+    from_height: int,
+    to_height: int | None,
+    reason: str,
+    topup_ref: str | None = None,
 ) -> str:
     """Scan blocks ``from_height`` .. ``to_height`` (default: the node's tip) again for the scan group of
     ``coin_code``, record what they pay to the shop's deposit addresses, then run one ordinary watcher
@@ -527,6 +533,7 @@ async def rescan(
     The group's stored cursor is not moved. Payments are unique per coin and chain identity, so a
     payment found again is never recorded or credited twice. Only coins scanned block by block
     (built on :class:`vpsshop.chains.BlockCoin`: BTC, LTC, ETH, USDT, TRX, USDTTRC) have heights.
+    ``topup_ref`` names the top-up it was asked for in the audit entry (:func:`rescan_topup`).
     """
     from anyio import to_thread
 
@@ -590,6 +597,7 @@ async def rescan(
         "payments_found": found,
         "payments_new": new,
         "credited": credited,
+        **({"topup": topup_ref} if topup_ref else {}),
     }
 
     def write_audit() -> None:
@@ -601,6 +609,34 @@ async def rescan(
         f"scan group {group}: blocks {from_height}..{last} re-scanned; {found} payment(s) to the shop's "
         f"addresses, {new} not known before; {credited} payment(s) credited by the pass that followed"
     )
+
+
+async def rescan_topup(
+    ctx: AppContext,
+    operator: Operator,
+    account_id: int,
+    ref: str,
+    from_height: int,
+    to_height: int | None,
+    reason: str,
+) -> str:
+    """:func:`rescan` of the chain that pays top-up ``ref`` of account ``account_id`` (the web
+    console's "re-scan" of a top-up): its coin's scan group, blocks ``from_height`` .. ``to_height``."""
+    from anyio import to_thread
+
+    from vpsshop.payments.models import Topup
+
+    def coin_of() -> str | None:
+        with ctx.db.session() as session:
+            found = session.exec(
+                select(Topup.coin).where(col(Topup.ref) == ref.strip(), col(Topup.account_id) == account_id)
+            ).first()
+            return str(found) if found is not None else None
+
+    coin = await to_thread.run_sync(coin_of)
+    if coin is None:
+        raise AdminError(f"account {account_id} has no top-up {ref.strip()!r}")
+    return await rescan(ctx, operator, coin, from_height, to_height, reason, topup_ref=ref.strip())
 
 
 def audit_log(ctx: AppContext, limit: int = 50) -> list[dict[str, Any]]:

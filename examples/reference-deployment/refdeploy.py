@@ -1,6 +1,7 @@
 """The reference deployment of vpsshop: a whole shop on real local peers, supervised by supervisord.
 
-    ./up      # install, start and initialise every peer, then vpsshop (two API processes, one worker)
+    ./up      # install, start and initialise every peer, then vpsshop (two API processes, the
+              # operators' console, one worker) and an operator of the console
     ./walk    # a customer's way through the shop, step by step, against the running deployment
     ./down    # stop and remove everything `up` made; checks that nothing it started still runs
 
@@ -49,6 +50,9 @@ PORT_NAMES = (
     "https",
     "api1",
     "api2",
+    "console_https",
+    "console_api",
+    "console",
     "prometheus",
     "anvil",
     "ltc_rpc",
@@ -268,6 +272,7 @@ def up() -> None:
         "pool": f"vpsshop-{tag}",
         "pool_dir": f"{env('IMAGES', '/var/lib/libvirt/images')}/vpsshop-{tag}",
         "libvirt_uri": env("LIBVIRT_URI", "qemu:///system"),
+        "console_allow": env("CONSOLE_ALLOW", "127.0.0.1"),
     }
     save_state(state)
     python = str(venv / "bin" / "python")
@@ -299,6 +304,8 @@ def unit_substitutions(state: dict[str, Any]) -> dict[str, str]:
         "/var/log/vpsshop": f"{root}/logs",
         "8001": str(p["api1"]),
         "8002": str(p["api2"]),
+        "8003": str(p["console_api"]),
+        "8081": str(p["console"]),
     }
 
 
@@ -408,7 +415,8 @@ files = {root}/supervisor/conf.d/*.conf
 
 def nginx_conf(state: dict[str, Any]) -> str:
     root, p = state["root"], state["ports"]
-    return f"""# vpsshop reference deployment: TLS in front of two `vpsshop serve` processes
+    return f"""# vpsshop reference deployment: TLS in front of two `vpsshop serve` processes, and in front of
+# the operators' console on a port of its own (docs/operations.md, "The web console")
 worker_processes 1;
 pid {root}/run/nginx.pid;
 error_log {root}/logs/nginx-error.log;
@@ -444,6 +452,20 @@ http {{
             proxy_set_header X-Forwarded-For $remote_addr;
             proxy_set_header X-Forwarded-Proto https;
             proxy_next_upstream error timeout;
+        }}
+    }}
+    server {{
+        listen {state["listen"]}:{p["console_https"]} ssl;
+        ssl_certificate {root}/tls/cert.pem;
+        ssl_certificate_key {root}/tls/key.pem;
+        client_max_body_size 128k;
+        allow {state["console_allow"]};
+        deny all;
+        location / {{
+            proxy_pass http://127.0.0.1:{p["console"]};
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_set_header X-Forwarded-Proto https;
         }}
     }}
 }}
@@ -909,11 +931,45 @@ def make_cert(root: Path) -> None:
     (root / "tls" / "key.pem").chmod(0o600)
 
 
+def add_operator(state: dict[str, Any]) -> None:
+    """An operator of the web console, added as docs/operations.md says (``vpsshop admin operator add``,
+    the password on standard input): role support. Its password and TOTP secret stay in the state
+    file (mode 0600) for the walk, which signs in with a code computed from the secret."""
+    root = Path(state["root"])
+    name, password = "walk-operator", secrets.token_urlsafe(18)
+    added = run(
+        *("runuser", "-u", SERVICE_USER, "--", f"{state['venv']}/bin/vpsshop", "admin", "operator", "add", name),
+        *("--role", "support", "--password-stdin", "--config", str(root / "etc" / "vpsshop.toml")),
+        input=password + "\n",
+        cwd=root / "lib",
+        quiet=True,
+    )
+    found = re.search(r"^TOTP secret: (\S+)$", added.stdout, re.M)
+    if found is None:
+        sys.exit(f"vpsshop admin operator add printed no TOTP secret: {added.stdout} {added.stderr}")
+    state["operator"] = {"name": name, "password": password, "totp_secret": found[1]}
+    save_state(state)
+    say(f"- console operator {name} (role support); its password and TOTP secret are in deployment.json")
+
+
 def api_get(state: dict[str, Any], path: str, **kw: Any) -> Any:
     import httpx
 
     base = f"https://127.0.0.1:{state['ports']['https']}/v1"
     return httpx.get(base + path, verify=str(Path(state["root"]) / "tls" / "cert.pem"), timeout=30, **kw)
+
+
+def console_client(state: dict[str, Any]) -> Any:
+    """An HTTP client of the console's own TLS port (cookies kept, redirects not followed)."""
+    import httpx
+
+    base = f"https://127.0.0.1:{state['ports']['console_https']}"
+    return httpx.Client(base_url=base, verify=str(Path(state["root"]) / "tls" / "cert.pem"), timeout=60)
+
+
+def console_answers(state: dict[str, Any]) -> bool:
+    with console_client(state) as client:
+        return bool(client.get("/signin").status_code == 200)
 
 
 def up_in_venv() -> None:
@@ -964,9 +1020,11 @@ def up_in_venv() -> None:
         *("--config", str(root / "etc" / "vpsshop.toml")),
         cwd=root / "lib",
     )
+    add_operator(state)
     install_units(state)
     supervisorctl(state, "start", "nginx", "prometheus")
     wait("vpsshop behind nginx", lambda: api_get(state, "/health").status_code in (200, 503), 180)
+    wait("the console behind nginx", lambda: console_answers(state), 180)
     health = api_get(state, "/health").json()
     save_state(state)
     say(f"- /v1/health: {health.get('status')}")
@@ -977,6 +1035,7 @@ def up_in_venv() -> None:
 The shop is up:
   API          https://127.0.0.1:{state["ports"]["https"]}/v1  (self-signed: {root}/tls/cert.pem)
   dashboard    https://127.0.0.1:{state["ports"]["https"]}/dashboard/
+  console      https://127.0.0.1:{state["ports"]["console_https"]}/  (operator {state["operator"]["name"]})
   Prometheus   http://127.0.0.1:{state["ports"]["prometheus"]}/
   processes    supervisorctl -c {state["supervisord_conf"]} status
 Next: ./walk, then ./down""")
@@ -1079,6 +1138,7 @@ class Walk:
         topup = self.http.post("/topups", json={"amount": 25, "coin": "LTC"}, headers=self.auth).json()
         txid = ltc_rpc(s, "sendtoaddress", topup["deposit_address"], topup["deposit_amount"], wallet="miner")
         say(f"   sent {topup['deposit_amount']} LTC to {topup['deposit_address']} (tx {txid[:16]}...)")
+        self.ltc_txid = txid
         done = self.wait_topup(
             topup["ref"], lambda: ltc_rpc(s, "generatetoaddress", 1, s["ltc_mine_to"], wallet="miner")
         )
@@ -1227,8 +1287,105 @@ class Walk:
             sums[name] = float(found[0]) if found else None
             say(f"   Prometheus: {query} = {found} (/metrics: {direct:g})")
         self.results.update(prometheus_sums=sums, metrics_totals=totals)
+        self.operator_credit(self.results["account"], self.ltc_txid)
         say("\nThe walk is done.")
         return self.results
+
+    def operator_credit(self, account_id: int, txid: str) -> None:
+        """An operator's way through the console, on its own port: sign in with the password and a
+        TOTP code, find the customer by the LTC top-up's transaction id, credit 1 USD with a reason
+        (the form, then its confirmation), and see the balance, the ledger, the customer's event and
+        the audit log show it. The public port knows no console page."""
+        import pyotp
+
+        s = self.state
+        operator = s["operator"]
+        self.step("An operator credits the customer 1 USD in the web console (its own port, password and TOTP)")
+        public = [self.http.get(f"https://127.0.0.1:{s['ports']['https']}{path}").status_code for path in CONSOLE_PATHS]
+        self.ok("console_on_api_port", public, f"the public port answers {public} for {', '.join(CONSOLE_PATHS)}")
+        console = console_client(s)
+        form = console.get("/signin")
+        signed = console.post(
+            "/signin",
+            data={
+                "csrf": csrf_of(form.text),
+                "name": operator["name"],
+                "password": operator["password"],
+                "code": pyotp.TOTP(operator["totp_secret"]).now(),
+            },
+        )
+        self.ok(
+            "console_signin",
+            signed.status_code,
+            f"GET /signin {form.status_code}, POST /signin {signed.status_code} to {signed.headers.get('location')}",
+        )
+        found = console.get("/search", params={"q": txid})
+        matched = re.search(r'Account <a href="/accounts/(\d+)">\d+</a> \(matched by ([^)]*)\)', found.text)
+        self.ok(
+            "console_search",
+            int(matched[1]) if matched else None,
+            f"search for {txid[:16]}...: " + (f"account {matched[1]}, matched by {matched[2]}" if matched else "none"),
+        )
+        before = Decimal(self.balance())
+        reason = f"walk: goodwill credit {secrets.token_hex(3)}"
+        page = console.get(f"/accounts/{account_id}")
+        fields = {"amount": "1", "reason": reason}
+        confirm = console.post(f"/accounts/{account_id}/credit", data={**fields, "csrf": csrf_of(page.text)})
+        done = console.post(
+            f"/accounts/{account_id}/credit", data={**fields, "confirm": "yes", "csrf": csrf_of(confirm.text)}
+        )
+        after = Decimal(self.balance())
+        deadline = time.monotonic() + 10  # the API processes learn of the console's write a moment later
+        while after == before and time.monotonic() < deadline:
+            time.sleep(0.3)
+            after = Decimal(self.balance())
+        self.ok(
+            "console_credit",
+            str(after - before),
+            f"credit form {confirm.status_code} (a confirmation page), confirmed {done.status_code} to "
+            f"{done.headers.get('location')}; balance {before} -> {after} USD",
+        )
+        entry = self.ledger_credit(reason)
+        self.ok(
+            "console_ledger",
+            [entry.get("reason"), entry.get("amount_usd")],
+            f"the customer's ledger.credit event: {entry.get('reason')} {entry.get('amount_usd')} USD, memo {reason!r}",
+        )
+        audit = console.get("/audit")
+        row = next((r for r in audit.text.split("<tr>") if reason in r), "")
+        who = re.search(r"<td>(console:[^<]*)</td><td>([^<]*)</td>", row)
+        self.ok(
+            "console_audit",
+            [who[1], who[2]] if who else None,
+            f"the audit log: {who[1] + ' ' + who[2] if who else 'no row'} with the reason",
+        )
+
+    def ledger_credit(self, memo: str, seconds: float = 10) -> dict[str, Any]:
+        """The data of the customer's ``ledger.credit`` event with this memo, read from GET /v1/events
+        (page after page), or ``{}`` when none is listed within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            params: dict[str, Any] = {"limit": 100}
+            while True:
+                page = self.http.get("/events", params=params, headers=self.auth).json()
+                for event in page.get("events", []):
+                    if event["type"] == "ledger.credit" and event["data"].get("memo") == memo:
+                        return dict(event["data"])
+                if not page.get("has_more"):
+                    break
+                params["after"] = page["cursor"]
+            if time.monotonic() > deadline:
+                return {}
+            time.sleep(0.5)
+
+
+CONSOLE_PATHS = ("/signin", "/audit")
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token of the first form of a console page."""
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    return found[1] if found else ""
 
 
 def prometheus_query(state: dict[str, Any], query: str, done: Any) -> list[str]:

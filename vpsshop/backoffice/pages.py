@@ -115,6 +115,39 @@ async def adjust(page: Page) -> Response:
     return page.redirect(f"/accounts/{account_id}", "credited")
 
 
+async def rescan(page: Page) -> Response:
+    """Re-scan the chain for one of the account's top-ups (``vpsshop admin rescan`` of its coin): the
+    blocks and a reason, a confirmation page, then the scan and the pass that credits what it found."""
+    account_id = int(page.request.path_params["number"])
+    form = page.form
+    ref, reason = form.get("topup", "").strip()[:40], form.get("reason", "").strip()[:500]
+    try:
+        first = int(form.get("from_height", "").strip())
+        last = int(form["to_height"]) if form.get("to_height", "").strip() else None
+    except ValueError:
+        first, last = -1, None
+    if not ref or not reason or first < 0:
+        return page.dash.error_page(page, 400, "Give the top-up, the first block to read again and the reason.")
+    if form.get("confirm") != "yes":
+        blocks = f"blocks {first} to {last}" if last is not None else f"blocks from {first} to the node's tip"
+        return page.render(
+            "confirm.html",
+            title="Confirm the re-scan",
+            summary=f"Re-scan {blocks} of the chain that pays top-up {ref} of account {account_id}, then credit "
+            "what has its confirmations (a payment is never credited twice).",
+            url=f"/accounts/{account_id}/rescan",
+            fields={"topup": ref, "from_height": str(first), "to_height": "" if last is None else str(last)},
+            reason=reason,
+            back=f"/accounts/{account_id}",
+        )
+    actor = operator_of(page).actor
+    try:
+        done = await admin.rescan_topup(page.ctx, actor, account_id, ref, first, last, reason)
+    except admin.AdminError as exc:
+        return _refused(page, exc)
+    return page.render("done.html", title="Done", message=done, back=f"/accounts/{account_id}")
+
+
 SERVER_ACTIONS = {
     "suspend": "Suspend",
     "unsuspend": "Unsuspend",
@@ -125,7 +158,12 @@ JOB_ACTIONS = {"retry": "Retry", "cancel": "Cancel"}
 ACTIONS = {
     "servers": SERVER_ACTIONS,
     "jobs": JOB_ACTIONS,
-    "accounts": {"revoke-access": "Revoke every API key and dashboard session", "credit": "", "debit": ""},
+    "accounts": {
+        "revoke-access": "Revoke every API key and dashboard session",
+        "credit": "",
+        "debit": "",
+        "rescan": "",
+    },
     "webhooks": {"disable": "Disable the webhook endpoint"},
 }
 
@@ -163,6 +201,8 @@ async def act(page: Page) -> Response:
         return page.dash.error_page(page, 404, f"There is no page at {page.request.url.path}.")
     if action in ("credit", "debit"):
         return await adjust(page)
+    if action == "rescan":
+        return await rescan(page)
     back = {"servers": f"/servers/{number}", "accounts": f"/accounts/{number}"}.get(what, "/attention")
     reason = page.form.get("reason", "").strip()[:500]
     if not reason:
