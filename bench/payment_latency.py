@@ -121,6 +121,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=10, help="payments per chain and mode")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--chains", default="LTC,XMR,ETH")
+    parser.add_argument("--modes", default="push,poll", help="push (the default settings), poll (push = false)")
     parser.add_argument(
         "--seen-limit", type=float, default=40, help="seconds to wait for a mempool payment before mining its block"
     )
@@ -137,8 +138,8 @@ def main() -> int:
         if "ETH" in chains:
             peers["ETH"] = anvil = Anvil()
             stack.callback(anvil.stop)
-        for push in (True, False):
-            mode = "push" if push else "poll"
+        for mode in args.modes.split(","):
+            push = mode == "push"
             for code in chains:
                 node = peers[code]
                 if code == "LTC":
