@@ -336,6 +336,13 @@ class DepositCoin(PaymentCoin[ConfigT]):
         ``merge_wakes``). Default: None, the coin is polled."""
         return None
 
+    @property
+    def wake_sees_everything(self) -> bool:
+        """True when the wake channel tells of everything :meth:`scan` reports (mempool payments
+        included): the periodic pass then leaves the coin alone while the channel is up. False:
+        the channel only speeds up blocks and the coin is polled as well. Default: True."""
+        return True
+
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         """The URI a wallet app scans from the QR code (BIP-21 ``bitcoin:<addr>?amount=..``,
         ``monero:<addr>?tx_amount=..``, EIP-681 ...). Default: the bare address."""

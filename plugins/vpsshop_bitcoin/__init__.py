@@ -182,6 +182,12 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
 
         return merge_wakes(channel, datagram_wakes(host.strip("[]"), int(port), ours))
 
+    @property
+    def wake_sees_everything(self) -> bool:
+        """Mempool payments wake the watcher only with ``notify_listen``; without it the coin is
+        polled too (blocks still wake it at once)."""
+        return self.config.notify_listen is not None or not self.config.watch_mempool
+
     def _new_block_waiter(self) -> tuple[Callable[[], Awaitable[bool]], Callable[[], Awaitable[None]]]:
         """(wait, connect) of :func:`long_poll_wakes`: ``waitfornewblock`` on a client of its own."""
         cfg = self.config

@@ -165,6 +165,11 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
             return None
         return zmq_sub_wakes(self.cfg.zmq_pub, ("json-minimal-txpool_add", "json-minimal-chain_main"))
 
+    @property
+    def wake_sees_everything(self) -> bool:
+        """monerod publishes a pool transaction only once it is fluffed: the wallet is polled too."""
+        return False
+
     async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         rpc = self.node
         try:

@@ -161,7 +161,7 @@ class Watcher:
         ``topup-expiry``: a slow or failing node never holds it up.)"""
         totals = {"payments": 0, "credited": 0}
         for group in self.groups:
-            if self.modes[group] == "push":
+            if self.modes[group] == "push" and self.groups[group][0].wake_sees_everything:
                 continue  # its node wakes the watcher (follow)
             try:
                 found, credited = await self.pass_group(group)
