@@ -16,6 +16,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -34,6 +35,12 @@ from vpsshop.payments import engine_for
 
 def free_port() -> int:
     with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_udp() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -73,27 +80,39 @@ class Litecoind:
         self.url = f"http://127.0.0.1:{self.port}/"
         self.datadir = workdir / "litecoind"
         self.datadir.mkdir(parents=True)
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "-regtest",
-                f"-datadir={self.datadir}",
-                f"-rpcport={self.port}",
-                f"-port={free_port()}",
-                "-rpcbind=127.0.0.1",
-                "-rpcallowip=127.0.0.1",
-                f"-rpcuser={self.user}",
-                f"-rpcpassword={self.password}",
-                "-listen=0",
-                "-server",
-                "-fallbackfee=0.0002",
-                "-printtoconsole=0",
-                "-walletrbf=1",
-                "-mempoolreplacement=1",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        # The node's notify commands send "<txid> <wallet>" / "<block hash>" to a UDP port: what a
+        # shop with `notify_listen` (push_settings) wakes on.
+        self.notify_port = free_port_udp()
+        send = (
+            f"{sys.executable} -S -c \"import socket,sys; socket.socket(2,2).sendto(' '.join(sys.argv[1:]).encode(), "
+            f"('127.0.0.1', {self.notify_port}))\""
         )
+        self.argv = [
+            binary,
+            "-regtest",
+            f"-datadir={self.datadir}",
+            f"-rpcport={self.port}",
+            f"-port={free_port()}",
+            "-rpcbind=127.0.0.1",
+            "-rpcallowip=127.0.0.1",
+            f"-rpcuser={self.user}",
+            f"-rpcpassword={self.password}",
+            "-listen=0",
+            "-server",
+            "-fallbackfee=0.0002",
+            "-printtoconsole=0",
+            "-walletrbf=1",
+            "-mempoolreplacement=1",
+            f"-walletnotify={send} %s %w",
+            f"-blocknotify={send} %s",
+        ]
+        self._start()
+        self.rpc("createwallet", "miner")
+        self.mine_address = self.rpc("getnewaddress", "", "bech32", wallet="miner")
+        self.mine(101)
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while True:
             try:
@@ -103,14 +122,17 @@ class Litecoind:
                 if time.time() > deadline or self.process.poll() is not None:
                     _stop(self.process)
                     raise RuntimeError("litecoind did not start") from None
-                time.sleep(0.3)
-        self.rpc("createwallet", "miner")
-        self.mine_address = self.rpc("getnewaddress", "", "bech32")
-        self.mine(101)
+                time.sleep(0.1)
 
-    def rpc(self, method: str, *params: Any) -> Any:
+    def restart(self) -> None:
+        """Start the node again after :meth:`stop`, with its wallet ``miner`` loaded."""
+        self._start()
+        self.rpc("loadwallet", "miner")
+
+    def rpc(self, method: str, *params: Any, wallet: str | None = None) -> Any:
+        url = f"{self.url}wallet/{wallet}" if wallet else self.url
         body = _post(
-            self.url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)}, (self.user, self.password)
+            url, {"jsonrpc": "1.0", "id": 1, "method": method, "params": list(params)}, (self.user, self.password)
         )
         if body.get("error"):
             raise RuntimeError(f"{method}: {body['error']}")
@@ -120,7 +142,7 @@ class Litecoind:
         return self.rpc("generatetoaddress", blocks, self.mine_address)
 
     def pay(self, address: str, amount: str, replaceable: bool = False) -> str:
-        return self.rpc("sendtoaddress", address, amount, "", "", False, replaceable)
+        return self.rpc("sendtoaddress", address, amount, "", "", False, replaceable, wallet="miner")
 
     def settings(self, xpub: str, confirmations: int = 2) -> dict[str, Any]:
         return {
@@ -131,6 +153,11 @@ class Litecoind:
             "rpc_password": self.password,
             "confirmations": confirmations,
         }
+
+    def push_settings(self, xpub: str, confirmations: int = 2) -> dict[str, Any]:
+        """:meth:`settings` with the node's notifications: mempool payments are pushed. The shop
+        then loads a second wallet on the node (wallet calls of tests name theirs: ``wallet=``)."""
+        return {**self.settings(xpub, confirmations), "notify_listen": f"127.0.0.1:{self.notify_port}"}
 
     def stop(self) -> None:
         _stop(self.process)
@@ -143,6 +170,7 @@ class MoneroRegtest:
         self.workdir = workdir / "monero"
         self.workdir.mkdir(parents=True)
         self.daemon_port = free_port()
+        self.zmq_pub = f"tcp://127.0.0.1:{free_port()}"
         self.processes: list[subprocess.Popen[bytes]] = []
         self._start(
             [
@@ -165,6 +193,8 @@ class MoneroRegtest:
                 str(self.daemon_port),
                 "--zmq-rpc-bind-port",
                 str(free_port()),
+                "--zmq-pub",
+                self.zmq_pub,
                 "--log-level",
                 "0",
             ],
@@ -252,15 +282,17 @@ class MoneroRegtest:
             wallet_address=self.sender_address,
         )
 
-    def mine_until_mined(self, txid: str, tries: int = 10) -> None:
-        """Mine single blocks until ``txid`` is in one (a block template may predate the tx)."""
+    def mine_until_mined(self, txid: str, tries: int = 10) -> float:
+        """Mine single blocks until ``txid`` is in one (a block template may predate the tx).
+        Returns when (``time.monotonic()``) the block that holds it was asked for."""
         daemon = f"http://127.0.0.1:{self.daemon_port}"
         for _ in range(tries):
+            asked = time.monotonic()
             self.mine(1)
             answer = _post(f"{daemon}/get_transactions", {"txs_hashes": [txid]})
             txs = answer.get("txs") or []
             if txs and not txs[0].get("in_pool") and int(txs[0].get("block_height") or 0) > 0:
-                return
+                return asked
             time.sleep(0.2)
         raise RuntimeError(f"{txid} was not mined")
 
@@ -317,6 +349,19 @@ def running_litecoind(name: str) -> Iterator[Litecoind]:
         yield node
     finally:
         node.stop()
+        remove_workdir(workdir)
+
+
+@contextmanager
+def running_monero(name: str) -> Iterator[MoneroRegtest]:
+    """monerod and its two wallet-rpc processes in a private work directory, like
+    :func:`running_litecoind`: the body of every test module's ``monero`` fixture."""
+    workdir = peer_workdir(name)
+    peers = MoneroRegtest(workdir)
+    try:
+        yield peers
+    finally:
+        peers.stop()
         remove_workdir(workdir)
 
 

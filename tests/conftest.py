@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,27 @@ def vpsshop_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     url = postgres_test_url()
     reset_postgres(url)
     return url
+
+
+@pytest.fixture(scope="module")
+def anvil() -> Iterator[Any]:
+    """A module's own ``anvil`` (:class:`evm_peers.Anvil`), mining only when told to."""
+    from evm_peers import Anvil
+
+    node = Anvil()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def background_app(vpsshop_settings: Any, vpsshop_clock: Any) -> Any:
+    """The shop with its background tasks running, as in ``vpsshop serve``: the chain watchers run.
+    A module uses it as its ``vpsshop_app``."""
+    from vpsshop.app import create_app
+
+    return create_app(vpsshop_settings, clock=vpsshop_clock, background=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ family, the settings types, the cursor and the scan-group key check."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,15 +23,6 @@ from vpsshop.chains import (
     endpoint_label,
 )
 from vpsshop_evm import SANDBOX_XPUB, Ether
-
-
-@pytest.fixture(scope="module")
-def anvil() -> Iterator[Anvil]:
-    node = Anvil()
-    try:
-        yield node
-    finally:
-        node.stop()
 
 
 async def with_client(url: str, work: Any) -> Any:

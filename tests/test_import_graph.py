@@ -206,6 +206,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.dns",
             "vpsshop.tasks",
             "vpsshop.chains",
+            "vpsshop.push",
             "vpsshop.plugin_state",
             "vpsshop.context",
             "vpsshop.encryption",

@@ -255,8 +255,9 @@ def litecoind() -> Iterator[Litecoind]:
 
 
 def test_watcher_figures_move_and_the_worker_logs_json(vpsshop_database_url, tmp_path: Path, litecoind: Litecoind):
-    """A worker watching LTC on a real litecoind: the last-pass time moves on, the lag follows the tip,
-    and every line the worker writes (its start line too) is JSON."""
+    """A worker watching LTC on a real litecoind: it follows the node by push (``vpsshop_watcher_push``
+    1), the last-pass time moves on when a block arrives, the lag follows the tip, and every line the
+    worker writes (its start line too) is JSON."""
     coin = litecoind.settings(random_tpub(), 2)
     env = shop_env(
         vpsshop_database_url,
@@ -267,6 +268,8 @@ def test_watcher_figures_move_and_the_worker_logs_json(vpsshop_database_url, tmp
     last_pass = "vpsshop_watcher_last_pass_timestamp_seconds"
     with serve(tmp_path, env, "--no-worker") as api, worker(tmp_path, env) as w:
         first = wait(lambda: value(scrape(api.base), last_pass, group="LTC"), lambda v: v > 0, 60, api, w)
+        wait(lambda: value(scrape(api.base), "vpsshop_watcher_push", group="LTC"), lambda v: v == 1, 30, w)
+        litecoind.mine(1)
         later = wait(lambda: value(scrape(api.base), last_pass, group="LTC"), lambda v: v > first, 30, w)
         assert later - first < 30
         assert value(scrape(api.base), "vpsshop_watcher_lag_blocks", group="LTC") == 0

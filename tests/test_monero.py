@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from chain_nodes import MoneroRegtest, balance, eventually, get, peer_workdir, remove_workdir, run_pass
+from chain_nodes import MoneroRegtest, balance, eventually, get, run_pass, running_monero
 from starlette.testclient import TestClient
 
 from vpsshop.testing import create_test_account
@@ -16,13 +16,8 @@ from vpsshop.testing import create_test_account
 
 @pytest.fixture(scope="session")
 def monero() -> Iterator[MoneroRegtest]:
-    workdir = peer_workdir("xmr")
-    peers = MoneroRegtest(workdir)
-    try:
+    with running_monero("xmr") as peers:
         yield peers
-    finally:
-        peers.stop()
-        remove_workdir(workdir)
 
 
 @pytest.fixture

@@ -53,11 +53,21 @@ from vpsshop.hdkeys import (
     p2wpkh_address,
 )
 from vpsshop.hdkeys import KeyError_ as KeyFormatError
+from vpsshop.push import (
+    ChannelDown,
+    WakeChannel,
+    datagram_wakes,
+    long_poll_wakes,
+    merge_wakes,
+    websocket_wakes,
+    zmq_sub_wakes,
+)
 
 __all__ = [
     "BlockCoin",
     "BlockCursor",
     "BlockScanConfig",
+    "ChannelDown",
     "ExtendedPublicKey",
     "HttpJsonClient",
     "JsonRpcClient",
@@ -66,6 +76,7 @@ __all__ = [
     "NodeConfig",
     "NodeError",
     "RpcError",
+    "WakeChannel",
     "Xpub",
     "XpubCoin",
     "XpubConfig",
@@ -74,12 +85,17 @@ __all__ = [
     "b58decode",
     "b58encode",
     "check_distinct_keys",
+    "datagram_wakes",
     "endpoint_id",
     "endpoint_label",
     "keccak256",
     "keccak_address",
+    "long_poll_wakes",
+    "merge_wakes",
     "p2wpkh_address",
     "to_checksum_address",
+    "websocket_wakes",
+    "zmq_sub_wakes",
 ]
 
 

@@ -6,7 +6,7 @@ A coin plugin subclasses :class:`PaymentCoin` and returns the class from
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -282,6 +282,10 @@ class DepositCoin(PaymentCoin[ConfigT]):
     by core when it builds the shop, empty before (a coin built by hand is alone). What
     :meth:`scan` receives as ``members``."""
 
+    watch_mode: str | None = None
+    """How core's watcher in this process follows the coin's chain: ``push`` (its node's wake
+    channel is up), ``poll`` (every ``watch_interval_seconds``), None (not watched here)."""
+
     @property
     def scan_group(self) -> str:
         """Coins with the same value share one scan and one cursor. Default: :attr:`code`."""
@@ -319,6 +323,25 @@ class DepositCoin(PaymentCoin[ConfigT]):
         top-up right after the row is committed; may be called again (must be idempotent).
         Raise :class:`vpsshop.PluginError` when the node cannot be reached; the top-up still
         exists and the watcher retries. Default: nothing."""
+
+    def wake_channel(self) -> AsyncIterator[str] | None:
+        """The node's push channel: an async iterator that yields once when it is connected, then
+        whenever the node has something new (a block; a payment in the mempool), and raises
+        :class:`vpsshop.PluginError` (or ends) when the connection is lost.
+
+        Core's watcher runs a pass of the scan group at every wake, and while no channel is up it
+        polls every ``[topups] watch_interval_seconds``, calling this again with back-off. Called
+        on the first coin of a scan group only. Build it from the chain kit's wake channels
+        (:func:`vpsshop.chains.long_poll_wakes`, ``datagram_wakes``, ``websocket_wakes``,
+        ``merge_wakes``). Default: None, the coin is polled."""
+        return None
+
+    @property
+    def wake_sees_everything(self) -> bool:
+        """True when the wake channel tells of everything :meth:`scan` reports (mempool payments
+        included): the periodic pass then leaves the coin alone while the channel is up. False:
+        the channel only speeds up blocks and the coin is polled as well. Default: True."""
+        return True
 
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         """The URI a wallet app scans from the QR code (BIP-21 ``bitcoin:<addr>?amount=..``,

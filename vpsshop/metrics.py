@@ -158,6 +158,12 @@ class _Metrics:
             ["after"],
             buckets=READY_BUCKETS,
         )
+        self.watcher_push = Gauge(
+            "vpsshop_watcher_push",
+            "1 while the watcher follows a scan group's node by its push channel, 0 while it polls.",
+            ["group"],
+            multiprocess_mode="mostrecent",
+        )
         self.watcher_pass = Gauge(
             "vpsshop_watcher_last_pass_timestamp_seconds",
             "Unix time of the last successful watcher pass of a scan group.",
@@ -244,6 +250,13 @@ def watcher_pass(group: str, *, tip: int | None = None, scanned: int | None = No
         metrics.watcher_pass.labels(group).set(time.time())
         if tip is not None and scanned is not None:
             metrics.watcher_lag.labels(group).set(max(0, tip - scanned))
+
+
+def watcher_mode(group: str, *, push: bool) -> None:
+    """The watcher follows ``group`` by push (True) or polls it (False)."""
+    metrics = _metrics()
+    if metrics is not None:
+        metrics.watcher_push.labels(group).set(1 if push else 0)
 
 
 # -- figures read from the database at scrape time --------------------------------------------------------

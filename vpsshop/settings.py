@@ -213,6 +213,11 @@ class TopupSettings(_Section):
     )
     expiry_minutes: int = Field(60, ge=5, le=7 * 24 * 60, description="How long a top-up's rate is locked.")
     watch_interval_seconds: float = Field(15, ge=0.5, le=3600, description="Watcher pass interval.")
+    push: bool = Field(
+        True,
+        description="Follow each node's push channel where its coin has one (a pass at once when a block or a "
+        "payment arrives); false: poll every watch_interval_seconds.",
+    )
     poll_min_seconds: float = Field(10, ge=0, le=3600, description="A GET checks the chain at most this often.")
     poll_timeout_seconds: float = Field(5, ge=0.1, le=60, description="How long a GET waits for that check.")
 

@@ -16,6 +16,17 @@ Settings ``[coins.BTC]`` / ``[coins.LTC]``::
     rpc_password = "..."
     confirmations = 2           # BTC default 2, LTC default 6
     start_height = 870000       # optional: first block to scan on the first run (default: the tip)
+    notify_listen = "127.0.0.1:28400"  # optional: UDP port the node's -walletnotify/-blocknotify send to
+    watch_wallet = "vpsshop"    # the watch-only wallet deposit addresses go into (with notify_listen)
+
+**Push.** The watcher follows the node with ``waitfornewblock`` (a long poll on a connection of
+its own, one request per ``push_timeout_seconds`` while nothing happens), so a block is read the
+moment the node has it. A payment still in the mempool is seen at once when ``notify_listen`` is
+set: each deposit address is then imported into the node's watch-only wallet ``watch_wallet``
+(created blank, without private keys) and the node's ``-walletnotify`` (and ``-blocknotify``)
+command sends a datagram ``<txid> <wallet>`` to that port. Without it, mempool payments show at
+the next block. This works on builds without ZMQ (Debian's litecoind 0.21); docs/payments.md
+has the node's settings.
 
 The sandbox uses the BIP-84 test vector's account key on testnet and no node: it hands out
 addresses and QR codes and watches nothing.
@@ -23,14 +34,15 @@ addresses and QR codes and watches nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar, Literal
 
+import httpx
 from pydantic import AliasChoices, Field, SecretStr
 
-from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, WatchSet, hookimpl
+from vpsshop import DepositAddress, DepositCoin, DetectedPayment, PaymentCheck, PluginError, WatchSet, hookimpl
 from vpsshop.chains import (
     BlockCoin,
     BlockCursor,
@@ -40,6 +52,9 @@ from vpsshop.chains import (
     Xpub,
     XpubCoin,
     XpubConfig,
+    datagram_wakes,
+    long_poll_wakes,
+    merge_wakes,
     p2wpkh_address,
 )
 
@@ -89,6 +104,20 @@ class UtxoCoinConfig(XpubConfig, BlockScanConfig):
     max_blocks_per_scan: int = Field(25, ge=1, le=1000)
     watch_mempool: bool = Field(True, description="Show unconfirmed payments (reads new mempool transactions).")
     timeout_seconds: float = Field(10, gt=0, le=120)
+    push_timeout_seconds: float = Field(
+        60, ge=1, le=3600, description="Time limit of one waitfornewblock long poll (one request this often when idle)."
+    )
+    notify_listen: str | None = Field(
+        None,
+        pattern=r"^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$",
+        description="host:port (UDP) the node's -walletnotify / -blocknotify command sends to: mempool payments "
+        "are seen at once.",
+    )
+    watch_wallet: str = Field(
+        "vpsshop",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="With notify_listen: the node's watch-only wallet that deposit addresses are imported into.",
+    )
 
 
 class LitecoinConfig(UtxoCoinConfig):
@@ -106,6 +135,7 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
         super().__init__(config, sandbox=sandbox)
         self.params = NETWORKS[self.code][config.network]
         self._mempool_done: set[str] = set()
+        self._wallet: JsonRpcClient | None = None
 
     def connect(self, url: str) -> JsonRpcClient:
         cfg = self.config
@@ -132,6 +162,96 @@ class UtxoCoin(XpubCoin[UtxoCoinConfig], BlockCoin[UtxoCoinConfig, JsonRpcClient
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         amount = self.format_amount(amount_atomic).rstrip("0").rstrip(".")
         return f"{URI_SCHEMES[self.code]}:{address}?amount={amount}&label={label}"
+
+    # ---- push ------------------------------------------------------------------------------------
+
+    def wake_channel(self) -> AsyncIterator[str] | None:
+        """``waitfornewblock`` long polls, and the datagrams of ``-walletnotify`` when
+        ``notify_listen`` is set."""
+        if self._client is None:
+            return None
+        channel = long_poll_wakes(*self._new_block_waiter())
+        if self.config.notify_listen is None:
+            return channel
+        host, _, port = self.config.notify_listen.rpartition(":")
+        wallet = self.config.watch_wallet.encode()
+
+        def ours(datagram: bytes) -> bool:  # "<txid> <wallet>" from -walletnotify, "<hash>" from -blocknotify
+            words = datagram.split()
+            return len(words) < 2 or words[1] == wallet
+
+        return merge_wakes(channel, datagram_wakes(host.strip("[]"), int(port), ours))
+
+    @property
+    def wake_sees_everything(self) -> bool:
+        """Mempool payments wake the watcher only with ``notify_listen``; without it the coin is
+        polled too (blocks still wake it at once)."""
+        return self.config.notify_listen is not None or not self.config.watch_mempool
+
+    def _new_block_waiter(self) -> tuple[Callable[[], Awaitable[bool]], Callable[[], Awaitable[None]]]:
+        """(wait, connect) of :func:`long_poll_wakes`: ``waitfornewblock`` on a client of its own."""
+        cfg = self.config
+        assert cfg.rpc_url is not None
+        client = self.connect(cfg.rpc_url)
+        client.client.timeout = httpx.Timeout(cfg.push_timeout_seconds + cfg.timeout_seconds)
+        best = [""]
+
+        async def connect() -> None:
+            try:
+                if cfg.notify_listen is not None:  # a node that restarted has the watch wallet unloaded
+                    await self._watch_wallet(load=True)
+                best[0] = str(await client.call("getbestblockhash"))
+            except BaseException:
+                await client.close()
+                raise
+
+        async def new_block() -> bool:
+            """True when the best block is not the one of the last answer (a block arrived)."""
+            try:
+                tip = await client.call("waitfornewblock", int(cfg.push_timeout_seconds * 1000))
+            except BaseException:
+                await client.close()
+                raise
+            moved = tip["hash"] != best[0]
+            best[0] = tip["hash"]
+            return bool(moved)
+
+        return new_block, connect
+
+    async def register_address(self, address: DepositAddress) -> None:
+        """With ``notify_listen``: import the address, watch-only and without a rescan, into the
+        node's wallet ``watch_wallet`` (so ``-walletnotify`` tells of its payments)."""
+        if self.config.notify_listen is None or self._client is None:
+            return
+        wallet = await self._watch_wallet()
+        request = {"scriptPubKey": {"address": address.address}, "timestamp": "now", "watchonly": True}
+        try:
+            answer = await wallet.call("importmulti", [request], {"rescan": False})
+        except RpcError as exc:
+            if "descriptor" not in str(exc).lower():
+                raise
+            checked = await self.node.call("getdescriptorinfo", f"addr({address.address})")
+            answer = await wallet.call("importdescriptors", [{"desc": checked["descriptor"], "timestamp": "now"}])
+        if not answer or not answer[0].get("success"):
+            raise PluginError(f"{self.code} node did not import {address.address}: {answer}")
+
+    async def _watch_wallet(self, load: bool = False) -> JsonRpcClient:
+        name = self.config.watch_wallet
+        if self._wallet is None or load:
+            if name not in await self.node.call("listwallets"):
+                try:
+                    await self.node.call("loadwallet", name)
+                except RpcError:
+                    await self.node.call("createwallet", name, True, True)
+            assert self.config.rpc_url is not None
+            if self._wallet is None:
+                self._wallet = self.connect(f"{self.config.rpc_url.rstrip('/')}/wallet/{name}")
+        return self._wallet
+
+    async def close(self) -> None:
+        if self._wallet is not None:
+            await self._wallet.close()
+        await super().close()
 
     # ---- the chain ---------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ Settings ``[coins.ETH]``::
     network = "ethereum"        # ethereum, sepolia, holesky, or any name with chain_id set
     chain_id = 1                # optional for the known networks
     rpc_url = "http://127.0.0.1:8545/"
+    ws_url = "ws://127.0.0.1:8546/"  # optional: eth_subscribe newHeads, a pass the moment a block arrives
     confirmations = 12
     start_block = 21000000      # optional: first block scanned on the first run (default: the tip)
 
@@ -37,7 +38,7 @@ mnemonic "abandon ... about" on Sepolia and no node: addresses and QR codes only
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from bip_utils import EthAddrEncoder
@@ -54,6 +55,7 @@ from vpsshop.chains import (
     XpubConfig,
     endpoint_id,
     to_checksum_address,
+    websocket_wakes,
 )
 
 # Account key m/44'/60'/0' of the BIP-39 test mnemonic "abandon x11 about": public, well known, and
@@ -100,6 +102,11 @@ class EvmCoinConfig(XpubConfig, BlockScanConfig):
         64, ge=1, le=10_000, description="Blocks rescanned when the cursor's block left the chain."
     )
     max_blocks_per_scan: int = Field(20, ge=1, le=2000, description="Blocks read per scan call (one batch).")
+    ws_url: str | None = Field(
+        None,
+        pattern=r"^wss?://",
+        description="The node's WebSocket endpoint: the watcher follows eth_subscribe newHeads (none: polled).",
+    )
 
     @model_validator(mode="after")
     def _chain_id(self) -> EvmCoinConfig:
@@ -161,6 +168,12 @@ class EvmCoin(XpubCoin[EvmCoinConfig], BlockCoin[EvmCoinConfig, JsonRpcClient]):
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         """EIP-681: ``ethereum:<address>@<chain id>?value=<wei>``."""
         return f"ethereum:{address}@{self.chain_id}?value={amount_atomic}"
+
+    def wake_channel(self) -> AsyncIterator[str] | None:
+        """``eth_subscribe`` ``newHeads`` over ``ws_url`` (the scan group's first coin's)."""
+        if self._client is None or self.config.ws_url is None:
+            return None
+        return websocket_wakes(self.config.ws_url, {"method": "eth_subscribe", "params": ["newHeads"]})
 
     # ---- the chain ----------------------------------------------------------------------------------
 

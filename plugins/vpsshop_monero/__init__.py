@@ -17,13 +17,18 @@ Settings ``[coins.XMR]``::
     rpc_user = "..."                 # when monero-wallet-rpc runs with --rpc-login
     rpc_password = "..."
     confirmations = 10
+    zmq_pub = "tcp://127.0.0.1:18084"  # optional: monerod's --zmq-pub; a pass when a block or pool tx arrives
+
+With ``zmq_pub`` the watcher follows monerod's ZMQ publisher (``json-minimal-txpool_add`` and
+``json-minimal-chain_main``): a payment is seen the moment it reaches monerod's pool and credited
+the moment its last confirmation is mined; without it, or while it is down, the wallet is polled.
 
 The sandbox uses a public stagenet test wallet (keys below) and no wallet RPC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar, Literal
 
@@ -40,7 +45,7 @@ from vpsshop import (
     WatchSet,
     hookimpl,
 )
-from vpsshop.chains import JsonRpcClient, NodeCoin, NodeConfig, RpcError
+from vpsshop.chains import JsonRpcClient, NodeCoin, NodeConfig, RpcError, zmq_sub_wakes
 from vpsshop_monero.addresses import MoneroKeyError, ViewWallet
 
 # A stagenet wallet made for the sandbox from the published seed text
@@ -71,6 +76,11 @@ class MoneroConfig(NodeConfig):
     account_index: int = Field(0, ge=0, description="Wallet account whose subaddresses are handed out.")
     confirmations: int = Field(10, ge=0, le=1000)
     timeout_seconds: float = Field(20, gt=0, le=300)
+    zmq_pub: str | None = Field(
+        None,
+        pattern=r"^tcp://[^/]+:[0-9]{1,5}$",
+        description="monerod's ZMQ publisher (its --zmq-pub): blocks and pool transactions wake the watcher.",
+    )
 
     @model_validator(mode="after")
     def _check_keys(self) -> MoneroConfig:
@@ -148,6 +158,17 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
                 f"XMR: the wallet's subaddress {address.index} differs from the derived one: the configured "
                 "address/view_key do not match the wallet behind wallet_rpc_url"
             )
+
+    def wake_channel(self) -> AsyncIterator[str] | None:
+        """monerod's ZMQ publisher (``zmq_pub``): new pool transactions and new blocks."""
+        if self._client is None or self.cfg.zmq_pub is None:
+            return None
+        return zmq_sub_wakes(self.cfg.zmq_pub, ("json-minimal-txpool_add", "json-minimal-chain_main"))
+
+    @property
+    def wake_sees_everything(self) -> bool:
+        """monerod publishes a pool transaction only once it is fluffed: the wallet is polled too."""
+        return False
 
     async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         rpc = self.node

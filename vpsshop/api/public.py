@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from vpsshop.api.spec import spec_of
 from vpsshop.catalog import Catalog
+from vpsshop.coins import DepositCoin
 from vpsshop.context import StateKey
 from vpsshop.readiness import component_readiness, ready_in_mode
 from vpsshop.routing import ApiRoute, Call, Reply
@@ -35,6 +36,11 @@ class ComponentHealth(BaseModel):
         "simulated servers) even when it could not take real money; detail then says what real use needs."
     )
     detail: str | None = Field(None, description="What is wrong or what real use needs (sandbox only).")
+    watch: Literal["push", "poll"] | None = Field(
+        None,
+        description="Coins watched by this process: push while its node's push channel is up (payments are seen "
+        "at once), poll while it is down or the coin has none (every watch_interval_seconds).",
+    )
 
 
 class Health(BaseModel):
@@ -68,6 +74,15 @@ class _LastHealth:
 _HEALTH = StateKey[_LastHealth]("health")
 
 
+def _health_extras(plugin: str, detail: str | None, sandbox: bool, component: object) -> dict[str, Any]:
+    """The sandbox's plugin and detail; a coin's watch mode when this process watches it."""
+    extras: dict[str, Any] = {"plugin": plugin, "detail": detail} if sandbox else {}
+    mode = component.watch_mode if isinstance(component, DepositCoin) else None
+    if mode in ("push", "poll"):
+        extras["watch"] = mode
+    return extras
+
+
 async def get_health(call: Call) -> Reply:
     ctx = call.ctx
     last = ctx.state(_HEALTH, _LastHealth)
@@ -83,7 +98,7 @@ async def get_health(call: Call) -> Reply:
             kind=item.kind,
             id=item.key,
             ready=ready_in_mode(r, sandbox),
-            **({"plugin": item.plugin, "detail": r.detail} if sandbox else {}),
+            **_health_extras(item.plugin, r.detail if sandbox else None, sandbox, item.component),
         )
         for item, r in checked
     ]

@@ -28,10 +28,13 @@ def vpsshop_background_tasks(ctx: AppContext) -> Iterable[BackgroundTask]:
     async def expire() -> int:
         return await to_thread.run_sync(engine.expire_due)
 
-    return [
+    tasks = [
         BackgroundTask("topup-watcher", interval, engine.watcher.run_pass),
         BackgroundTask("topup-expiry", interval, expire),
     ]
+    if engine.settings.push:
+        tasks.append(BackgroundTask("topup-push", interval, engine.watcher.follow))
+    return tasks
 
 
 @hookimpl

@@ -15,11 +15,19 @@ x402 settlements left open are resolved by their own background task (:mod:`vpss
 
 Then pending top-ups past their expiry with nothing waiting are expired. Several workers may run
 passes at once against one database: every write is idempotent or guarded by a constraint.
+
+**Push.** A scan group whose first coin has a wake channel (:meth:`DepositCoin.wake_channel`) is
+followed by :meth:`Watcher.follow`: a pass runs when the channel connects and at every wake, and
+the periodic pass leaves the group alone while the channel is up (its *mode* is ``push``). When the
+channel is down the group is polled every ``watch_interval_seconds`` again (mode ``poll``) and the
+channel is reopened after 1, 2, 4 ... :data:`PUSH_RETRY_MAX_SECONDS` seconds; the pass that runs
+when it reconnects reads whatever happened meanwhile from the cursor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +43,7 @@ from vpsshop.coins import DepositCoin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import PluginError
 from vpsshop.payments.models import ScanCursor, Topup, TopupPayment
+from vpsshop.push import IDLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.coins import PaymentCheck
@@ -68,6 +77,8 @@ log = logging.getLogger("vpsshop.watcher")
 
 MAX_SCAN_CALLS_PER_PASS = 50
 GAP_GIVE_UP_SECONDS = 600.0
+PUSH_RETRY_FIRST_SECONDS = 1.0
+PUSH_RETRY_MAX_SECONDS = 60.0
 
 
 class KeySet:
@@ -140,12 +151,18 @@ class Watcher:
         self.keysets = {g: KeySet([c.code for c in coins]) for g, coins in self.groups.items()}
         self.locks = {g: asyncio.Lock() for g in self.groups}
         self.last_pass: dict[str, float] = {}
+        self.modes: dict[str, str] = {}
+        """Scan group -> ``push`` (its wake channel is up) or ``poll``; set by :meth:`follow`."""
+        for group in self.groups:
+            self._set_mode(group, "poll")
 
     async def run_pass(self) -> dict[str, int]:
         """One pass over every scan group. Returns counters. (Expiry is a task of its own,
         ``topup-expiry``: a slow or failing node never holds it up.)"""
         totals = {"payments": 0, "credited": 0}
         for group in self.groups:
+            if self.modes[group] == "push" and self.groups[group][0].wake_sees_everything:
+                continue  # its node wakes the watcher (follow)
             try:
                 found, credited = await self.pass_group(group)
             except PluginError as exc:
@@ -159,6 +176,86 @@ class Watcher:
             totals["payments"] += found
             totals["credited"] += credited
         return totals
+
+    def _set_mode(self, group: str, mode: str) -> None:
+        self.modes[group] = mode
+        metrics.watcher_mode(group, push=mode == "push")
+        for coin in self.groups[group]:
+            coin.watch_mode = mode
+
+    async def follow(self) -> None:
+        """Follow the wake channel of every scan group that has one, until cancelled (the
+        background task ``topup-push``)."""
+        tasks = [asyncio.create_task(self.follow_group(g), name=f"push:{g}") for g in self.groups]
+        try:
+            await asyncio.gather(*tasks)
+            await asyncio.Event().wait()  # no group has a channel: nothing to do, ever
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def follow_group(self, group: str) -> None:
+        """Run a pass of ``group`` at every wake of its first coin's channel; poll while it is down."""
+        coin = self.groups[group][0]
+        wake = asyncio.Event()
+        passes = asyncio.create_task(self._pass_on_wake(group, wake))
+        delay = PUSH_RETRY_FIRST_SECONDS
+        try:
+            while True:
+                channel = coin.wake_channel()
+                if channel is None:
+                    return
+                try:
+                    async for what in channel:
+                        if self.modes[group] != "push":
+                            log.info("watching %s: push channel up, no more polling", group)
+                            self._set_mode(group, "push")
+                        delay = PUSH_RETRY_FIRST_SECONDS
+                        if what == IDLE:  # the node answered, nothing is new: as good as an empty pass
+                            metrics.watcher_pass(group)
+                            continue
+                        wake.set()
+                        log.debug("watching %s: woken (%s)", group, what)
+                    why = "the channel ended"
+                except PluginError as exc:
+                    why = str(exc)
+                except Exception as exc:  # noqa: BLE001 - any failure of the channel: poll and retry
+                    why = f"{type(exc).__name__}: {exc}"
+                finally:
+                    aclose = getattr(channel, "aclose", None)
+                    if aclose is not None:
+                        with contextlib.suppress(Exception):
+                            await aclose()
+                if self.modes[group] == "push":
+                    wake.set()  # a last look: what happened while it went down
+                self._set_mode(group, "poll")
+                log.warning(
+                    "watching %s: push channel down (%s); polling every %ss, reconnecting in %ss",
+                    group,
+                    why,
+                    self.engine.settings.watch_interval_seconds,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PUSH_RETRY_MAX_SECONDS)
+        finally:
+            passes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await passes
+
+    async def _pass_on_wake(self, group: str, wake: asyncio.Event) -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            try:
+                await self.pass_group(group)
+            except PluginError as exc:
+                metrics.node_error(group)
+                log.warning("watching %s failed this pass: %s", group, exc)
+            except Exception:
+                metrics.node_error(group)
+                log.exception("watching %s failed this pass", group)
 
     async def poke(self, group: str) -> bool:
         """A GET's chain check: a pass of ``group`` unless one ran within ``poll_min_seconds``.

@@ -1,0 +1,61 @@
+"""Push on Monero: the watcher follows monerod's ZMQ publisher (``--zmq-pub``), so an XMR payment is
+credited within a second of its block.
+
+(A payment in the pool wakes nothing here: monerod publishes ``txpool_add`` only once a transaction
+is fluffed to peers, which an offline regtest node never does; the pass at its block sees it.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chain_nodes import MoneroRegtest, balance, running_monero
+from starlette.testclient import TestClient
+from topup_push import assert_prompt, coin_mode, new_topup, push_settings_of, wait_for, watched_state
+
+from vpsshop.testing import create_test_account
+
+
+@pytest.fixture(scope="module")
+def monero() -> Iterator[MoneroRegtest]:
+    with running_monero("xmr-push") as peers:
+        yield peers
+
+
+@pytest.fixture
+def vpsshop_database_url(tmp_path: Path) -> str:
+    """One database: the channel does not depend on it. (Run twice against one monerod, the second
+    shop's payment hung: the sender wallet's `transfer` did not answer within 120 s. Not understood
+    yet; a fresh monerod per database passes both.)"""
+    return f"sqlite:///{tmp_path / 'shop.db'}"
+
+
+@pytest.fixture
+def vpsshop_overrides(monero: MoneroRegtest) -> dict[str, Any]:
+    account = int(monero.call(monero.shop_url, "create_account")["account_index"])
+    coin = {**monero.settings(confirmations=1), "account_index": account, "zmq_pub": monero.zmq_pub}
+    return push_settings_of({"XMR": coin})
+
+
+@pytest.fixture
+def vpsshop_app(background_app: Any) -> Any:
+    return background_app
+
+
+def test_xmr_is_credited_within_a_second_of_its_block(vpsshop_client: TestClient, monero: MoneroRegtest) -> None:
+    account = create_test_account(vpsshop_client)
+    wait_for(lambda: coin_mode(vpsshop_client, "XMR") == "push", 30, "push mode")
+    credited: list[float] = []
+    for _ in range(3):
+        topup = new_topup(vpsshop_client, account.headers, "XMR", 30)
+        ref = topup["ref"]
+        txid = monero.pay(topup["deposit_address"], int(Decimal(topup["deposit_amount"]) * 10**12))
+        mined = monero.mine_until_mined(txid)
+        wait_for(lambda ref=ref: watched_state(vpsshop_client, ref)[2] == "completed", 10, "credited")
+        credited.append(time.monotonic() - mined)
+    assert_prompt(credited, "credited after the block")
+    assert balance(vpsshop_client, account.headers) == 90
