@@ -231,6 +231,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.admin",
             "vpsshop.operators",
             "vpsshop.shopview",
+            "vpsshop.images",
         },
     ),
     (

@@ -119,6 +119,11 @@ class AppContext:
         location without a backend, as in a sandbox without one). Orders elsewhere are a 409."""
         return self.hypervisor is None or self.hypervisor.serves(location_id)
 
+    def offers_os(self, location_id: str, os_image: str) -> bool:
+        """Whether some host of this location holds the OS's base image, as the backend last saw it
+        (``vpsshop images status``). Orders for an OS no host there holds are a 409 ``os_unavailable``."""
+        return self.hypervisor is None or self.hypervisor.offers(location_id, os_image)
+
     async def close(self) -> None:
         for item in self.loaded:
             if item.component is not None:

@@ -79,6 +79,7 @@ from vpsshop import (
     ConsoleStream,
     DomainState,
     GuestReport,
+    HostImages,
     HostInspection,
     HostKey,
     HypervisorBackend,
@@ -91,6 +92,7 @@ from vpsshop import (
     compose_user_data,
     hookimpl,
 )
+from vpsshop_libvirt import images
 
 try:
     import libvirt
@@ -560,7 +562,7 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "images"})
 
     config: LibvirtConfig
 
@@ -570,10 +572,11 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console"})
+            self.capabilities = frozenset({"reinstall", "console", "images"})
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
+        self._held: dict[str, frozenset[str]] = {}  # host key -> volume names of its pool, as last listed
         self._lock = threading.Lock()
         self._boots_lock = threading.Lock()  # taken on libvirt's event thread: never held while calling libvirt
         if libvirt is not None:
@@ -1040,6 +1043,94 @@ class LibvirtBackend(HypervisorBackend):
         sees it, and a disk made anew has none."""
         await self._run(self._mark_disk, handle, marker)
 
+    # ---- base images (images.py) ----------------------------------------------------------------
+
+    def offers(self, location: str, os_image: str) -> bool:
+        """Some host of the location held ``os_image`` in its pool when last listed (at start-up, by
+        each health check, by ``vpsshop images``); a host not listed yet counts as holding it. The
+        test driver keeps no images: always True there."""
+        if self.cfg.domain_type == "test" or not self.serves(location):
+            return True
+        held = self._held
+        hosts = self.location(location).hosts
+        return any(host.key not in held or os_image in held[host.key] for host in hosts)
+
+    def _list_pool(self, host: HostConfig, loc: LocationConfig) -> list[str]:
+        conn = self._conn(host.uri)
+        pool, _ = self._pool(conn, loc)
+        pool.refresh(0)
+        names = [str(name) for name in pool.listVolumes()]
+        self._held = {**self._held, host.key: frozenset(names)}
+        return names
+
+    def _refresh_images(self) -> None:
+        for loc in self.cfg.locations.values():
+            for host in loc.hosts:
+                try:
+                    self._list_pool(host, loc)
+                except (PluginError, LibvirtError):
+                    self._held = {k: v for k, v in self._held.items() if k != host.key}  # unknown again
+
+    async def refresh_images(self) -> None:
+        """List every host's pool again for :meth:`offers` (a host that does not answer: unknown)."""
+        if libvirt is not None and self.cfg.domain_type != "test":
+            await asyncio.to_thread(self._refresh_images)
+
+    def _image_versions(self, location: str) -> list[HostImages]:
+        loc = self.location(location)
+        found = []
+        for host in loc.hosts:
+            try:
+                names = self._list_pool(host, loc)
+                conn = self._conn(host.uri)
+                pool, _ = self._pool(conn, loc)
+                versions: dict[str, str | None] = {}
+                for name, recorded in images.held(names).items():
+                    record = self._volume(pool, images.record_name(name)) if recorded else None
+                    versions[name] = images.read_record(conn, record) if record is not None else None
+                found.append(HostImages(host.key, versions))
+            except (PluginError, LibvirtError) as exc:
+                message = exc.get_error_message() if isinstance(exc, LibvirtError) else str(exc)
+                found.append(HostImages(host.key, error=message))
+        return found
+
+    async def image_versions(self, location: str) -> list[HostImages]:
+        """Each host's base images and the version recorded beside each (``<image>.vpsshop-version``)."""
+        return await asyncio.to_thread(self._image_versions, location)
+
+    def _install_image(
+        self, location: str, image: str, path: str, version: str, progress: Callable[[int], None] | None
+    ) -> list[str]:
+        loc = self.location(location)
+        written = []
+        for host in loc.hosts:
+            conn = self._conn(host.uri)
+            pool, _ = self._pool(conn, loc)
+            try:
+                if images.install(conn, pool, image, Path(path), version, progress):
+                    written.append(host.key)
+            except PluginError as exc:
+                raise PluginError(f"{host.key}: {exc}") from None
+            except LibvirtError as exc:
+                raise PluginError(f"{host.key}: uploading {image}: {exc.get_error_message()}") from None
+            self._list_pool(host, loc)
+        return written
+
+    async def install_image(
+        self,
+        location: str,
+        image: str,
+        path: str,
+        fmt: str,
+        version: str,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        """Upload the file into each host's pool with a storage stream (``virStorageVolUpload``),
+        then record ``version`` beside it. A pool holding ``image`` already is left as it is when the
+        version matches (or, unrecorded, when the file read back has that checksum) and refused
+        otherwise: servers' disks are overlays on it."""
+        return await self._run(self._install_image, location, image, path, version, progress)
+
     # ---- health ---------------------------------------------------------------------------------
 
     def _check(self) -> Readiness:
@@ -1054,6 +1145,8 @@ class LibvirtBackend(HypervisorBackend):
                     problems.append(f"{host.key}: {exc}")
         if problems:
             return Readiness(False, "; ".join(problems)[:300])
+        if self.cfg.domain_type != "test":
+            self._refresh_images()
         return Readiness(True, f"{hosts} host(s) answer")
 
     async def check_ready(self) -> Readiness:
@@ -1101,6 +1194,7 @@ class LibvirtBackend(HypervisorBackend):
             )
         if problems:
             raise StartupError("; ".join(problems))
+        await self.refresh_images()
 
     def _preflight_host(self, uri: str) -> None:
         try:
@@ -1146,6 +1240,15 @@ def _read_marker(path: str) -> str | None:
     bitmaps = info.get("format-specific", {}).get("data", {}).get("bitmaps", [])
     names = [b["name"] for b in bitmaps if b.get("name", "").startswith(MARKER_PREFIX)]
     return names[0].removeprefix(MARKER_PREFIX) if names else None
+
+
+@hookimpl
+async def vpsshop_startup(ctx: Any) -> None:
+    """List each host's pool once the service or worker starts, for :meth:`LibvirtBackend.offers`
+    (uvicorn's workers and ``vpsshop worker`` skip the preflight that does it in ``vpsshop serve``)."""
+    backend = getattr(ctx, "hypervisor", None)
+    if isinstance(backend, LibvirtBackend):
+        await backend.refresh_images()
 
 
 @hookimpl(trylast=True)
