@@ -262,7 +262,7 @@ def test_an_os_no_host_of_the_location_holds_is_refused_before_any_charge(
     os_unavailable and charges nothing; one for tiny is taken. Start-up says what is missing."""
     from starlette.testclient import TestClient
 
-    from vpsshop.app import create_app, unoffered_systems
+    from vpsshop.app import create_app
     from vpsshop.assembly import build_context
     from vpsshop.testing import create_test_account
 
@@ -274,7 +274,7 @@ def test_an_os_no_host_of_the_location_holds_is_refused_before_any_charge(
     assert [r.error for r in results] == [None]
     with TestClient(create_app(settings, background=False)) as client:
         shop = client.app.state.ctx
-        assert unoffered_systems(shop) == {"nl": ["broken", "manual"]}
+        assert shop.unoffered_systems() == {"nl": ["broken", "manual"]}
         account = create_test_account(client)
         account.credit("10")
         body = {"plan": "pup", "location": "nl", "hostname": "img-test"}
@@ -283,6 +283,75 @@ def test_an_os_no_host_of_the_location_holds_is_refused_before_any_charge(
         quote = client.post("/v1/servers/quote", headers=account.headers, json={**body, "os": "broken"})
         assert quote.status_code == 409 and quote.json()["error"] == "os_unavailable"
         assert client.get("/v1/account", headers=account.headers).json()["balance_usd"] == 10
+        located = client.get("/v1/catalog").json()["locations"]
+        assert [(loc["id"], loc["operating_systems"]) for loc in located] == [("nl", ["tiny"])]
+        llms = client.get("/llms.txt").text
+        assert "Operating systems (every location above): `tiny`." in llms and "`manual`" not in llms
+        health = client.get("/v1/health").json()
+        assert any("images: nl lacks broken, manual" in c.get("detail", "") for c in health["components"]), health
         taken = client.post("/v1/servers", headers=account.headers, json={**body, "os": "tiny"})
         assert taken.status_code == 201, taken.text
         assert client.get("/v1/account", headers=account.headers).json()["balance_usd"] == 6.01
+
+
+def test_the_command_line_syncs_and_reports_each_host(
+    mirror: tuple[str, Path], hosts: list[PrivateLibvirtd], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``vpsshop images sync`` exits 1 (the corrupted image is refused) after putting tiny everywhere;
+    ``vpsshop images status`` lists each host and exits 1 while one lacks an image."""
+    from vpsshop.cli import main
+
+    url, root = mirror
+    catalog = _catalog(tmp_path, url, root)
+    config = tmp_path / "vpsshop.toml"
+    uris = ", ".join(f'{{ uri = "{h.uri}", name = "host{i}", max_memory_mib = 4096 }}' for i, h in enumerate(hosts))
+    config.write_text(
+        f"""mode = "sandbox"
+database_url = "sqlite:///{tmp_path / "shop.db"}"
+secret_key = "{TEST_SECRET_KEY}"
+encryption_key = "{TEST_ENCRYPTION_KEY}"
+[catalog]
+source = "file"
+[catalog.file]
+path = "{catalog}"
+[hypervisor]
+backend = "libvirt"
+[hypervisor.libvirt]
+domain_type = "qemu"
+guest_reports = false
+[hypervisor.libvirt.locations.nl]
+hosts = [{uris}]
+pool = "{POOL}"
+network = "user"
+"""
+    )
+    assert main(["images", "sync", "--config", str(config), "--cache", str(tmp_path / "cache")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("tiny\tnl\tok\t") for line in out), out
+    assert any(line.startswith("broken\t*\tREFUSED\t") and "corrupt" in line for line in out), out
+    assert "manual\t*\tskipped\tno source" in out
+    assert main(["images", "status", "--config", str(config)]) == 1
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [r[:4] for r in rows if r[2] == "tiny"] == [
+        ["nl", "host0", "tiny", "recorded"],
+        ["nl", "host1", "tiny", "recorded"],
+    ]
+    assert [r[:4] for r in rows if r[2] == "manual"] == [
+        ["nl", "host0", "manual", "missing"],
+        ["nl", "host1", "manual", "missing"],
+    ]
+
+
+def test_an_image_in_another_format_than_the_catalog_says_is_refused(mirror: tuple[str, Path]) -> None:
+    """The qcow2 file named raw in the catalog, and a raw source where overlays expect qcow2: no upload."""
+    from vpsshop import PluginError
+    from vpsshop_libvirt import LibvirtBackend, LibvirtConfig
+
+    _, root = mirror
+    location = {"hosts": [{"uri": "qemu+unix:///session?socket=/nonexistent"}], "pool": POOL}
+    raw_base = LibvirtBackend(LibvirtConfig.model_validate({"base_image_format": "raw", "locations": {"nl": location}}))
+    with pytest.raises(PluginError, match="is a qcow2 file, not the raw image"):
+        asyncio.run(raw_base.install_image("nl", "tiny.qcow2", str(root / "tiny.qcow2"), "raw", "sha256:" + "0" * 64))
+    qcow2_base = LibvirtBackend(LibvirtConfig.model_validate({"locations": {"nl": location}}))
+    with pytest.raises(PluginError, match="disks here are made on a qcow2 base image"):
+        asyncio.run(qcow2_base.install_image("nl", "tiny.qcow2", str(root / "tiny.qcow2"), "raw", "sha256:" + "0" * 64))

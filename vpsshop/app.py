@@ -185,7 +185,7 @@ async def preflight(ctx: AppContext) -> list[str]:
             unserved = unserved_locations(ctx)
             if unserved:
                 problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): {_unserved_problem(ctx, unserved)}")
-    for location, missing in unoffered_systems(ctx).items():
+    for location, missing in ctx.unoffered_systems().items():
         log.warning(
             "location %s offers no %s: no host there holds the image (orders are refused with 409 "
             "os_unavailable; `vpsshop images sync` puts it there, `vpsshop images status` shows each host)",
@@ -204,17 +204,6 @@ async def preflight(ctx: AppContext) -> list[str]:
 def unserved_locations(ctx: AppContext) -> list[str]:
     """The catalog's location ids the hypervisor backend does not serve (none without a backend)."""
     return [loc.id for loc in ctx.catalog_data.locations if not ctx.serves_location(loc.id)]
-
-
-def unoffered_systems(ctx: AppContext) -> dict[str, list[str]]:
-    """Served location id -> the catalog OS ids it cannot offer (no host there holds the image)."""
-    found = {}
-    for loc in ctx.catalog_data.locations:
-        if ctx.serves_location(loc.id):
-            missing = [o.id for o in ctx.catalog_data.operating_systems if not ctx.offers_os(loc.id, o.image)]
-            if missing:
-                found[loc.id] = missing
-    return found
 
 
 def _unserved_problem(ctx: AppContext, unserved: list[str]) -> str:

@@ -138,6 +138,11 @@ class LocationOut(BaseModel):
     name: str
     country: str
     price_modifier: UsdAmount = Field(description="Multiplies each plan's base price.")
+    operating_systems: list[str] = Field(
+        default_factory=list,
+        description="The operating system ids orderable here now: those whose image some host of the location "
+        "holds (an order for another is refused with 409 os_unavailable).",
+    )
 
 
 class OperatingSystemOut(BaseModel):
@@ -214,7 +219,10 @@ def build_catalog(
             PlanOut(**plan.model_dump(exclude={"base_price_cents"}), base_price_usd=_usd(plan.base_price_cents))
             for plan in data.plans
         ],
-        locations=[LocationOut(**loc.model_dump()) for loc in data.locations],
+        locations=[
+            LocationOut(**loc.model_dump(), operating_systems=[o.id for o in data.operating_systems])
+            for loc in data.locations
+        ],
         operating_systems=[
             OperatingSystemOut(**os_.model_dump(exclude={"image", "source"})) for os_ in data.operating_systems
         ],

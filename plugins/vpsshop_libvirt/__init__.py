@@ -1098,9 +1098,25 @@ class LibvirtBackend(HypervisorBackend):
         """Each host's base images and the version recorded beside each (``<image>.vpsshop-version``)."""
         return await asyncio.to_thread(self._image_versions, location)
 
+    def _check_format(self, image: str, path: str, fmt: str) -> None:
+        """The file is in the format the catalog says, and the one this backend's overlays name as
+        their backing format (``kernel_boot.<image>.format``, else ``base_image_format``)."""
+        boot = self.cfg.kernel_boot.get(image)
+        expected = (boot.format if boot is not None else None) or self.cfg.base_image_format
+        if fmt != expected:
+            raise PluginError(
+                f"the catalog's source of {image} is {fmt}, but disks here are made on a {expected} base image: "
+                f'set hypervisor.libvirt.kernel_boot."{image}".format or base_image_format'
+            )
+        if shutil.which("qemu-img"):
+            found = json.loads(_qemu_img("info", "--output=json", path)).get("format")
+            if found != fmt:
+                raise PluginError(f"{image} is a {found} file, not the {fmt} image the catalog names")
+
     def _install_image(
-        self, location: str, image: str, path: str, version: str, progress: Callable[[int], None] | None
+        self, location: str, image: str, path: str, fmt: str, version: str, progress: Callable[[int], None] | None
     ) -> list[str]:
+        self._check_format(image, path, fmt)
         loc = self.location(location)
         written = []
         for host in loc.hosts:
@@ -1125,11 +1141,12 @@ class LibvirtBackend(HypervisorBackend):
         version: str,
         progress: Callable[[int], None] | None = None,
     ) -> list[str]:
-        """Upload the file into each host's pool with a storage stream (``virStorageVolUpload``),
+        """Check the file's format (``qemu-img info``, when installed) against ``fmt`` and this
+        backend's backing format, then upload it into each host's pool with a storage stream (``virStorageVolUpload``),
         then record ``version`` beside it. A pool holding ``image`` already is left as it is when the
         version matches (or, unrecorded, when the file read back has that checksum) and refused
         otherwise: servers' disks are overlays on it."""
-        return await self._run(self._install_image, location, image, path, version, progress)
+        return await self._run(self._install_image, location, image, path, fmt, version, progress)
 
     # ---- health ---------------------------------------------------------------------------------
 

@@ -626,4 +626,4 @@ TOOLS: tuple[Tool, ...] = (
 
 
 async def _catalog(ctx: AppContext) -> Result:
-    return ctx.catalog
+    return ctx.current_catalog()
