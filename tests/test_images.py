@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from chain_nodes import peer_workdir, remove_workdir
 from libvirt_peer import PrivateLibvirtd
+from test_dashboard import D, sign_in
 
 from vpsshop.images import ImageError, Progress, fetch, status, sync
 from vpsshop.settings import Settings, load_settings
@@ -264,6 +265,7 @@ def test_an_os_no_host_of_the_location_holds_is_refused_before_any_charge(
 
     from vpsshop.app import create_app
     from vpsshop.assembly import build_context
+    from vpsshop.readiness import component_readiness
     from vpsshop.testing import create_test_account
 
     url, root = mirror
@@ -289,6 +291,11 @@ def test_an_os_no_host_of_the_location_holds_is_refused_before_any_charge(
         assert "Operating systems (every location above): `tiny`." in llms and "`manual`" not in llms
         health = client.get("/v1/health").json()
         assert any("images: nl lacks broken, manual" in c.get("detail", "") for c in health["components"]), health
+        hypervisor = [r for item, r in asyncio.run(component_readiness(shop)) if item.component is shop.hypervisor]
+        assert hypervisor[0].figures["unoffered_systems_total"] == 2  # /metrics: vpsshop_component_figure
+        assert sign_in(client, account.login_token).status_code == 303
+        form = client.get(f"{D}/servers/new").text
+        assert '<option value="tiny"' in form and '<option value="manual"' not in form
         taken = client.post("/v1/servers", headers=account.headers, json={**body, "os": "tiny"})
         assert taken.status_code == 201, taken.text
         assert client.get("/v1/account", headers=account.headers).json()["balance_usd"] == 6.01
@@ -355,3 +362,18 @@ def test_an_image_in_another_format_than_the_catalog_says_is_refused(mirror: tup
     qcow2_base = LibvirtBackend(LibvirtConfig.model_validate({"locations": {"nl": location}}))
     with pytest.raises(PluginError, match="disks here are made on a qcow2 base image"):
         asyncio.run(qcow2_base.install_image("nl", "tiny.qcow2", str(root / "tiny.qcow2"), "raw", "sha256:" + "0" * 64))
+
+
+def test_an_image_source_names_exactly_one_checksum() -> None:
+    from pydantic import ValidationError
+
+    from vpsshop import ImageSource
+
+    url = "https://example.test/a.qcow2"
+    with pytest.raises(ValidationError, match="exactly one of checksum and checksum_url"):
+        ImageSource.model_validate({"url": url})
+    with pytest.raises(ValidationError, match="exactly one of checksum and checksum_url"):
+        ImageSource.model_validate({"url": url, "checksum": "sha256:" + "a" * 64, "checksum_url": url + ".sums"})
+    with pytest.raises(ValidationError, match="checksum"):
+        ImageSource.model_validate({"url": url, "checksum": "md5:" + "a" * 32})
+    assert ImageSource.model_validate({"url": url, "checksum": "sha512:" + "b" * 128}).format == "qcow2"

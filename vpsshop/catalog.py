@@ -62,9 +62,6 @@ class ImageSource(BaseModel):
     )
     checksum_kind: Literal["sha256", "sha512"] = Field("sha256", description="The kind of checksum_url's sums.")
     format: Literal["qcow2", "raw"] = "qcow2"
-    kernel_cmdline: str | None = Field(
-        None, max_length=1000, description="Kernel boot parameters, for an image booted by direct kernel boot."
-    )
 
     @model_validator(mode="after")
     def _one_checksum(self) -> ImageSource:

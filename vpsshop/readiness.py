@@ -64,14 +64,17 @@ async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Re
 
 def _with_images(ctx: AppContext, item: LoadedComponent, ready: Readiness) -> Readiness:
     """The hypervisor's readiness, naming the systems a location cannot offer (still ready: the
-    other systems and locations sell; ``vpsshop images status`` names the hosts)."""
+    other systems and locations sell; ``vpsshop images status`` names the hosts), with their count
+    as the figure ``unoffered_systems_total`` (on ``/metrics`` in production too, where the health
+    body carries no detail)."""
     if item.component is None or item.component is not ctx.hypervisor:
         return ready
     missing = ctx.unoffered_systems()
+    figures = {**ready.figures, "unoffered_systems_total": float(sum(len(ids) for ids in missing.values()))}
     if not missing:
-        return ready
+        return replace(ready, figures=figures)
     lacking = "; ".join(f"{loc} lacks {', '.join(ids)}" for loc, ids in missing.items())
-    return replace(ready, detail=f"{ready.detail}; images: {lacking}"[:500])
+    return replace(ready, detail=f"{ready.detail}; images: {lacking}"[:500], figures=figures)
 
 
 def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:

@@ -50,8 +50,12 @@ How a server is made (:meth:`LibvirtBackend.create`):
 
 Base images that are a bare file system boot by direct kernel boot
 (``[hypervisor.libvirt.kernel_boot."<image file>"]``: ``kernel``, ``initrd``, ``cmdline``, ``format``).
-The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again) and
-:meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver).
+The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again),
+:meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver)
+and the base images of ``vpsshop images`` (:meth:`LibvirtBackend.install_image`,
+:meth:`LibvirtBackend.image_versions`: storage-stream uploads and a record volume beside each image,
+``images.py``). :meth:`LibvirtBackend.offers` answers from each host's pool as last listed (start-up,
+health checks, ``vpsshop images``).
 
 Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
 """
@@ -1259,7 +1263,7 @@ def _read_marker(path: str) -> str | None:
     return names[0].removeprefix(MARKER_PREFIX) if names else None
 
 
-@hookimpl
+@hookimpl(trylast=True)
 async def vpsshop_startup(ctx: Any) -> None:
     """List each host's pool once the service or worker starts, for :meth:`LibvirtBackend.offers`
     (uvicorn's workers and ``vpsshop worker`` skip the preflight that does it in ``vpsshop serve``)."""
