@@ -233,6 +233,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.admin",
             "vpsshop.operators",
             "vpsshop.shopview",
+            "vpsshop.images",
         },
     ),
     (

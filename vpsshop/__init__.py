@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vpsshop.catalog import CatalogData, CatalogSource, Location, OperatingSystem, Plan
+from vpsshop.catalog import CatalogData, CatalogSource, ImageSource, Location, OperatingSystem, Plan
 from vpsshop.clock import Clock, FrozenClock
 from vpsshop.coins import (
     DepositAddress,
@@ -36,6 +36,7 @@ from vpsshop.hypervisor import (
     ConsoleStream,
     DomainState,
     GuestReport,
+    HostImages,
     HostInspection,
     HostKey,
     HypervisorBackend,
@@ -103,9 +104,11 @@ __all__ = [
     "FrozenClock",
     "GuestReport",
     "Header",
+    "HostImages",
     "HostInspection",
     "HostKey",
     "HypervisorBackend",
+    "ImageSource",
     "Location",
     "NoConfig",
     "NotFound",

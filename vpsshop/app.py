@@ -185,6 +185,13 @@ async def preflight(ctx: AppContext) -> list[str]:
             unserved = unserved_locations(ctx)
             if unserved:
                 problems.append(f"{item.kind} {item.key} (plugin {item.plugin}): {_unserved_problem(ctx, unserved)}")
+    for location, missing in ctx.unoffered_systems().items():
+        log.warning(
+            "location %s offers no %s: no host there holds the image (orders are refused with 409 "
+            "os_unavailable; `vpsshop images sync` puts it there, `vpsshop images status` shows each host)",
+            location,
+            ", ".join(missing),
+        )
     if problems and not ctx.settings.sandbox:
         raise StartupError(
             "configured components cannot work (fix each, then start again):\n  " + "\n  ".join(problems)

@@ -43,13 +43,46 @@ class Location(BaseModel):
     price_modifier: Decimal = Field(gt=0, le=10, decimal_places=3)
 
 
+class ImageSource(BaseModel):
+    """Where ``vpsshop images sync`` fetches an operating system's base image, and how it checks it.
+
+    Exactly one of ``checksum`` (``"sha256:<hex>"`` or ``"sha512:<hex>"``) and ``checksum_url`` (a
+    checksum file such as Debian's ``SHA512SUMS``: lines of ``<hex>  <file name>``, the line naming the
+    file of ``url`` counts, its kind told by ``checksum_kind``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(pattern=r"^(https?|file)://", description="Where the image file is downloaded from.")
+    checksum: str | None = Field(
+        None, pattern=r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$", description="sha256:<hex> or sha512:<hex>."
+    )
+    checksum_url: str | None = Field(
+        None, pattern=r"^(https?|file)://", description="A checksum file listing the image's file name."
+    )
+    checksum_kind: Literal["sha256", "sha512"] = Field("sha256", description="The kind of checksum_url's sums.")
+    format: Literal["qcow2", "raw"] = "qcow2"
+
+    @model_validator(mode="after")
+    def _one_checksum(self) -> ImageSource:
+        if (self.checksum is None) == (self.checksum_url is None):
+            raise ValueError("an image source names exactly one of checksum and checksum_url")
+        return self
+
+
 class OperatingSystem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(pattern=_ID)
     name: str
     family: str
-    image: str = Field(description="Base image file name the hypervisor backend clones.")
+    image: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._+\-]{0,200}$",
+        description="Base image file name the hypervisor backend clones.",
+    )
+    source: ImageSource | None = Field(
+        None, description="Where `vpsshop images sync` gets the image; none: the operator puts it on each host."
+    )
 
 
 class CatalogData(BaseModel):
@@ -102,6 +135,11 @@ class LocationOut(BaseModel):
     name: str
     country: str
     price_modifier: UsdAmount = Field(description="Multiplies each plan's base price.")
+    operating_systems: list[str] = Field(
+        default_factory=list,
+        description="The operating system ids orderable here now: those whose image some host of the location "
+        "holds (an order for another is refused with 409 os_unavailable).",
+    )
 
 
 class OperatingSystemOut(BaseModel):
@@ -178,8 +216,13 @@ def build_catalog(
             PlanOut(**plan.model_dump(exclude={"base_price_cents"}), base_price_usd=_usd(plan.base_price_cents))
             for plan in data.plans
         ],
-        locations=[LocationOut(**loc.model_dump()) for loc in data.locations],
-        operating_systems=[OperatingSystemOut(**os_.model_dump(exclude={"image"})) for os_ in data.operating_systems],
+        locations=[
+            LocationOut(**loc.model_dump(), operating_systems=[o.id for o in data.operating_systems])
+            for loc in data.locations
+        ],
+        operating_systems=[
+            OperatingSystemOut(**os_.model_dump(exclude={"image", "source"})) for os_ in data.operating_systems
+        ],
         cycles=list(CYCLES),
         pricing=pricing,
         payment_options=payment_options,

@@ -688,6 +688,44 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    """``vpsshop images sync|status``: the catalog's base images on every host (vpsshop/images.py)."""
+    from vpsshop import images
+    from vpsshop.assembly import build_context
+
+    ctx = build_context(_settings(args))
+
+    async def run() -> int:
+        try:
+            if args.images_command == "sync":
+                cache = Path(args.cache) if args.cache else images.default_cache()
+                results = await images.sync(ctx, cache, only=args.os or None)
+                failed = 0
+                for r in results:
+                    if r.error:
+                        failed += 1
+                        print(f"{r.os_id}\t{r.location}\tREFUSED\t{r.error}")
+                    elif r.skipped:
+                        print(f"{r.os_id}\t{r.location}\tskipped\t{r.skipped}")
+                    else:
+                        print(f"{r.os_id}\t{r.location}\tok\t{', '.join(r.hosts) or 'every host had it'}")
+                return 1 if failed else 0
+            rows = await images.status(ctx)
+            if args.json:
+                print(json.dumps([row.__dict__ for row in rows], indent=2))
+            else:
+                for row in rows:
+                    print(f"{row.location}\t{row.host}\t{row.os_id}\t{row.state}\t{row.version or ''}")
+            return 1 if any(row.state in ("missing", "unreachable") for row in rows) else 0
+        except images.ImageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            await ctx.close()
+
+    return asyncio.run(run())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vpsshop", description="Run a prepaid crypto VPS shop.")
     parser.add_argument("--version", action="version", version=f"vpsshop {__version__}")
@@ -758,6 +796,18 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on (default loopback)")
     mcp.add_argument("--port", type=int, default=8765, help="streamable-http: port (default 8765); path /mcp")
     mcp.set_defaults(func=cmd_mcp)
+
+    images_ = sub.add_parser("images", help="the catalog's OS base images on every hypervisor host")
+    images_sub = images_.add_subparsers(dest="images_command", required=True)
+    sync = with_config(images_sub.add_parser("sync", help="download, verify and upload each OS image to every host"))
+    sync.add_argument("--cache", help="download cache directory (default ~/.cache/vpsshop/images)")
+    sync.add_argument("--os", action="append", help="only this catalog OS id (repeatable)")
+    sync.set_defaults(func=cmd_images)
+    status = with_config(
+        images_sub.add_parser("status", help="which host holds which image version; exit 1 if any lacks one")
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object per host and OS")
+    status.set_defaults(func=cmd_images)
 
     admin = sub.add_parser("admin", help="support tasks")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)

@@ -119,6 +119,33 @@ class AppContext:
         location without a backend, as in a sandbox without one). Orders elsewhere are a 409."""
         return self.hypervisor is None or self.hypervisor.serves(location_id)
 
+    def offers_os(self, location_id: str, os_image: str) -> bool:
+        """Whether some host of this location holds the OS's base image, as the backend last saw it
+        (``vpsshop images status``). Orders for an OS no host there holds are a 409 ``os_unavailable``."""
+        return self.hypervisor is None or self.hypervisor.offers(location_id, os_image)
+
+    def orderable_systems(self, location_id: str) -> list[str]:
+        """The catalog's OS ids whose image some host of the location holds, in catalog order."""
+        return [o.id for o in self.catalog_data.operating_systems if self.offers_os(location_id, o.image)]
+
+    def unoffered_systems(self) -> dict[str, list[str]]:
+        """Served location id -> the catalog OS ids it cannot offer (no host there holds the image)."""
+        found = {}
+        for loc in self.catalog_data.locations:
+            if self.serves_location(loc.id):
+                missing = [o.id for o in self.catalog_data.operating_systems if not self.offers_os(loc.id, o.image)]
+                if missing:
+                    found[loc.id] = missing
+        return found
+
+    def current_catalog(self) -> Catalog:
+        """``GET /v1/catalog``: the catalog with each location's orderable systems as the hosts hold them now."""
+        offered = {loc.id: self.orderable_systems(loc.id) for loc in self.catalog.locations}
+        if all(loc.operating_systems == offered[loc.id] for loc in self.catalog.locations):
+            return self.catalog
+        locations = [loc.model_copy(update={"operating_systems": offered[loc.id]}) for loc in self.catalog.locations]
+        return self.catalog.model_copy(update={"locations": locations})
+
     async def close(self) -> None:
         for item in self.loaded:
             if item.component is not None:

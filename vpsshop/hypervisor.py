@@ -19,7 +19,7 @@ import enum
 import hashlib
 import ipaddress
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -299,6 +299,22 @@ class GuestReport:
 CAPABILITY_REINSTALL = "reinstall"
 CAPABILITY_CONSOLE = "console"
 CAPABILITY_GUEST_REPORT = "guest_report"
+CAPABILITY_IMAGES = "images"
+
+
+@dataclass(frozen=True)
+class HostImages:
+    """The base images one host holds, as :meth:`HypervisorBackend.image_versions` finds them.
+
+    .. versionadded:: 1.2
+    """
+
+    host: str
+    images: dict[str, str | None] = field(default_factory=dict)
+    """Image file name -> the version recorded beside it (``"sha256:<hex>"``), None when the file is
+    there without a record (put there by hand)."""
+    error: str | None = None
+    """Why the host could not be asked (it did not answer); ``images`` is then empty."""
 
 
 class HypervisorBackend(Component[Any]):  # not generic: a backend declares its own `config: MyConfig`
@@ -331,6 +347,49 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         .. versionadded:: 1.1
         """
         return True
+
+    def offers(self, location: str, os_image: str) -> bool:
+        """Whether some host of ``location`` holds the base image ``os_image`` (a catalog OS's
+        ``image``), as last seen.
+
+        Core asks before it takes an order: an OS no host of the location holds is refused with
+        ``409 os_unavailable`` before anything is charged, and left out where the location's
+        orderable systems are listed. Must be cheap (no network calls: answer from what
+        :meth:`image_versions`, :meth:`preflight` or :meth:`check_ready` last saw); a host not seen
+        yet counts as holding every image. Default: True.
+
+        .. versionadded:: 1.2
+        """
+        return True
+
+    async def image_versions(self, location: str) -> list[HostImages]:
+        """Optional (capability ``"images"``): the base images each host of ``location`` holds, read
+        from the hosts themselves. Refreshes what :meth:`offers` answers from.
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def install_image(
+        self,
+        location: str,
+        image: str,
+        path: str,
+        fmt: str,
+        version: str,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        """Optional (capability ``"images"``): put the verified file at ``path`` (format ``fmt``) on
+        every host of ``location`` as base image ``image``, through the hypervisor's own API (no SSH),
+        and record ``version`` beside it. Hosts holding ``version`` already are skipped; an upload
+        that fails part-way leaves no record, so the next call sends it again. Returns the hosts
+        written to. ``progress`` is called with the bytes sent so far.
+
+        :raises PluginError: a host did not answer or refused the upload (hosts done before stay done).
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
 
     def location_setting(self, location: str) -> str:
         """The setting an operator adds so that :meth:`serves` says yes for ``location``; the start-up

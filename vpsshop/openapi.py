@@ -115,14 +115,17 @@ operating_systems, coins)."""
 
 def catalog_ids(ctx: AppContext) -> dict[str, list[str]]:
     """The ids a request may name, by kind: the catalog's plans and operating systems, the locations the
-    hypervisor serves (all of them when it serves none: a start-up problem, not an empty enum), the coins."""
+    hypervisor serves (all of them when it serves none: a start-up problem, not an empty enum), the systems
+    some served location holds the image of (all when none does), the coins."""
     data = ctx.catalog_data
     locations = [loc.id for loc in data.locations]
     served = [loc for loc in locations if ctx.serves_location(loc)]
+    offered = {os_id for loc in served for os_id in ctx.orderable_systems(loc)}
+    systems = [system.id for system in data.operating_systems]
     return {
         "plans": [plan.id for plan in data.plans],
         "locations": served or locations,
-        "operating_systems": [system.id for system in data.operating_systems],
+        "operating_systems": [s for s in systems if s in offered] or systems,
         "coins": list(ctx.coins),
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from vpsshop.component import Component, Readiness
@@ -51,6 +52,7 @@ async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Re
         return last.checked
     items = list(ctx.components())
     readiness = await asyncio.gather(*(_readiness(item.component) for item in items))
+    readiness = [_with_images(ctx, item, ready) for item, ready in zip(items, readiness, strict=True)]
     checked = list(zip(items, readiness, strict=False))
     last.at, last.checked = time.monotonic(), checked
     if not ctx.settings.sandbox:  # health and /metrics show only ready or not: the reason goes to the log
@@ -58,6 +60,21 @@ async def component_readiness(ctx: AppContext) -> list[tuple[LoadedComponent, Re
             if not ready.ok:
                 log.warning("health: %s %s (plugin %s) not ready: %s", item.kind, item.key, item.plugin, ready.detail)
     return checked
+
+
+def _with_images(ctx: AppContext, item: LoadedComponent, ready: Readiness) -> Readiness:
+    """The hypervisor's readiness, naming the systems a location cannot offer (still ready: the
+    other systems and locations sell; ``vpsshop images status`` names the hosts), with their count
+    as the figure ``unoffered_systems_total`` (on ``/metrics`` in production too, where the health
+    body carries no detail)."""
+    if item.component is None or item.component is not ctx.hypervisor:
+        return ready
+    missing = ctx.unoffered_systems()
+    figures = {**ready.figures, "unoffered_systems_total": float(sum(len(ids) for ids in missing.values()))}
+    if not missing:
+        return replace(ready, figures=figures)
+    lacking = "; ".join(f"{loc} lacks {', '.join(ids)}" for loc, ids in missing.items())
+    return replace(ready, detail=f"{ready.detail}; images: {lacking}"[:500], figures=figures)
 
 
 def ready_in_mode(readiness: Readiness, sandbox: bool) -> bool:

@@ -50,8 +50,12 @@ How a server is made (:meth:`LibvirtBackend.create`):
 
 Base images that are a bare file system boot by direct kernel boot
 (``[hypervisor.libvirt.kernel_boot."<image file>"]``: ``kernel``, ``initrd``, ``cmdline``, ``format``).
-The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again) and
-:meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver).
+The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again),
+:meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver)
+and the base images of ``vpsshop images`` (:meth:`LibvirtBackend.install_image`,
+:meth:`LibvirtBackend.image_versions`: storage-stream uploads and a record volume beside each image,
+``images.py``). :meth:`LibvirtBackend.offers` answers from each host's pool as last listed (start-up,
+health checks, ``vpsshop images``).
 
 Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
 """
@@ -80,6 +84,7 @@ from vpsshop import (
     ConsoleStream,
     DomainState,
     GuestReport,
+    HostImages,
     HostInspection,
     HostKey,
     HypervisorBackend,
@@ -92,6 +97,7 @@ from vpsshop import (
     compose_user_data,
     hookimpl,
 )
+from vpsshop_libvirt import images
 
 try:
     import libvirt
@@ -561,7 +567,7 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "images"})
 
     config: LibvirtConfig
 
@@ -571,10 +577,11 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console"})
+            self.capabilities = frozenset({"reinstall", "console", "images"})
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
+        self._held: dict[str, frozenset[str]] = {}  # host key -> volume names of its pool, as last listed
         self._lock = threading.Lock()
         self._boots_lock = threading.Lock()  # taken on libvirt's event thread: never held while calling libvirt
         if libvirt is not None:
@@ -1051,6 +1058,111 @@ class LibvirtBackend(HypervisorBackend):
         sees it, and a disk made anew has none."""
         await self._run(self._mark_disk, handle, marker)
 
+    # ---- base images (images.py) ----------------------------------------------------------------
+
+    def offers(self, location: str, os_image: str) -> bool:
+        """Some host of the location held ``os_image`` in its pool when last listed (at start-up, by
+        each health check, by ``vpsshop images``); a host not listed yet counts as holding it. The
+        test driver keeps no images: always True there."""
+        if self.cfg.domain_type == "test" or not self.serves(location):
+            return True
+        held = self._held
+        hosts = self.location(location).hosts
+        return any(host.key not in held or os_image in held[host.key] for host in hosts)
+
+    def _list_pool(self, host: HostConfig, loc: LocationConfig) -> list[str]:
+        conn = self._conn(host.uri)
+        pool, _ = self._pool(conn, loc)
+        pool.refresh(0)
+        names = [str(name) for name in pool.listVolumes()]
+        self._held = {**self._held, host.key: frozenset(names)}
+        return names
+
+    def _refresh_images(self) -> None:
+        for loc in self.cfg.locations.values():
+            for host in loc.hosts:
+                try:
+                    self._list_pool(host, loc)
+                except (PluginError, LibvirtError):
+                    self._held = {k: v for k, v in self._held.items() if k != host.key}  # unknown again
+
+    async def refresh_images(self) -> None:
+        """List every host's pool again for :meth:`offers` (a host that does not answer: unknown)."""
+        if libvirt is not None and self.cfg.domain_type != "test":
+            await asyncio.to_thread(self._refresh_images)
+
+    def _image_versions(self, location: str) -> list[HostImages]:
+        loc = self.location(location)
+        found = []
+        for host in loc.hosts:
+            try:
+                names = self._list_pool(host, loc)
+                conn = self._conn(host.uri)
+                pool, _ = self._pool(conn, loc)
+                versions: dict[str, str | None] = {}
+                for name, recorded in images.held(names).items():
+                    record = self._volume(pool, images.record_name(name)) if recorded else None
+                    versions[name] = images.read_record(conn, record) if record is not None else None
+                found.append(HostImages(host.key, versions))
+            except (PluginError, LibvirtError) as exc:
+                message = exc.get_error_message() if isinstance(exc, LibvirtError) else str(exc)
+                found.append(HostImages(host.key, error=message))
+        return found
+
+    async def image_versions(self, location: str) -> list[HostImages]:
+        """Each host's base images and the version recorded beside each (``<image>.vpsshop-version``)."""
+        return await asyncio.to_thread(self._image_versions, location)
+
+    def _check_format(self, image: str, path: str, fmt: str) -> None:
+        """The file is in the format the catalog says, and the one this backend's overlays name as
+        their backing format (``kernel_boot.<image>.format``, else ``base_image_format``)."""
+        boot = self.cfg.kernel_boot.get(image)
+        expected = (boot.format if boot is not None else None) or self.cfg.base_image_format
+        if fmt != expected:
+            raise PluginError(
+                f"the catalog's source of {image} is {fmt}, but disks here are made on a {expected} base image: "
+                f'set hypervisor.libvirt.kernel_boot."{image}".format or base_image_format'
+            )
+        if shutil.which("qemu-img"):
+            found = json.loads(_qemu_img("info", "--output=json", path)).get("format")
+            if found != fmt:
+                raise PluginError(f"{image} is a {found} file, not the {fmt} image the catalog names")
+
+    def _install_image(
+        self, location: str, image: str, path: str, fmt: str, version: str, progress: Callable[[int], None] | None
+    ) -> list[str]:
+        self._check_format(image, path, fmt)
+        loc = self.location(location)
+        written = []
+        for host in loc.hosts:
+            conn = self._conn(host.uri)
+            pool, _ = self._pool(conn, loc)
+            try:
+                if images.install(conn, pool, image, Path(path), version, progress):
+                    written.append(host.key)
+            except PluginError as exc:
+                raise PluginError(f"{host.key}: {exc}") from None
+            except LibvirtError as exc:
+                raise PluginError(f"{host.key}: uploading {image}: {exc.get_error_message()}") from None
+            self._list_pool(host, loc)
+        return written
+
+    async def install_image(
+        self,
+        location: str,
+        image: str,
+        path: str,
+        fmt: str,
+        version: str,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        """Check the file's format (``qemu-img info``, when installed) against ``fmt`` and this
+        backend's backing format, then upload it into each host's pool with a storage stream (``virStorageVolUpload``),
+        then record ``version`` beside it. A pool holding ``image`` already is left as it is when the
+        version matches (or, unrecorded, when the file read back has that checksum) and refused
+        otherwise: servers' disks are overlays on it."""
+        return await self._run(self._install_image, location, image, path, fmt, version, progress)
+
     # ---- health ---------------------------------------------------------------------------------
 
     def _check(self) -> Readiness:
@@ -1065,6 +1177,8 @@ class LibvirtBackend(HypervisorBackend):
                     problems.append(f"{host.key}: {exc}")
         if problems:
             return Readiness(False, "; ".join(problems)[:300])
+        if self.cfg.domain_type != "test":
+            self._refresh_images()
         return Readiness(True, f"{hosts} host(s) answer")
 
     async def check_ready(self) -> Readiness:
@@ -1112,6 +1226,7 @@ class LibvirtBackend(HypervisorBackend):
             )
         if problems:
             raise StartupError("; ".join(problems))
+        await self.refresh_images()
 
     def _preflight_host(self, uri: str) -> None:
         try:
@@ -1157,6 +1272,15 @@ def _read_marker(path: str) -> str | None:
     bitmaps = info.get("format-specific", {}).get("data", {}).get("bitmaps", [])
     names = [b["name"] for b in bitmaps if b.get("name", "").startswith(MARKER_PREFIX)]
     return names[0].removeprefix(MARKER_PREFIX) if names else None
+
+
+@hookimpl(trylast=True)
+async def vpsshop_startup(ctx: Any) -> None:
+    """List each host's pool once the service or worker starts, for :meth:`LibvirtBackend.offers`
+    (uvicorn's workers and ``vpsshop worker`` skip the preflight that does it in ``vpsshop serve``)."""
+    backend = getattr(ctx, "hypervisor", None)
+    if isinstance(backend, LibvirtBackend):
+        await backend.refresh_images()
 
 
 @hookimpl(trylast=True)

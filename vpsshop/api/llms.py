@@ -88,9 +88,14 @@ def render(ctx: AppContext) -> str:
     lines += ["", "Locations:", ""]
     # only where servers can be made: an order elsewhere is a 409
     locations = [loc for loc in data.locations if ctx.serves_location(loc.id)] or data.locations
+    offered = {loc.id: ctx.orderable_systems(loc.id) for loc in locations}
+    everywhere = [o.id for o in data.operating_systems if all(o.id in ids for ids in offered.values())]
     for loc in locations:
-        lines.append(f"- `{loc.id}` {loc.name} ({loc.country}), price x {loc.price_modifier}")
-    lines += ["", "Operating systems: " + ", ".join(f"`{o.id}`" for o in data.operating_systems) + "."]
+        extra = [os_id for os_id in offered[loc.id] if os_id not in everywhere]
+        also = f"; also {', '.join(f'`{i}`' for i in extra)}" if extra else ""
+        lines.append(f"- `{loc.id}` {loc.name} ({loc.country}), price x {loc.price_modifier}{also}")
+    if everywhere:
+        lines += ["", "Operating systems (every location above): " + ", ".join(f"`{i}`" for i in everywhere) + "."]
     cheapest = min((price_cents(p, loc, "monthly"), p.id, loc.id) for p in data.plans for loc in locations)
     lines += ["", f"Cheapest: `{cheapest[1]}` in `{cheapest[2]}` at {_usd(cheapest[0])} USD/month."]
 

@@ -61,7 +61,11 @@ _CATALOG_JSON = StateKey[bytes]("catalog-json")
 
 
 async def get_catalog(call: Call) -> Response:
-    body = call.ctx.state(_CATALOG_JSON, lambda ctx: ctx.catalog.__pydantic_serializer__.to_json(ctx.catalog))
+    catalog = call.ctx.current_catalog()
+    if catalog is call.ctx.catalog:  # every location offers every system: the JSON made once
+        body = call.ctx.state(_CATALOG_JSON, lambda ctx: ctx.catalog.__pydantic_serializer__.to_json(ctx.catalog))
+    else:
+        body = catalog.__pydantic_serializer__.to_json(catalog)
     return Response(body, media_type="application/json", headers={"Cache-Control": "public, max-age=60"})
 
 

@@ -270,7 +270,8 @@ def routes() -> list[ApiRoute]:
                 "invalid_root_password, invalid_ssh_keys, invalid_user_data, invalid_idempotency_key, unknown_field, "
                 "invalid_payment, invalid_coin (a payment header sent to a shop without x402)",
                 409: "location_unavailable: the location is in the catalog but the shop has no hosts there (nothing "
-                "is charged; choose another); idempotency_key_reused: this key was used for a different order; "
+                "is charged; choose another); os_unavailable: no host of the location holds the operating system's "
+                "image (nothing is charged); idempotency_key_reused: this key was used for a different order; "
                 "nonce_used: the x402 authorization was used for another request.",
                 503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
                 "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
@@ -305,7 +306,8 @@ def routes() -> list[ApiRoute]:
             errors={
                 400: "invalid_plan, invalid_location, invalid_os, invalid_cycle, invalid_hostname, "
                 "invalid_root_password, invalid_ssh_keys, invalid_user_data, unknown_field",
-                409: "location_unavailable: the shop has no hosts in this catalog location.",
+                409: "location_unavailable: the shop has no hosts in this catalog location; os_unavailable: no host "
+                "there holds the operating system's image.",
             },
             tags=TAG,
             count_writes=False,
@@ -507,7 +509,8 @@ def routes() -> list[ApiRoute]:
                 400: "invalid_os, invalid_ssh_keys, invalid_root_password, invalid_user_data, unknown_field",
                 404: _NOT_YOURS,
                 409: "server_not_active: the server is provisioning, suspended or terminated; "
-                "reinstall_in_progress; not_supported: the shop's hypervisor backend cannot reinstall.",
+                "reinstall_in_progress; not_supported: the shop's hypervisor backend cannot reinstall; "
+                "os_unavailable: no host of the server's location holds that operating system's image.",
             },
             tags=TAG,
             count_writes=False,

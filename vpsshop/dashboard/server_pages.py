@@ -69,7 +69,7 @@ async def order_form(
     form = {
         "plan": catalog.plans[0].id,
         "location": (_orderable(page) or catalog.locations)[0].id,
-        "os": catalog.operating_systems[0].id,
+        "os": _orderable_systems(page)[0].id,
         "cycle": "monthly",
         **page.form,
     }
@@ -82,6 +82,7 @@ async def order_form(
         title="Order a server",
         account=account,
         locations=_orderable(page),
+        systems=_orderable_systems(page),
         catalog=catalog,
         form=form,
         ssh_keys=keys.ssh_keys,
@@ -150,6 +151,12 @@ def _server_id(page: Page) -> int:
 def _orderable(page: Page) -> list[Any]:
     """The catalog's locations the hypervisor serves (an order elsewhere is refused with 409)."""
     return [loc for loc in page.ctx.catalog.locations if page.ctx.serves_location(loc.id)]
+
+
+def _orderable_systems(page: Page) -> list[Any]:
+    """The catalog's systems some orderable location holds the image of (an order elsewhere is a 409)."""
+    offered = {os_id for loc in _orderable(page) for os_id in page.ctx.orderable_systems(loc.id)}
+    return [o for o in page.ctx.catalog.operating_systems if o.id in offered] or page.ctx.catalog.operating_systems
 
 
 def _periods(text: str) -> int:

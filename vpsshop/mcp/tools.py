@@ -690,4 +690,4 @@ TOOLS: tuple[Tool, ...] = (
 
 
 async def _catalog(ctx: AppContext) -> Result:
-    return ctx.catalog
+    return ctx.current_catalog()

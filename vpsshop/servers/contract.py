@@ -64,8 +64,9 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
 * ``state`` of a domain that never existed is ``missing``, without raising;
 * ``start`` or ``reboot`` of a missing domain raises :class:`vpsshop.PluginError`;
 * ``address_pool`` is None or an :class:`~vpsshop.AddressPool` of distinct address strings;
-* ``capabilities`` names only known optional verbs (``reinstall``, ``console``, ``guest_report``);
-  for each one named:
+* ``capabilities`` names only known optional verbs (``reinstall``, ``console``, ``guest_report``,
+  ``images``: not exercised by the kit yet; the libvirt plugin's tests/test_images.py checks it on two
+  real hosts); for each one named:
 * ``guest_report`` of a running domain whose guest booted returns a :class:`~vpsshop.GuestReport`
   (host keys as :class:`~vpsshop.HostKey`) within the boot time; of a guest that cannot report, None
   once its wait is over (it neither hangs nor raises); after ``reinstall``, the new guest's report,
@@ -94,6 +95,7 @@ from vpsshop.errors import PluginError
 from vpsshop.hypervisor import (
     CAPABILITY_CONSOLE,
     CAPABILITY_GUEST_REPORT,
+    CAPABILITY_IMAGES,
     CAPABILITY_REINSTALL,
     AddressPool,
     ConsoleStream,
@@ -106,7 +108,7 @@ from vpsshop.hypervisor import (
     ServerSpec,
 )
 
-KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT})
+KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT, CAPABILITY_IMAGES})
 NO_REPORT_WAIT = 2.0
 """How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
 boots nothing); the call must return None within a few seconds of that."""

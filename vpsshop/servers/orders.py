@@ -185,8 +185,15 @@ def _resolve(ctx: AppContext, body: OrderInput) -> int:
             f"Servers cannot be ordered in {location.name} ({location.id}) at the moment: this shop has no "
             "hosts there. Nothing was charged; choose another location.",
         )
-    if not any(o.id == body.os for o in data.operating_systems):
+    os_ = next((o for o in data.operating_systems if o.id == body.os), None)
+    if os_ is None:
         raise BadRequest("invalid_os", f"No operating system {body.os!r}; GET /catalog lists them.")
+    if not ctx.offers_os(location.id, os_.image):
+        raise Conflict(
+            "os_unavailable",
+            f"{os_.name} ({os_.id}) cannot be ordered in {location.name} ({location.id}) at the moment: no host "
+            "there holds its image. Nothing was charged; choose another operating system or location.",
+        )
     return price_cents(plan, location, body.cycle) * MICROS_PER_CENT
 
 
@@ -494,7 +501,7 @@ async def place_order(
     :raises BadRequest: invalid_plan, invalid_location, invalid_os, invalid_user_data, invalid_ssh_keys ...
     :raises InsufficientBalance: 402, nothing charged; with the x402 requirements for the deficit
         (``exc.offer``) when the shop takes x402.
-    :raises Conflict: idempotency_key_reused, location_unavailable.
+    :raises Conflict: idempotency_key_reused, location_unavailable, os_unavailable.
     :raises RateLimited: the account's write limit or server quota.
     """
     if payment is None:

@@ -108,6 +108,11 @@ def _reinstall(ctx: AppContext, account_id: int, server_id: int, body: Reinstall
             raise Conflict(
                 "server_not_active", f"Only an active server can be reinstalled; this one is {server.status}."
             )
+        image = next(o.image for o in ctx.catalog_data.operating_systems if o.id == body.os)
+        if not ctx.offers_os(server.location, image):
+            raise Conflict(
+                "os_unavailable", f"No host in {server.location} holds the image of {body.os} at the moment."
+            )
         busy = session.exec(
             select(ServerJob.id).where(
                 ServerJob.server_id == server_id,
