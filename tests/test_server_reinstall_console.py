@@ -89,7 +89,7 @@ def test_reinstall_changes_os_keys_and_password(vpsshop_client, vpsshop_account)
     assert vpsshop_client.get("/v1/account", headers=vpsshop_account.headers).json()["balance_usd"] == balance
     with ctx.db.session() as session:
         kinds = [e.kind for e in session.exec(select(ServerEvent).where(ServerEvent.server_id == sid))]
-    assert kinds[-2:] == ["reinstall", "reinstalled"]
+    assert kinds[-3:] == ["reinstall", "reinstalled", "ready"]  # the disk made, then the new system reported
     # Done: the reason is gone, the server runs, and server.reinstalled reaches GET /events and webhooks.
     shown = vpsshop_client.get(f"/v1/servers/{sid}", headers=vpsshop_account.headers).json()
     assert (shown["status_reason"], shown["power"], shown["os"]) == (None, "running", "debian-13")
