@@ -309,6 +309,7 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
         waited = (ctx.clock.now() - server.created_at).total_seconds()
         limit = policy(ctx).boot_timeout_seconds
         if waited < limit:
+            await to_thread.run_sync(_set_reason, ctx, saved_id(server), BOOTING)
             raise RetryLater(f"domain {handle.domain} is booting", after=BOOT_RECHECK_SECONDS)
         raise PluginError(
             f"domain {handle.domain} is still starting {waited:.0f} s after the order "
