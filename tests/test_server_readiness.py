@@ -271,3 +271,21 @@ def test_a_served_shop_runs_a_queued_job_at_once_not_at_its_interval(tmp_path):
             assert time.monotonic() - ordered < 10, (server, served.output()[-2000:])
             time.sleep(0.05)
         assert server["ready_at"] and server["host_keys"], server
+
+
+def test_a_server_ended_while_it_boots_keeps_its_reason(vpsshop_client, monkeypatch):
+    """DELETE while the job waits for the guest: the order is refunded with its reason, and the job's
+    next run leaves the server as it is (no "Booting" written over the reason)."""
+    client, ctx = vpsshop_client, _ctx(vpsshop_client)
+    account = create_test_account(client)
+    account.credit("20")
+    monkeypatch.setattr(ctx.hypervisor, "guest_report", GuestSays(None))
+    sid = _order(client, account)
+    assert asyncio.run(run_jobs(ctx))["retry"] == 1
+    assert client.request("DELETE", f"/v1/servers/{sid}", headers=account.headers).status_code == 200
+    ended = _server(client, account, sid)["status_reason"]
+    ctx.clock.advance(seconds=1)
+    asyncio.run(run_jobs(ctx))
+    server = _server(client, account, sid)
+    assert server["status"] == "terminated" and server["status_reason"] == ended != BOOTING
+    assert client.get("/v1/account", headers=account.headers).json()["balance_usd"] == 20  # the whole order back

@@ -376,11 +376,13 @@ async def _guest_report(
 
 
 def _set_reason(ctx: AppContext, server_id: int, reason: str) -> None:
+    """``status_reason`` of a server still provisioning (one terminated meanwhile keeps its own)."""
     with ctx.db.session() as session:
         session.execute(
             sa.update(Server)
             .where(
                 col(Server.id) == server_id,
+                col(Server.status) == "provisioning",
                 sa.or_(col(Server.status_reason).is_(None), col(Server.status_reason) != reason),
             )
             .values(status_reason=reason)
