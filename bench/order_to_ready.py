@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import socket
 import statistics
@@ -37,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +44,10 @@ import libvirt
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from libvirt_peer import URI, system_libvirtd
+from libvirt_peer import GUEST_IMAGE, URI, guest_image_pool, isolated_network, system_libvirtd
 from served import VPSSHOP, serve, shop_env
 
-IMAGE = "debian-12-test.raw"
+IMAGE = GUEST_IMAGE
 STEPS = ("pickup", "disk", "define", "start", "guest_boot", "detect")
 SHOP_STEPS = ("pickup", "disk", "define", "start", "detect")
 
@@ -69,36 +67,6 @@ class Timeline:
 def guest_image() -> Path:
     out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True, check=True)
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def make_pool(conn: Any, image_dir: Path) -> tuple[Any, Path]:
-    images = Path("/var/lib/libvirt/images")
-    images.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="vpsshop-bench-", dir=images))
-    directory.chmod(0o755)
-    subprocess.run(["cp", "--sparse=always", str(image_dir / "rootfs.raw"), str(directory / IMAGE)], check=True)
-    for name in ("vmlinuz", "initrd.img"):
-        shutil.copy(image_dir / name, directory / name)
-    name = f"vpsshop-bench-{uuid.uuid4().hex[:8]}"
-    pool = conn.storagePoolCreateXML(
-        f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0
-    )
-    return pool, directory
-
-
-def make_network(conn: Any) -> tuple[Any, str]:
-    Path("/var/lib/libvirt/dnsmasq").mkdir(parents=True, exist_ok=True)
-    used = {
-        line.split()[3].rsplit(".", 1)[0]
-        for line in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()
-    }
-    prefix = next(p for p in (f"10.214.{random.randrange(1, 250)}" for _ in range(100)) if p not in used)
-    tag = uuid.uuid4().hex[:6]
-    net = conn.networkCreateXML(
-        f"<network><name>vpsshop-bench-{tag}</name><bridge name='vpsb{tag}' stp='off'/><dns enable='no'/>"
-        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
-    )
-    return net, prefix
 
 
 def shop_config(root: Path, pool: str, network: str, prefix: str, image_dir: Path) -> Path:
@@ -216,7 +184,6 @@ def main() -> None:
 
     started_daemons = system_libvirtd()
     image_dir = guest_image()
-    conn = libvirt.open(URI)
     libvirt.virEventRegisterDefaultImpl()
 
     def run_events() -> None:
@@ -237,34 +204,28 @@ def main() -> None:
 
     events_conn = libvirt.open(URI)
     callback = events_conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, lifecycle, None)
-    pool, directory = make_pool(conn, image_dir)
-    net, prefix = make_network(conn)
     root = Path(tempfile.mkdtemp(prefix="vpsshop-bench-ready-"))
     (root / "boot").mkdir()
     for name in ("vmlinuz", "initrd.img"):
         shutil.copy(image_dir / name, root / "boot" / name)
     os.chmod(root, 0o755)
-    config = shop_config(root, pool.name(), net.name(), prefix, image_dir)
-    env = shop_env(f"sqlite:///{root / 'shop.db'}", VPSSHOP_CONFIG=str(config))
     results = []
     try:
-        with serve(root, env, "--config", str(config)) as served:
-            created = httpx.post(f"{served.base}/account").json()
-            headers = {"Authorization": f"Bearer {created['api_key']}"}
-            credit = [VPSSHOP, "admin", "credit", str(created["user_id"]), "100", "--reason", "bench"]
-            subprocess.run(credit, cwd=root, env=env, check=True, capture_output=True, timeout=60)
-            for _ in range(args.orders):
-                results.append(order_once(served.base, headers, directory, f"{prefix}.10", events))
+        with (
+            guest_image_pool(URI, image_dir, tag="vpsshop-bench") as (pool, directory),
+            isolated_network(URI, first="10.214", tag="vpsshop-bench") as (network, prefix),
+        ):
+            config = shop_config(root, pool, network, prefix, image_dir)
+            env = shop_env(f"sqlite:///{root / 'shop.db'}", VPSSHOP_CONFIG=str(config))
+            with serve(root, env, "--config", str(config)) as served:
+                created = httpx.post(f"{served.base}/account").json()
+                headers = {"Authorization": f"Bearer {created['api_key']}"}
+                credit = [VPSSHOP, "admin", "credit", str(created["user_id"]), "100", "--reason", "bench"]
+                subprocess.run(credit, cwd=root, env=env, check=True, capture_output=True, timeout=60)
+                for _ in range(args.orders):
+                    results.append(order_once(served.base, headers, directory, f"{prefix}.10", events))
     finally:
         events_conn.domainEventDeregisterAny(callback)
-        for dom in conn.listAllDomains():
-            if dom.name().startswith("vps-") and directory.name in dom.XMLDesc():
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefine()
-        pool.destroy()
-        net.destroy()
-        shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
         for pid in started_daemons:
             os.kill(pid, 15)

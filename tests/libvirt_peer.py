@@ -20,10 +20,15 @@ rather than by generous timeouts in each test:
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +308,69 @@ class PrivateLibvirtd:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+GUEST_IMAGE = "debian-12-test.raw"
+"""The file name the test guest's disk image has in a pool (the catalog's debian-12 points at it)."""
+
+
+@contextmanager
+def guest_image_pool(uri: str, guest: Path, tag: str = "vpsshop-guest") -> Iterator[tuple[str, Path]]:
+    """A transient dir pool holding the guest image of ``scripts/build-test-guest.sh`` (``guest``, its
+    cache directory) as :data:`GUEST_IMAGE`, with its kernel and initrd, readable by libvirt-qemu:
+    (pool name, directory). Afterwards every domain whose disks lie in it is destroyed too, so a test
+    or bench that failed half-way leaves no guest running."""
+    import libvirt
+
+    images = Path("/var/lib/libvirt/images")
+    images.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=images))
+    conn = libvirt.open(uri)
+    pool = None
+    try:
+        directory.chmod(0o755)
+        subprocess.run(["cp", "--sparse=always", str(guest / "rootfs.raw"), str(directory / GUEST_IMAGE)], check=True)
+        for name in ("vmlinuz", "initrd.img"):
+            shutil.copy(guest / name, directory / name)
+        name = f"{tag}-{uuid.uuid4().hex[:8]}"
+        pool = conn.storagePoolCreateXML(
+            f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0
+        )
+        yield name, directory
+    finally:
+        for dom in conn.listAllDomains():
+            if f"{directory}/" in dom.XMLDesc():
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefine()
+        if pool is not None:
+            pool.destroy()
+        conn.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def isolated_network(uri: str, first: str = "10.213", tag: str = "vpsshop-guest") -> Iterator[tuple[str, str]]:
+    """A transient isolated network without DHCP or DNS whose bridge holds the gateway ``<prefix>.1``,
+    so this host reaches its guests directly: (libvirt network name, /24 prefix such as "10.213.7")."""
+    import libvirt
+
+    # libvirt records each guest's MAC in a file here, even for a network without dnsmasq, and
+    # only the dnsmasq-base package would make the directory.
+    Path("/var/lib/libvirt/dnsmasq").mkdir(parents=True, exist_ok=True)
+    used = {
+        line.split()[3].rsplit(".", 1)[0]
+        for line in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()
+    }
+    prefix = next(p for p in (f"{first}.{random.randrange(1, 250)}" for _ in range(100)) if p not in used)
+    short = uuid.uuid4().hex[:6]
+    conn = libvirt.open(uri)
+    net = conn.networkCreateXML(
+        f"<network><name>{tag}-{short}</name><bridge name='vpsg{short}' stp='off'/><dns enable='no'/>"
+        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
+    )
+    try:
+        yield f"{tag}-{short}", prefix
+    finally:
+        net.destroy()
+        conn.close()

@@ -16,14 +16,10 @@ import asyncio
 import base64
 import hashlib
 import os
-import random
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -31,11 +27,11 @@ from typing import Any
 
 import libvirt
 import pytest
-from libvirt_peer import URI
+from libvirt_peer import GUEST_IMAGE, URI, guest_image_pool, isolated_network
 from seed_secrets import attached_files, crypt_verifies, domain_host_files, files_holding, seed_root_hash
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE = "debian-12-test.raw"
+IMAGE = GUEST_IMAGE
 BOOT_SECONDS = 420
 """Upper bound for a boot under TCG on a loaded 2-core machine (about 60 s when quiet)."""
 pytestmark = pytest.mark.slow
@@ -54,44 +50,15 @@ def test_guest() -> Path:
 @pytest.fixture
 def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]]:
     """A transient dir pool with the guest image, kernel and initrd (readable by libvirt-qemu)."""
-    images = Path("/var/lib/libvirt/images")
-    images.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="vpsshop-guest-", dir=images))
-    directory.chmod(0o755)
-    subprocess.run(["cp", "--sparse=always", str(test_guest / "rootfs.raw"), str(directory / IMAGE)], check=True)
-    for name in ("vmlinuz", "initrd.img"):
-        shutil.copy(test_guest / name, directory / name)
-    name = f"vpsshop-guest-{uuid.uuid4().hex[:8]}"
-    conn = libvirt.open(libvirtd_uri)
-    pool = conn.storagePoolCreateXML(
-        f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0
-    )
-    yield name, directory
-    pool.destroy()
-    conn.close()
-    shutil.rmtree(directory)
+    with guest_image_pool(libvirtd_uri, test_guest) as pool:
+        yield pool
 
 
 @pytest.fixture
 def guest_network(libvirtd_uri: str) -> Iterator[tuple[str, str]]:
     """A transient isolated network: (libvirt network name, /24 prefix such as "10.213.7")."""
-    # libvirt records each guest's MAC in a file here, even for a network without dnsmasq, and
-    # only the dnsmasq-base package would make the directory.
-    Path("/var/lib/libvirt/dnsmasq").mkdir(parents=True, exist_ok=True)
-    conn = libvirt.open(libvirtd_uri)
-    used = {
-        line.split()[3].rsplit(".", 1)[0]
-        for line in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines()
-    }
-    prefix = next(p for p in (f"10.213.{random.randrange(1, 250)}" for _ in range(100)) if p not in used)
-    tag = uuid.uuid4().hex[:6]
-    net = conn.networkCreateXML(
-        f"<network><name>vpsshop-guest-{tag}</name><bridge name='vpsg{tag}' stp='off'/><dns enable='no'/>"
-        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
-    )
-    yield f"vpsshop-guest-{tag}", prefix
-    net.destroy()
-    conn.close()
+    with isolated_network(libvirtd_uri) as network:
+        yield network
 
 
 def _libvirt_settings(pool: str, network: str, prefix: str, boot_dir: Path, cmdline: str) -> dict:
