@@ -586,6 +586,7 @@ backend = "libvirt"
 [hypervisor.libvirt]
 domain_type = "qemu"
 shutdown_grace_seconds = 2
+guest_reports = false  # a blank base image: no guest boots to report
 
 [hypervisor.libvirt.locations.nl]
 hosts = [{{ uri = "{daemon.uri}", name = "local", max_memory_mib = 8192 }}]
