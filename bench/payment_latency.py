@@ -1,9 +1,12 @@
 """Payment latency (issue 26): how long a customer waits for the shop to see a payment and to credit it.
 
-Starts the tests' real peers (litecoind -regtest, monerod --regtest with its wallets, anvil) and a shop
-with its background tasks running as in ``vpsshop serve``, with the default ``[topups]`` settings
+Starts the tests' real peers (litecoind -regtest, monerod --regtest with its wallets, anvil) and, per
+chain and mode, the shipped command: ``vpsshop serve --config FILE`` (its worker included, the default)
+in a subprocess on a free port, on a fresh SQLite database, with the default ``[topups]`` settings
 (``watch_interval_seconds`` 15, ``push`` on) and each coin's node notifications configured (LTC:
-``notify_listen``; XMR: ``zmq_pub``; ETH: ``ws_url``), then pays top-ups and mines their blocks.
+``notify_listen``; XMR: ``zmq_pub``; ETH: ``ws_url``) in that config file. It opens an account
+(``POST /v1/account``) and creates top-ups (``POST /v1/topups``) through the served API, pays them and
+mines their blocks.
 Per chain it reports the median and 95th percentile of
 
 * **seen**: broadcast -> the payment recorded (``topup.payment_seen``, confirmations 0), for the
@@ -13,7 +16,8 @@ Per chain it reports the median and 95th percentile of
   (one confirmation);
 
 first with push (the default), then the polling baseline (``push = false``) in the same run.
-A state is read from the database every 10 ms (a GET would run a chain check of its own).
+A state is read every 10 ms from the served shop's SQLite file, read-only (a GET would run a chain
+check of its own).
 
     .venv/bin/python bench/payment_latency.py --samples 10 [--json]
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -35,12 +40,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins"), str(ROOT / "tests")]
 
+import httpx
 from chain_nodes import random_tpub, running_litecoind, running_monero
 from evm_peers import CHAIN_ID, Anvil, random_xpub, rpc
-from starlette.testclient import TestClient
-from topup_push import new_topup, wait_for, watched_state
-
-from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY
+from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, serve, shop_env
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -54,27 +57,76 @@ def summary(values: list[float]) -> dict[str, float] | None:
     return {"median": round(statistics.median(values), 3), "p95": round(percentile(values, 95), 3), "n": len(values)}
 
 
-@contextmanager
-def shop(coins: dict[str, Any], push: bool, workdir: Path) -> Iterator[TestClient]:
-    from vpsshop.app import create_app
-    from vpsshop.settings import load_settings
+def toml_of(data: dict[str, Any], table: tuple[str, ...] = ()) -> str:
+    """``data`` as TOML: its strings, numbers and booleans, then its tables (``[a.b]``)."""
+    lines = [f"[{'.'.join(table)}]"] if table else []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, int | float):
+            lines.append(f"{key} = {value}")
+        elif isinstance(value, str):
+            lines.append(f"{key} = {json.dumps(value)}")  # a JSON string is a TOML basic string
+        elif not isinstance(value, dict):
+            raise TypeError(f"{key}: {value!r}")
+    text = "\n".join(lines) + "\n" if lines else ""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            text += "\n" + toml_of(value, (*table, key))
+    return text
 
-    settings = load_settings(
-        None,
-        environ={},
-        overrides={
-            "mode": "sandbox",
-            "database_url": f"sqlite:///{workdir / ('push' if push else 'poll')}.db",
-            "secret_key": TEST_SECRET_KEY,
-            "encryption_key": TEST_ENCRYPTION_KEY,
-            "server": {"access_log": False},
-            "coins": coins,
-            # the defaults of watch_interval_seconds and the rest; GETs never check the chain here
-            "topups": {"push": push, "poll_min_seconds": 3600},
-        },
-    )
-    with TestClient(create_app(settings, background=True)) as client:
-        yield client
+
+class State:
+    """A top-up's state, read from the served shop's database (read-only; the file is shared)."""
+
+    def __init__(self, database: Path) -> None:
+        self.db = sqlite3.connect(f"file:{database}?mode=ro", uri=True, isolation_level=None)
+
+    def __call__(self, ref: str) -> tuple[str | None, int | None, str]:
+        """(status of the top-up's newest payment, its confirmations, the top-up's status)."""
+        row = self.db.execute(
+            "SELECT p.status, p.confirmations, t.status FROM topups t LEFT JOIN topup_payments p"
+            " ON p.topup_id = t.id WHERE t.ref = ? ORDER BY p.id DESC LIMIT 1",
+            (ref,),
+        ).fetchone()
+        assert row is not None, f"no top-up {ref}"
+        return row[0], row[1], row[2]
+
+
+@contextmanager
+def shop(coins: dict[str, Any], push: bool, workdir: Path) -> Iterator[tuple[str, State]]:
+    """``vpsshop serve --config FILE`` (its worker included) on a free port: (its API base, its states)."""
+    database = workdir / ("push.db" if push else "poll.db")
+    config = workdir / "shop.toml"
+    settings = {
+        "mode": "sandbox",
+        "database_url": f"sqlite:///{database}",
+        "secret_key": TEST_SECRET_KEY,
+        "encryption_key": TEST_ENCRYPTION_KEY,
+        "server": {"access_log": False},
+        "coins": coins,
+        # the defaults of watch_interval_seconds and the rest; GETs never check the chain here
+        "topups": {"push": push, "poll_min_seconds": 3600},
+    }
+    config.write_text(toml_of(settings))
+    env = shop_env(settings["database_url"], VPSSHOP_CONFIG=str(config))
+    with serve(workdir, env, "--config", str(config)) as served:
+        state = State(database)
+        try:
+            yield served.base, state
+        except BaseException:
+            print(served.output()[-4000:], file=sys.stderr)
+            raise
+        finally:
+            state.db.close()
+
+
+def wait_for(check: Callable[[], bool], seconds: float, what: str, step: float = 0.01) -> None:
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > seconds:
+            raise AssertionError(f"{what}: not within {seconds}s")
+        time.sleep(step)
 
 
 def mine_one(node: Any) -> float:
@@ -85,7 +137,8 @@ def mine_one(node: Any) -> float:
 
 
 def measure(
-    client: TestClient,
+    base: str,
+    state: State,
     code: str,
     amount: int,
     pay: Callable[[dict[str, Any]], str],
@@ -94,25 +147,31 @@ def measure(
     mempool: bool,
     seen_limit: float,
 ) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {client.post('/v1/account').json()['api_key']}"}
+    http = httpx.Client(base_url=base, timeout=30)
+    created = http.post("/account")
+    assert created.status_code in (200, 201), created.text
+    headers = {"Authorization": f"Bearer {created.json()['api_key']}"}
     seen: list[float] = []
     credited: list[float] = []
     missed = 0
     time.sleep(2)  # the watchers' first passes (or the push channel) are up
     for _ in range(samples):
-        topup = new_topup(client, headers, code, amount)
+        response = http.post("/topups", json={"amount": amount, "coin": code}, headers=headers)
+        assert response.status_code == 201, response.text
+        topup = response.json()
         ref = topup["ref"]
         sent = time.monotonic()
         txid = pay(topup)
         if mempool:
             try:
-                wait_for(lambda ref=ref: watched_state(client, ref)[0] == "seen", seen_limit, f"{code} seen", 0.01)
+                wait_for(lambda ref=ref: state(ref)[0] == "seen", seen_limit, f"{code} seen")
                 seen.append(time.monotonic() - sent)
             except AssertionError:
                 missed += 1  # not seen before its block
         mined = mine(txid)
-        wait_for(lambda ref=ref: watched_state(client, ref)[2] == "completed", 120, f"{code} credited", 0.01)
+        wait_for(lambda ref=ref: state(ref)[2] == "completed", 120, f"{code} credited")
         credited.append(time.monotonic() - mined)
+    http.close()
     return {"seen": summary(seen), "seen_only_with_the_block": missed, "credited": summary(credited)}
 
 
@@ -186,9 +245,9 @@ def main() -> int:
                     )
                 where = workdir / f"{code}-{mode}"
                 where.mkdir()
-                with shop(coins, push, where) as client:
+                with shop(coins, push, where) as (base, state):
                     figures = measure(
-                        client, code, run[0], run[1], run[2], args.samples, code != "ETH", args.seen_limit
+                        base, state, code, run[0], run[1], run[2], args.samples, code != "ETH", args.seen_limit
                     )
                 results.setdefault(code, {})[mode] = figures
                 if not args.json:

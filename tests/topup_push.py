@@ -1,4 +1,4 @@
-"""Helpers of the push tests and of bench/payment_latency.py: a shop's settings for push, the
+"""Helpers of the push tests: a shop's settings for push, the
 watcher's mode of a coin, and a top-up's state read from the database (not by a GET, whose chain
 check would run a pass of its own)."""
 
