@@ -311,10 +311,13 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(nic, "model", type="virtio")
     ET.SubElement(devices, "serial", type="pty")
     ET.SubElement(devices, "console", type="pty")
-    # The guest's report of its boot (reporter.py): a socket libvirt names and only libvirt opens.
-    channel = ET.SubElement(devices, "channel", type="unix")
-    ET.SubElement(channel, "source", mode="bind")
-    ET.SubElement(channel, "target", type="virtio", name=GUEST_CHANNEL)
+    if cfg.guest_reports and cfg.domain_type != "test":
+        # The guest's report of its boot (reporter.py): a socket libvirt names and only libvirt opens.
+        # (libvirt puts it under its state directory; a session libvirtd whose directory is deep
+        # makes a path longer than a UNIX socket may have, and the domain does not start.)
+        channel = ET.SubElement(devices, "channel", type="unix")
+        ET.SubElement(channel, "source", mode="bind")
+        ET.SubElement(channel, "target", type="virtio", name=GUEST_CHANNEL)
     ET.SubElement(devices, "memballoon", model="virtio")
     return ET.tostring(dom, encoding="unicode")
 
