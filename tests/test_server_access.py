@@ -191,7 +191,14 @@ def test_user_data_cannot_drop_keys_password_or_network():
     [root] = user["chpasswd"]["users"]
     assert root["name"] == "root" and root["type"] == "hash" and root["password"].startswith("$6$")
     assert user["ssh_authorized_keys"] == ["ssh-ed25519 AAAAtheirs", "ssh-ed25519 AAAAours"]
-    assert [f["path"] for f in user["write_files"]] == ["/x", "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf"]
+    assert [f["path"] for f in user["write_files"]] == [
+        "/x",
+        "/etc/ssh/sshd_config.d/60-vpsshop-root-login.conf",
+        "/usr/local/lib/vpsshop/report-boot",  # the guest's reporter and its unit (docs/servers.md, "Ready means")
+        "/etc/systemd/system/vpsshop-report-boot.service",
+    ]
+    assert user["runcmd"] == [["systemctl", "start", "--no-block", "vpsshop-report-boot.service"]]
+    assert user["bootcmd"][0][:3] == ["cloud-init-per", "instance", "vpsshop-hold-ssh"]
     assert user["packages"] == ["htop"]
     network = json.loads(files["network-config"])  # a separate file: user data never touches it
     assert network["ethernets"]["primary"]["addresses"] == ["10.0.0.5/24"]
