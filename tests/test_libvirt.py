@@ -360,19 +360,10 @@ def test_a_host_that_stops_answering_fails_calls_within_the_keepalive(libvirtd_u
 def test_the_report_channel_is_there_only_when_guests_report():
     """guest_reports = false (images without cloud-init or Python): no channel in the domain, so
     nothing depends on libvirt's socket for it."""
+    from vpsshop.testing import contract_spec
     from vpsshop_libvirt import GUEST_CHANNEL, LibvirtConfig, domain_xml
 
-    spec = ServerSpec(
-        name="vps-1-ab",
-        hostname="h",
-        location="nl",
-        vcpu=1,
-        memory_mib=512,
-        disk_gib=10,
-        os_id="debian-12",
-        os_image=BASE_IMAGE,
-        root_password="x" * 20,
-    )
+    spec = contract_spec("nl", os_image=BASE_IMAGE)
     for reports in (True, False):
         cfg = LibvirtConfig.model_validate(_settings("p") | {"guest_reports": reports})
         xml = domain_xml(spec, cfg, cfg.locations["nl"], "/d.qcow2", "/s.iso")
