@@ -377,3 +377,27 @@ def test_an_image_source_names_exactly_one_checksum() -> None:
     with pytest.raises(ValidationError, match="checksum"):
         ImageSource.model_validate({"url": url, "checksum": "md5:" + "a" * 32})
     assert ImageSource.model_validate({"url": url, "checksum": "sha512:" + "b" * 128}).format == "qcow2"
+
+
+def test_checksum_files_in_gnu_and_bsd_layouts() -> None:
+    from vpsshop.images import checksum_in_file
+
+    sha = "ab" * 32
+    other = "cd" * 32
+    gnu = f"{other}  other.qcow2\n{sha.upper()} *debian-12.qcow2\n"
+    assert checksum_in_file(gnu, "debian-12.qcow2", "sha256") == sha
+    # Fedora's CHECKSUM: BSD lines inside a PGP signature, comments beside them
+    bsd = (
+        "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n"
+        "# Fedora-Cloud-Base-Generic-41-1.4.x86_64.qcow2: 497221632 bytes\n"
+        f"SHA256 (Fedora-Cloud-Base-Generic-41-1.4.x86_64.qcow2) = {sha}\n"
+        f"SHA256 (Fedora-Cloud-Base-Generic-41-1.4.x86_64.raw.xz) = {other}\n"
+        "-----BEGIN PGP SIGNATURE-----\nxyz\n-----END PGP SIGNATURE-----\n"
+    )
+    assert checksum_in_file(bsd, "Fedora-Cloud-Base-Generic-41-1.4.x86_64.qcow2", "sha256") == sha
+    assert checksum_in_file(bsd, "Fedora-Cloud-Base-Generic-41-1.4.x86_64.raw.xz", "sha256") == other
+    # a name with ") = " in it is still read from the last separator; other kinds and bad hex do not count
+    assert checksum_in_file(f"SHA256 (a) = b.img) = {sha}\n", "a) = b.img", "sha256") == sha
+    assert checksum_in_file(bsd, "Fedora-Cloud-Base-Generic-41-1.4.x86_64.qcow2", "sha512") is None
+    assert checksum_in_file(f"{'zz' * 32}  x.img\n", "x.img", "sha256") is None
+    assert checksum_in_file(gnu, "missing.qcow2", "sha256") is None

@@ -47,8 +47,9 @@ class ImageSource(BaseModel):
     """Where ``vpsshop images sync`` fetches an operating system's base image, and how it checks it.
 
     Exactly one of ``checksum`` (``"sha256:<hex>"`` or ``"sha512:<hex>"``) and ``checksum_url`` (a
-    checksum file such as Debian's ``SHA512SUMS``: lines of ``<hex>  <file name>``, the line naming the
-    file of ``url`` counts, its kind told by ``checksum_kind``).
+    checksum file such as Debian's ``SHA512SUMS`` (lines of ``<hex>  <file name>``) or Fedora's
+    ``CHECKSUM`` (lines of ``SHA256 (<file name>) = <hex>``): the line naming the file of ``url`` counts,
+    its kind told by ``checksum_kind``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

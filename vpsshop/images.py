@@ -84,12 +84,36 @@ def expected_checksum(source: ImageSource) -> str:
             text = response.read(MAX_CHECKSUM_FILE_BYTES).decode("utf-8", "replace")
     except OSError as exc:
         raise ImageError(f"cannot read the checksum file {source.checksum_url}: {exc}") from None
-    length = 64 if source.checksum_kind == "sha256" else 128
+    found = checksum_in_file(text, wanted, source.checksum_kind)
+    if found is None:
+        raise ImageError(f"the checksum file {source.checksum_url} has no {source.checksum_kind} line for {wanted}")
+    return f"{source.checksum_kind}:{found}"
+
+
+def checksum_in_file(text: str, wanted: str, kind: str) -> str | None:
+    """The ``kind`` sum that ``text`` (a checksum file) gives for the file named ``wanted``, in lower case.
+
+    Both layouts distributions publish count: GNU coreutils' ``<hex>  <name>`` (``*<name>`` in binary
+    mode; Debian's SHA512SUMS) and BSD's ``SHA256 (<name>) = <hex>`` (``--tag``; Fedora's and
+    FreeBSD's CHECKSUM files, whose other lines, such as a PGP signature around them, are ignored).
+    """
+    length = 64 if kind == "sha256" else 128
+    bsd_prefix = f"{kind.upper()} ("
     for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(bsd_prefix):
+            name, sep, digest = line[len(bsd_prefix) :].rpartition(") = ")
+            if sep and name == wanted and len(digest) == length and _is_hex(digest):
+                return digest.lower()
+            continue
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("*") == wanted and len(parts[0]) == length:
-            return f"{source.checksum_kind}:{parts[0].lower()}"
-    raise ImageError(f"the checksum file {source.checksum_url} has no {source.checksum_kind} line for {wanted}")
+        if len(parts) == 2 and parts[1].lstrip("*") == wanted and len(parts[0]) == length and _is_hex(parts[0]):
+            return parts[0].lower()
+    return None
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 def file_checksum(path: Path, kind: str) -> str:
