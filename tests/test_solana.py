@@ -8,13 +8,13 @@ plugin itself."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bip32_private import ABANDON_MNEMONIC, mnemonic_seed
+from bip_utils import Bip39MnemonicGenerator, Bip39WordsNum
 from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
 from solders.keypair import Keypair
 from solders.message import Message
@@ -28,28 +28,10 @@ from vpsshop.errors import ConfigError
 from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account
 from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
 
-WORDS = [
-    "abandon",
-    "ability",
-    "able",
-    "about",
-    "above",
-    "absent",
-    "absorb",
-    "abstract",
-    "absurd",
-    "abuse",
-    "access",
-    "accident",
-    "account",
-    "accuse",
-    "achieve",
-    "acid",
-]
-
 
 def random_mnemonic() -> str:
-    return " ".join(secrets.choice(WORDS) for _ in range(12))
+    """A fresh 12-word BIP-39 mnemonic (its checksum word right: the coin refuses one that is not)."""
+    return str(Bip39MnemonicGenerator().FromWordsNumber(Bip39WordsNum.WORDS_NUM_12))
 
 
 def test_deposit_keys_follow_phantom_derivation() -> None:
@@ -278,6 +260,12 @@ def test_reseller_tools_encrypt_the_mnemonic_and_sweep(
     monkeypatch.setattr("sys.stdin", io.StringIO(mnemonic + "\n"))
     assert main(["--config", str(config), "encrypt-mnemonic"]) == 0
     token = capsys.readouterr().out.strip()
+    # a mistyped word (the checksum no longer holds) is refused, not encrypted
+    typo = " ".join(["abandon"] * 12)
+    monkeypatch.setattr("sys.stdin", io.StringIO(typo + "\n"))
+    assert main(["--config", str(config), "encrypt-mnemonic"]) == 2
+    refused = capsys.readouterr()
+    assert refused.out == "" and "not a valid BIP-39 mnemonic" in refused.err
     collector = str(Keypair().pubkey())
     config.write_text(
         base + f'[coins.SOL]\nseed_encrypted = "{token}"\nrpc_url = "{solana_node.url}"\nsweep_to = "{collector}"\n'

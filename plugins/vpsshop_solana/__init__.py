@@ -37,15 +37,13 @@ devnet (its account 0 is HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk) and no no
 from __future__ import annotations
 
 import base64
-import hashlib
 import struct
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
 
-from bip_utils import Bip32Slip10Ed25519, SolAddrDecoder, SolAddrEncoder
+from bip_utils import Bip32Slip10Ed25519, Bip39SeedGenerator, MnemonicChecksumError, SolAddrDecoder, SolAddrEncoder
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -76,10 +74,17 @@ SYSTEM_PROGRAM = bytes(32)
 
 
 def mnemonic_to_seed(mnemonic: str, passphrase: str = "") -> bytes:
-    """BIP-39 seed of a mnemonic (PBKDF2-HMAC-SHA512, 2048 rounds)."""
-    words = " ".join(unicodedata.normalize("NFKD", mnemonic).split())
-    salt = unicodedata.normalize("NFKD", "mnemonic" + passphrase)
-    return hashlib.pbkdf2_hmac("sha512", words.encode(), salt.encode(), 2048)
+    """BIP-39 seed of a mnemonic (bip-utils), its words and checksum checked first.
+
+    :raises ConfigError: not a BIP-39 mnemonic (a mistyped word would otherwise derive a wallet the
+        reseller does not hold).
+    """
+    words = " ".join(mnemonic.split())
+    try:
+        seed: bytes = Bip39SeedGenerator(words).Generate(passphrase)
+    except (ValueError, MnemonicChecksumError) as exc:
+        raise ConfigError(f"the SOL deposit mnemonic is not a valid BIP-39 mnemonic: {exc}") from None
+    return seed
 
 
 @dataclass(frozen=True)

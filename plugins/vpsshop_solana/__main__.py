@@ -14,8 +14,8 @@ import asyncio
 import getpass
 import sys
 
-from vpsshop import load_settings
-from vpsshop_solana import Solana, encrypt_mnemonic
+from vpsshop import ConfigError, load_settings
+from vpsshop_solana import Solana, encrypt_mnemonic, mnemonic_to_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     key = settings.encryption_key.get_secret_value()
     if args.command == "encrypt-mnemonic":
         mnemonic = getpass.getpass("deposit mnemonic (not echoed): ") if sys.stdin.isatty() else sys.stdin.readline()
-        if len(mnemonic.split()) not in (12, 15, 18, 21, 24):
-            print("a BIP-39 mnemonic has 12 to 24 words", file=sys.stderr)
+        try:
+            mnemonic_to_seed(mnemonic)  # its words and checksum: a typo would derive someone else's wallet
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
             return 2
         print(encrypt_mnemonic(key, mnemonic))
         return 0
