@@ -349,10 +349,18 @@ def guest_image_pool(uri: str, guest: Path, tag: str = "vpsshop-guest") -> Itera
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def ipv6_prefix(prefix: str) -> str:
+    """The IPv6 /64 :func:`isolated_network` gives the network whose IPv4 /24 is ``prefix``, without
+    its length: "10.213.7" -> "fd42:213:7::" (the bridge holds ``::1``)."""
+    second, third = prefix.split(".")[1:3]
+    return f"fd42:{second}:{third}::"
+
+
 @contextmanager
 def isolated_network(uri: str, first: str = "10.213", tag: str = "vpsshop-guest") -> Iterator[tuple[str, str]]:
-    """A transient isolated network without DHCP or DNS whose bridge holds the gateway ``<prefix>.1``,
-    so this host reaches its guests directly: (libvirt network name, /24 prefix such as "10.213.7")."""
+    """A transient isolated network without DHCP or DNS whose bridge holds the gateway ``<prefix>.1``
+    and ``<ipv6_prefix(prefix)>1/64``, so this host reaches its guests directly over both: (libvirt
+    network name, /24 prefix such as "10.213.7")."""
     import libvirt
 
     # libvirt records each guest's MAC in a file here, even for a network without dnsmasq, and
@@ -367,7 +375,8 @@ def isolated_network(uri: str, first: str = "10.213", tag: str = "vpsshop-guest"
     conn = libvirt.open(uri)
     net = conn.networkCreateXML(
         f"<network><name>{tag}-{short}</name><bridge name='vpsg{short}' stp='off'/><dns enable='no'/>"
-        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
+        f"<ip address='{prefix}.1' netmask='255.255.255.0'/>"
+        f"<ip family='ipv6' address='{ipv6_prefix(prefix)}1' prefix='64'/></network>"
     )
     try:
         yield f"{tag}-{short}", prefix

@@ -27,6 +27,7 @@ from vpsshop.servers.lifecycle import run_lifecycle
 
 SCHEMA = Path("/usr/share/doc/pdns-backend-sqlite3/schema.sqlite3.sql")
 ZONE = "100.51.198.in-addr.arpa."
+ZONE6 = "0.0.0.0.5.0.0.0.8.b.d.0.1.0.0.2.ip6.arpa."  # 2001:db8:5::/64
 ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
 
 
@@ -76,20 +77,21 @@ def pdns_api(tmp_path_factory) -> Iterator[dict[str, str]]:
             pass
         assert process.poll() is None, process.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
         time.sleep(0.1)
-    created = httpx.post(
-        f"{url}/api/v1/servers/localhost/zones",
-        headers=headers,
-        json={"name": ZONE, "kind": "Native", "nameservers": ["ns1.example.com."]},
-    )
-    assert created.status_code == 201, created.text
+    for zone in (ZONE, ZONE6):
+        created = httpx.post(
+            f"{url}/api/v1/servers/localhost/zones",
+            headers=headers,
+            json={"name": zone, "kind": "Native", "nameservers": ["ns1.example.com."]},
+        )
+        assert created.status_code == 201, created.text
     yield {"api_url": url, "api_key": key}
     process.terminate()
     process.wait(10)
 
 
-def ptr_records(pdns: dict[str, str], owner: str) -> list[str]:
+def ptr_records(pdns: dict[str, str], owner: str, zone_name: str = ZONE) -> list[str]:
     zone = httpx.get(
-        f"{pdns['api_url']}/api/v1/servers/localhost/zones/{ZONE}", headers={"X-API-Key": pdns["api_key"]}
+        f"{pdns['api_url']}/api/v1/servers/localhost/zones/{zone_name}", headers={"X-API-Key": pdns["api_key"]}
     ).json()
     return [
         r["content"]
@@ -124,6 +126,8 @@ def test_refusals_name_the_setting_or_the_api(pdns_api):
     provider = _provider(pdns_api)
     with pytest.raises(PluginError, match=r"dns\.powerdns\.zones"):
         asyncio.run(provider.set_ptr("203.0.113.5", "x.example.com"))
+    assert provider.holds("198.51.100.5") and not provider.holds("2001:db8:5::100")
+    assert not provider.holds("203.0.113.5") and not provider.holds("not an address")
     wrong_key = _provider({**pdns_api, "api_key": "wrong"})
     with pytest.raises(PluginError, match="PowerDNS refused"):
         asyncio.run(wrong_key.set_ptr("198.51.100.11", "x.example.com"))
@@ -133,9 +137,15 @@ def test_refusals_name_the_setting_or_the_api(pdns_api):
 def vpsshop_overrides(pdns_api) -> dict[str, Any]:
     return {
         "hypervisor": {
-            "simulator": {"boot_seconds": 0, "addresses": "198.51.100.10-198.51.100.20", "gateway": "198.51.100.1"}
+            "simulator": {
+                "boot_seconds": 0,
+                "addresses": "198.51.100.10-198.51.100.20",
+                "gateway": "198.51.100.1",
+                "ipv6": "2001:db8:5::/64",
+                "ipv6_gateway": "2001:db8:5::1",
+            }
         },
-        "dns": {"provider": "powerdns", "powerdns": {**pdns_api, "zones": [ZONE]}},
+        "dns": {"provider": "powerdns", "powerdns": {**pdns_api, "zones": [ZONE, ZONE6]}},
         "servers": {"grace_days": 0},
     }
 
@@ -148,8 +158,11 @@ def test_reverse_dns_follows_the_server(vpsshop_client, vpsshop_account, vpsshop
     early = vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"reverse_dns": "mail.example.com"})
     assert early.status_code == 409 and early.json()["error"] == "server_not_active"
     asyncio.run(run_jobs(ctx))
-    ip = vpsshop_client.get(f"/v1/servers/{sid}", headers=h).json()["ip"]
+    active = vpsshop_client.get(f"/v1/servers/{sid}", headers=h).json()
+    ip, ipv6 = active["ip"], active["ipv6"]
     owner = f"{ip.split('.')[3]}.100.51.198.in-addr.arpa."
+    assert ipv6 == "2001:db8:5::100" and active["ipv6_prefix"] is None, active
+    owner6 = "0.0.1.0.0.0.0.0.0.0.0.0.0.0.0.0." + ZONE6  # ::100
     for bad in ("-x.example.com", "no_underscores.example.com", "single", "a" * 64 + ".example.com"):
         response = vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"reverse_dns": bad})
         assert response.status_code == 400 and response.json()["error"] == "invalid_reverse_dns", bad
@@ -158,6 +171,7 @@ def test_reverse_dns_follows_the_server(vpsshop_client, vpsshop_account, vpsshop
     assert patched.json()["auto_renew"] is True  # untouched
     assert asyncio.run(run_jobs(ctx))["done"] == 1
     assert ptr_records(pdns_api, owner) == ["mail.example.com."]
+    assert ptr_records(pdns_api, owner6, ZONE6) == ["mail.example.com."]  # the IPv6 address too
 
     # Terminated (not renewed, no grace): the destroy job clears the record before the address is reused.
     assert vpsshop_client.patch(f"/v1/servers/{sid}", headers=h, json={"auto_renew": False}).status_code == 200
@@ -167,7 +181,8 @@ def test_reverse_dns_follows_the_server(vpsshop_client, vpsshop_account, vpsshop
         asyncio.run(run_jobs(ctx))
     server = vpsshop_client.get(f"/v1/servers/{sid}", headers=h).json()
     assert server["status"] == "terminated" and server["reverse_dns"] is None
-    assert ptr_records(pdns_api, owner) == []
+    assert server["ip"] is None and server["ipv6"] is None
+    assert ptr_records(pdns_api, owner) == [] and ptr_records(pdns_api, owner6, ZONE6) == []
 
 
 def test_without_a_dns_provider_reverse_dns_is_not_supported(tmp_path):

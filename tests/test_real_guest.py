@@ -27,7 +27,7 @@ from typing import Any
 
 import libvirt
 import pytest
-from libvirt_peer import GUEST_IMAGE, URI, guest_image_pool, isolated_network
+from libvirt_peer import GUEST_IMAGE, URI, guest_image_pool, ipv6_prefix, isolated_network
 from seed_secrets import attached_files, crypt_verifies, domain_host_files, files_holding, seed_root_hash
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +81,8 @@ def _libvirt_settings(pool: str, network: str, prefix: str, boot_dir: Path, cmdl
                 "addresses": f"{prefix}.10-{prefix}.20",
                 "gateway": f"{prefix}.1",
                 "nameservers": [f"{prefix}.1"],
+                "ipv6": f"{ipv6_prefix(prefix)}/64",
+                "ipv6_gateway": f"{ipv6_prefix(prefix)}1",
             }
         },
     }
@@ -397,10 +399,19 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
         try:
             assert "<kernel>" in domain.XMLDesc() and domain.isActive()
             assert wait_for_login(ip, key, tmp_path) == "guest-one"
+            # IPv6: the advertised address (the pool's first, ::100) is on the guest's interface, SSH
+            # answers on it with the same host keys, and the guest routes through the gateway given
+            ipv6 = server["ipv6"]
+            assert ipv6 == f"{ipv6_prefix(prefix)}100" and server["ipv6_prefix"] is None, server
+            over_v6 = ssh_with_key(ipv6, key, "hostname; ip -6 -o addr show scope global; ip -6 route", tmp_path)
+            assert over_v6.returncode == 0 and over_v6.stdout.startswith("guest-one\n"), over_v6.stderr
+            assert f"inet6 {ipv6}/64" in over_v6.stdout, over_v6.stdout
+            assert f"default via {ipv6_prefix(prefix)}1 " in over_v6.stdout, over_v6.stdout
+            assert keyscan_fingerprints(ipv6) == reported
             # The dashboard's known_hosts lines: a client that trusts only them logs in.
             known_hosts = tmp_path / "known_hosts_strict"
             known_hosts.write_text(dashboard_known_hosts(client, account, sid))
-            assert {line.split()[0] for line in known_hosts.read_text().splitlines()} == {ip}
+            assert {line.split()[0] for line in known_hosts.read_text().splitlines()} == {f"{ip},{ipv6}"}
             strict = ssh_strict(ip, key, known_hosts, "hostname")
             assert strict.returncode == 0 and strict.stdout.strip() == "guest-one", strict.stderr
             unknown = tmp_path / "known_hosts_other"

@@ -40,9 +40,11 @@ from vpsshop.hypervisor import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    Ipv6Pool,
     ServerHandle,
     ServerSpec,
     check_address_range,
+    check_ipv6_prefix,
 )
 from vpsshop.markers import hookimpl
 from vpsshop.rates import RateSource
@@ -109,6 +111,7 @@ __all__ = [
     "HostKey",
     "HypervisorBackend",
     "ImageSource",
+    "Ipv6Pool",
     "Location",
     "NoConfig",
     "NotFound",
@@ -137,6 +140,7 @@ __all__ = [
     "__version__",
     "build_context",
     "check_address_range",
+    "check_ipv6_prefix",
     "compose_user_data",
     "create_app",
     "hookimpl",

@@ -29,6 +29,16 @@ class DnsProvider(Component[Any]):  # not generic: a provider declares its own `
 
     name: ClassVar[str]
 
+    def holds(self, ip: str) -> bool:
+        """Whether this provider can write ``ip``'s PTR record (one of its zones holds it). Core asks
+        before naming a server's IPv6 address, which is left without a record when no zone of the
+        provider holds it; the IPv4 address is always named (a missing zone is then an error the job
+        reports). Default: True.
+
+        .. versionadded:: 1.2
+        """
+        return True
+
     async def set_ptr(self, ip: str, hostname: str) -> None:
         """Make ``ip``'s PTR record point at ``hostname`` (a fully qualified name without the trailing
         dot), replacing any earlier one. Must be overridden.

@@ -109,6 +109,80 @@ def _addresses(value: str, skip: set[str]) -> Iterator[str]:
             yield str(host)
 
 
+IPV6_FIRST_HOST = 0x100
+"""In ``"address"`` mode, the first interface identifier handed out (``<prefix>::100``): the
+addresses below are left to the reseller's router and hosts."""
+
+
+@dataclass(frozen=True)
+class Ipv6Pool:
+    """The IPv6 space of a location, as :meth:`HypervisorBackend.ipv6_pool` returns it.
+
+    Two layouts, as upstreams give them (docs/servers.md, "IPv6"):
+
+    * ``mode="address"``: one address per server from a shared on-link prefix (``prefix`` is that
+      network, usually a /64 the upstream routes to the hosts' bridge); the guest gets
+      ``<address>/<prefix length>`` and the ``gateway`` (the router's address on that link).
+    * ``mode="routed"``: a /64 per server cut from a larger block (``prefix``, a /48 to /63) that
+      the upstream routes to the host; the guest gets ``<its /64>::1/64`` and reaches the
+      ``gateway`` on the link (usually the host bridge's link-local ``fe80::1``); the host routes
+      each /64 to its guest.
+
+    ``pool`` names the pool: core leases each address (or /64) to at most one server, as it leases
+    IPv4 addresses.
+
+    .. versionadded:: 1.2
+    """
+
+    pool: str
+    prefix: str
+    mode: str = "address"
+    gateway: str | None = None
+    nameservers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_ipv6_prefix(self.prefix, self.mode)
+
+    def leases(self) -> Iterator[str]:
+        """What core leases, lazily: addresses (``"address"``) or ``/64`` networks (``"routed"``)."""
+        network = ipaddress.IPv6Network(self.prefix, strict=False)
+        if self.mode == "routed":
+            yield from (str(n) for n in network.subnets(new_prefix=64))
+            return
+        skip = {self.gateway} if self.gateway else set()
+        for i in range(IPV6_FIRST_HOST, network.num_addresses - 1):
+            address = str(network.network_address + i)
+            if address not in skip:
+                yield address
+
+    def guest_address(self, lease: str) -> tuple[str, int]:
+        """The address a guest holding ``lease`` configures, and its prefix length."""
+        if self.mode == "routed":
+            network = ipaddress.IPv6Network(lease)
+            return str(network.network_address + 1), 64
+        return lease, ipaddress.IPv6Network(self.prefix, strict=False).prefixlen
+
+
+def check_ipv6_prefix(value: str, mode: str = "address") -> None:
+    """Validate an IPv6 pool's prefix for ``mode`` (``"address"``: a /64 to /120; ``"routed"``: a
+    /40 to /63, cut into /64s). Use it in a settings validator so a bad prefix stops start-up.
+
+    :raises ValueError: naming what is wrong.
+
+    .. versionadded:: 1.2
+    """
+    if mode not in ("address", "routed"):
+        raise ValueError(f"IPv6 mode {mode!r} is neither 'address' nor 'routed'")
+    try:
+        network = ipaddress.IPv6Network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv6 prefix such as 2001:db8:1::/64") from None
+    if mode == "routed" and not 40 <= network.prefixlen <= 63:
+        raise ValueError(f"a routed IPv6 block is cut into /64s: {value!r} must be a /40 to /63")
+    if mode == "address" and not 64 <= network.prefixlen <= 120:
+        raise ValueError(f"an IPv6 prefix shared by servers must be a /64 to /120, not {value!r}")
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """Everything a backend needs to create a server, resolved by core from the catalog."""
@@ -142,6 +216,12 @@ class ServerSpec:
     combines it with its own cloud-config through :func:`vpsshop.compose_user_data`.
 
     .. versionadded:: 1.1"""
+    ipv6: str | None = None
+    """The IPv6 address core leased from :meth:`HypervisorBackend.ipv6_pool` (None: no IPv6).
+
+    .. versionadded:: 1.2"""
+    ipv6_prefix_length: int = 64
+    ipv6_gateway: str | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +380,7 @@ CAPABILITY_REINSTALL = "reinstall"
 CAPABILITY_CONSOLE = "console"
 CAPABILITY_GUEST_REPORT = "guest_report"
 CAPABILITY_IMAGES = "images"
+CAPABILITY_IPV6 = "ipv6"
 
 
 @dataclass(frozen=True)
@@ -330,7 +411,8 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
     kind: ClassVar[str]
     capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
-    """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``.
+    """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``,
+    ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``).
 
     .. versionadded:: 1.1"""
 
@@ -406,6 +488,18 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         Called by core in the provisioning job before :meth:`create`; core picks a free address
         and passes it as ``spec.ip``. Must be cheap (no network calls). Default: None.
+        """
+        return None
+
+    def ipv6_pool(self, location: str) -> Ipv6Pool | None:
+        """The IPv6 pool of ``location``, or None when its servers get no IPv6 address.
+
+        Asked only of a backend listing ``"ipv6"`` in ``capabilities``. Core leases from it in the
+        provisioning job and passes the guest's address as ``spec.ipv6`` (with
+        ``ipv6_prefix_length`` and ``ipv6_gateway``); the backend configures it in the guest. Must
+        be cheap (no network calls). Default: None.
+
+        .. versionadded:: 1.2
         """
         return None
 

@@ -182,6 +182,12 @@ class Server(SQLModel, table=True):
     then, and when it finished with errors."""
     host_keys: str | None = Field(default=None, sa_type=sa.Text)
     """JSON list of ``"<type> <base64>"``: the SSH host keys the guest reported (public parts)."""
+    # Added by migration 0018 (issue 25): IPv6.
+    ipv6: str | None = Field(default=None, max_length=45)
+    """The guest's IPv6 address (None: its location has no IPv6 pool)."""
+    ipv6_prefix: str | None = Field(default=None, max_length=49)
+    """The /64 routed to the server (``"2001:db8:0:5::/64"``) when its location routes one per
+    server; None when the address comes from a prefix shared by the location's servers."""
 
 
 class RecoveryCode(SQLModel, table=True):

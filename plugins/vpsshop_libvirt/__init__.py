@@ -16,6 +16,8 @@ Settings (``[hypervisor] backend = "libvirt"``)::
     addresses = "203.0.113.0/26"        # CIDR or "203.0.113.10-203.0.113.60"; leased by core, never shared
     gateway = "203.0.113.1"
     nameservers = ["1.1.1.1", "9.9.9.9"]
+    ipv6 = "2001:db8:1::/64"            # optional: one address each from ::100 (ipv6_mode = "address"), or
+    ipv6_gateway = "2001:db8:1::1"      # ipv6_mode = "routed": a /64 each from a /40-/63 (gateway fe80::1)
     [[hypervisor.libvirt.locations.nl.hosts]]
     uri = "qemu+ssh://root@kvm1.nl.example/system"
     max_memory_mib = 120000             # default: the host's physical memory
@@ -64,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
 import shutil
 import subprocess
@@ -77,7 +80,7 @@ from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vpsshop import (
     AddressPool,
@@ -88,12 +91,14 @@ from vpsshop import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    Ipv6Pool,
     PluginError,
     Readiness,
     ServerHandle,
     ServerSpec,
     StartupError,
     check_address_range,
+    check_ipv6_prefix,
     compose_user_data,
     hookimpl,
 )
@@ -185,6 +190,17 @@ class LocationConfig(BaseModel):
     addresses: str | None = Field(None, description="CIDR or first-last range of the addresses to hand out.")
     gateway: str | None = None
     nameservers: list[str] = Field(default_factory=lambda: ["1.1.1.1", "9.9.9.9"])
+    ipv6: str | None = Field(
+        None,
+        description="IPv6 for the location's servers: a prefix they share (ipv6_mode address, a /64 to /120: one "
+        "address each, from ::100) or a block cut into a routed /64 per server (ipv6_mode routed, a /40 to /63).",
+    )
+    ipv6_mode: Literal["address", "routed"] = "address"
+    ipv6_gateway: str | None = Field(
+        None,
+        description="The IPv6 router the guests use: its address on the shared prefix (address mode), or the "
+        "link-local address the host's bridge answers on, e.g. fe80::1 (routed mode).",
+    )
 
     @field_validator("addresses")
     @classmethod
@@ -192,6 +208,19 @@ class LocationConfig(BaseModel):
         if value is not None:
             check_address_range(value)
         return value
+
+    @model_validator(mode="after")
+    def _check_ipv6(self) -> LocationConfig:
+        if self.ipv6 is not None:
+            check_ipv6_prefix(self.ipv6, self.ipv6_mode)
+            if self.ipv6_gateway is None and self.ipv6_mode == "routed":
+                raise ValueError("a routed IPv6 block needs ipv6_gateway (the host's link-local, e.g. fe80::1)")
+        if self.ipv6_gateway is not None:
+            try:
+                ipaddress.IPv6Address(self.ipv6_gateway)
+            except ValueError:
+                raise ValueError(f"ipv6_gateway {self.ipv6_gateway!r} is not an IPv6 address") from None
+        return self
 
 
 class KernelBoot(BaseModel):
@@ -401,6 +430,12 @@ def seed_files(spec: ServerSpec) -> dict[str, str]:
             eth["routes"] = [{"to": "0.0.0.0/0", "via": spec.gateway}]
         if spec.nameservers:
             eth["nameservers"] = {"addresses": list(spec.nameservers)}
+        if spec.ipv6 is not None:
+            eth["addresses"].append(f"{spec.ipv6}/{spec.ipv6_prefix_length}")
+            if spec.ipv6_gateway:
+                # gateway6, not a route: Debian's ifupdown renderer writes it as the inet6 stanza's own
+                # gateway (a route would need net-tools' `route`); a link-local one (fe80::1) works too
+                eth["gateway6"] = spec.ipv6_gateway
         files["network-config"] = json.dumps({"version": 2, "ethernets": {"primary": eth}}) + "\n"
     return files
 
@@ -570,7 +605,7 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report", "images"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6"})
 
     config: LibvirtConfig
 
@@ -578,9 +613,9 @@ class LibvirtBackend(HypervisorBackend):
         super().__init__(config, sandbox=sandbox)
         self.cfg = config
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
-            self.capabilities = frozenset({"reinstall"})
+            self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console", "images"})
+            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6"})
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
@@ -626,6 +661,19 @@ class LibvirtBackend(HypervisorBackend):
                 if host.key == key:
                     return host, loc
         raise PluginError(f"host {key!r} is no longer in [hypervisor.libvirt]; add it back to manage its servers")
+
+    def ipv6_pool(self, location: str) -> Ipv6Pool | None:
+        loc = self.location(location)
+        if loc.ipv6 is None:
+            return None
+        name = location if location in self.cfg.locations else "*"
+        return Ipv6Pool(
+            f"libvirt:{name}:v6",
+            loc.ipv6,
+            mode=loc.ipv6_mode,
+            gateway=loc.ipv6_gateway,
+            nameservers=tuple(loc.nameservers),
+        )
 
     def address_pool(self, location: str) -> AddressPool | None:
         loc = self.location(location)

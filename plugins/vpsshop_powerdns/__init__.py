@@ -67,6 +67,13 @@ class PowerDnsProvider(DnsProvider):
             raise PluginError(f"no zone in dns.powerdns.zones holds {owner} (the PTR name of {ip})")
         return owner, max(zones, key=len)
 
+    def holds(self, ip: str) -> bool:
+        try:
+            self._zone(ip)
+        except PluginError:
+            return False
+        return True
+
     async def _patch(self, zone: str, rrset: dict[str, Any]) -> None:
         url = f"{self.config.api_url.rstrip('/')}/api/v1/servers/{self.config.server_id}/zones/{zone}"
         headers = {"X-API-Key": self.config.api_key.get_secret_value()}

@@ -24,6 +24,8 @@ Settings (``[hypervisor] backend = "simulator"``)::
     addresses = "10.99.0.0/16"         # CIDR or "10.99.0.10-10.99.0.60"
     gateway = "10.99.0.1"
     nameservers = ["1.1.1.1", "9.9.9.9"]
+    ipv6 = "fd00:99::/64"              # one address per server from ::100 ("" for no IPv6); ipv6_mode =
+    ipv6_gateway = "fd00:99::1"        # "routed" hands out a /64 each from a /40-/63 block
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import asyncio
 import secrets
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vpsshop import (
     AddressPool,
@@ -46,6 +48,7 @@ from vpsshop import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    Ipv6Pool,
     PluginError,
     PluginState,
     Readiness,
@@ -53,6 +56,7 @@ from vpsshop import (
     ServerSpec,
     StartupError,
     check_address_range,
+    check_ipv6_prefix,
     hookimpl,
 )
 
@@ -69,12 +73,28 @@ class SimulatorConfig(BaseModel):
     addresses: str = Field("10.99.0.0/16", description="CIDR or first-last range of the addresses to hand out.")
     gateway: str | None = "10.99.0.1"
     nameservers: list[str] = Field(default_factory=lambda: ["1.1.1.1", "9.9.9.9"])
+    ipv6: str | None = Field(
+        "fd00:99::/64", description="IPv6 prefix (address mode) or block (routed mode) to hand out; none: no IPv6."
+    )
+    ipv6_mode: Literal["address", "routed"] = "address"
+    ipv6_gateway: str | None = "fd00:99::1"
 
     @field_validator("addresses")
     @classmethod
     def _parse(cls, value: str) -> str:
         check_address_range(value)
         return value
+
+    @field_validator("ipv6")
+    @classmethod
+    def _no_ipv6(cls, value: str | None) -> str | None:
+        return value or None  # TOML has no null: "" turns IPv6 off
+
+    @model_validator(mode="after")
+    def _check_ipv6(self) -> SimulatorConfig:
+        if self.ipv6 is not None:
+            check_ipv6_prefix(self.ipv6, self.ipv6_mode)
+        return self
 
 
 class SimulatedBackend(HypervisorBackend):
@@ -83,7 +103,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console", "guest_report"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6"})
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -96,6 +116,12 @@ class SimulatedBackend(HypervisorBackend):
     def address_pool(self, location: str) -> AddressPool | None:
         cfg = self.config
         return AddressPool.from_range("simulator", cfg.addresses, gateway=cfg.gateway, nameservers=cfg.nameservers)
+
+    def ipv6_pool(self, location: str) -> Ipv6Pool | None:
+        cfg = self.config
+        if cfg.ipv6 is None:
+            return None
+        return Ipv6Pool("simulator:v6", cfg.ipv6, mode=cfg.ipv6_mode, gateway=cfg.ipv6_gateway)
 
     # ---- the record of a domain -----------------------------------------------------------------
 

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import secrets
 import time
@@ -96,6 +97,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_CONSOLE,
     CAPABILITY_GUEST_REPORT,
     CAPABILITY_IMAGES,
+    CAPABILITY_IPV6,
     CAPABILITY_REINSTALL,
     AddressPool,
     ConsoleStream,
@@ -104,11 +106,14 @@ from vpsshop.hypervisor import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    Ipv6Pool,
     ServerHandle,
     ServerSpec,
 )
 
-KNOWN_CAPABILITIES = frozenset({CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT, CAPABILITY_IMAGES})
+KNOWN_CAPABILITIES = frozenset(
+    {CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT, CAPABILITY_IMAGES, CAPABILITY_IPV6}
+)
 NO_REPORT_WAIT = 2.0
 """How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
 boots nothing); the call must return None within a few seconds of that."""
@@ -675,3 +680,21 @@ class HypervisorContract:
         assert first and all(isinstance(a, str) for a in first)
         assert len(set(first)) == len(first), "an address pool lists an address twice"
         assert pool.gateway not in first, "the gateway is not an address to hand out"
+
+    def test_ipv6_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
+        if CAPABILITY_IPV6 not in hypervisor_backend.capabilities:
+            return
+        pool = hypervisor_backend.ipv6_pool(hypervisor_location)
+        if pool is None:
+            return  # this location has no IPv6
+        assert isinstance(pool, Ipv6Pool) and pool.pool, "ipv6_pool must return a vpsshop.Ipv6Pool"
+        v4 = hypervisor_backend.address_pool(hypervisor_location)
+        assert v4 is None or v4.pool != pool.pool, "the IPv6 pool needs a name of its own (leases are per pool)"
+        network = ipaddress.IPv6Network(pool.prefix, strict=False)
+        leases = list(itertools.islice(pool.leases(), 64))
+        assert leases and len(set(leases)) == len(leases), "an IPv6 pool lists a lease twice"
+        for lease in leases:
+            address, length = pool.guest_address(lease)
+            assert ipaddress.IPv6Address(address) in network, f"{address} is outside {pool.prefix}"
+            assert address != pool.gateway, "the gateway is not an address to hand out"
+            assert 64 <= length <= 128

@@ -51,12 +51,19 @@ from vpsshop.context import AppContext
 from vpsshop.db import rowcount
 from vpsshop.encryption import decrypt_text
 from vpsshop.errors import PluginError
-from vpsshop.hypervisor import CAPABILITY_GUEST_REPORT, DomainState, GuestReport, ServerHandle, ServerSpec
+from vpsshop.hypervisor import (
+    CAPABILITY_GUEST_REPORT,
+    CAPABILITY_IPV6,
+    DomainState,
+    GuestReport,
+    ServerHandle,
+    ServerSpec,
+)
 from vpsshop.metrics import server_ready
 from vpsshop.models import Server, saved_id
 from vpsshop.servers.credentials import decrypt_password
 from vpsshop.servers.lifecycle import ServersPolicy, enqueue, policy, record
-from vpsshop.servers.models import IpLease, ServerEvent, ServerJob
+from vpsshop.servers.models import IpLease, Ipv6Lease, ServerEvent, ServerJob
 from vpsshop.servers.resource import server_event
 
 log = logging.getLogger("vpsshop.servers")
@@ -251,7 +258,12 @@ def _prepare(ctx: AppContext, server_id: int, status: str = "provisioning") -> t
         pool = backend.address_pool(server.location)
         address = None
         if pool is not None:
-            address = _lease_address(session, pool.pool, pool.addresses, server_id, ctx.clock.now())
+            address = _lease_address(session, IpLease, pool.pool, pool.addresses, server_id, ctx.clock.now())
+        v6 = backend.ipv6_pool(server.location) if CAPABILITY_IPV6 in backend.capabilities else None
+        ipv6, ipv6_length = None, 64
+        if v6 is not None:
+            lease = _lease_address(session, Ipv6Lease, v6.pool, v6.leases(), server_id, ctx.clock.now())
+            ipv6, ipv6_length = v6.guest_address(lease)
         assert server.root_password_enc is not None
         spec = ServerSpec(
             name=server.domain,
@@ -269,21 +281,31 @@ def _prepare(ctx: AppContext, server_id: int, status: str = "provisioning") -> t
             nameservers=pool.nameservers if pool else (),
             ssh_keys=tuple(json.loads(server.ssh_keys)) if server.ssh_keys else (),
             user_data=decrypt_text(ctx, server.user_data_enc, "user data") if server.user_data_enc else None,
+            ipv6=ipv6,
+            ipv6_prefix_length=ipv6_length,
+            ipv6_gateway=v6.gateway if v6 is not None else None,
         )
         return server, spec
 
 
-def _lease_address(session: Session, pool: str, addresses: Iterable[str], server_id: int, now: datetime) -> str:
-    held = session.exec(select(IpLease).where(IpLease.server_id == server_id)).first()
+def _lease_address(
+    session: Session,
+    table: type[IpLease] | type[Ipv6Lease],
+    pool: str,
+    addresses: Iterable[str],
+    server_id: int,
+    now: datetime,
+) -> str:
+    held = session.exec(select(table.address).where(table.server_id == server_id)).first()
     if held is not None:
-        return held.address
-    taken = set(session.exec(select(IpLease.address).where(IpLease.pool == pool)).all())
+        return held
+    taken = set(session.exec(select(table.address).where(table.pool == pool)).all())
     for address in addresses:
         if address in taken:
             continue
         savepoint = session.begin_nested()
         try:
-            session.add(IpLease(pool=pool, address=address, server_id=server_id, created_at=now))
+            session.add(table(pool=pool, address=address, server_id=server_id, created_at=now))
             session.flush()
             savepoint.commit()
             return address
@@ -292,9 +314,17 @@ def _lease_address(session: Session, pool: str, addresses: Iterable[str], server
     raise PluginError(f"address pool {pool!r} has no free address")
 
 
+def _ipv6_values(session: Session, server_id: int, spec: ServerSpec) -> dict[str, str | None]:
+    """``servers.ipv6`` and ``ipv6_prefix`` as an active server shows them: its guest's address, and
+    the /64 its lease is when the pool routes one per server."""
+    lease = session.exec(select(Ipv6Lease.address).where(Ipv6Lease.server_id == server_id)).first()
+    return {"ipv6": spec.ipv6, "ipv6_prefix": lease if lease is not None and "/" in lease else None}
+
+
 def _release_address(ctx: AppContext, server_id: int) -> None:
     with ctx.db.session() as session:
         session.execute(sa.delete(IpLease).where(col(IpLease.server_id) == server_id))
+        session.execute(sa.delete(Ipv6Lease).where(col(Ipv6Lease.server_id) == server_id))
 
 
 async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
@@ -325,11 +355,14 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
         now = ctx.clock.now()
         ready = _ready_values(report, now)
         with ctx.db.session() as session:
+            v6 = _ipv6_values(session, server_id, spec)
             moved = rowcount(
                 session.execute(
                     sa.update(Server)
                     .where(col(Server.id) == server_id, col(Server.status) == "provisioning")
-                    .values(status="active", ip=ip, host=handle.host, domain=handle.domain, power="running", **ready)
+                    .values(
+                        status="active", ip=ip, host=handle.host, domain=handle.domain, power="running", **ready, **v6
+                    )
                 )
             )
             if moved:
@@ -580,10 +613,18 @@ async def _rdns(ctx: AppContext, job: ClaimedJob) -> None:
     server = await to_thread.run_sync(load)
     if ctx.dns is None or server is None or not server.ip or server.status == "terminated":
         return  # termination clears the record in its destroy job
-    if server.reverse_dns:
-        await ctx.dns.set_ptr(server.ip, server.reverse_dns)
-    else:
-        await ctx.dns.clear_ptr(server.ip)
+    for address in _named_addresses(ctx, server):
+        if server.reverse_dns:
+            await ctx.dns.set_ptr(address, server.reverse_dns)
+        else:
+            await ctx.dns.clear_ptr(address)
+
+
+def _named_addresses(ctx: AppContext, server: Server) -> list[str]:
+    """The addresses a server's reverse DNS name is given to: its IPv4 address, and its IPv6 one
+    when a zone of the provider holds it."""
+    assert ctx.dns is not None
+    return [a for a in (server.ip, server.ipv6) if a and (a == server.ip or ctx.dns.holds(a))]
 
 
 # ---- other verbs ---------------------------------------------------------------------------------
@@ -627,7 +668,8 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
         await to_thread.run_sync(powered)
     if job.kind == "destroy":
         if ctx.dns is not None and server.ip and server.reverse_dns:
-            await ctx.dns.clear_ptr(server.ip)  # the address goes back to the pool: its name must not stay
+            for address in _named_addresses(ctx, server):  # the addresses go back to the pool: names must not stay
+                await ctx.dns.clear_ptr(address)
 
             def forget() -> None:
                 with ctx.db.session() as session:
@@ -638,7 +680,11 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
 
         def destroyed() -> None:
             with ctx.db.session() as session:
-                session.execute(sa.update(Server).where(col(Server.id) == job.server_id).values(power=None, ip=None))
+                session.execute(
+                    sa.update(Server)
+                    .where(col(Server.id) == job.server_id)
+                    .values(power=None, ip=None, ipv6=None, ipv6_prefix=None)
+                )
                 record(
                     session,
                     job.server_id,

@@ -71,6 +71,23 @@ class IpLease(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class Ipv6Lease(SQLModel, table=True):
+    """An IPv6 address (or, in a routed pool, a /64) of a backend's pool held by one server; never
+    shared. Beside :class:`IpLease`, so that a server holds one of each.
+
+    .. versionadded:: 1.2
+    """
+
+    __tablename__ = "ipv6_leases"
+    __table_args__ = (sa.UniqueConstraint("pool", "address", name="uq_ipv6_leases_pool_address"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    pool: str = Field(max_length=64, nullable=False)
+    address: str = Field(max_length=49, nullable=False)
+    server_id: int = Field(foreign_key="servers.id", unique=True, nullable=False)
+    created_at: datetime = _ts()
+
+
 class SshKey(SQLModel, table=True):
     """An OpenSSH public key in an account's key store (``/v1/ssh-keys``).
 

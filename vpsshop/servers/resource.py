@@ -75,12 +75,25 @@ class ServerOut(BaseModel):
         "and once the VM is destroyed (by the job that follows termination). A power action changes it when its "
         "job has run (within seconds)."
     )
-    reverse_dns: str | None = Field(None, description="The PTR name of the server's address set by PATCH, else null.")
+    reverse_dns: str | None = Field(
+        None, description="The PTR name of the server's addresses (ip and ipv6) set by PATCH, else null."
+    )
     ready_at: datetime | None = Field(
         None,
         description="When the guest reported that its first boot (after the order, or the last reinstall) finished "
         "and its SSH daemon answered: the server turns active at that moment. Null while it boots, when that boot "
         "finished with errors (status_reason says which), and for servers made before vpsshop 1.1.",
+    )
+    ipv6: str | None = Field(
+        None,
+        description="The server's IPv6 address, configured on its first boot; null until it is active, and when "
+        "its location has no IPv6 (docs/servers.md, IPv6). SSH answers on it as on ip.",
+    )
+    ipv6_prefix: str | None = Field(
+        None,
+        description="The /64 routed to this server (e.g. 2001:db8:0:5::/64; ipv6 is its ::1, the rest is the "
+        "customer's to use) when its location routes a /64 per server; null when ipv6 is one address of a prefix "
+        "the location's servers share.",
     )
     host_keys: list[HostKeyOut] = Field(
         default_factory=list,
@@ -115,6 +128,8 @@ def server_out(server: Server) -> ServerOut:
         status_reason=server.status_reason,
         power=cast(Power | None, server.power),
         reverse_dns=server.reverse_dns,
+        ipv6=server.ipv6,
+        ipv6_prefix=server.ipv6_prefix,
         ready_at=server.ready_at,
         host_keys=[HostKeyOut(type=k.type, key=k.key, fingerprint=k.fingerprint) for k in host_keys(server)],
     )
