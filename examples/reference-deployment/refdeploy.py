@@ -574,12 +574,24 @@ def guest_network(state: dict[str, Any]) -> str:
     """Blank disks: QEMU's user networking (nothing to reach). A real guest: a libvirt network of
     this deployment whose bridge holds the gateway address, so this host reaches the guest."""
     if not state["real_guest"]:
-        return 'network = "user"\naddresses = "198.51.100.10-198.51.100.200"\ngateway = "198.51.100.1"\n'
+        return (
+            'network = "user"\naddresses = "198.51.100.10-198.51.100.200"\ngateway = "198.51.100.1"\n'
+            'ipv6 = "2001:db8:214::/64"\nipv6_gateway = "2001:db8:214::1"\n'
+        )
     prefix = state["guest_prefix"]
+    v6 = guest_ipv6_prefix(prefix)
     return (
         f'network = "network:{state["guest_network"]}"\naddresses = "{prefix}.10-{prefix}.60"\n'
         f'gateway = "{prefix}.1"\nnameservers = ["{prefix}.1"]\n'
+        f'ipv6 = "{v6}/64"\nipv6_gateway = "{v6}1"\n'
     )
+
+
+def guest_ipv6_prefix(prefix: str) -> str:
+    """The IPv6 /64 of the guest network whose IPv4 /24 is ``prefix`` (without its length): a ULA,
+    "10.214.7" -> "fd42:214:7::"; the bridge holds ``::1``."""
+    second, third = prefix.split(".")[1:3]
+    return f"fd42:{second}:{third}::"
 
 
 def random_tpub() -> str:
@@ -841,13 +853,15 @@ def make_guest_network(state: dict[str, Any]) -> None:
     xml = Path(state["root"]) / "network.xml"
     xml.write_text(
         f"<network><name>{name}</name><bridge name='vps{secrets.token_hex(4)}' stp='off'/><dns enable='no'/>"
-        f"<ip address='{prefix}.1' netmask='255.255.255.0'/></network>"
+        f"<ip address='{prefix}.1' netmask='255.255.255.0'/>"
+        f"<ip family='ipv6' address='{guest_ipv6_prefix(prefix)}1' prefix='64'/></network>"
     )
     run("virsh", "-c", uri, "net-define", str(xml), quiet=True)
     state.update(guest_network=name, guest_prefix=prefix)
     save_state(state)
     run("virsh", "-c", uri, "net-start", name, quiet=True)
-    say(f"- libvirt network {name}: {prefix}.0/24, this host at {prefix}.1")
+    v6 = guest_ipv6_prefix(prefix)
+    say(f"- libvirt network {name}: {prefix}.0/24 and {v6}/64, this host at {prefix}.1 and {v6}1")
 
 
 def init_libvirt(state: dict[str, Any]) -> None:
@@ -1209,7 +1223,8 @@ class Walk:
         self.ok(
             "active",
             server["status"],
-            f"status {server['status']}, ip {server.get('ip')}, ready_at {server.get('ready_at')}, "
+            f"status {server['status']}, ip {server.get('ip')}, ipv6 {server.get('ipv6')}, "
+            f"ready_at {server.get('ready_at')}, "
             f"expires {server.get('expires_at')}"
             + ("" if s["real_guest"] else " (a blank disk: guest_reports is off, so active when the domain runs)"),
         )
@@ -1224,7 +1239,8 @@ class Walk:
                 "host_keys_match", bool(shown) and shown == scanned, f"ssh-keyscan sees the same {len(scanned)} keys"
             )
             known_hosts = Path(s["root"]) / "walk" / "known_hosts"
-            known_hosts.write_text("".join(f"{server['ip']} {k['type']} {k['key']}\n" for k in server["host_keys"]))
+            names = f"{server['ip']},{server['ipv6']}" if server.get("ipv6") else server["ip"]
+            known_hosts.write_text("".join(f"{names} {k['type']} {k['key']}\n" for k in server["host_keys"]))
             self.step(
                 f"Log in over SSH as root with the ordered key, StrictHostKeyChecking=yes (ssh root@{server['ip']})"
             )
@@ -1232,6 +1248,10 @@ class Walk:
             self.ok(
                 "ssh_key_login", hostname, f"logged in, the host key checked against the API's: hostname {hostname}"
             )
+            if server.get("ipv6"):
+                self.step(f"Log in over IPv6, on the address the API gives (ssh root@{server['ipv6']})")
+                hostname6 = guest_login(server["ipv6"], key, seconds=60, known_hosts=known_hosts)
+                self.ok("ssh_ipv6_login", hostname6, f"logged in over IPv6, the same host keys: hostname {hostname6}")
 
         self.step("Read its credentials: GET /v1/servers/{id}/credentials")
         creds = self.http.get(f"/servers/{server_id}/credentials", headers=self.auth)
