@@ -1,8 +1,10 @@
 """Push on Monero: the watcher follows monerod's ZMQ publisher (``--zmq-pub``), so an XMR payment is
-credited within a second of its block.
+credited within a second of its block; and while a top-up is open it asks the wallet for pool
+payments every ``pool_poll_seconds``, so a payment is seen within a second of reaching the node.
 
-(A payment in the pool wakes nothing here: monerod publishes ``txpool_add`` only once a transaction
-is fluffed to peers, which an offline regtest node never does; the pass at its block sees it.)"""
+(A payment in the pool wakes nothing on the ZMQ channel here: monerod publishes ``txpool_add`` only
+once a transaction is fluffed to peers, which an offline regtest node never does. The pool poll is
+what sees it; with no top-up open the wallet is left alone.)"""
 
 from __future__ import annotations
 
@@ -46,16 +48,23 @@ def vpsshop_app(background_app: Any) -> Any:
     return background_app
 
 
-def test_xmr_is_credited_within_a_second_of_its_block(vpsshop_client: TestClient, monero: MoneroRegtest) -> None:
+def test_xmr_is_seen_within_a_second_and_credited_within_a_second_of_its_block(
+    vpsshop_client: TestClient, monero: MoneroRegtest
+) -> None:
     account = create_test_account(vpsshop_client)
     wait_for(lambda: coin_mode(vpsshop_client, "XMR") == "push", 30, "push mode")
+    seen: list[float] = []
     credited: list[float] = []
     for _ in range(3):
         topup = new_topup(vpsshop_client, account.headers, "XMR", 30)
         ref = topup["ref"]
         txid = monero.pay(topup["deposit_address"], int(Decimal(topup["deposit_amount"]) * 10**12))
+        sent = time.monotonic()
+        wait_for(lambda ref=ref: watched_state(vpsshop_client, ref)[1] == 0, 10, "seen in the pool")
+        seen.append(time.monotonic() - sent)
         mined = monero.mine_until_mined(txid)
         wait_for(lambda ref=ref: watched_state(vpsshop_client, ref)[2] == "completed", 10, "credited")
         credited.append(time.monotonic() - mined)
+    assert_prompt(seen, "seen in the pool")
     assert_prompt(credited, "credited after the block")
     assert balance(vpsshop_client, account.headers) == 90

@@ -343,6 +343,18 @@ class DepositCoin(PaymentCoin[ConfigT]):
         the channel only speeds up blocks and the coin is polled as well. Default: True."""
         return True
 
+    @property
+    def pending_poll_seconds(self) -> float | None:
+        """How often core looks at the chain while a top-up of this scan group waits for its
+        payment, whatever the wake channel says: for a node whose channel cannot tell of every
+        pool payment (monerod publishes a transaction only once Dandelion++ has fluffed it, up to
+        a minute after it reached the node). Only while such a top-up is open, so an idle shop
+        still makes no requests but the channel's. Default: None (the channel and the periodic
+        pass only).
+
+        .. versionadded:: 1.2"""
+        return None
+
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         """The URI a wallet app scans from the QR code (BIP-21 ``bitcoin:<addr>?amount=..``,
         ``monero:<addr>?tx_amount=..``, EIP-681 ...). Default: the bare address."""

@@ -81,6 +81,13 @@ class MoneroConfig(NodeConfig):
         pattern=r"^tcp://[^/]+:[0-9]{1,5}$",
         description="monerod's ZMQ publisher (its --zmq-pub): blocks and pool transactions wake the watcher.",
     )
+    pool_poll_seconds: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="While an XMR top-up is open, ask the wallet for pool payments this often (0: never): monerod "
+        "publishes a transaction only once Dandelion++ has fluffed it, which can be a minute after it arrived.",
+    )
 
     @model_validator(mode="after")
     def _check_keys(self) -> MoneroConfig:
@@ -164,6 +171,14 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
         if self._client is None or self.cfg.zmq_pub is None:
             return None
         return zmq_sub_wakes(self.cfg.zmq_pub, ("json-minimal-txpool_add", "json-minimal-chain_main"))
+
+    @property
+    def pending_poll_seconds(self) -> float | None:
+        """``pool_poll_seconds`` while a top-up is open: a payment in monerod's pool is seen within it,
+        stem phase or not (the wallet reads the pool from its own, unrestricted, node)."""
+        if self._client is None or not self.cfg.pool_poll_seconds:
+            return None
+        return self.cfg.pool_poll_seconds
 
     @property
     def wake_sees_everything(self) -> bool:

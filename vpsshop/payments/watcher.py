@@ -78,6 +78,8 @@ log = logging.getLogger("vpsshop.watcher")
 MAX_SCAN_CALLS_PER_PASS = 50
 GAP_GIVE_UP_SECONDS = 600.0
 PUSH_RETRY_FIRST_SECONDS = 1.0
+PENDING_CHECK_SECONDS = 1.0
+"""How often a scan group with :attr:`DepositCoin.pending_poll_seconds` looks for open top-ups."""
 PUSH_RETRY_MAX_SECONDS = 60.0
 
 
@@ -200,11 +202,14 @@ class Watcher:
         coin = self.groups[group][0]
         wake = asyncio.Event()
         passes = asyncio.create_task(self._pass_on_wake(group, wake))
+        pending = asyncio.create_task(self._pending_poll(group, wake)) if coin.pending_poll_seconds else None
         delay = PUSH_RETRY_FIRST_SECONDS
         try:
             while True:
                 channel = coin.wake_channel()
                 if channel is None:
+                    if pending is not None:
+                        await pending  # runs until cancelled
                     return
                 try:
                     async for what in channel:
@@ -240,9 +245,40 @@ class Watcher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, PUSH_RETRY_MAX_SECONDS)
         finally:
-            passes.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await passes
+            for task in (passes, pending):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    async def _pending_poll(self, group: str, wake: asyncio.Event) -> None:
+        """Wake ``group`` every :attr:`DepositCoin.pending_poll_seconds` while one of its top-ups
+        is open (looked up every :data:`PENDING_CHECK_SECONDS`)."""
+        interval = self.groups[group][0].pending_poll_seconds
+        assert interval
+        codes = [c.code for c in self.groups[group]]
+        while True:
+            try:
+                any_open = await to_thread.run_sync(self._has_open_topups, codes)
+            except Exception:  # the database is away: the periodic pass goes on
+                log.exception("watching %s: looking for open top-ups failed", group)
+                any_open = False
+            if not any_open:
+                await asyncio.sleep(PENDING_CHECK_SECONDS)
+                continue
+            checked = time.monotonic()
+            while time.monotonic() - checked < PENDING_CHECK_SECONDS:
+                wake.set()
+                await asyncio.sleep(interval)
+
+    def _has_open_topups(self, codes: list[str]) -> bool:
+        with self.engine.ctx.db.session() as session:
+            row = session.execute(
+                sa.select(col(Topup.id))
+                .where(col(Topup.coin).in_(codes), col(Topup.status) == "pending")
+                .limit(1)
+            ).first()
+        return row is not None
 
     async def _pass_on_wake(self, group: str, wake: asyncio.Event) -> None:
         while True:
