@@ -223,7 +223,10 @@ class MoneroRegtest:
         # refresh racing the plugin's would show a block one pass late and make assertions flaky.
         for url in (self.sender_url, self.shop_url):
             self.call(url, "auto_refresh", enable=False)
-        self.mine(80)  # coinbase outputs unlock after 60 blocks
+        # Coinbase outputs unlock after 60 blocks. 80 blocks left so few unlocked outputs that the
+        # sender wallet's decoy picker spun for minutes building its sixth transfer (the "hang" of a
+        # second shop's payments, or of the latency bench's sixth sample); with 330 it never does.
+        self.mine(330)
 
     def _start(self, argv: list[str], probe_url: str, probe_method: str) -> None:
         log = open(self.workdir / f"{Path(argv[0]).name}-{len(self.processes)}.log", "wb")  # noqa: SIM115

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,14 +25,6 @@ from vpsshop.testing import create_test_account
 def monero() -> Iterator[MoneroRegtest]:
     with running_monero("xmr-push") as peers:
         yield peers
-
-
-@pytest.fixture
-def vpsshop_database_url(tmp_path: Path) -> str:
-    """One database: the channel does not depend on it. (Run twice against one monerod, the second
-    shop's payment hung: the sender wallet's `transfer` did not answer within 120 s. Not understood
-    yet; a fresh monerod per database passes both.)"""
-    return f"sqlite:///{tmp_path / 'shop.db'}"
 
 
 @pytest.fixture
