@@ -9,7 +9,7 @@ what sees it; with no top-up open the wallet is left alone.)"""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +18,7 @@ from chain_nodes import MoneroRegtest, balance, running_monero
 from starlette.testclient import TestClient
 from topup_push import assert_prompt, coin_mode, new_topup, push_settings_of, wait_for, watched_state
 
+from vpsshop.chains import JsonRpcClient
 from vpsshop.testing import create_test_account
 
 
@@ -59,3 +60,25 @@ def test_xmr_is_seen_within_a_second_and_credited_within_a_second_of_its_block(
     assert_prompt(seen, "seen in the pool")
     assert_prompt(credited, "credited after the block")
     assert balance(vpsshop_client, account.headers) == 90
+
+
+def test_with_no_topup_open_the_wallet_gets_no_request(
+    vpsshop_client: TestClient, monero: MoneroRegtest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No top-up open, the channel up: neither the pool poll nor the periodic pass (every 15 s by
+    default) asks the wallet anything; a block still wakes the watcher."""
+    wait_for(lambda: coin_mode(vpsshop_client, "XMR") == "push", 30, "push mode")
+    time.sleep(1.5)  # a pass woken by the channel's connection has ended
+    calls: list[str] = []
+    call: Callable[..., Any] = JsonRpcClient.call
+
+    async def counting(self: JsonRpcClient, method: str, *params: Any, **named: Any) -> Any:
+        calls.append(method)
+        return await call(self, method, *params, **named)
+
+    monkeypatch.setattr(JsonRpcClient, "call", counting)
+    time.sleep(16)
+    assert coin_mode(vpsshop_client, "XMR") == "push"
+    assert calls == []
+    monero.mine(1)
+    wait_for(lambda: "get_transfers" in calls, 5, "a pass woken by the block")

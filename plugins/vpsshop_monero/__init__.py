@@ -182,8 +182,10 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
 
     @property
     def wake_sees_everything(self) -> bool:
-        """monerod publishes a pool transaction only once it is fluffed: the wallet is polled too."""
-        return False
+        """monerod publishes blocks, and pool transactions once they are fluffed; one still in its
+        stem phase is seen by the pool poll while a top-up is open (``pool_poll_seconds``), or with
+        its block. With the pool poll off, the wallet is polled every watch interval as well."""
+        return bool(self.cfg.pool_poll_seconds)
 
     async def scan(self, cursor: str | None, watched: WatchSet, members: Sequence[DepositCoin[Any]] = ()) -> ScanResult:
         rpc = self.node
