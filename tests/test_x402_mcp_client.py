@@ -1,6 +1,7 @@
 """The paid MCP tools under x402's MCP transport binding, paid by the official client: the PyPI ``x402``
-package's ``x402MCPClient`` (unmodified; its spend limits set) over the ``mcp`` SDK's streamable HTTP client,
-against ``vpsshop serve``'s ``/mcp`` on a USDCBASE-only shop settling directly on anvil.
+package's ``x402MCPClient`` (unmodified; its spend limits set) over the ``mcp`` SDK's streamable HTTP client as
+docs/mcp.md shows it (the test runs that block), against ``vpsshop serve``'s ``/mcp`` on a USDCBASE-only shop
+settling directly on anvil.
 
 A keyless session orders a server by paying the tool call (pay as sign-up: the wallet's new account and its
 API key come back once); that account renews by a paid call; a re-sent payment is the same order and pays
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -31,22 +31,16 @@ pytestmark = pytest.mark.slow
 DEPOSIT_COINS = ("BTC", "XMR", "ETH", "USDTTRC", "LTC", "TRX", "SOL", "USDT")
 
 
-class SdkClient:
-    """The MCP client ``x402MCPClient`` wraps, over the ``mcp`` SDK's ``Client`` (as the x402 package's own
-    example adapts it): ``call_tool`` takes the JSON-RPC params (name, arguments, ``_meta``) and answers the
-    result under its wire names (``content``, ``isError``, ``structuredContent``, ``_meta``)."""
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "mcp.md").read_text()
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
 
-    async def call_tool(self, params: dict[str, Any], read_timeout_seconds: timedelta | None = None) -> Any:
-        result = await self.client.call_tool(
-            params["name"],
-            params.get("arguments") or {},
-            read_timeout_seconds=read_timeout_seconds.total_seconds() if read_timeout_seconds else None,
-            meta=params.get("_meta"),
-        )
-        return SimpleNamespace(**result.model_dump(by_alias=True, mode="json", exclude_none=True))
+def doc_client() -> dict[str, Any]:
+    """The client code of docs/mcp.md ("The official Python client"), run as the reader runs it."""
+    match = re.search(r"<!-- x402-mcp-client[^>]*-->\n```python\n(.*?)```", DOC, re.S)
+    assert match, "docs/mcp.md lost its x402 MCP client block"
+    names: dict[str, Any] = {}
+    exec(compile(match.group(1), "docs/mcp.md", "exec"), names)  # the documentation's own code
+    return names
 
 
 @asynccontextmanager
@@ -64,18 +58,10 @@ async def mcp_session(url: str, api_key: str | None = None) -> AsyncIterator[Any
 
 
 def paying_client(client: Any, payer: Any, asset: str, max_atomic: int, paid: list[Any]) -> Any:
-    """The official x402 MCP client paying with ``payer``'s key, at most ``max_atomic`` of ``asset`` a call;
-    the payloads it signs are kept in ``paid`` (its after-payment hook)."""
-    from x402 import x402Client
-    from x402.mcp import x402MCPClient
-    from x402.mechanisms.evm.exact import ExactEvmClientScheme
-
-    payments = x402Client()
-    payments.set_spend_controls(
-        {"allowed_assets": [{"network": "eip155:8453", "asset": asset, "max_amount_per_payment": str(max_atomic)}]}
-    )
-    payments.register("eip155:8453", ExactEvmClientScheme(payer))
-    x402_mcp = x402MCPClient(SdkClient(client), payments, auto_payment=True)
+    """The documented x402 MCP client paying with ``payer``'s key, at most ``max_atomic`` of ``asset`` (the
+    test token) a call; the payloads it signs are kept in ``paid`` (its after-payment hook)."""
+    limits = {"allowed_assets": [{"network": "eip155:8453", "asset": asset, "max_amount_per_payment": str(max_atomic)}]}
+    x402_mcp = doc_client()["paying"](client, payer, limits)
     x402_mcp.on_after_payment(lambda done: paid.append(done.payment_payload))
     return x402_mcp
 
