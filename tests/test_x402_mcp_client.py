@@ -4,7 +4,8 @@ docs/mcp.md shows it (the test runs that block), against ``vpsshop serve``'s ``/
 settling directly on anvil.
 
 A keyless session orders a server by paying the tool call (pay as sign-up: the wallet's new account and its
-API key come back once); that account renews by a paid call; a re-sent payment is the same order and pays
+API key come back once), and another wallet tops up keyless the same way; the first account renews by a paid
+call; a re-sent payment is the same order and pays
 nothing more, a payment used for something else is refused, a payer without the USDC and a forged signature
 are clear errors, a client whose spend limit is below the price pays nothing, and the chain shows each price
 paid exactly once.
@@ -78,6 +79,7 @@ def test_x402_mcp_client_orders_and_renews_by_paid_tool_calls(
     shop_wallet, relayer = chain.new_account(), chain.new_account(eth_wei=10**18)
     payer = chain.new_account(usdc=1000 * USDC_UNIT)
     broke = chain.new_account()  # holds no USDC
+    topper = chain.new_account(usdc=100 * USDC_UNIT)
     port = free_port()
     config = tmp_path / "vpsshop.toml"
     config.write_text(
@@ -167,6 +169,20 @@ max_timeout_seconds = 120
             assert bad.is_error and answer(bad)["error"] == "invalid_signature", answer(bad)
             assert chain.usdc(shop_wallet.address) == price_atomic
 
+            # a keyless x402 top-up: pay as sign-up too, another wallet's new account credited
+            topped = await paying_client(keyless, topper, chain.asset, cap, []).call_tool(
+                "start_topup", {"amount": 25, "coin": "USDCBASE"}
+            )
+            assert topped.payment_made and not topped.is_error, topped.content
+            topup = answer(topped)
+            assert topup["status"] == "completed" and topup["account"]["api_key"].startswith("vpsk_"), topup
+            assert topped.payment_response is not None and topped.payment_response.payer == topper.address
+            assert chain.usdc(topper.address) == 75 * USDC_UNIT
+
+        async with mcp_session(url, topup["account"]["api_key"]) as topped_up:
+            account = (await topped_up.call_tool("get_account", {})).structured_content
+            assert account["balance_usd"] == 25, account
+
         async with mcp_session(url, api_key) as keyed:
             renewals: list[Any] = []
             renewing = paying_client(keyed, payer, chain.asset, cap, renewals)
@@ -197,5 +213,5 @@ max_timeout_seconds = 120
         api_key, server_id = keys[0]
         listed = httpx.get(f"{served.base}/servers", headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
         assert [server["id"] for server in listed.json()["servers"]] == [server_id], listed.text
-    assert chain.usdc(shop_wallet.address) == totals[0]
+    assert chain.usdc(shop_wallet.address) == totals[0] + 25 * USDC_UNIT
     assert chain.usdc(payer.address) == 1000 * USDC_UNIT - totals[0]

@@ -3,8 +3,8 @@
 
 * **Who acts**: ``Authorization: Bearer vpsk_...`` as on the REST API (the same authentication, the same
   limit on failed keys per client address). Without the header only the tools that need no account
-  answer (``get_catalog``, ``create_account``, ``sign_in``); a wrong key is a 401 before any MCP message
-  is read.
+  answer (``get_catalog``, ``create_account``, ``sign_in``), and the tools paid as sign-up; a wrong key
+  is a 401 before any MCP message is read.
 * **Host and Origin**: a request must name this shop's host (``public_url``; the sandbox also takes
   loopback), and a browser's ``Origin`` must be the shop's own (DNS rebinding cannot turn a visitor's
   browser into a client of the shop).
@@ -15,8 +15,8 @@
   ``structuredContent`` beside the shop's error body, and ``{"x402/error": {code: 402, message, data}}`` as
   its text; the call sent again with the signed ``PaymentPayload`` in ``params._meta["x402/payment"]`` is
   settled through the same operation as the REST API's payment header, and its result carries the
-  settlement response in ``_meta["x402/payment-response"]``. Keyless, ``order_server`` is paid as sign-up,
-  as ``POST /v1/servers`` without a key is.
+  settlement response in ``_meta["x402/payment-response"]``. Keyless, ``order_server`` and an x402
+  ``start_topup`` are paid as sign-up, as ``POST /v1/servers`` and ``POST /v1/topups`` without a key are.
 """
 
 from __future__ import annotations

@@ -248,6 +248,11 @@ async def _start_topup(ctx: AppContext, customer: Customer, args: TopupArgs) -> 
     return paid_result(started.topup, started.settled, False)
 
 
+async def _topup_signup(ctx: AppContext, client: str, args: TopupArgs) -> Result:
+    signup = await topups.start_signup_topup(ctx, part(args, TopupInput), payment=_payment(args), client=client)
+    return paid_result(signup.topup, signup.settled, False)
+
+
 async def _order(ctx: AppContext, customer: Customer, args: OrderArgs) -> Result:
     done = await orders.place_order(
         ctx, customer, part(args, OrderInput), idempotency_key=args.idempotency_key, payment=_payment(args)
@@ -422,10 +427,13 @@ TOOLS: tuple[Tool, ...] = (
         "Start a top-up of amount USD (25 to 2000) paid in coin, one of get_catalog's payment_options (omitted: the "
         "shop's default). A deposit coin answers with the address and the amount to send (get_topup shows its "
         "progress). An x402 coin (USDCBASE) answers isError with error 402 and the x402 payment requirements "
-        "(x402Version 2, accepts): an x402 MCP client pays them in the call's _meta['x402/payment'].",
+        "(x402Version 2, accepts): an x402 MCP client pays them in the call's _meta['x402/payment']. Without an "
+        "API key an x402 top-up is paid as sign-up: the paying wallet's account is credited (created by its first "
+        "payment, its api_key and login_token in the result's account once).",
         TopupArgs,
         _start_topup,
         ("createTopup",),
+        keyless=_topup_signup,
     ),
     Tool(
         "get_topup",
