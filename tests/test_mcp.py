@@ -66,9 +66,9 @@ async def agent_session(client: Any, env: dict[str, str], cwd: Path, user_id: in
     short = await refused("order_server", **order, idempotency_key="agent-1")
     assert (short["status"], short["error"]) == (402, "insufficient_balance")
     assert short["deficit"] == quoted["price_usd"] and short["accepts"][0]["network"]  # x402 requirements too
-    required = short["payment_required"]  # the x402 v2 form, which the REST API sends as PAYMENT-REQUIRED
-    assert required["x402Version"] == 2 and required["accepts"][0]["payTo"] == short["accepts"][0]["payTo"]
-    assert required["resource"]["url"] == short["accepts"][0]["resource"]
+    required = short["payment_required"]  # x402's MCP binding: the result is the v2 PaymentRequired too
+    assert required["x402Version"] == short["x402Version"] == 2 and required["accepts"] == short["accepts"]
+    assert required["resource"] == short["resource"] and short["resource"]["url"] == "mcp://tool/order_server"
     topup = await tool("start_topup", amount=25)  # no coin: the shop's default (BTC in the sandbox)
     assert topup["deposit_address"] and topup["coin"] == "BTC" and topup["status"] == "pending", topup
     assert (await tool("get_topup", ref=topup["ref"]))["status"] == "pending"

@@ -94,7 +94,7 @@ def test_refusals_are_errors_with_the_api_body(vpsshop_client: TestClient, vpssh
     body = short["structuredContent"]
     assert (body["status"], body["error"]) == (402, "insufficient_balance")
     assert body["deficit"] == body["price"] > 0 and body["balance"] == 0  # numbers, as the REST API writes them
-    assert body["accepts"][0]["maxAmountRequired"] and body["payment_required"]["x402Version"] == 2
+    assert body["accepts"][0]["amount"] and body["x402Version"] == body["payment_required"]["x402Version"] == 2
     for name, arguments, code in (
         ("get_server", {"server_id": 2**63}, "invalid_server_id"),  # bounded before the database sees it
         ("get_server", {"server_id": "seven"}, "invalid_server_id"),

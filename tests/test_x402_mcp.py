@@ -2,13 +2,16 @@
 config file, sandbox servers) settling directly on anvil, driven by the ``mcp`` SDK's client over stdio
 (``vpsshop mcp``, relaying to the shop's own ``/mcp``). A tool's refused call (``isError``) hands over the
 402's x402 requirements (``payment_required``, ``accepts``); the agent's payments are signed by the PyPI
-``x402`` client (v2 for the order, v1 for the renewal) and sent back as the tools' ``payment``; the order,
+``x402`` client (v2, as x402's MCP binding states them) and sent back as the tools' ``payment`` argument (the
+order) or in the call's ``_meta["x402/payment"]`` relayed by the bridge (the renewal); the order,
 its replay and the renewal each answer with the settlement, and a replay with another body is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import httpx
 import pytest
 from served import VPSSHOP, free_port, serve, shop_env
 from x402_coin import chain  # noqa: F401 - a fixture
-from x402_peers import USDC_UNIT, Chain, sign_v1_header, sign_v2_header
+from x402_peers import USDC_UNIT, Chain, sign_v2_header
 
 pytestmark = pytest.mark.slow
 
@@ -85,17 +88,21 @@ max_timeout_seconds = 120
         assert (await tool("wait_for_server", server_id=server_id))["status"] == "active"
         renewal = await refused("renew_server", server_id=server_id)
         assert renewal["status"] == 402 and renewal["error"] == "insufficient_balance"
-        renewing = sign_v1_header(customer, renewal["accepts"][0])
-        renewed = await tool("renew_server", server_id=server_id, payment=renewing)
+        renewing = sign_v2_header(customer, renewal["accepts"][0], renewal["resource"]["url"])
+        payload = json.loads(base64.b64decode(renewing))
+        result = await client.call_tool("renew_server", {"server_id": server_id}, meta={"x402/payment": payload})
+        assert not result.is_error, result
+        renewed = result.structured_content
         assert renewed["server"]["expires_at"] > paid["server"]["expires_at"], renewed
-        assert renewed["payment_response"]["network"] == "base", renewed
+        assert renewed["payment_response"]["network"] == "eip155:8453", renewed
+        assert result.meta["x402/payment-response"] == renewed["payment_response"]  # the binding's place
         replayed = await tool("renew_server", server_id=server_id, payment=renewing)  # the same payment: nothing more
         assert replayed["idempotent_replayed"] is True and replayed["server"] == renewed["server"]
         assert replayed["payment_response"] == renewed["payment_response"]
         changed = await refused("renew_server", server_id=server_id, periods=2, payment=renewing)  # another body
         assert (changed["status"], changed["error"]) == (409, "idempotency_key_reused")
         assert (await tool("get_account"))["balance_usd"] == 0
-        paid_total.append(int(settled["amount"]) + int(renewal["accepts"][0]["maxAmountRequired"]))
+        paid_total.append(int(settled["amount"]) + int(renewal["accepts"][0]["amount"]))
 
     with serve(tmp_path, env, "--config", str(config), port=port) as served:
         created = httpx.post(f"{served.base}/account", timeout=30).json()

@@ -87,7 +87,9 @@ class Bridge:
         self, _rctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         try:
-            return await self._relay(lambda remote: remote.call_tool(params.name, params.arguments or {}))
+            return await self._relay(  # _meta too: an x402 MCP client's payment travels there
+                lambda remote: remote.call_tool(params.name, params.arguments or {}, meta=params.meta)
+            )
         except Exception as exc:  # noqa: BLE001 - every failure to reach the shop is said in the result
             log.warning("calling %s on %s failed: %s", params.name, self.url, type(exc).__name__)
             return unreachable(self.url, exc)

@@ -46,6 +46,8 @@ __all__ = ["TOOLS", "Tool", "ToolError"]
 
 Result = BaseModel | dict[str, Any]
 Handler = Callable[[AppContext, Customer, Any], Awaitable[Result]]
+KeylessHandler = Callable[[AppContext, str, Any], Awaitable[Result]]
+"""A tool's answer to a call without an API key: the context, the caller's address, the arguments."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class Tool:
     idempotent: bool = False
     needs_key: bool = True
     """Acts for the account of the caller's API key (else anyone may call it)."""
+    keyless: KeylessHandler | None = None
+    """What a call without an API key does instead of a 401 (``order_server``: pay as sign-up)."""
 
 
 class ToolError(ApiError):
@@ -120,10 +124,10 @@ class Paid(Idempotent):
     payment: str | None = Field(
         None,
         max_length=16_384,
-        description="An x402 payment your x402 client signed for the requirements of this tool's 402 "
-        "(payment_required for x402 v2, or an entry of accepts for v1): the base64 payload as the client made "
-        "it. The payment is settled, credited to the balance, and the call is made with it; the result "
-        "carries payment_response. A payment is used once.",
+        description="An x402 payment signed for the requirements of this tool's 402 (accepts, x402 v2) as "
+        "base64 JSON, for clients that cannot send it where x402's MCP binding puts it (_meta['x402/payment'], "
+        "which an x402 MCP client fills in). The payment is settled, credited to the balance, and the call is "
+        "made with it; the result carries payment_response. A payment is used once.",
     )
 
 
@@ -244,9 +248,21 @@ async def _start_topup(ctx: AppContext, customer: Customer, args: TopupArgs) -> 
     return paid_result(started.topup, started.settled, False)
 
 
+async def _topup_signup(ctx: AppContext, client: str, args: TopupArgs) -> Result:
+    signup = await topups.start_signup_topup(ctx, part(args, TopupInput), payment=_payment(args), client=client)
+    return paid_result(signup.topup, signup.settled, False)
+
+
 async def _order(ctx: AppContext, customer: Customer, args: OrderArgs) -> Result:
     done = await orders.place_order(
         ctx, customer, part(args, OrderInput), idempotency_key=args.idempotency_key, payment=_payment(args)
+    )
+    return paid_result(done.order, done.settled, done.replayed)
+
+
+async def _order_signup(ctx: AppContext, client: str, args: OrderArgs) -> Result:
+    done = await orders.place_signup_order(
+        ctx, part(args, OrderInput), idempotency_key=args.idempotency_key, payment=_payment(args), client=client
     )
     return paid_result(done.order, done.settled, done.replayed)
 
@@ -410,11 +426,14 @@ TOOLS: tuple[Tool, ...] = (
         "Top up the balance",
         "Start a top-up of amount USD (25 to 2000) paid in coin, one of get_catalog's payment_options (omitted: the "
         "shop's default). A deposit coin answers with the address and the amount to send (get_topup shows its "
-        "progress). An x402 coin (USDCBASE) answers isError with error 402 and the payment requirements "
-        "(accepts; payment_required for x402 v2): sign them with your x402 client and call again with payment.",
+        "progress). An x402 coin (USDCBASE) answers isError with error 402 and the x402 payment requirements "
+        "(x402Version 2, accepts): an x402 MCP client pays them in the call's _meta['x402/payment']. Without an "
+        "API key an x402 top-up is paid as sign-up: the paying wallet's account is credited (created by its first "
+        "payment, its api_key and login_token in the result's account once).",
         TopupArgs,
         _start_topup,
         ("createTopup",),
+        keyless=_topup_signup,
     ),
     Tool(
         "get_topup",
@@ -450,12 +469,15 @@ TOOLS: tuple[Tool, ...] = (
         "Order a server",
         "Order a server, paid from the balance: the result is the server (provisioning; wait_for_server until "
         "active) and its generated root password, shown once. A short balance is isError with error "
-        "insufficient_balance, deficit, and when the shop takes x402 the payment requirements (accepts, "
-        "payment_required): call again with payment signed for them to pay and order in one call. Send "
-        "idempotency_key to retry safely.",
+        "insufficient_balance, deficit, and when the shop takes x402 the payment requirements for the deficit "
+        "(x402Version 2, accepts): an x402 MCP client pays them in _meta['x402/payment'] and the order is made "
+        "in the same call. Without an API key (shops taking x402) the whole price is asked (error "
+        "payment_required): paying it creates the paying wallet's account, and the result's account shows its "
+        "api_key and login_token once. Send idempotency_key to retry safely.",
         OrderArgs,
         _order,
         ("orderServer",),
+        keyless=_order_signup,
     ),
     Tool(
         "list_servers",
@@ -513,7 +535,8 @@ TOOLS: tuple[Tool, ...] = (
         "Renew a server",
         "Pay periods more billing cycles (default 1) from the balance now; a server suspended for non-payment "
         "runs again. A short balance is isError with insufficient_balance and, with x402, the requirements for "
-        "the deficit: call again with payment to pay and renew in one call.",
+        "the deficit (x402Version 2, accepts): an x402 MCP client pays them in _meta['x402/payment'] and the "
+        "server is renewed in the same call.",
         RenewArgs,
         _renew,
         ("renewServer",),
