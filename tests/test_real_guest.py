@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -514,6 +514,21 @@ base_price_cents = 599
 """A plan one size up from ``pup`` (a vCPU, 512 MiB and 4 GiB more): small enough for this machine."""
 
 
+class HeldClock:
+    """The wall clock moved on by ``offset``, or held at one instant while ``held`` is set: the
+    worker's retries need time to pass, the quote and the resize are priced at one instant."""
+
+    def __init__(self) -> None:
+        from datetime import UTC
+
+        self.utc = UTC
+        self.offset = timedelta()
+        self.held: datetime | None = None
+
+    def now(self) -> datetime:
+        return self.held or datetime.now(self.utc) + self.offset
+
+
 def _guest_sizes(ip: str, key: Path, tmp: Path) -> tuple[int, int, int]:
     """(nproc, total memory in MiB as `free -m` shows it, size of / in bytes as `df` shows it) in the guest."""
     out = ssh_with_key(ip, key, "nproc; free -m | awk '/^Mem:/ {print $2}'; df -B1 --output=size / | tail -1", tmp)
@@ -526,7 +541,6 @@ def test_a_resized_guest_has_the_new_plan_and_paid_the_quote(guest_pool, guest_n
     from starlette.testclient import TestClient
 
     from vpsshop.app import create_app
-    from vpsshop.clock import FrozenClock
     from vpsshop.money import usd_to_micros
     from vpsshop.settings import load_settings
     from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, create_test_account
@@ -552,9 +566,8 @@ def test_a_resized_guest_has_the_new_plan_and_paid_the_quote(guest_pool, guest_n
             "hypervisor": {"backend": "libvirt", "libvirt": libvirt_settings},
         },
     )
-    # A frozen clock, moved by hand: the quote and the resize are priced at the same instant, days
-    # into the paid period (the guest's boot takes minutes of real time all the same).
-    clock = FrozenClock()
+    # The quote and the resize are priced at one instant, days into the paid period.
+    clock = HeldClock()
     key, public = _keypair(tmp_path)
     with TestClient(create_app(settings, clock=clock, background=False)) as client:
         ctx = client.app.state.ctx
@@ -583,7 +596,8 @@ def test_a_resized_guest_has_the_new_plan_and_paid_the_quote(guest_pool, guest_n
             assert nproc == 1 and 800 < memory <= 1024 and 19 * 2**30 < disk <= 20 * 2**30, (nproc, memory, disk)
             assert ssh_with_key(ip, key, "echo kept > /root/before-resize; sync", tmp_path).returncode == 0
 
-            clock.advance(days=11, hours=3, seconds=41)
+            clock.offset = timedelta(days=11, hours=3, seconds=41)
+            clock.held = clock.now()
             quote = client.post(f"/v1/servers/{sid}/resize/quote", headers=account.headers, json={"plan": "pup-plus"})
             assert quote.status_code == 200, quote.text
             price = usd_to_micros(str(quote.json()["price_usd"]))
@@ -597,6 +611,7 @@ def test_a_resized_guest_has_the_new_plan_and_paid_the_quote(guest_pool, guest_n
             assert usd_to_micros(str(entry["amount_usd"])) == -price and entry["ref"] == f"server:{sid}"
             after = usd_to_micros(str(client.get("/v1/account", headers=account.headers).json()["balance_usd"]))
             assert balance - after == price
+            clock.held = None
 
             done = run_jobs_until(ctx, client, account.headers, sid, lambda s: s["status_reason"] is None)
             assert (done["plan"], done["power"], done["status"]) == ("pup-plus", "running", "active"), done

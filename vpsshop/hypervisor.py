@@ -288,7 +288,7 @@ class HostInspection:
     vcpu: int | None = None
     """The domain's vCPUs as its definition on the host says (None: not known, or no domain).
 
-    .. versionadded:: 1.3"""
+    .. versionadded:: 1.2"""
     memory_mib: int | None = None
     """The domain's memory in MiB as its definition on the host says (None: not known)."""
     disk_gib: int | None = None
@@ -575,7 +575,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         growpart and resizefs run on every boot). Keep the disk's data, address and first-boot data.
         Idempotent: a retried job finds some of it done. :raises PluginError: the host has no room.
 
-        .. versionadded:: 1.3
+        .. versionadded:: 1.2
         """
         raise NotImplementedError
 
