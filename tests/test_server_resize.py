@@ -109,6 +109,15 @@ def test_resize_charges_the_quote_and_changes_the_plan(vpsshop_client, vpsshop_a
     assert client.get("/v1/account", headers=account.headers).json()["balance_usd"] == after
     assert client.get(f"/v1/servers/{sid}", headers=account.headers).json()["plan"] == "beagle"
 
+    # Terminating refunds the unused time at the new price: the resize charge counts as paid.
+    exact = vpsshop_clock.now()
+    refund = new * ((expires - exact) // micro) // period
+    ended = client.request(
+        "DELETE", f"/v1/servers/{sid}", headers=account.headers, json={"confirm_hostname": server["hostname"]}
+    )
+    assert ended.status_code == 200, ended.text
+    assert usd_to_micros(str(ended.json()["refunded_usd"])) == refund > old * ((expires - exact) // micro) // period
+
 
 def test_resize_of_another_accounts_server_is_not_found(vpsshop_client, vpsshop_account):
     from vpsshop.testing import create_test_account
