@@ -118,6 +118,24 @@ class GuestReportHangs(SimulatedBackend):
         return None
 
 
+class ResizeReprovisions(SimulatedBackend):
+    """``resize`` makes the server anew at the new size instead of resizing it: its disk is wiped."""
+
+    async def resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
+        await super().resize(handle, spec)
+        await _change(self, handle.domain, **_wiped())
+
+
+class ResizeLeavesTheMemory(SimulatedBackend):
+    """``resize`` grows the disk and vCPUs but the domain keeps its old memory (a maximum not raised)."""
+
+    async def resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
+        record = await _records(self).get(handle.domain)
+        memory = record.data.get("memory_mib") if record is not None else None
+        await super().resize(handle, spec)
+        await _change(self, handle.domain, memory_mib=memory)
+
+
 BROKEN = {
     # backend: (the kit test that must fail, words its failure must contain)
     StopDoesNothing: ("test_power_verbs_are_idempotent", "the domain is running, expected stopped"),
@@ -137,4 +155,6 @@ BROKEN = {
         "after reinstall the guest reports the host keys of the system it replaced",
     ),
     GuestReportHangs: ("test_optional_verbs", "guest_report after create took"),
+    ResizeReprovisions: ("test_optional_verbs", "after resize the server's disk is not the one it had"),
+    ResizeLeavesTheMemory: ("test_optional_verbs", "after resize the host has vcpu, memory_mib, disk_gib"),
 }

@@ -253,6 +253,25 @@ def test_reinstall_shows_the_new_password_once_and_uses_the_chosen_key(vpsshop_c
     assert new not in client.get(path).text
 
 
+def test_resize_shows_each_plans_quote_and_charges_it(vpsshop_client, me):
+    client = vpsshop_client
+    path = _active(client, me)
+    sid = int(path.rsplit("/", 1)[1])
+    assert f"{path}/resize" in client.get(path).text
+    form_page = unescape(client.get(f"{path}/resize").text)
+    quote = client.post(f"/v1/servers/{sid}/resize/quote", headers=me.headers, json={"plan": "beagle"}).json()
+    assert f"Pay ${quote['price_usd']} now" in form_page, form_page
+    balance = client.get("/v1/account", headers=me.headers).json()["balance_usd"]
+    done = post_form(client, f"{path}/resize", {"plan": "beagle"}, page=f"{path}/resize")
+    assert done.status_code == 303, _alert(done.text)
+    shown = client.get(f"/v1/servers/{sid}", headers=me.headers).json()
+    assert shown["plan"] == "beagle" and shown["status_reason"].startswith("Resizing")
+    after = client.get("/v1/account", headers=me.headers).json()["balance_usd"]
+    assert round(balance - after, 6) == quote["price_usd"]
+    shrink = post_form(client, f"{path}/resize", {"plan": "pup"}, page=f"{path}/resize")
+    assert shrink.status_code == 409 and "never shrunk" in _alert(shrink.text)
+
+
 def test_with_totp_on_reinstall_and_console_ask_for_a_fresh_code(vpsshop_client, me, vpsshop_clock):
     client = vpsshop_client
     path = _active(client, me)

@@ -149,6 +149,8 @@ def test_request_bodies_keep_the_names_clients_were_generated_with(vpsshop_clien
         ("/servers/{id}/renew", "post"): "RenewBody",
         ("/servers/{id}/renew/quote", "post"): "RenewBody",
         ("/servers/{id}/reinstall", "post"): "ReinstallBody",
+        ("/servers/{id}/resize", "post"): "ResizeBody",
+        ("/servers/{id}/resize/quote", "post"): "ResizeBody",
         ("/servers/{id}", "delete"): "TerminateBody",
         ("/ssh-keys", "post"): "SshKeyBody",
         ("/webhooks", "post"): "WebhookBody",

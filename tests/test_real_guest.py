@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -497,5 +497,147 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
             except libvirt.libvirtError:
                 pass  # terminated by the test: gone already
             for vol in libvirt.open(URI).storagePoolLookupByName(pool_name).listAllVolumes():
+                if vol.name() not in (IMAGE, "vmlinuz", "initrd.img"):
+                    vol.delete(0)
+
+
+GROWN_PLAN = """
+[[plans]]
+id = "pup-plus"
+name = "Pup Plus"
+vcpu = 2
+memory_mib = 1536
+disk_gib = 24
+bandwidth_tb = 1
+base_price_cents = 599
+"""
+"""A plan one size up from ``pup`` (a vCPU, 512 MiB and 4 GiB more): small enough for this machine."""
+
+
+class HeldClock:
+    """The wall clock moved on by ``offset``, or held at one instant while ``held`` is set: the
+    worker's retries need time to pass, the quote and the resize are priced at one instant."""
+
+    def __init__(self) -> None:
+        from datetime import UTC
+
+        self.utc = UTC
+        self.offset = timedelta()
+        self.held: datetime | None = None
+
+    def now(self) -> datetime:
+        return self.held or datetime.now(self.utc) + self.offset
+
+
+def _guest_sizes(ip: str, key: Path, tmp: Path) -> tuple[int, int, int]:
+    """(nproc, total memory in MiB as `free -m` shows it, size of / in bytes as `df` shows it) in the guest."""
+    out = ssh_with_key(ip, key, "nproc; free -m | awk '/^Mem:/ {print $2}'; df -B1 --output=size / | tail -1", tmp)
+    assert out.returncode == 0, out.stderr
+    nproc, memory, disk = (int(v) for v in out.stdout.split())
+    return nproc, memory, disk
+
+
+LOADED_BOOT_SECONDS = 1200
+"""This test boots its guest twice, on a machine whose load may be several times its cores."""
+
+
+def test_a_resized_guest_has_the_new_plan_and_paid_the_quote(guest_pool, guest_network, test_guest, tmp_path):
+    from starlette.testclient import TestClient
+
+    from vpsshop.app import create_app
+    from vpsshop.money import usd_to_micros
+    from vpsshop.settings import load_settings
+    from vpsshop.testing import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, create_test_account
+
+    pool_name, directory = guest_pool
+    network, prefix = guest_network
+    catalog = tmp_path / "catalog.toml"
+    shipped = (REPO / "plugins" / "vpsshop_catalog" / "catalog.toml").read_text()
+    catalog.write_text(shipped.replace("debian-12-genericcloud-amd64.qcow2", IMAGE) + GROWN_PLAN)
+    libvirt_settings = _libvirt_settings(
+        pool_name, network, prefix, directory, (test_guest / "cmdline").read_text().strip()
+    )
+    libvirt_settings["locations"]["nl"]["hosts"][0]["max_memory_mib"] = 16384  # other guests share this host
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "mode": "sandbox",
+            "database_url": f"sqlite:///{tmp_path / 'shop.db'}",
+            "secret_key": TEST_SECRET_KEY,
+            "encryption_key": TEST_ENCRYPTION_KEY,
+            "catalog": {"file": {"path": str(catalog)}},
+            "hypervisor": {"backend": "libvirt", "libvirt": libvirt_settings},
+            "servers": {"boot_timeout_seconds": 2 * LOADED_BOOT_SECONDS},
+        },
+    )
+    # The quote and the resize are priced at one instant, days into the paid period.
+    clock = HeldClock()
+    key, public = _keypair(tmp_path)
+    with TestClient(create_app(settings, clock=clock, background=False)) as client:
+        ctx = client.app.state.ctx
+        account = create_test_account(client)
+        account.credit("20")
+        stored = client.post("/v1/ssh-keys", headers=account.headers, json={"name": "laptop", "public_key": public})
+        order = client.post(
+            "/v1/servers",
+            headers=account.headers,
+            json={
+                "plan": "pup",
+                "location": "nl",
+                "os": "debian-12",
+                "hostname": "grows",
+                "ssh_keys": [stored.json()["id"]],
+            },
+        )
+        assert order.status_code == 201, order.text
+        sid = order.json()["server"]["id"]
+        server = run_jobs_until(
+            ctx, client, account.headers, sid, lambda s: s["status"] != "provisioning", LOADED_BOOT_SECONDS
+        )
+        assert server["status"] == "active", server
+        ip = server["ip"]
+        try:
+            assert wait_for_login(ip, key, tmp_path, LOADED_BOOT_SECONDS) == "grows"
+            nproc, memory, disk = _guest_sizes(ip, key, tmp_path)
+            assert nproc == 1 and 800 < memory <= 1024 and 19 * 2**30 < disk <= 20 * 2**30, (nproc, memory, disk)
+            assert ssh_with_key(ip, key, "echo kept > /root/before-resize; sync", tmp_path).returncode == 0
+
+            clock.offset = timedelta(days=11, hours=3, seconds=41)
+            clock.held = clock.now()
+            quote = client.post(f"/v1/servers/{sid}/resize/quote", headers=account.headers, json={"plan": "pup-plus"})
+            assert quote.status_code == 200, quote.text
+            price = usd_to_micros(str(quote.json()["price_usd"]))
+            assert price > 0 and quote.json()["sufficient"], quote.json()
+            balance = usd_to_micros(str(client.get("/v1/account", headers=account.headers).json()["balance_usd"]))
+            resized = client.post(f"/v1/servers/{sid}/resize", headers=account.headers, json={"plan": "pup-plus"})
+            assert resized.status_code == 202, resized.text
+            assert usd_to_micros(str(resized.json()["charged_usd"])) == price
+            debits = client.get("/v1/events", headers=account.headers, params={"type": "ledger.debit"}).json()
+            entry = next(e["data"] for e in debits["events"] if e["data"]["reason"] == "resize")
+            assert usd_to_micros(str(entry["amount_usd"])) == -price and entry["ref"] == f"server:{sid}"
+            after = usd_to_micros(str(client.get("/v1/account", headers=account.headers).json()["balance_usd"]))
+            assert balance - after == price
+            clock.held = None
+
+            done = run_jobs_until(
+                ctx, client, account.headers, sid, lambda s: s["status_reason"] is None, LOADED_BOOT_SECONDS
+            )
+            assert (done["plan"], done["power"], done["status"]) == ("pup-plus", "running", "active"), done
+            assert wait_for_login(ip, key, tmp_path, LOADED_BOOT_SECONDS) == "grows"
+            nproc, memory, disk = _guest_sizes(ip, key, tmp_path)
+            assert nproc == 2 and 1024 < memory <= 1536 and 23 * 2**30 < disk <= 24 * 2**30, (nproc, memory, disk)
+            kept = ssh_with_key(ip, key, "cat /root/before-resize", tmp_path)
+            assert kept.stdout.strip() == "kept", kept.stderr
+            renewal = client.post(f"/v1/servers/{sid}/renew/quote", headers=account.headers).json()
+            assert renewal["period_price_usd"] == quote.json()["period_price_usd"]
+        finally:
+            connection = libvirt.open(URI)
+            for dom in connection.listAllDomains():
+                if any(p.name.startswith(dom.name()) for p in directory.iterdir()):
+                    if dom.isActive():
+                        dom.destroy()
+                    dom.undefine()
+            for vol in connection.storagePoolLookupByName(pool_name).listAllVolumes():
                 if vol.name() not in (IMAGE, "vmlinuz", "initrd.img"):
                     vol.delete(0)

@@ -285,6 +285,14 @@ class HostInspection:
     disk_marker: str | None = None
     """The marker :meth:`HypervisorBackend.mark_disk` wrote on the server's current disk, read back
     from that disk; None when the disk has none (a new disk) or there is no disk."""
+    vcpu: int | None = None
+    """The domain's vCPUs as its definition on the host says (None: not known, or no domain).
+
+    .. versionadded:: 1.2"""
+    memory_mib: int | None = None
+    """The domain's memory in MiB as its definition on the host says (None: not known)."""
+    disk_gib: int | None = None
+    """The capacity of the server's disk in whole GiB, as the host's volume says (None: not known)."""
 
 
 HOST_KEY_TYPES = frozenset(
@@ -381,6 +389,7 @@ CAPABILITY_CONSOLE = "console"
 CAPABILITY_GUEST_REPORT = "guest_report"
 CAPABILITY_IMAGES = "images"
 CAPABILITY_IPV6 = "ipv6"
+CAPABILITY_RESIZE = "resize"
 
 
 @dataclass(frozen=True)
@@ -412,7 +421,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     kind: ClassVar[str]
     capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
     """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``,
-    ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``).
+    ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``.
 
     .. versionadded:: 1.1"""
 
@@ -553,6 +562,20 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         hostname) and start it. Idempotent: a retried job does all of it again. Return the handle.
 
         .. versionadded:: 1.1
+        """
+        raise NotImplementedError
+
+    async def resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
+        """Optional (capability ``"resize"``): give the server the memory, vCPUs and disk of ``spec``.
+
+        Called from a ``resize`` job for an active server whose plan changed. Power the domain off
+        (cleanly, as :meth:`stop`), set its memory and vCPUs (maxima included) to ``spec.memory_mib``
+        and ``spec.vcpu``, grow its disk to ``spec.disk_gib`` (never shrink it: core refuses a plan
+        with a smaller disk) and start it; the guest grows its file system at that boot (cloud-init's
+        growpart and resizefs run on every boot). Keep the disk's data, address and first-boot data.
+        Idempotent: a retried job finds some of it done. :raises PluginError: the host has no room.
+
+        .. versionadded:: 1.2
         """
         raise NotImplementedError
 

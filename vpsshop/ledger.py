@@ -34,6 +34,7 @@ REASONS = frozenset(
         "admin_debit",
         "order",  # a server was bought
         "renewal",  # a server's period was extended
+        "resize",  # a server moved to a dearer plan: the difference for the rest of its paid time
         "refund",  # a charge was returned (provisioning failed)
     }
 )
@@ -45,7 +46,7 @@ class LedgerEntryOut(BaseModel):
     id: int
     amount_usd: UsdAmount = Field(description="Positive for a credit, negative for a debit.")
     balance_after_usd: UsdAmount
-    reason: str = Field(description="topup, order, renewal, refund, admin_credit or admin_debit.")
+    reason: str = Field(description="topup, order, renewal, resize, refund, admin_credit or admin_debit.")
     ref: str | None = Field(description="What it is for: a top-up ref, server:<id>.")
     memo: str | None = Field(description="A note: the payment credited, the reason of a support credit.")
     created_at: datetime

@@ -605,7 +605,7 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6", "resize"})
 
     config: LibvirtConfig
 
@@ -615,7 +615,7 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6"})
+            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "resize"})
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
@@ -985,6 +985,44 @@ class LibvirtBackend(HypervisorBackend):
         """Power off, undefine, delete disk and seed, then create both again from ``spec`` and start."""
         return await self._run(self._reinstall, handle, spec)
 
+    def _resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
+        host, loc = self._host(handle.host)
+        conn = self._conn(host.uri)
+        dom = self._require(handle)
+        grow_mib = spec.memory_mib - dom.maxMemory() // 1024
+        if grow_mib > 0 and self._used_mib(conn) + grow_mib > self._capacity_mib(host, conn):
+            raise PluginError(f"host {host.key} has not {grow_mib} MiB more memory free for {handle.domain}")
+        disk = self._volume(self._pool(conn, loc)[0], f"{handle.domain}.qcow2")
+        if disk is None:
+            raise PluginError(f"domain {handle.domain} has no disk {handle.domain}.qcow2")
+        self._stop(handle)  # memory and vCPU maxima change only in the definition: the next boot takes them
+        config = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        kib = spec.memory_mib * 1024
+        if kib > dom.maxMemory():  # raise the maximum first, lower it last: current <= maximum throughout
+            dom.setMemoryFlags(kib, config | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
+            dom.setMemoryFlags(kib, config)
+        else:
+            dom.setMemoryFlags(kib, config)
+            dom.setMemoryFlags(kib, config | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
+        maximum = config | libvirt.VIR_DOMAIN_VCPU_MAXIMUM
+        if spec.vcpu > dom.vcpusFlags(maximum):
+            dom.setVcpusFlags(spec.vcpu, maximum)
+            dom.setVcpusFlags(spec.vcpu, config)
+        else:
+            dom.setVcpusFlags(spec.vcpu, config)
+            dom.setVcpusFlags(spec.vcpu, maximum)
+        capacity = spec.disk_gib * 1024**3
+        if disk.info()[1] < capacity:  # never shrunk: a retried job finds it grown already
+            disk.resize(capacity, 0)
+        dom.create()
+
+    async def resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
+        """Shut the guest down, set memory and vCPUs (maxima too) in the domain's definition
+        (``virDomainSetMemoryFlags``, ``virDomainSetVcpusFlags`` with ``AFFECT_CONFIG``), grow the
+        qcow2 volume (``virStorageVolResize``) and start it: cloud-init grows the partition and the
+        file system at that boot."""
+        await self._run(self._resize, handle, spec)
+
     def _open_console(self, handle: ServerHandle, loop: asyncio.AbstractEventLoop) -> LibvirtConsole:
         dom = self._require(handle)
         if not dom.isActive():
@@ -1067,12 +1105,16 @@ class LibvirtBackend(HypervisorBackend):
         resources: list[str] = []
         running = 0
         marker = None
+        sizes: dict[str, int | None] = {"vcpu": None, "memory_mib": None, "disk_gib": None}
         for host, loc in self._hosts_of(handle):
             conn = self._conn(host.uri)
             dom = self._lookup(conn, name)
             if dom is not None:
                 resources.append(f"domain {name} on {host.key}")
                 running += 1 if dom.isActive() else 0
+                defined = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+                sizes["vcpu"] = int(defined.findtext("vcpu") or 0)
+                sizes["memory_mib"] = dom.maxMemory() // 1024
             pool, _ = self._pool(conn, loc)
             pool.refresh(0)  # a file written beside libvirt's back is a volume too
             for volume in sorted(pool.listVolumes()):
@@ -1081,7 +1123,8 @@ class LibvirtBackend(HypervisorBackend):
             disk = self._volume(pool, f"{name}.qcow2")
             if disk is not None and marker is None:
                 marker = _read_marker(disk.path())
-        return HostInspection(tuple(resources), running, self._boot_count(name), marker)
+                sizes["disk_gib"] = disk.info()[1] // 1024**3
+        return HostInspection(tuple(resources), running, self._boot_count(name), marker, **sizes)
 
     async def inspect(self, handle: ServerHandle) -> HostInspection:
         """The domain and the volumes of the server on its host (every host of its location when

@@ -103,7 +103,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "resize"})
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -227,6 +227,21 @@ class SimulatedBackend(HypervisorBackend):
         await self._power(handle, change, must_exist=True)
         return ServerHandle(host=HOST, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
 
+    async def resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
+        """The plan's memory and vCPUs, the disk grown (never shrunk, its data and marker kept), and
+        the domain booted again, as a real resize powers it off and on."""
+
+        def change(data: dict[str, Any]) -> dict[str, Any]:
+            sized = {
+                **data,
+                "vcpu": spec.vcpu,
+                "memory_mib": spec.memory_mib,
+                "disk_gib": max(spec.disk_gib, data.get("disk_gib", 0)),
+            }
+            return self._powered_on(self._stopped_data(sized))
+
+        await self._power(handle, change, must_exist=True)
+
     async def open_console(self, handle: ServerHandle) -> ConsoleStream:
         record = await self._state().get(handle.domain)
         if record is None or record.data["power"] != "on":
@@ -273,6 +288,9 @@ class SimulatedBackend(HypervisorBackend):
             running=data.get("guests", 1 if data.get("power") == "on" else 0),
             boots=data.get("boots", 0),
             disk_marker=data.get("disk_marker"),
+            vcpu=data.get("vcpu"),
+            memory_mib=data.get("memory_mib"),
+            disk_gib=data.get("disk_gib"),
         )
 
     async def mark_disk(self, handle: ServerHandle, marker: str) -> None:

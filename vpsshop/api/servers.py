@@ -23,13 +23,25 @@ from vpsshop.routing import (
     idempotency_header,
     idempotency_key,
 )
-from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys, termination
+from vpsshop.servers import (
+    console,
+    control,
+    credentials,
+    orders,
+    reinstall,
+    renewals,
+    resize,
+    resource,
+    sshkeys,
+    termination,
+)
 from vpsshop.servers.console import TICKET_SECONDS, WS_PATH, ConsoleTicketOut
 from vpsshop.servers.control import PowerAction, PowerActionOut, ServerChange
 from vpsshop.servers.credentials import CredentialsOut
 from vpsshop.servers.orders import OrderInput, OrderOut, QuoteInput, QuoteOut
 from vpsshop.servers.reinstall import ReinstallInput, ReinstallOut
 from vpsshop.servers.renewals import RenewInput, RenewOut
+from vpsshop.servers.resize import ResizeInput, ResizeOut, ResizeQuoteOut
 from vpsshop.servers.resource import ServerList, ServerOut
 from vpsshop.servers.sshkeys import SshKeyDeleted, SshKeyInput, SshKeyList, SshKeyOut
 from vpsshop.servers.termination import ServerTerminated, TerminateInput
@@ -40,6 +52,7 @@ QuoteBody = body_named("QuoteBody", QuoteInput)
 ServerPatch = body_named("ServerPatch", ServerChange)
 RenewBody = body_named("RenewBody", RenewInput)
 ReinstallBody = body_named("ReinstallBody", ReinstallInput)
+ResizeBody = body_named("ResizeBody", ResizeInput)
 TerminateBody = body_named("TerminateBody", TerminateInput)
 SshKeyBody = body_named("SshKeyBody", SshKeyInput)
 
@@ -167,6 +180,15 @@ def _power_endpoint(action: PowerAction) -> Any:
 async def reinstall_server(call: Call) -> Reply:
     done = await reinstall.reinstall_server(call.ctx, call.actor, call.path["id"], call.body)
     return Reply(done, 202)
+
+
+async def resize_server(call: Call) -> Reply:
+    done = await resize.resize_server(call.ctx, call.actor, call.path["id"], call.body)
+    return Reply(done, 202)
+
+
+async def resize_quote(call: Call) -> ResizeQuoteOut:
+    return await resize.quote_resize(call.ctx, call.actor, call.path["id"], call.body)
 
 
 async def terminate_server(call: Call) -> Reply:
@@ -515,6 +537,54 @@ def routes() -> list[ApiRoute]:
             tags=TAG,
             count_writes=False,
             operation_id="reinstallServer",
+        ),
+        ApiRoute(
+            "POST",
+            "/servers/{id}/resize",
+            resize_server,
+            "Resize a server to another plan",
+            ResizeOut,
+            status=202,
+            body=ResizeBody,
+            description="Moves the server to `plan` (any catalog plan whose disk is at least as large as the "
+            "server's: a disk is never shrunk). The new plan's price less the old one's, for the paid time left "
+            "until expires_at (prorated to the second), is charged from the balance now, in the same transaction "
+            "that changes the plan and queues the job (POST /servers/{id}/resize/quote prices it first; a plan "
+            "that costs less charges nothing and credits nothing). expires_at does not move; renewals bill the "
+            "new plan. A job then powers the VM off, gives it the plan's memory and vCPUs, grows its disk and "
+            "starts it again; the guest grows its file system at that boot, keeping its data. Poll GET "
+            "/servers/{id}: its status_reason says it is resizing until the job is done, then is null again "
+            "(a server.resized event is emitted).",
+            errors={
+                400: "invalid_plan, unknown_field",
+                402: "insufficient_balance: the balance does not cover the charge; nothing changed.",
+                404: _NOT_YOURS,
+                409: "server_not_active: the server is provisioning, suspended or terminated; same_plan; "
+                "disk_would_shrink: the plan's disk is smaller than the server's (disk_gib says the server's); "
+                "resize_in_progress, reinstall_in_progress; not_supported: the shop's hypervisor backend cannot "
+                "resize.",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="resizeServer",
+        ),
+        ApiRoute(
+            "POST",
+            "/servers/{id}/resize/quote",
+            resize_quote,
+            "Price a resize without making it",
+            ResizeQuoteOut,
+            body=ResizeBody,
+            description="What POST /servers/{id}/resize to this plan would charge now (the same pricing code), "
+            "the new price per cycle, the paid time left, the balance and the deficit. Writes nothing.",
+            errors={
+                400: "invalid_plan, unknown_field",
+                404: _NOT_YOURS,
+                409: "server_not_active, same_plan, disk_would_shrink, not_supported",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="quoteResize",
         ),
         ApiRoute(
             "POST",

@@ -431,6 +431,8 @@ def routes(dash: Dashboard) -> list[BaseRoute]:
         Route("/servers/{id:id}/reverse-dns", e(servers.reverse_dns), methods=["POST"]),
         Route("/servers/{id:id}/reinstall", e(servers.reinstall_page), methods=["GET"]),
         Route("/servers/{id:id}/reinstall", e(servers.reinstall), methods=["POST"]),
+        Route("/servers/{id:id}/resize", e(servers.resize_page), methods=["GET"]),
+        Route("/servers/{id:id}/resize", e(servers.resize), methods=["POST"]),
         Route("/servers/{id:id}/terminate", e(servers.terminate_page), methods=["GET"]),
         Route("/servers/{id:id}/terminate", e(servers.terminate), methods=["POST"]),
         Route("/servers/{id:id}/console", e(servers.console_page), methods=["GET"]),

@@ -20,16 +20,18 @@ from vpsshop import accounts
 from vpsshop.dashboard.web import Page, format_usd, whole_number
 from vpsshop.dashboard.words import cycles, friendly, renewal_words
 from vpsshop.errors import ApiError, BadRequest
-from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL
+from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL, CAPABILITY_RESIZE
 from vpsshop.inputs import parse
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.servers import console, control, orders, renewals, resource, sshkeys, termination
 from vpsshop.servers import credentials as server_credentials
 from vpsshop.servers import reinstall as reinstalls
+from vpsshop.servers import resize as resizes
 from vpsshop.servers.control import POWER_ACTIONS, ServerChange
 from vpsshop.servers.orders import OrderInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
+from vpsshop.servers.resize import ResizeInput, ResizeQuoteOut
 from vpsshop.servers.sshkeys import SshKeyInput
 from vpsshop.servers.termination import TerminateInput
 
@@ -195,6 +197,7 @@ async def server_page(
         unit="years" if server.cycle == "annual" else "months",
         has_dns=page.ctx.dns is not None,
         can_reinstall=page.can(CAPABILITY_REINSTALL),
+        can_resize=page.can(CAPABILITY_RESIZE),
         can_console=page.can(CAPABILITY_CONSOLE),
         **extra,
     )
@@ -379,6 +382,56 @@ async def reinstall(page: Page) -> Response:
         password=done.root_password,
         os_name=_names(page).get(f"os:{done.server.os}", done.server.os),
     )
+
+
+# ---- resize ------------------------------------------------------------------------------------------------
+
+
+async def resize_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    """The plans the server may move to, each with the API's quote (or why it cannot)."""
+    server_id = _server_id(page)
+    server = await resource.get_server(page.ctx, page.customer, server_id)
+    choices: list[tuple[Any, ResizeQuoteOut | None, str | None]] = []
+    if page.can(CAPABILITY_RESIZE) and server.status == "active":
+        for plan in page.ctx.catalog_data.plans:
+            if plan.id == server.plan:
+                continue
+            try:
+                quote = await resizes.quote_resize(page.ctx, page.customer, server_id, ResizeInput(plan=plan.id))
+                choices.append((plan, quote, None))
+            except ApiError as exc:
+                if exc.status >= 500:
+                    raise
+                choices.append((plan, None, friendly(exc)))
+    return page.render(
+        "resize.html",
+        status,
+        headers,
+        title=f"Resize {server.hostname}",
+        server=server,
+        choices=choices,
+        can_resize=page.can(CAPABILITY_RESIZE),
+        **extra,
+    )
+
+
+async def resize_page(page: Page) -> Response:
+    return await resize_form(page)
+
+
+async def resize(page: Page) -> Response:
+    """``POST /v1/servers/{id}/resize``: the difference charged, then the VM restarted with the new plan."""
+    server_id = _server_id(page)
+    try:
+        body = parse(ResizeInput, {"plan": page.form.get("plan", "")})
+        await resizes.resize_server(page.ctx, page.customer, server_id, body)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await resize_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return page.redirect(f"servers/{server_id}", "resized")
 
 
 # ---- terminate ---------------------------------------------------------------------------------------------

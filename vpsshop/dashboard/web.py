@@ -72,6 +72,7 @@ NOTICES = {
     "wallet-removed": "The wallet is removed: it no longer signs in to this account.",
     "ssh-key-added": "The SSH key is stored. Choose it when you order or reinstall a server.",
     "ssh-key-deleted": "The SSH key is deleted. Servers made with it keep it until they are reinstalled.",
+    "resized": "Resize paid. The server restarts with its new plan within a minute; its disk grows at that boot.",
     "rdns-set": "Reverse DNS saved. The shop's DNS is updated within seconds.",
     "rdns-cleared": "Reverse DNS removed. The shop's DNS is updated within seconds.",
     "webhook-deleted": "The webhook endpoint is deleted: nothing more is sent to it.",

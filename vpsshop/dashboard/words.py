@@ -13,6 +13,7 @@ LEDGER_REASONS = {
     "admin_debit": "Debit by support",
     "order": "Server order",
     "renewal": "Server renewal",
+    "resize": "Server resize",
     "refund": "Refund",
 }
 FIELD_NAMES = {

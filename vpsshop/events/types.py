@@ -155,6 +155,18 @@ _TYPES = [
         "A reinstall (POST /servers/{id}/reinstall) is done: the new system has booted and its SSH daemon "
         "answers; data.status_reason is null again, data.ready_at and data.host_keys are the new system's.",
     ),
+    EventType(
+        "server.resizing",
+        "server",
+        "A resize was requested and charged (POST /servers/{id}/resize): data.plan is the new plan; "
+        "data.status_reason says so until server.resized.",
+    ),
+    EventType(
+        "server.resized",
+        "server",
+        "A resize is done: the server runs again with its new plan's memory, vCPUs and disk (its file system "
+        "grown at that boot); data.status_reason is null again.",
+    ),
     EventType("ssh_key.created", "ssh_key", "An SSH public key was stored (POST /ssh-keys)."),
     EventType(
         "ssh_key.deleted",

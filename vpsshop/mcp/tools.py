@@ -30,11 +30,23 @@ from vpsshop.events import feed, webhooks
 from vpsshop.events.feed import EVENT_ID_PATTERN, EventQuery
 from vpsshop.events.webhooks import DeliveryQuery, RedeliverInput, WebhookChange, WebhookInput
 from vpsshop.inputs import IDEMPOTENCY_KEY, MAX_ID, Input
-from vpsshop.servers import console, control, credentials, orders, reinstall, renewals, resource, sshkeys, termination
+from vpsshop.servers import (
+    console,
+    control,
+    credentials,
+    orders,
+    reinstall,
+    renewals,
+    resize,
+    resource,
+    sshkeys,
+    termination,
+)
 from vpsshop.servers.control import PowerAction, ServerChange
 from vpsshop.servers.orders import OrderInput, QuoteInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
+from vpsshop.servers.resize import ResizeInput
 from vpsshop.servers.sshkeys import SshKeyInput
 from vpsshop.servers.termination import TerminateInput
 from vpsshop.signin import LoginInput
@@ -175,6 +187,10 @@ class PowerArgs(ServerRef):
 
 
 class ReinstallArgs(ServerRef, ReinstallInput):
+    pass
+
+
+class ResizeArgs(ServerRef, ResizeInput):
     pass
 
 
@@ -571,6 +587,26 @@ TOOLS: tuple[Tool, ...] = (
         ),
         ("reinstallServer",),
         destructive=True,
+    ),
+    Tool(
+        "resize_server",
+        "Resize a server",
+        "Move a server to another plan whose disk is at least as large: the price difference for the paid time "
+        "left is charged from the balance now (quote_resize prices it), then the VM is powered off, given the "
+        "plan's memory, vCPUs and disk, and started again with its data; renewals bill the new plan.",
+        ResizeArgs,
+        lambda ctx, customer, args: resize.resize_server(ctx, customer, args.server_id, part(args, ResizeInput)),
+        ("resizeServer",),
+        destructive=True,
+    ),
+    Tool(
+        "quote_resize",
+        "Price a resize",
+        "What resize_server to this plan would charge now, and the plan's price per cycle; changes nothing.",
+        ResizeArgs,
+        lambda ctx, customer, args: resize.quote_resize(ctx, customer, args.server_id, part(args, ResizeInput)),
+        ("quoteResize",),
+        read_only=True,
     ),
     Tool(
         "terminate_server",

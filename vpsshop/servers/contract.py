@@ -73,6 +73,10 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
   with new host keys;
 * ``reinstall`` of a running domain returns a handle on the same host and domain, the domain is
   running again within the boot time, on a new disk; reinstalling again (a retried job) does the same;
+* ``resize`` of a running domain to a larger ``spec`` (memory, vCPUs, disk) leaves it running again
+  within the boot time on the same disk (its marker kept), with the new memory, vCPUs and disk size
+  as the host's definition and volume say (when inspected); resizing again (a retried job) does the
+  same;
 * ``open_console`` of a running domain returns a :class:`~vpsshop.ConsoleStream` whose ``close``
   is idempotent and after which ``read`` comes to ``b""`` (after what was read before); of a missing domain it raises
   :class:`vpsshop.PluginError`.
@@ -99,6 +103,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_IMAGES,
     CAPABILITY_IPV6,
     CAPABILITY_REINSTALL,
+    CAPABILITY_RESIZE,
     AddressPool,
     ConsoleStream,
     DomainState,
@@ -112,7 +117,14 @@ from vpsshop.hypervisor import (
 )
 
 KNOWN_CAPABILITIES = frozenset(
-    {CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT, CAPABILITY_IMAGES, CAPABILITY_IPV6}
+    {
+        CAPABILITY_REINSTALL,
+        CAPABILITY_CONSOLE,
+        CAPABILITY_GUEST_REPORT,
+        CAPABILITY_IMAGES,
+        CAPABILITY_IPV6,
+        CAPABILITY_RESIZE,
+    }
 )
 NO_REPORT_WAIT = 2.0
 """How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
@@ -378,6 +390,8 @@ async def check_optional_verbs(
             pass
         else:
             raise AssertionError("open_console of a missing domain must raise PluginError")
+    if CAPABILITY_RESIZE in backend.capabilities:
+        await check_resize(backend, handle, spec, boot_timeout, host)
     reporting = CAPABILITY_GUEST_REPORT in backend.capabilities
     first = await check_guest_report(backend, handle, "create", boot_timeout, guest_reports) if reporting else None
     if CAPABILITY_REINSTALL in backend.capabilities:
@@ -398,6 +412,37 @@ async def check_optional_verbs(
                             "after reinstall the guest reports the host keys of the system it replaced"
                         )
                 await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
+
+
+def resized_spec(spec: ServerSpec) -> ServerSpec:
+    """``spec`` one size up: a vCPU, 512 MiB and 1 GiB of disk more."""
+    return dataclasses.replace(spec, vcpu=spec.vcpu + 1, memory_mib=spec.memory_mib + 512, disk_gib=spec.disk_gib + 1)
+
+
+async def check_resize(
+    backend: HypervisorBackend,
+    handle: ServerHandle,
+    spec: ServerSpec,
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT,
+    host: HostCheck | None = None,
+) -> None:
+    """``resize`` to a larger spec, twice (a retried job): running again, same disk, new sizes."""
+    host = host or HostCheck(backend)
+    if host.enabled and host.marker is None:
+        await host.mark(handle, boot_timeout)
+    bigger = resized_spec(spec)
+    for attempt in ("resize", "resize again (a retried job)"):
+        before = await host.boots(handle)
+        await backend.resize(handle, bigger)
+        await wait_running(backend, handle, attempt, boot_timeout)
+        await host.booted_since(handle, before, attempt)
+        found = await host.running_once(handle, attempt)
+        if found is not None:
+            sizes = (found.vcpu, found.memory_mib, found.disk_gib)
+            wanted = (bigger.vcpu, bigger.memory_mib, bigger.disk_gib)
+            assert all(got in (None, want) for got, want in zip(sizes, wanted, strict=True)), (
+                f"after {attempt} the host has vcpu, memory_mib, disk_gib {sizes}, the spec asked {wanted}"
+            )
 
 
 async def check_guest_report(

@@ -600,6 +600,58 @@ def _reinstall_failed(ctx: AppContext, server_id: int) -> None:
         session.add(server)
 
 
+# ---- resize --------------------------------------------------------------------------------------
+
+RESIZING = (
+    "Resizing to plan {plan}: the server is powered off, given the plan's memory, vCPUs and disk, and started "
+    "again; its file system grows at that boot. This clears once it runs."
+)
+"""``status_reason`` of an active server from its resize request until its job is done."""
+RESIZE_FAILED = (
+    "The resize to plan {plan} did not complete: the server may still have its old memory, vCPUs or disk. "
+    "Ask the shop's support (the resize was charged)."
+)
+"""``status_reason`` of an active server whose resize job failed its last attempt."""
+
+
+async def _resize(ctx: AppContext, job: ClaimedJob) -> None:
+    """Give an active server its (new) plan's memory, vCPUs and disk; then its ``status_reason``
+    clears, ``power`` is running and ``server.resized`` is emitted, in one transaction."""
+    prepared = await to_thread.run_sync(_prepare, ctx, job.server_id, "active")
+    if prepared is None:
+        return  # suspended or terminated since the request: the VM is off or gone
+    server, spec = prepared
+    assert ctx.hypervisor is not None
+    handle = _handle(server)
+    await ctx.hypervisor.resize(handle, spec)
+
+    def resized() -> None:
+        now = ctx.clock.now()
+        with ctx.db.session() as session:
+            moved = rowcount(
+                session.execute(
+                    sa.update(Server)
+                    .where(col(Server.id) == job.server_id, col(Server.status) == "active")
+                    .values(power="running", status_reason=None)
+                )
+            )
+            if moved:
+                detail = f"{spec.vcpu} vCPU, {spec.memory_mib} MiB, {spec.disk_gib} GiB"
+                record(session, job.server_id, "resized", now, detail)
+                events.emit(session, "server.resized", server.account_id, server_event(session, job.server_id), now=now)
+
+    await to_thread.run_sync(resized)
+
+
+def _resize_failed(ctx: AppContext, server_id: int) -> None:
+    with ctx.db.session() as session:
+        server = session.get(Server, server_id)
+        if server is None or server.status != "active":
+            return
+        server.status_reason = RESIZE_FAILED.format(plan=server.plan)
+        session.add(server)
+
+
 # ---- reverse DNS ---------------------------------------------------------------------------------
 
 
@@ -719,6 +771,8 @@ async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
             await _provision(ctx, job)
         elif job.kind == "reinstall":
             await _reinstall(ctx, job)
+        elif job.kind == "resize":
+            await _resize(ctx, job)
         elif job.kind == "rdns":
             await _rdns(ctx, job)
         else:
@@ -770,6 +824,8 @@ def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:
         _give_up_provisioning(ctx, job.server_id, job.attempts, error)
     elif job.kind == "reinstall":
         _reinstall_failed(ctx, job.server_id)
+    elif job.kind == "resize":
+        _resize_failed(ctx, job.server_id)
     elif job.kind in _POWER_EVENTS:
         with ctx.db.session() as session:
             server = session.get(Server, job.server_id)

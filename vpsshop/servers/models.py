@@ -13,7 +13,7 @@ from sqlmodel import Field, SQLModel
 
 from vpsshop.models import _ts
 
-JOB_KINDS = ("provision", "start", "stop", "reboot", "suspend", "resume", "destroy", "reinstall", "rdns")
+JOB_KINDS = ("provision", "start", "stop", "reboot", "suspend", "resume", "destroy", "reinstall", "rdns", "resize")
 JOB_STATES = ("queued", "running", "done", "failed")
 
 

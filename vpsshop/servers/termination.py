@@ -109,13 +109,15 @@ class Terminated:
 # ---- money ----------------------------------------------------------------------------------------
 
 
-def unused_micros(server: Server, now: datetime) -> int:
-    """What the paid time of ``server`` still to come is worth, in micro-USD (0 once it has expired).
+def unused_micros(server: Server, now: datetime, price_micros: int | None = None) -> int:
+    """What the paid time of ``server`` still to come is worth, in micro-USD (0 once it has expired),
+    at its price or at ``price_micros`` a cycle (a resize prices the new plan so).
 
     Walks back from ``expires_at`` one billing cycle at a time: every cycle that starts after ``now``
     counts its whole price (a renewal for several periods paid each of them), the cycle holding
     ``now`` counts pro rata to the microsecond. Integer arithmetic only.
     """
+    price = server.price_micros if price_micros is None else price_micros
     months = CYCLE_MONTHS.get(server.cycle, 1)
     end = server.expires_at if server.expires_at.tzinfo else server.expires_at.replace(tzinfo=now.tzinfo)
     micro = timedelta(microseconds=1)
@@ -125,16 +127,16 @@ def unused_micros(server: Server, now: datetime) -> int:
             break
         start = add_months(end, -months)
         if start >= now:
-            total += server.price_micros
+            total += price
             end = start
             continue
-        total += server.price_micros * ((end - now) // micro) // ((end - start) // micro)
+        total += price * ((end - now) // micro) // ((end - start) // micro)
         break
     return total
 
 
 def charged_micros(session: Session, server_id: int) -> int:
-    """What the ledger says was paid for ``server_id`` and not given back: its order and renewals less
+    """What the ledger says was paid for ``server_id`` and not given back: its order, renewals and resizes less
     every refund (entries with ``ref = server:<id>``)."""
     rows = session.execute(
         sa.select(col(LedgerEntry.reason), sa.func.sum(col(LedgerEntry.amount_micros)))
@@ -142,7 +144,7 @@ def charged_micros(session: Session, server_id: int) -> int:
         .group_by(col(LedgerEntry.reason))
     ).all()
     by_reason = {reason: int(total or 0) for reason, total in rows}
-    paid = -(by_reason.get("order", 0) + by_reason.get("renewal", 0))
+    paid = -(by_reason.get("order", 0) + by_reason.get("renewal", 0) + by_reason.get("resize", 0))
     return max(0, paid - by_reason.get("refund", 0))
 
 
