@@ -295,6 +295,7 @@ def test_up_walk_down() -> None:
         assert results["order"] == 201 and results["active"] == "active"
         assert re.search(r"ipv6 (2001:db8:214|fd42:214:\d+)::100,", walk.stdout), walk.stdout  # its IPv6 address
         assert results["credentials"] == 200 and results["renew"] == 200
+        assert results["resize"] == "terrier", walk.stdout  # charged what its quote said, the job done
         assert "balance 75.0 USD" in walk.stdout  # 25 USDC + 25 in LTC + 25 in XMR, each credited once
         assert "balance 67.02 USD" in walk.stdout  # two cycles of pup (3.99) charged
         assert results["metrics"] > 0, walk.stdout
@@ -314,6 +315,7 @@ def test_up_walk_down() -> None:
         if real_guest:
             assert results["ssh_key_login"] == "walk-guest" and results["ssh_password_login"] == "0", walk.stdout
             assert results["ssh_ipv6_login"] == "walk-guest", walk.stdout  # SSH on the advertised IPv6 address
+            assert results["resize_guest"] > 1500, walk.stdout  # terrier's 2 GiB, seen by free -m in the guest
             assert results["host_keys_match"] is True, walk.stdout  # the API's host keys are what the guest serves
     finally:
         down = subprocess.run([str(DEPLOY / "down")], env=env, capture_output=True, text=True, timeout=600)

@@ -1278,6 +1278,36 @@ class Walk:
             f"{(body.get('server') or {}).get('expires_at')}; balance {self.balance()} USD",
         )
 
+        self.step("Resize it to terrier (2 GiB, 40 GiB disk): POST /v1/servers/{id}/resize/quote, then /resize")
+        wanted = {"plan": "terrier"}
+        quote = self.http.post(f"/servers/{server_id}/resize/quote", headers=self.auth, json=wanted).json()
+        say(
+            f"   quote: {quote.get('price_usd')} USD for the {quote.get('seconds_left')} s left of the paid "
+            f"period; renewals then {quote.get('period_price_usd')} USD"
+        )
+        resized = self.http.post(f"/servers/{server_id}/resize", headers=self.auth, json=wanted)
+        charged = resized.json().get("charged_usd")
+        deadline = time.monotonic() + 900
+        while True:
+            server = self.http.get(f"/servers/{server_id}", headers=self.auth).json()
+            settled = (
+                server["plan"] == "terrier" and not server.get("status_reason") and server.get("power") == "running"
+            )
+            if settled or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        self.ok(
+            "resize",
+            server["plan"] if settled and charged == quote.get("price_usd") else None,
+            f"{resized.status_code}, charged {charged} USD (the quote said {quote.get('price_usd')}), plan "
+            f"{server['plan']}, power {server.get('power')}; balance {self.balance()} USD",
+        )
+        if s["real_guest"]:
+            self.step("In the guest, once it is back up: the new plan's memory and disk (free -m, df)")
+            sizes = guest_run(server["ip"], key, "free -m | awk '/^Mem:/{print $2}'; df -BG --output=size / | tail -1")
+            memory, disk = sizes.split()
+            self.ok("resize_guest", int(memory), f"{memory} MiB of memory, a {disk} root file system")
+
         self.step("See the figures move in /metrics (one API process shows the host), and in Prometheus")
         time.sleep(1)
         after = self.metrics()
@@ -1481,6 +1511,32 @@ def guest_login(ip: str, key: Path, seconds: float = 600, known_hosts: Path | No
             if "status: done" not in status:
                 raise SystemExit("the guest's first boot ended in cloud-init errors:\n" + "\n".join(status))
             return hostname
+        last = done.stderr.strip()
+        time.sleep(3)
+    raise SystemExit(f"no SSH login as root with the ordered key on {ip} within {seconds:.0f} s: {last}")
+
+
+def guest_run(ip: str, key: Path, command: str, seconds: float = 600) -> str:
+    """Run ``command`` as root over SSH with ``key`` once the guest answers (it may be booting): its output."""
+    deadline = time.monotonic() + seconds
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            done = subprocess.run(
+                [
+                    *("ssh", *SSH_OPTIONS, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", str(key)),
+                    *(f"root@{ip}", command),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            last = "no answer"
+            continue
+        if done.returncode == 0:
+            return done.stdout.strip()
         last = done.stderr.strip()
         time.sleep(3)
     raise SystemExit(f"no SSH login as root with the ordered key on {ip} within {seconds:.0f} s: {last}")
