@@ -155,6 +155,18 @@ _TYPES = [
         "A reinstall (POST /servers/{id}/reinstall) is done: the new system has booted and its SSH daemon "
         "answers; data.status_reason is null again, data.ready_at and data.host_keys are the new system's.",
     ),
+    EventType(
+        "server.migrating",
+        "server",
+        "The shop is moving the server to another host of its location (maintenance): it is powered off while "
+        "its disk is copied; data.status_reason says so until server.migrated. Its address stays.",
+    ),
+    EventType(
+        "server.migrated",
+        "server",
+        "The move to another host is done: the server runs there again (if it ran before) with the same disk, "
+        "address and host keys; data.status_reason is null again.",
+    ),
     EventType("ssh_key.created", "ssh_key", "An SSH public key was stored (POST /ssh-keys)."),
     EventType(
         "ssh_key.deleted",

@@ -73,6 +73,11 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
   with new host keys;
 * ``reinstall`` of a running domain returns a handle on the same host and domain, the domain is
   running again within the boot time, on a new disk; reinstalling again (a retried job) does the same;
+* ``migrate`` (with ``hosts``): the server's host is one of ``hosts(location)``; moved to another
+  host of its location it returns a handle on that host, runs there once (one guest in all) on the
+  same disk (its marker kept), and nothing of it is left on the old host; moved there again (a
+  retried job) nothing changes; moved to the host it is on, nothing changes either. A spec whose
+  ``avoid_hosts`` names every host but one is placed on that one;
 * ``open_console`` of a running domain returns a :class:`~vpsshop.ConsoleStream` whose ``close``
   is idempotent and after which ``read`` comes to ``b""`` (after what was read before); of a missing domain it raises
   :class:`vpsshop.PluginError`.
@@ -98,6 +103,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_GUEST_REPORT,
     CAPABILITY_IMAGES,
     CAPABILITY_IPV6,
+    CAPABILITY_MIGRATE,
     CAPABILITY_REINSTALL,
     AddressPool,
     ConsoleStream,
@@ -112,7 +118,14 @@ from vpsshop.hypervisor import (
 )
 
 KNOWN_CAPABILITIES = frozenset(
-    {CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT, CAPABILITY_IMAGES, CAPABILITY_IPV6}
+    {
+        CAPABILITY_REINSTALL,
+        CAPABILITY_CONSOLE,
+        CAPABILITY_GUEST_REPORT,
+        CAPABILITY_IMAGES,
+        CAPABILITY_IPV6,
+        CAPABILITY_MIGRATE,
+    }
 )
 NO_REPORT_WAIT = 2.0
 """How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
@@ -400,6 +413,50 @@ async def check_optional_verbs(
                 await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
 
 
+async def check_migrate(
+    backend: HypervisorBackend,
+    handle: ServerHandle,
+    spec: ServerSpec,
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT,
+    host: HostCheck | None = None,
+) -> ServerHandle:
+    """``migrate`` of a running domain to each other host of its location in turn and, with one
+    host, to its own. Returns the handle where the server ends up (the caller destroys that one)."""
+    host = host or HostCheck(backend)
+    hosts = backend.hosts(spec.location)
+    assert isinstance(hosts, list) and all(isinstance(h, str) for h in hosts), "hosts must return a list of str"
+    assert handle.host in hosts, f"the server was placed on {handle.host!r}, not one of hosts(): {hosts}"
+    if host.enabled and host.marker is None:
+        await host.mark(handle, boot_timeout)
+    others = [h for h in hosts if h != handle.host] or [handle.host]
+    for target in others:
+        old = handle
+        for attempt in (f"migrate to {target}", f"migrate to {target} again (a retried job)"):
+            moved = await backend.migrate(handle, target, start=True)
+            assert isinstance(moved, ServerHandle), "migrate must return a vpsshop.ServerHandle"
+            assert (moved.host, moved.domain) == (target, handle.domain), f"{attempt} returned {moved}"
+            handle = dataclasses.replace(moved, location=spec.location)
+            await wait_running(backend, handle, attempt, boot_timeout)
+            await host.running_once(handle, attempt)
+            if old.host != target and host.enabled:
+                left = await host.look(old)
+                assert not left.resources and left.running == 0, (
+                    f"after {attempt} the old host {old.host} still holds {list(left.resources)}"
+                )
+    return handle
+
+
+async def check_avoid_hosts(backend: HypervisorBackend, spec: ServerSpec, boot_timeout: float) -> None:
+    """A spec avoiding every host but the last is placed on the last (a drained host gets no order)."""
+    hosts = backend.hosts(spec.location)
+    avoided = dataclasses.replace(spec, name=spec.name + "-d", avoid_hosts=tuple(hosts[:-1]))
+    handle = await backend.create(avoided)
+    try:
+        assert handle.host == hosts[-1], f"avoid_hosts={hosts[:-1]} yet the server was placed on {handle.host}"
+    finally:
+        await backend.destroy(dataclasses.replace(handle, location=spec.location))
+
+
 async def check_guest_report(
     backend: HypervisorBackend, handle: ServerHandle, after: str, boot_timeout: float, expected: bool = True
 ) -> GuestReport | None:
@@ -670,6 +727,28 @@ class HypervisorContract:
                 guest_reports=hypervisor_guest_reports,
             )
         )
+
+    def test_migrate(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_spec: ServerSpec,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
+    ) -> None:
+        """migrate moves a running server to each other host of its location, disk kept, the old host
+        left empty; with avoid_hosts, placement skips the hosts named (for backends naming "migrate")."""
+        backend = hypervisor_backend
+        if CAPABILITY_MIGRATE not in backend.capabilities:
+            assert "migrate" not in backend.capabilities
+            return
+        end = created
+        try:
+            end = hypervisor_run(check_migrate(backend, created, hypervisor_spec, hypervisor_boot_timeout))
+        finally:
+            hypervisor_run(backend.destroy(end))
+        if len(backend.hosts(hypervisor_spec.location)) > 1:
+            hypervisor_run(check_avoid_hosts(backend, hypervisor_spec, hypervisor_boot_timeout))
 
     def test_address_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
         pool = hypervisor_backend.address_pool(hypervisor_location)
