@@ -60,7 +60,8 @@ and the base images of ``vpsshop images`` (:meth:`LibvirtBackend.install_image`,
 shut down, disk and seed copied through download and upload streams by way of a temporary file on
 the vpsshop host, the overlay's backing file pointed at the target pool's base image with
 ``qemu-img rebase -u``, the domain defined there from its old definition and started, the old host
-cleaned last; placement skips the hosts in ``spec.avoid_hosts``). :meth:`LibvirtBackend.offers` answers from each host's pool as last listed (start-up,
+cleaned last; placement skips the hosts in ``spec.avoid_hosts``). :meth:`LibvirtBackend.offers`
+answers from each host's pool as last listed (start-up,
 health checks, ``vpsshop images``).
 
 Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
