@@ -1022,6 +1022,10 @@ class LibvirtBackend(HypervisorBackend):
         if dst_dom is None:
             if src_dom is None:
                 raise PluginError(f"domain {handle.domain} is on neither {handle.host} nor {target}")
+            need = int(src_dom.maxMemory()) // 1024
+            free = self._capacity_mib(dst_host, dst_conn) - self._used_mib(dst_conn)
+            if need > free:  # checked before the server is stopped: refused, it keeps running where it is
+                raise PluginError(f"host {target} has {free} MiB free, {handle.domain} needs {need} MiB")
             self._stop(handle)
             dst_pool, dst_path = self._pool(dst_conn, dst_loc)
             src_pool, _ = self._pool(src_conn, src[1])
