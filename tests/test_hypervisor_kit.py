@@ -10,7 +10,9 @@ from vpsshop_simulator import SimulatedBackend
 class TestABackendModelledOnTheSimulator(HypervisorContract):
     @pytest.fixture
     def hypervisor_backend(self, vpsshop_context, hypervisor_run):
-        backend = SimulatedBackend.from_settings({"boot_seconds": 0.2}, sandbox=True, where="hypervisor.mine")
+        backend = SimulatedBackend.from_settings(
+            {"boot_seconds": 0.2, "hosts": ["sim-a", "sim-b"]}, sandbox=True, where="hypervisor.mine"
+        )
         backend.bind(vpsshop_context)
         yield backend
         hypervisor_run(backend.close())

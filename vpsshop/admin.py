@@ -643,3 +643,132 @@ def audit_log(ctx: AppContext, limit: int = 50) -> list[dict[str, Any]]:
     with ctx.db.session() as session:
         rows = session.exec(select(AdminAudit).order_by(col(AdminAudit.id).desc()).limit(limit)).all()
         return [row.model_dump() for row in rows]
+
+
+# ---- hosts: drain and migrate ---------------------------------------------------------------------
+
+
+def _migrating_backend(ctx: AppContext) -> Any:
+    from vpsshop.hypervisor import CAPABILITY_MIGRATE
+
+    backend = ctx.hypervisor
+    if backend is None or CAPABILITY_MIGRATE not in backend.capabilities:
+        kind = getattr(backend, "kind", "none")
+        raise AdminError(f"the hypervisor backend ({kind}) cannot move servers between hosts")
+    return backend
+
+
+def host_location(ctx: AppContext, host: str) -> str:
+    """The location whose hosts (as the backend names them) include ``host``."""
+    backend = _migrating_backend(ctx)
+    for location in [loc.id for loc in ctx.catalog_data.locations if ctx.serves_location(loc.id)]:
+        if host in backend.hosts(location):
+            return location
+    raise AdminError(f"no location of the catalog has a host named {host!r}")
+
+
+def drain_host(ctx: AppContext, operator: Operator, host: str, reason: str, *, drained: bool = True) -> str:
+    """Stop placing new servers on ``host`` (``drained=False``: place them there again). Servers on
+    it stay until moved (:func:`migrate_server`, :func:`evacuate_host`)."""
+    from vpsshop.servers.models import DrainedHost
+
+    reason = _need_reason(reason)
+    if drained:
+        host_location(ctx, host)
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        row = session.get(DrainedHost, host)
+        if drained and row is None:
+            session.add(DrainedHost(host=host, reason=reason[:500], drained_at=now))
+        elif not drained and row is not None:
+            session.delete(row)
+        audit(session, operator, "host_drain" if drained else "host_undrain", f"host:{host}", reason, now=now)
+    if drained:
+        return f"host {host}: drained, no new server is placed there (its servers stay until moved)"
+    return f"host {host}: new servers may be placed there again"
+
+
+def drained_hosts(ctx: AppContext) -> list[dict[str, Any]]:
+    """The drained hosts, with how many servers still live on each."""
+    from vpsshop.servers.models import DrainedHost
+
+    with ctx.db.session() as session:
+        rows = session.exec(select(DrainedHost).order_by(col(DrainedHost.host))).all()
+        out = []
+        for row in rows:
+            count = session.execute(
+                sa.select(sa.func.count())
+                .select_from(Server)
+                .where(col(Server.host) == row.host, col(Server.status) != "terminated")
+            ).scalar_one()
+            out.append({"host": row.host, "reason": row.reason, "drained_at": row.drained_at, "servers": count})
+        return out
+
+
+def migrate_server(ctx: AppContext, operator: Operator, server_id: int, host: str | None, reason: str) -> str:
+    """Queue a ``migrate`` job moving an active or suspended server to ``host``, another host of its
+    location (None: the first of the location's hosts that is neither its own nor drained)."""
+    from vpsshop.servers.lifecycle import enqueue
+    from vpsshop.servers.models import DrainedHost, ServerJob
+
+    reason = _need_reason(reason)
+    backend = _migrating_backend(ctx)
+    now = ctx.clock.now()
+    with ctx.db.session() as session:
+        server = _server(session, server_id)
+        if server.status not in ("active", "suspended") or not server.host or not server.domain:
+            raise AdminError(f"server {server_id} is {server.status}: only a placed active or suspended server moves")
+        hosts = backend.hosts(server.location)
+        drained = set(session.exec(select(DrainedHost.host)).all())
+        if host is None:
+            others = [h for h in hosts if h != server.host and h not in drained]
+            if not others:
+                raise AdminError(
+                    f"location {server.location} has no other undrained host to move server {server_id} to"
+                )
+            host = others[0]
+        if host not in hosts:
+            raise AdminError(f"host {host!r} is not a host of location {server.location} ({', '.join(hosts)})")
+        if host == server.host:
+            raise AdminError(f"server {server_id} is on {host} already")
+        pending = session.exec(
+            select(ServerJob.id).where(
+                col(ServerJob.server_id) == server_id,
+                col(ServerJob.kind) == "migrate",
+                col(ServerJob.status).in_(("queued", "running")),
+            )
+        ).first()
+        if pending is not None:
+            raise AdminError(f"server {server_id} is being moved already (job {pending})")
+        job = enqueue(session, server_id, "migrate", now)
+        job.target = host
+        session.add(job)
+        detail = {"from": server.host, "to": host, "job_id": saved_id(job)}
+        audit(session, operator, "migrate", f"server:{server_id}", reason, detail, now=now)
+        return f"server {server_id}: migrate job {saved_id(job)} queued ({server.host} -> {host})"
+
+
+def evacuate_host(ctx: AppContext, operator: Operator, host: str, reason: str) -> list[str]:
+    """Drain ``host`` and queue a move of each of its active or suspended servers to the location's
+    other undrained hosts, in turn."""
+    from vpsshop.servers.models import DrainedHost
+
+    reason = _need_reason(reason)
+    backend = _migrating_backend(ctx)
+    location = host_location(ctx, host)
+    out = [drain_host(ctx, operator, host, reason)]
+    with ctx.db.session() as session:
+        drained = set(session.exec(select(DrainedHost.host)).all())
+        ids = session.exec(
+            select(Server.id).where(col(Server.host) == host, col(Server.status).in_(("active", "suspended")))
+        ).all()
+    targets = [h for h in backend.hosts(location) if h != host and h not in drained]
+    if ids and not targets:
+        raise AdminError(f"location {location} has no other undrained host to move {len(ids)} server(s) to")
+    for n, server_id in enumerate(ids):
+        assert server_id is not None
+        try:
+            out.append(migrate_server(ctx, operator, server_id, targets[n % len(targets)], reason))
+        except AdminError as exc:
+            out.append(str(exc))
+    return out

@@ -425,6 +425,10 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(asyncio.run(_rescan(ctx, operator, args)))
         elif command == "audit":
             print(json.dumps(admin.audit_log(ctx, args.limit), indent=2, default=str))
+        elif command == "migrate":
+            print(admin.migrate_server(ctx, operator, args.server_id, args.to, args.reason))
+        elif command == "host":
+            _admin_host(ctx, operator, args)
     except admin.AdminError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -458,6 +462,19 @@ def _new_password(args: argparse.Namespace) -> str:
     if getpass.getpass("Again: ") != first:
         raise SystemExit("error: the passwords differ")
     return first
+
+
+def _admin_host(ctx: AppContext, operator: Any, args: argparse.Namespace) -> None:
+    """``vpsshop admin host drain|undrain|evacuate HOST`` and ``host list``."""
+    from vpsshop import admin
+
+    command = args.host_command
+    if command == "list":
+        print(json.dumps(admin.drained_hosts(ctx), indent=2, default=str))
+    elif command == "evacuate":
+        print("\n".join(admin.evacuate_host(ctx, operator, args.host, args.reason)))
+    else:
+        print(admin.drain_host(ctx, operator, args.host, args.reason, drained=command == "drain"))
 
 
 def cmd_admin_operator(args: argparse.Namespace) -> int:
@@ -872,6 +889,27 @@ def build_parser() -> argparse.ArgumentParser:
     rescan.add_argument("--reason", default="re-scan of blocks", help="why (kept in the audit log)")
     for p in (lookup, debit, stuck, audit, rescan):
         p.set_defaults(func=cmd_admin)
+    migrate_ = with_config(
+        admin_sub.add_parser("migrate", help="move a server to another host of its location (job: migrate)")
+    )
+    migrate_.add_argument("server_id", type=int)
+    migrate_.add_argument("--to", metavar="HOST", help="the target host (default: another undrained host)")
+    migrate_.add_argument("--reason", default="maintenance", help="why (kept in the audit log)")
+    host = admin_sub.add_parser("host", help="hypervisor hosts: drain, undrain, evacuate, list the drained")
+    host_sub = host.add_subparsers(dest="host_command", required=True)
+    for name, what in (
+        ("drain", "place no new server on HOST (its servers stay until moved)"),
+        ("undrain", "place new servers on HOST again"),
+        ("evacuate", "drain HOST and queue a move of each of its servers to the location's other hosts"),
+    ):
+        p = with_config(host_sub.add_parser(name, help=what))
+        p.add_argument("host", help="the host's name as servers record it (hypervisor settings: name or uri)")
+        p.add_argument("--reason", default="maintenance", help="why (kept in the audit log)")
+        p.set_defaults(func=cmd_admin)
+    with_config(
+        host_sub.add_parser("list", help="the drained hosts and how many servers each still holds")
+    ).set_defaults(func=cmd_admin)
+    migrate_.set_defaults(func=cmd_admin)
     operator = admin_sub.add_parser("operator", help="the web console's operators: add, list, disable, reset")
     operator_sub = operator.add_subparsers(dest="operator_command", required=True)
     add = with_config(operator_sub.add_parser("add", help="a new operator (password, then a TOTP secret to enrol)"))

@@ -222,6 +222,11 @@ class ServerSpec:
     .. versionadded:: 1.2"""
     ipv6_prefix_length: int = 64
     ipv6_gateway: str | None = None
+    avoid_hosts: tuple[str, ...] = ()
+    """Hosts (:attr:`ServerHandle.host` names) the operator drained (``vpsshop admin host drain``):
+    placement must choose another host of the location, or fail when no other fits.
+
+    .. versionadded:: 1.2"""
 
 
 @dataclass(frozen=True)
@@ -390,6 +395,7 @@ CAPABILITY_GUEST_REPORT = "guest_report"
 CAPABILITY_IMAGES = "images"
 CAPABILITY_IPV6 = "ipv6"
 CAPABILITY_RESIZE = "resize"
+CAPABILITY_MIGRATE = "migrate"
 
 
 @dataclass(frozen=True)
@@ -421,7 +427,8 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     kind: ClassVar[str]
     capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
     """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``,
-    ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``.
+    ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``, ``"migrate"``
+    (:meth:`hosts` and :meth:`migrate`).
 
     .. versionadded:: 1.1"""
 
@@ -602,6 +609,34 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         as soon as they run, without host keys.
 
         .. versionadded:: 1.1
+        """
+        raise NotImplementedError
+
+    def hosts(self, location: str) -> list[str]:
+        """Optional (capability ``"migrate"``): the names of the hosts of ``location``, as
+        :attr:`ServerHandle.host` gives them. Must be cheap (no network calls: from settings).
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def migrate(self, handle: ServerHandle, host: str, *, start: bool) -> ServerHandle:
+        """Optional (capability ``"migrate"``): move the server to ``host`` (another host of its
+        location), keeping its disk, its first-boot data (the guest must not take itself for a new
+        instance) and its address, without shared storage.
+
+        Power the domain off, copy its disk and seed to ``host`` through the hypervisor's own API,
+        define the domain there and start it when ``start`` (core passes whether the server was powered
+        on); only once it runs (or is defined, for a server left off) on ``host`` remove it and its
+        volumes from the old host.
+        Idempotent and resumable: a call interrupted at any point and called again finishes the
+        move (a copy cut short is made again); a server on ``host`` already only has the old host
+        cleaned. Returns the new handle (``host`` set to ``host``).
+
+        :raises PluginError: ``host`` is not a host of the server's location, or the copy failed
+            (the server then still runs from the old host's disk, which is left in place).
+
+        .. versionadded:: 1.2
         """
         raise NotImplementedError
 

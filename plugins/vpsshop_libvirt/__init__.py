@@ -56,7 +56,12 @@ The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again),
 :meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver)
 and the base images of ``vpsshop images`` (:meth:`LibvirtBackend.install_image`,
 :meth:`LibvirtBackend.image_versions`: storage-stream uploads and a record volume beside each image,
-``images.py``). :meth:`LibvirtBackend.offers` answers from each host's pool as last listed (start-up,
+``images.py``), and moving a server to another host of its location (:meth:`LibvirtBackend.migrate`:
+shut down, disk and seed copied through download and upload streams by way of a temporary file on
+the vpsshop host, the overlay's backing file pointed at the target pool's base image with
+``qemu-img rebase -u``, the domain defined there from its old definition and started, the old host
+cleaned last; placement skips the hosts in ``spec.avoid_hosts``). :meth:`LibvirtBackend.offers`
+answers from each host's pool as last listed (start-up,
 health checks, ``vpsshop images``).
 
 Every libvirt call runs in a worker thread; the event loop never waits on a hypervisor.
@@ -605,7 +610,7 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6", "resize"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6", "resize", "migrate"})
 
     config: LibvirtConfig
 
@@ -615,7 +620,7 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "resize"})
+            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "resize", "migrate"})
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
@@ -766,13 +771,16 @@ class LibvirtBackend(HypervisorBackend):
                 existing = self._lookup(conn, spec.name)
                 if existing is not None:  # an earlier attempt defined it here
                     return host, conn
+                if host.key in spec.avoid_hosts:  # drained by the operator: no new server here
+                    continue
                 candidates.append((host, self._used_mib(conn), self._capacity_mib(host, conn)))
             except (PluginError, LibvirtError) as exc:
                 errors.append(f"{host.key}: {exc}")
         chosen = choose_host(candidates, spec.memory_mib)
         if chosen is None:
             detail = f" (unreachable: {'; '.join(errors)})" if errors else ""
-            raise PluginError(f"no host in location {spec.location} has {spec.memory_mib} MiB free{detail}")
+            drained = f" ({len(spec.avoid_hosts)} drained)" if spec.avoid_hosts else ""
+            raise PluginError(f"no host in location {spec.location}{drained} has {spec.memory_mib} MiB free{detail}")
         return chosen, self._conn(chosen.uri)
 
     def _volume(self, pool: Any, name: str) -> Any | None:
@@ -1022,6 +1030,99 @@ class LibvirtBackend(HypervisorBackend):
         qcow2 volume (``virStorageVolResize``) and start it: cloud-init grows the partition and the
         file system at that boot."""
         await self._run(self._resize, handle, spec)
+
+    # ---- migrate ------------------------------------------------------------------------------------
+
+    def hosts(self, location: str) -> list[str]:
+        return [host.key for host in self.location(location).hosts]
+
+    def _migrate(self, handle: ServerHandle, target: str, start: bool) -> ServerHandle:
+        """Stop, copy disk and seed through storage streams, define and start on ``target``, then
+        remove the domain and its volumes from the old host. A domain defined on ``target`` marks a
+        finished copy (it is defined only after both volumes arrived whole)."""
+        moved = ServerHandle(host=target, domain=handle.domain, ip=handle.ip, location=handle.location)
+        dst_host, dst_loc = self._host(target)
+        dst_conn = self._conn(dst_host.uri)
+        dst_dom = self._lookup(dst_conn, handle.domain)
+        src: tuple[HostConfig, LocationConfig] | None = None
+        if handle.host and handle.host != target:
+            src = self._host(handle.host)
+            if src[1] is not dst_loc:
+                raise PluginError(f"host {target!r} is not in the location of host {handle.host!r}")
+        if src is None:  # on the target already (a retried move whose record was not saved yet)
+            if dst_dom is None:
+                raise PluginError(f"domain {handle.domain} does not exist on {target}")
+            if start and not dst_dom.isActive():
+                dst_dom.create()
+            return moved
+        src_conn = self._conn(src[0].uri)
+        src_dom = self._lookup(src_conn, handle.domain)
+        if dst_dom is None:
+            if src_dom is None:
+                raise PluginError(f"domain {handle.domain} is on neither {handle.host} nor {target}")
+            need = int(src_dom.maxMemory()) // 1024
+            free = self._capacity_mib(dst_host, dst_conn) - self._used_mib(dst_conn)
+            if need > free:  # checked before the server is stopped: refused, it keeps running where it is
+                raise PluginError(f"host {target} has {free} MiB free, {handle.domain} needs {need} MiB")
+            self._stop(handle)
+            dst_pool, dst_path = self._pool(dst_conn, dst_loc)
+            src_pool, _ = self._pool(src_conn, src[1])
+            paths = {}
+            for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
+                vol = self._volume(src_pool, name)
+                if vol is None:
+                    raise PluginError(f"volume {name} is missing on {handle.host}")
+                paths[vol.path()] = self._copy_volume(src_conn, vol, dst_conn, dst_pool, dst_path, name)
+            desc = ET.fromstring(src_dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            for disk in desc.iter("disk"):
+                source = disk.find("source")
+                if source is not None and source.get("file") in paths:
+                    source.set("file", paths[source.get("file", "")])
+                for backing in disk.findall("backingStore"):
+                    disk.remove(backing)
+            dst_dom = dst_conn.defineXML(ET.tostring(desc, encoding="unicode"))
+        if start and not dst_dom.isActive():
+            dst_dom.create()
+        if src_dom is not None:  # only now that the target holds (and runs) it
+            if src_dom.isActive():
+                src_dom.destroy()
+            src_dom.undefine()
+        src_pool, _ = self._pool(src_conn, src[1])
+        for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
+            vol = self._volume(src_pool, name)
+            if vol is not None:
+                vol.delete(0)
+        return moved
+
+    def _copy_volume(self, src_conn: Any, vol: Any, dst_conn: Any, dst_pool: Any, dst_path: str, name: str) -> str:
+        """``vol`` into ``dst_pool`` as ``name`` through a download and an upload stream, by way of a
+        file here; a qcow2 overlay's backing file is pointed at the target pool's base image (its
+        header names a path, which may differ between hosts). Returns the new volume's path."""
+        old = self._volume(dst_pool, name)
+        if old is not None:  # a copy cut short: made again
+            old.delete(0)
+        with tempfile.TemporaryDirectory(prefix="vpsshop-migrate-") as tmp:
+            local = Path(tmp) / name
+            with local.open("wb") as out:
+
+                def sink(block: bytes) -> None:
+                    out.write(block)
+
+                images.read_volume(src_conn, vol, sink)
+            if name.endswith(".qcow2"):
+                info = json.loads(_qemu_img("info", "--output=json", str(local)))
+                backing = info.get("full-backing-filename") or info.get("backing-filename")
+                if backing:
+                    fmt = info.get("backing-filename-format", "raw")
+                    base = f"{dst_path}/{Path(backing).name}"
+                    _qemu_img("rebase", "-u", "-b", base, "-F", fmt, str(local))
+            size = local.stat().st_size
+            with local.open("rb") as source:
+                copied = images.upload(dst_conn, dst_pool, name, source.read, size)
+        return str(copied.path())
+
+    async def migrate(self, handle: ServerHandle, host: str, *, start: bool) -> ServerHandle:
+        return await self._run(self._migrate, handle, host, start)
 
     def _open_console(self, handle: ServerHandle, loop: asyncio.AbstractEventLoop) -> LibvirtConsole:
         dom = self._require(handle)

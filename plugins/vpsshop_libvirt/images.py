@@ -47,7 +47,7 @@ def _volume_xml(name: str, size: int) -> str:
     )
 
 
-def _upload(
+def upload(
     conn: Any,
     pool: Any,
     name: str,
@@ -114,7 +114,7 @@ def write_record(conn: Any, pool: Any, image: str, version: str) -> None:
         block, remaining[0] = remaining[0][:nbytes], remaining[0][nbytes:]
         return block
 
-    _upload(conn, pool, record_name(image), data, len(body))
+    upload(conn, pool, record_name(image), data, len(body))
 
 
 def _lookup(pool: Any, name: str) -> Any | None:
@@ -152,6 +152,6 @@ def install(
         )
     size = path.stat().st_size
     with path.open("rb") as f:
-        _upload(conn, pool, image, f.read, size, progress)
+        upload(conn, pool, image, f.read, size, progress)
     write_record(conn, pool, image, version)
     return True

@@ -26,6 +26,7 @@ Settings (``[hypervisor] backend = "simulator"``)::
     nameservers = ["1.1.1.1", "9.9.9.9"]
     ipv6 = "fd00:99::/64"              # one address per server from ::100 ("" for no IPv6); ipv6_mode =
     ipv6_gateway = "fd00:99::1"        # "routed" hands out a /64 each from a /40-/63 block
+    hosts = ["simulator"]              # simulated hosts of every location: drain one, move servers between them
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ class SimulatorConfig(BaseModel):
     )
     ipv6_mode: Literal["address", "routed"] = "address"
     ipv6_gateway: str | None = "fd00:99::1"
+    hosts: list[str] = Field(
+        default_factory=lambda: [HOST],
+        min_length=1,
+        description="Names of the simulated hosts of every location (a server is placed on the first one not "
+        "drained; vpsshop admin migrate moves it to another).",
+    )
 
     @field_validator("addresses")
     @classmethod
@@ -103,7 +110,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "resize"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "resize", "migrate"})
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -164,7 +171,17 @@ class SimulatedBackend(HypervisorBackend):
 
     # ---- the verbs ------------------------------------------------------------------------------
 
+    def hosts(self, location: str) -> list[str]:
+        return list(self.config.hosts)
+
+    async def _host_of(self, domain: str) -> str:
+        record = await self._state().get(domain)
+        return str(record.data.get("host", HOST)) if record is not None else HOST
+
     async def create(self, spec: ServerSpec) -> ServerHandle:
+        placed = next((h for h in self.config.hosts if h not in spec.avoid_hosts), None)
+        if placed is None:
+            raise PluginError(f"every host of location {spec.location} is drained")
         data = self._powered_on(
             self._new_disk(
                 {
@@ -176,12 +193,14 @@ class SimulatedBackend(HypervisorBackend):
                     "disk_gib": spec.disk_gib,
                     "os": spec.os_id,
                     "created_at": self.clock.now().isoformat(),
+                    "host": placed,
                 }
             )
         )
         if await self._state().create(spec.name, data) is None:  # an earlier attempt made it
             await self._power(ServerHandle(HOST, spec.name), self._start_data, must_exist=True)
-        return ServerHandle(host=HOST, domain=spec.name, ip=spec.ip, location=spec.location)
+            placed = await self._host_of(spec.name)
+        return ServerHandle(host=placed, domain=spec.name, ip=spec.ip, location=spec.location)
 
     def _start_data(self, data: dict[str, Any]) -> dict[str, Any]:
         return data if data["power"] == "on" else self._powered_on(data)
@@ -225,7 +244,23 @@ class SimulatedBackend(HypervisorBackend):
             )
 
         await self._power(handle, change, must_exist=True)
-        return ServerHandle(host=HOST, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
+        host = await self._host_of(handle.domain)
+        return ServerHandle(host=host, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
+
+    async def migrate(self, handle: ServerHandle, host: str, *, start: bool) -> ServerHandle:
+        """The record moves to ``host`` with its disk (same identity and marker) and seed; the guest
+        is powered off for the copy and on again when ``start``."""
+        if host not in self.config.hosts:
+            raise PluginError(f"host {host!r} is not one of the simulator's hosts ({', '.join(self.config.hosts)})")
+
+        def move(data: dict[str, Any]) -> dict[str, Any]:
+            if data.get("host", HOST) == host:
+                return self._start_data(data) if start else data
+            stopped = {**self._stopped_data(data), "host": host}
+            return self._powered_on(stopped) if start else stopped
+
+        await self._power(handle, move, must_exist=True)
+        return ServerHandle(host=host, domain=handle.domain, ip=handle.ip, location=handle.location)
 
     async def resize(self, handle: ServerHandle, spec: ServerSpec) -> None:
         """The plan's memory and vCPUs, the disk grown (never shrunk, its data and marker kept), and
@@ -275,8 +310,8 @@ class SimulatedBackend(HypervisorBackend):
     async def inspect(self, handle: ServerHandle) -> HostInspection:
         """What the simulated host holds for the server: its domain, disk and seed volumes."""
         record = await self._state().get(handle.domain)
-        if record is None:
-            return HostInspection()
+        if record is None or (handle.host and handle.host != record.data.get("host", HOST)):
+            return HostInspection()  # nothing of it on the host asked about
         data = record.data
         resources = [f"domain {handle.domain}"] if data.get("defined", True) else []
         if data.get("disk", "legacy"):

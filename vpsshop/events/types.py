@@ -167,6 +167,18 @@ _TYPES = [
         "A resize is done: the server runs again with its new plan's memory, vCPUs and disk (its file system "
         "grown at that boot); data.status_reason is null again.",
     ),
+    EventType(
+        "server.migrating",
+        "server",
+        "The shop is moving the server to another host of its location (maintenance): it is powered off while "
+        "its disk is copied; data.status_reason says so until server.migrated. Its address stays.",
+    ),
+    EventType(
+        "server.migrated",
+        "server",
+        "The move to another host is done: the server runs there again (if it ran before) with the same disk, "
+        "address and host keys; data.status_reason is null again.",
+    ),
     EventType("ssh_key.created", "ssh_key", "An SSH public key was stored (POST /ssh-keys)."),
     EventType(
         "ssh_key.deleted",

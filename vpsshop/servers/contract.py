@@ -77,6 +77,11 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
   within the boot time on the same disk (its marker kept), with the new memory, vCPUs and disk size
   as the host's definition and volume say (when inspected); resizing again (a retried job) does the
   same;
+* ``migrate`` (with ``hosts``): the server's host is one of ``hosts(location)``; moved to another
+  host of its location it returns a handle on that host, runs there once (one guest in all) on the
+  same disk (its marker kept), and nothing of it is left on the old host; moved there again (a
+  retried job) nothing changes; moved to the host it is on, nothing changes either. A spec whose
+  ``avoid_hosts`` names every host but one is placed on that one;
 * ``open_console`` of a running domain returns a :class:`~vpsshop.ConsoleStream` whose ``close``
   is idempotent and after which ``read`` comes to ``b""`` (after what was read before); of a missing domain it raises
   :class:`vpsshop.PluginError`.
@@ -102,6 +107,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_GUEST_REPORT,
     CAPABILITY_IMAGES,
     CAPABILITY_IPV6,
+    CAPABILITY_MIGRATE,
     CAPABILITY_REINSTALL,
     CAPABILITY_RESIZE,
     AddressPool,
@@ -124,6 +130,7 @@ KNOWN_CAPABILITIES = frozenset(
         CAPABILITY_IMAGES,
         CAPABILITY_IPV6,
         CAPABILITY_RESIZE,
+        CAPABILITY_MIGRATE,
     }
 )
 NO_REPORT_WAIT = 2.0
@@ -445,6 +452,50 @@ async def check_resize(
             )
 
 
+async def check_migrate(
+    backend: HypervisorBackend,
+    handle: ServerHandle,
+    spec: ServerSpec,
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT,
+    host: HostCheck | None = None,
+) -> ServerHandle:
+    """``migrate`` of a running domain to each other host of its location in turn and, with one
+    host, to its own. Returns the handle where the server ends up (the caller destroys that one)."""
+    host = host or HostCheck(backend)
+    hosts = backend.hosts(spec.location)
+    assert isinstance(hosts, list) and all(isinstance(h, str) for h in hosts), "hosts must return a list of str"
+    assert handle.host in hosts, f"the server was placed on {handle.host!r}, not one of hosts(): {hosts}"
+    if host.enabled and host.marker is None:
+        await host.mark(handle, boot_timeout)
+    others = [h for h in hosts if h != handle.host] or [handle.host]
+    for target in others:
+        old = handle
+        for attempt in (f"migrate to {target}", f"migrate to {target} again (a retried job)"):
+            moved = await backend.migrate(handle, target, start=True)
+            assert isinstance(moved, ServerHandle), "migrate must return a vpsshop.ServerHandle"
+            assert (moved.host, moved.domain) == (target, handle.domain), f"{attempt} returned {moved}"
+            handle = dataclasses.replace(moved, location=spec.location)
+            await wait_running(backend, handle, attempt, boot_timeout)
+            await host.running_once(handle, attempt)
+            if old.host != target and host.enabled:
+                left = await host.look(old)
+                assert not left.resources and left.running == 0, (
+                    f"after {attempt} the old host {old.host} still holds {list(left.resources)}"
+                )
+    return handle
+
+
+async def check_avoid_hosts(backend: HypervisorBackend, spec: ServerSpec, boot_timeout: float) -> None:
+    """A spec avoiding every host but the last is placed on the last (a drained host gets no order)."""
+    hosts = backend.hosts(spec.location)
+    avoided = dataclasses.replace(spec, name=spec.name + "-d", avoid_hosts=tuple(hosts[:-1]))
+    handle = await backend.create(avoided)
+    try:
+        assert handle.host == hosts[-1], f"avoid_hosts={hosts[:-1]} yet the server was placed on {handle.host}"
+    finally:
+        await backend.destroy(dataclasses.replace(handle, location=spec.location))
+
+
 async def check_guest_report(
     backend: HypervisorBackend, handle: ServerHandle, after: str, boot_timeout: float, expected: bool = True
 ) -> GuestReport | None:
@@ -715,6 +766,28 @@ class HypervisorContract:
                 guest_reports=hypervisor_guest_reports,
             )
         )
+
+    def test_migrate(
+        self,
+        hypervisor_backend: HypervisorBackend,
+        created: ServerHandle,
+        hypervisor_spec: ServerSpec,
+        hypervisor_boot_timeout: float,
+        hypervisor_run: Run[Any],
+    ) -> None:
+        """migrate moves a running server to each other host of its location, disk kept, the old host
+        left empty; with avoid_hosts, placement skips the hosts named (for backends naming "migrate")."""
+        backend = hypervisor_backend
+        if CAPABILITY_MIGRATE not in backend.capabilities:
+            assert "migrate" not in backend.capabilities
+            return
+        end = created
+        try:
+            end = hypervisor_run(check_migrate(backend, created, hypervisor_spec, hypervisor_boot_timeout))
+        finally:
+            hypervisor_run(backend.destroy(end))
+        if len(backend.hosts(hypervisor_spec.location)) > 1:
+            hypervisor_run(check_avoid_hosts(backend, hypervisor_spec, hypervisor_boot_timeout))
 
     def test_address_pool(self, hypervisor_backend: HypervisorBackend, hypervisor_location: str) -> None:
         pool = hypervisor_backend.address_pool(hypervisor_location)

@@ -63,7 +63,7 @@ from vpsshop.metrics import server_ready
 from vpsshop.models import Server, saved_id
 from vpsshop.servers.credentials import decrypt_password
 from vpsshop.servers.lifecycle import ServersPolicy, enqueue, policy, record
-from vpsshop.servers.models import IpLease, Ipv6Lease, ServerEvent, ServerJob
+from vpsshop.servers.models import DrainedHost, IpLease, Ipv6Lease, ServerEvent, ServerJob
 from vpsshop.servers.resource import server_event
 
 log = logging.getLogger("vpsshop.servers")
@@ -97,6 +97,11 @@ REPORT_WAIT_SECONDS = 30.0
 """How long one run of a provisioning or reinstall job waits for the guest's report (the backend
 returns it the moment it arrives) before it goes back to the queue; the job's lease is renewed meanwhile."""
 MAX_HOST_KEYS = 10
+MIGRATING = (
+    "Moving to another host of its location (maintenance): powered off while its disk is copied, "
+    "then started there with the same address."
+)
+"""``status_reason`` of a server while a ``migrate`` job moves it."""
 
 BOOTING = "Booting: waiting for the guest to finish its first boot and for its SSH daemon to answer."
 """``status_reason`` of a provisioning server whose domain runs, until its guest reports."""
@@ -284,6 +289,7 @@ def _prepare(ctx: AppContext, server_id: int, status: str = "provisioning") -> t
             ipv6=ipv6,
             ipv6_prefix_length=ipv6_length,
             ipv6_gateway=v6.gateway if v6 is not None else None,
+            avoid_hosts=tuple(session.exec(select(DrainedHost.host)).all()),
         )
         return server, spec
 
@@ -749,6 +755,92 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
         await to_thread.run_sync(destroyed)
 
 
+# ---- migrate -------------------------------------------------------------------------------------
+
+
+async def _migrate(ctx: AppContext, job: ClaimedJob) -> None:
+    """Move the server to the job's target host: ``status_reason`` and ``server.migrating`` first,
+    then the backend's :meth:`~vpsshop.HypervisorBackend.migrate` (idempotent: a retried job
+    finishes the move), then ``servers.host``, the history row and ``server.migrated`` in one
+    transaction, with ``status_reason`` cleared."""
+
+    def begin() -> tuple[Server, str] | None:
+        with ctx.db.session() as session:
+            server = session.get(Server, job.server_id)
+            target = session.execute(sa.select(col(ServerJob.target)).where(col(ServerJob.id) == job.id)).scalar_one()
+            if server is None or server.domain is None or server.status == "terminated" or not target:
+                return None
+            if server.host == target:
+                return server, target  # a retried job whose move was recorded: the backend only tidies up
+            if record(
+                session,
+                job.server_id,
+                "migrating",
+                ctx.clock.now(),
+                f"{server.host} -> {target}",
+                once_key=f"migrating:job:{job.id}",
+            ):
+                server.status_reason = MIGRATING
+                session.add(server)
+                session.flush()
+                events.emit(
+                    session,
+                    "server.migrating",
+                    server.account_id,
+                    server_event(session, job.server_id),
+                    now=ctx.clock.now(),
+                )
+            return server, target
+
+    begun = await to_thread.run_sync(begin)
+    if begun is None:
+        return
+    server, target = begun
+    assert ctx.hypervisor is not None
+    running = server.power != "stopped" and server.status == "active"
+    handle = await ctx.hypervisor.migrate(_handle(server), target, start=running)
+    if handle.host != target:
+        raise PluginError(f"migrate returned host {handle.host!r}, not {target!r}")
+
+    def moved() -> None:
+        with ctx.db.session() as session:
+            row = session.get(Server, job.server_id)
+            if row is None:
+                return
+            source = row.host
+            row.host = target
+            if row.status_reason == MIGRATING:
+                row.status_reason = None
+            session.add(row)
+            session.flush()
+            if record(
+                session,
+                job.server_id,
+                "migrated",
+                ctx.clock.now(),
+                f"{source} -> {target}",
+                once_key=f"migrated:job:{job.id}",
+            ):
+                events.emit(
+                    session,
+                    "server.migrated",
+                    row.account_id,
+                    server_event(session, job.server_id),
+                    now=ctx.clock.now(),
+                )
+
+    await to_thread.run_sync(moved)
+
+
+def _migrate_failed(ctx: AppContext, server_id: int, error: str) -> None:
+    with ctx.db.session() as session:
+        server = session.get(Server, server_id)
+        if server is not None and server.status_reason == MIGRATING:
+            server.status_reason = None  # the backend left it on its old host, as it was
+            session.add(server)
+        record(session, server_id, "migrate_failed", ctx.clock.now(), error[:200])
+
+
 # ---- the pass ------------------------------------------------------------------------------------
 
 
@@ -775,6 +867,8 @@ async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
             await _resize(ctx, job)
         elif job.kind == "rdns":
             await _rdns(ctx, job)
+        elif job.kind == "migrate":
+            await _migrate(ctx, job)
         else:
             await _verb(ctx, job)
     except RetryLater as exc:
@@ -826,6 +920,8 @@ def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:
         _reinstall_failed(ctx, job.server_id)
     elif job.kind == "resize":
         _resize_failed(ctx, job.server_id)
+    elif job.kind == "migrate":
+        _migrate_failed(ctx, job.server_id, error)
     elif job.kind in _POWER_EVENTS:
         with ctx.db.session() as session:
             server = session.get(Server, job.server_id)

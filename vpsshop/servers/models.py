@@ -13,7 +13,19 @@ from sqlmodel import Field, SQLModel
 
 from vpsshop.models import _ts
 
-JOB_KINDS = ("provision", "start", "stop", "reboot", "suspend", "resume", "destroy", "reinstall", "rdns", "resize")
+JOB_KINDS = (
+    "provision",
+    "start",
+    "stop",
+    "reboot",
+    "suspend",
+    "resume",
+    "destroy",
+    "reinstall",
+    "rdns",
+    "resize",
+    "migrate",
+)
 JOB_STATES = ("queued", "running", "done", "failed")
 
 
@@ -37,8 +49,24 @@ class ServerJob(SQLModel, table=True):
     locked_until: datetime | None = _ts(nullable=True)
     locked_by: str | None = Field(default=None, max_length=64)
     last_error: str | None = Field(default=None, max_length=500)
+    target: str | None = Field(default=None, max_length=200)
+    """The host a ``migrate`` job moves the server to."""
     created_at: datetime = _ts()
     finished_at: datetime | None = _ts(nullable=True)
+
+
+class DrainedHost(SQLModel, table=True):
+    """A host the operator drained (``vpsshop admin host drain``): no new server is placed there.
+
+    Its servers stay until moved (``vpsshop admin migrate`` / ``host evacuate``); undraining deletes
+    the row.
+    """
+
+    __tablename__ = "drained_hosts"
+
+    host: str = Field(primary_key=True, max_length=200)
+    reason: str | None = Field(default=None, max_length=500)
+    drained_at: datetime = _ts()
 
 
 class ServerEvent(SQLModel, table=True):
