@@ -99,6 +99,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_IMAGES,
     CAPABILITY_IPV6,
     CAPABILITY_REINSTALL,
+    CAPABILITY_TRAFFIC,
     AddressPool,
     ConsoleStream,
     DomainState,
@@ -106,13 +107,21 @@ from vpsshop.hypervisor import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    InterfaceCounters,
     Ipv6Pool,
     ServerHandle,
     ServerSpec,
 )
 
 KNOWN_CAPABILITIES = frozenset(
-    {CAPABILITY_REINSTALL, CAPABILITY_CONSOLE, CAPABILITY_GUEST_REPORT, CAPABILITY_IMAGES, CAPABILITY_IPV6}
+    {
+        CAPABILITY_REINSTALL,
+        CAPABILITY_CONSOLE,
+        CAPABILITY_GUEST_REPORT,
+        CAPABILITY_IMAGES,
+        CAPABILITY_IPV6,
+        CAPABILITY_TRAFFIC,
+    }
 )
 NO_REPORT_WAIT = 2.0
 """How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
@@ -378,6 +387,8 @@ async def check_optional_verbs(
             pass
         else:
             raise AssertionError("open_console of a missing domain must raise PluginError")
+    if CAPABILITY_TRAFFIC in backend.capabilities:
+        await check_traffic(backend, handle)
     reporting = CAPABILITY_GUEST_REPORT in backend.capabilities
     first = await check_guest_report(backend, handle, "create", boot_timeout, guest_reports) if reporting else None
     if CAPABILITY_REINSTALL in backend.capabilities:
@@ -398,6 +409,24 @@ async def check_optional_verbs(
                             "after reinstall the guest reports the host keys of the system it replaced"
                         )
                 await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
+
+
+async def check_traffic(backend: HypervisorBackend, handle: ServerHandle) -> None:
+    """``interface_counters`` and ``limit_bandwidth`` on a running domain: counters are whole,
+    non-negative and never fall while the domain runs; a cap and its lifting are idempotent; a
+    missing domain has no counters."""
+    first = await backend.interface_counters(handle)
+    assert isinstance(first, InterfaceCounters), "interface_counters of a running domain must be InterfaceCounters"
+    for kib in (512, 512, None, None):
+        await backend.limit_bandwidth(handle, kib)
+    later = await backend.interface_counters(handle)
+    assert isinstance(later, InterfaceCounters)
+    for name in ("in_bytes", "out_bytes"):
+        before, after = getattr(first, name), getattr(later, name)
+        assert isinstance(after, int) and after >= 0, f"{name} must be a non-negative int, not {after!r}"
+        assert after >= before, f"{name} fell from {before} to {after} while the domain ran (limit_bandwidth reset it?)"
+    missing = ServerHandle(handle.host, f"{handle.domain}-never", location=handle.location)
+    assert await backend.interface_counters(missing) is None, "a missing domain has no interface counters (None)"
 
 
 async def check_guest_report(
