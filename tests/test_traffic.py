@@ -118,6 +118,13 @@ def test_traffic_is_counted_across_reboots_throttled_past_the_allowance_and_lift
         if e["type"] == "server.traffic_exceeded"
     )
     assert exceeded["data"]["traffic"]["policy_applied"] == "throttle"
+    # The dashboard's server page shows the usage against the allowance, and the throttle.
+    from test_dashboard import D, sign_in
+
+    assert sign_in(client, account.login_token).status_code == 303
+    page = client.get(f"{D}/servers/{sid}").text
+    assert "1.05 kB of 1 kB since" in page and "800 B in, 250 B out" in page, page
+    assert "the speed is limited until the next renewal" in page
 
     # A renewal starts a new period: the next pass lifts the throttle, usage starts from zero.
     vpsshop_clock.advance(hours=1)

@@ -1019,16 +1019,19 @@ class LibvirtBackend(HypervisorBackend):
 
     def _limit_bandwidth(self, handle: ServerHandle, kib_per_second: int | None) -> None:
         dom = self._require(handle)
-        flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
-        if dom.isActive():
-            flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
         average = kib_per_second or 0  # an average of 0 removes the limit
         params = {
             libvirt.VIR_DOMAIN_BANDWIDTH_IN_AVERAGE: average,
             libvirt.VIR_DOMAIN_BANDWIDTH_OUT_AVERAGE: average,
         }
-        for _device, mac in _interfaces(dom.XMLDesc(0)):
-            dom.setInterfaceParameters(mac, params, flags)
+        # The running domain and its definition, one at a time: QEMU's driver refuses both flags at once.
+        targets = [libvirt.VIR_DOMAIN_AFFECT_CONFIG]
+        if dom.isActive():
+            targets.insert(0, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        for flags in targets:
+            inactive = libvirt.VIR_DOMAIN_XML_INACTIVE if flags == libvirt.VIR_DOMAIN_AFFECT_CONFIG else 0
+            for _device, mac in _interfaces(dom.XMLDesc(inactive)):
+                dom.setInterfaceParameters(mac, params, flags)
 
     async def limit_bandwidth(self, handle: ServerHandle, kib_per_second: int | None) -> None:
         """``virDomainSetInterfaceParameters``: the ``<bandwidth>`` ``inbound`` and ``outbound``
