@@ -172,14 +172,19 @@ def test_guest_traffic_is_counted_throttled_past_the_allowance_and_lifted_by_a_r
             pull(ip, key, ALLOWANCE, tmp_path)
             throttled = poll(server, lambda s: s["traffic"]["policy_applied"] == "throttle", 60, "the throttle")
             assert throttled["status"] == "active"
-            poll(domain.XMLDesc, lambda xml: f"<inbound average='{THROTTLE_KIB}'/>" in xml, 30, "the cap on the domain")
-            assert f"<outbound average='{THROTTLE_KIB}'/>" in domain.XMLDesc(0)
-            inactive = domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)  # it outlives a power cycle
-            assert f"<inbound average='{THROTTLE_KIB}'/>" in inactive
+            # The cap on the domain, live and in its definition (so it outlives a power cycle). Where
+            # the host cannot shape (its kernel lacks the qdiscs libvirt's tc commands use), the
+            # worker logs libvirt's refusal: the rest is checked first, then that is the failure.
+            deadline, capped = time.monotonic() + 30, False
+            while not capped and time.monotonic() < deadline:
+                capped = f"<inbound average='{THROTTLE_KIB}'/>" in domain.XMLDesc(0)
+                time.sleep(1)
+            refusals = [line for line in served.output().splitlines() if "not sampled" in line]
             slow_rate = pull(ip, key, 24 * THROTTLE_KIB * 1024, tmp_path)  # ~24 s at the cap
-            assert 0.5 * THROTTLE_KIB < slow_rate < 1.3 * THROTTLE_KIB, (
-                f"throttled to {THROTTLE_KIB} KiB/s, a transfer moved {slow_rate:.0f} KiB/s (free: {free_rate:.0f})"
-            )
+            if capped:
+                assert f"<outbound average='{THROTTLE_KIB}'/>" in domain.XMLDesc(0)
+                inactive = domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+                assert f"<inbound average='{THROTTLE_KIB}'/>" in inactive
             events = httpx.get(f"{base}/events", headers=headers).json()["events"]
             exceeded = [e for e in events if e["type"] == "server.traffic_exceeded"]
             assert len(exceeded) == 1 and exceeded[0]["data"]["traffic"]["policy_applied"] == "throttle"
@@ -199,6 +204,10 @@ def test_guest_traffic_is_counted_throttled_past_the_allowance_and_lifted_by_a_r
             assert "<bandwidth>" not in domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
             again = pull(ip, key, 2_000_000, tmp_path)
             assert again > 4 * THROTTLE_KIB, f"after the renewal a transfer moved only {again:.0f} KiB/s"
+            assert capped, f"the throttle never reached the domain: {refusals[-3:]}"
+            assert 0.5 * THROTTLE_KIB < slow_rate < 1.3 * THROTTLE_KIB, (
+                f"throttled to {THROTTLE_KIB} KiB/s, a transfer moved {slow_rate:.0f} KiB/s (free: {free_rate:.0f})"
+            )
         finally:
             ended = httpx.request("DELETE", f"{base}/servers/{sid}", headers=headers, timeout=60)
             assert ended.status_code in (200, 409), ended.text
