@@ -146,7 +146,9 @@ def test_guest_traffic_is_counted_throttled_past_the_allowance_and_lifted_by_a_r
             return httpx.get(f"{base}/servers/{sid}", headers=headers, timeout=10).json()
 
         try:
-            shown = poll(server, lambda s: s["status"] != "provisioning", BOOT_SECONDS, "active")
+            shown = poll(
+                server, lambda s: s["status"] != "provisioning", 2 * BOOT_SECONDS, "active"
+            )  # a loaded machine
             assert shown["status"] == "active", (shown, served.output()[-3000:])
             ip = shown["ip"]
             assert wait_for_login(ip, key, tmp_path) == "traffic-one"
