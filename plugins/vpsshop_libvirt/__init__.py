@@ -617,6 +617,9 @@ class LibvirtBackend(HypervisorBackend):
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
             self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "traffic"})
+        if all(loc.network == "user" for loc in self.cfg.locations.values()):
+            # QEMU's user networking has no tap device on the host: nothing to count or shape
+            self.capabilities = self.capabilities - {"traffic"}
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
