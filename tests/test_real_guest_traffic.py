@@ -181,7 +181,7 @@ def test_guest_traffic_is_counted_throttled_past_the_allowance_and_lifted_by_a_r
             while not capped and time.monotonic() < deadline:
                 capped = f"<inbound average='{THROTTLE_KIB}'/>" in domain.XMLDesc(0)
                 time.sleep(1)
-            refusals = [line for line in served.output().splitlines() if "not sampled" in line]
+            refusals = [line for line in served.output().splitlines() if "bandwidth cap of server" in line]
             slow_rate = pull(ip, key, 24 * THROTTLE_KIB * 1024, tmp_path)  # ~24 s at the cap
             if capped:
                 assert f"<outbound average='{THROTTLE_KIB}'/>" in domain.XMLDesc(0)

@@ -214,8 +214,12 @@ async def run_traffic(ctx: AppContext) -> TrafficPass:
         handle = _handle(server)
         try:
             counters = await backend.interface_counters(handle)
-            sample = await to_thread.run_sync(_count, ctx, server.id, counters, ctx.clock.now())
-            sampled += counters is not None
+        except PluginError as exc:  # one host not answering does not stop the others' counting
+            log.warning("traffic of server %s not sampled: %s", server.id, exc)
+            continue
+        sample = await to_thread.run_sync(_count, ctx, server.id, counters, ctx.clock.now())
+        sampled += counters is not None
+        try:
             if sample.throttle:
                 await backend.limit_bandwidth(handle, rate)
                 throttled += 1
@@ -223,6 +227,6 @@ async def run_traffic(ctx: AppContext) -> TrafficPass:
                 await backend.limit_bandwidth(handle, None)
                 await to_thread.run_sync(_lifted, ctx, server.id, sample.lift, ctx.clock.now())
                 lifted += 1
-        except PluginError as exc:  # one host not answering does not stop the others' counting
-            log.warning("traffic of server %s not sampled: %s", server.id, exc)
+        except PluginError as exc:  # tried again at the next pass
+            log.warning("bandwidth cap of server %s not changed: %s", server.id, exc)
     return TrafficPass(sampled, throttled, lifted)
