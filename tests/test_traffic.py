@@ -174,3 +174,20 @@ def test_the_suspend_and_none_policies(vpsshop_client, vpsshop_clock, policy):
     server = _server(client, account, sid)
     assert server["status"] == "active" and server["power"] == "running"
     assert server["traffic"]["policy_applied"] is None and server["traffic"]["in_bytes"] == 0
+
+
+@pytest.mark.parametrize(("network", "counted"), [("network:default", True), ("bridge:br0", True), ("user", False)])
+def test_libvirt_counts_and_shapes_only_tap_networks(network, counted):
+    """QEMU's user networking has no tap device on the host: the libvirt backend then offers no traffic."""
+    from vpsshop_libvirt import LibvirtBackend, _interfaces
+
+    location = {"hosts": [{"uri": "qemu:///system"}], "pool": "p", "network": network, "addresses": "10.9.0.0/24"}
+    backend = LibvirtBackend.from_settings(
+        {"domain_type": "qemu", "locations": {"nl": location}}, sandbox=True, where="hypervisor.libvirt"
+    )
+    assert ("traffic" in backend.capabilities) is counted
+    xml = (
+        "<domain><devices><interface type='network'><mac address='52:54:00:00:00:01'/><target dev='vnet7'/>"
+        "</interface><interface type='user'><mac address='52:54:00:00:00:02'/></interface></devices></domain>"
+    )
+    assert _interfaces(xml) == [("vnet7", "52:54:00:00:00:01"), (None, "52:54:00:00:00:02")]
