@@ -396,6 +396,24 @@ CAPABILITY_IMAGES = "images"
 CAPABILITY_IPV6 = "ipv6"
 CAPABILITY_RESIZE = "resize"
 CAPABILITY_MIGRATE = "migrate"
+CAPABILITY_TRAFFIC = "traffic"
+
+
+@dataclass(frozen=True)
+class InterfaceCounters:
+    """A domain's network interface counters, as :meth:`HypervisorBackend.interface_counters` reads
+    them: bytes the guest received (``in_bytes``) and sent (``out_bytes``) on all its interfaces,
+    since the domain's current QEMU process started.
+
+    The counters fall back to zero whenever the domain is powered off and on again, migrated or
+    its host rebooted; core keeps the running total (``vpsshop/servers/traffic.py``) and counts a
+    counter lower than the last sample as a reset (everything read after it is new traffic).
+
+    .. versionadded:: 1.2
+    """
+
+    in_bytes: int
+    out_bytes: int
 
 
 @dataclass(frozen=True)
@@ -428,7 +446,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
     """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``,
     ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``, ``"migrate"``
-    (:meth:`hosts` and :meth:`migrate`).
+    (:meth:`hosts` and :meth:`migrate`), ``"traffic"`` (:meth:`interface_counters` and :meth:`limit_bandwidth`).
 
     .. versionadded:: 1.1"""
 
@@ -635,6 +653,31 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         :raises PluginError: ``host`` is not a host of the server's location, or the copy failed
             (the server then still runs from the old host's disk, which is left in place).
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def interface_counters(self, handle: ServerHandle) -> InterfaceCounters | None:
+        """Optional (capability ``"traffic"``): the domain's interface counters now (from the host,
+        never from the guest), summed over its interfaces; None when the domain is not running (a
+        stopped domain has no counters).
+
+        Called by the ``servers-traffic`` task every ``traffic.sample_seconds`` for each active
+        server. Must be cheap: one call to the host per server.
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def limit_bandwidth(self, handle: ServerHandle, kib_per_second: int | None) -> None:
+        """Optional (capability ``"traffic"``): cap the domain's network rate at ``kib_per_second``
+        (KiB/s, each way: what the guest sends and what it receives), or lift the cap (None).
+
+        Called by the ``servers-traffic`` task when a server passes its allowance under the
+        ``throttle`` policy, and with None once a renewal starts a new traffic period. Apply it to
+        the running domain and to its definition, so the cap outlives a reboot; a stopped domain
+        gets it in its definition. Idempotent: setting the cap it has already succeeds.
 
         .. versionadded:: 1.2
         """

@@ -341,6 +341,21 @@ class DatabaseCollector:
                 "Age of the oldest queued or running provisioning job (0 when none).",
                 value=age,
             )
+            traffic = CounterMetricFamily(
+                "vpsshop_traffic_bytes",
+                "Network traffic of the servers, as their hypervisors counted it, by host and direction "
+                "(in: received by the servers, out: sent), every traffic period of every server summed.",
+                labels=["host", "direction"],
+            )
+            for host, received, sent in conn.execute(
+                sa.text(
+                    "SELECT coalesce(s.host, ''), sum(t.in_bytes), sum(t.out_bytes) FROM server_traffic t "
+                    "JOIN servers s ON s.id = t.server_id GROUP BY coalesce(s.host, '')"
+                )
+            ):
+                traffic.add_metric([host, "in"], int(received or 0))
+                traffic.add_metric([host, "out"], int(sent or 0))
+            yield traffic
             x402 = CounterMetricFamily(
                 "vpsshop_x402_settlements",
                 "x402 settlements by final outcome (settled, rejected); never falls.",

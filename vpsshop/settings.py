@@ -254,6 +254,34 @@ class ServersSettings(_Section):
     lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
 
 
+class TrafficSettings(_Section):
+    """``[traffic]``: counting each server's network traffic against its plan's allowance
+    (docs/operations.md, "Traffic")."""
+
+    sample_seconds: float = Field(
+        60,
+        ge=0.05,
+        le=3600,
+        description="How often the worker reads every running server's interface counters (servers-traffic task).",
+    )
+    policy: Literal["throttle", "suspend", "none"] = Field(
+        "throttle",
+        description="What happens to a server past its allowance until a renewal starts a new period: throttle "
+        "(its rate capped at throttle_kib_per_second), suspend (stopped as for non-payment) or none (only the event).",
+    )
+    throttle_kib_per_second: int = Field(
+        1280,
+        ge=8,
+        le=10_000_000,
+        description="The rate a throttled server keeps, each way, in KiB/s (1280: about 10 Mbit/s).",
+    )
+    plan_allowance_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Plan id -> traffic allowance per period in bytes, instead of the catalog's bandwidth_tb "
+        "(10^12 bytes a TB); 0: unlimited.",
+    )
+
+
 class PluginSettings(_Section):
     disabled: list[str] = Field(default_factory=list, description="Plugin names never to load.")
     modules: list[str] = Field(default_factory=list, description="Extra plugin modules to import by name.")
@@ -280,6 +308,7 @@ class Settings(BaseModel):
     mcp: McpSettings = Field(default_factory=McpSettings)
     signin: SigninSettings = Field(default_factory=SigninSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    traffic: TrafficSettings = Field(default_factory=TrafficSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

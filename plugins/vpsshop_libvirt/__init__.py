@@ -96,6 +96,7 @@ from vpsshop import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    InterfaceCounters,
     Ipv6Pool,
     PluginError,
     Readiness,
@@ -610,7 +611,7 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6", "resize", "migrate"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6", "resize", "migrate", "traffic"})
 
     config: LibvirtConfig
 
@@ -620,7 +621,10 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "resize", "migrate"})
+            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "resize", "migrate", "traffic"})
+        if all(loc.network == "user" for loc in self.cfg.locations.values()):
+            # QEMU's user networking has no tap device on the host: nothing to count or shape
+            self.capabilities = self.capabilities - {"traffic"}
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
@@ -1137,6 +1141,45 @@ class LibvirtBackend(HypervisorBackend):
     async def state(self, handle: ServerHandle) -> DomainState:
         return await self._run(self._state, handle)
 
+    # ---- traffic --------------------------------------------------------------------------------
+
+    def _interface_counters(self, handle: ServerHandle) -> InterfaceCounters | None:
+        dom = self._domain(handle)
+        if dom is None or not dom.isActive():
+            return None
+        received = sent = 0
+        for device, _mac in _interfaces(dom.XMLDesc(0)):
+            if device:  # virDomainInterfaceStats: libvirt swaps a tap's counters to the guest's view
+                stats = dom.interfaceStats(device)
+                received, sent = received + int(stats[0]), sent + int(stats[4])
+        return InterfaceCounters(received, sent)
+
+    async def interface_counters(self, handle: ServerHandle) -> InterfaceCounters | None:
+        """``virDomainInterfaceStats`` of each of the domain's interfaces (their host-side tap
+        devices), summed; None when the domain is missing or not running."""
+        return await self._run(self._interface_counters, handle)
+
+    def _limit_bandwidth(self, handle: ServerHandle, kib_per_second: int | None) -> None:
+        dom = self._require(handle)
+        average = kib_per_second or 0  # an average of 0 removes the limit
+        params = {
+            libvirt.VIR_DOMAIN_BANDWIDTH_IN_AVERAGE: average,
+            libvirt.VIR_DOMAIN_BANDWIDTH_OUT_AVERAGE: average,
+        }
+        # The running domain and its definition, one at a time: QEMU's driver refuses both flags at once.
+        targets = [libvirt.VIR_DOMAIN_AFFECT_CONFIG]
+        if dom.isActive():
+            targets.insert(0, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        for flags in targets:
+            inactive = libvirt.VIR_DOMAIN_XML_INACTIVE if flags == libvirt.VIR_DOMAIN_AFFECT_CONFIG else 0
+            for _device, mac in _interfaces(dom.XMLDesc(inactive)):
+                dom.setInterfaceParameters(mac, params, flags)
+
+    async def limit_bandwidth(self, handle: ServerHandle, kib_per_second: int | None) -> None:
+        """``virDomainSetInterfaceParameters``: the ``<bandwidth>`` ``inbound`` and ``outbound``
+        average of each interface (tc on its tap device), live and in the definition."""
+        await self._run(self._limit_bandwidth, handle, kib_per_second)
+
     # ---- the guest's report ------------------------------------------------------------------------
 
     def _guest_report(self, handle: ServerHandle, wait_seconds: float) -> GuestReport | None:
@@ -1443,6 +1486,16 @@ class LibvirtBackend(HypervisorBackend):
 
 
 MARKER_PREFIX = "vpsshop-marker-"
+
+
+def _interfaces(xml: str) -> list[tuple[str | None, str]]:
+    """(target device or None when not running, MAC address) of each interface in a domain's XML."""
+    found = []
+    for nic in ET.fromstring(xml).findall("./devices/interface"):
+        target, mac = nic.find("target"), nic.find("mac")
+        if mac is not None and mac.get("address"):
+            found.append((target.get("dev") if target is not None else None, mac.get("address", "")))
+    return found
 
 
 def _is_local(uri: str) -> bool:

@@ -49,6 +49,7 @@ from vpsshop import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    InterfaceCounters,
     Ipv6Pool,
     PluginError,
     PluginState,
@@ -110,7 +111,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "resize", "migrate"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "resize", "migrate", "traffic"})
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -140,7 +141,15 @@ class SimulatedBackend(HypervisorBackend):
     def _powered_on(self, data: dict[str, Any]) -> dict[str, Any]:
         """A guest starts (or is reset): one guest runs, and it has booted once more."""
         booted = self.clock.now() + timedelta(seconds=self.config.boot_seconds)
-        return {**data, "power": "on", "booted_at": booted.isoformat(), "guests": 1, "boots": data.get("boots", 0) + 1}
+        return {
+            **data,
+            "power": "on",
+            "booted_at": booted.isoformat(),
+            "guests": 1,
+            "boots": data.get("boots", 0) + 1,
+            "in_bytes": 0,  # a new guest process: its interface counters start again, as QEMU's do
+            "out_bytes": 0,
+        }
 
     @staticmethod
     def _new_disk(data: dict[str, Any]) -> dict[str, Any]:
@@ -306,6 +315,32 @@ class SimulatedBackend(HypervisorBackend):
                 return GuestReport(host_keys=(HostKey.parse(key),) if key else ())
             await asyncio.sleep(min(left, wait_seconds))
         return None
+
+    async def interface_counters(self, handle: ServerHandle) -> InterfaceCounters | None:
+        """The simulated interface counters: what :meth:`simulate_traffic` added since power-on."""
+        record = await self._state().get(handle.domain)
+        if record is None or record.data["power"] != "on":
+            return None
+        return InterfaceCounters(int(record.data.get("in_bytes", 0)), int(record.data.get("out_bytes", 0)))
+
+    async def limit_bandwidth(self, handle: ServerHandle, kib_per_second: int | None) -> None:
+        """Note the cap on the record (``bandwidth_kib``); traffic added later is not slowed by it."""
+        await self._power(handle, lambda data: {**data, "bandwidth_kib": kib_per_second}, must_exist=True)
+
+    async def simulate_traffic(self, handle: ServerHandle, in_bytes: int, out_bytes: int) -> None:
+        """Count ``in_bytes`` received and ``out_bytes`` sent by a running simulated guest (nothing
+        moves: the sandbox and tests use it to give a server usage)."""
+
+        def add(data: dict[str, Any]) -> dict[str, Any]:
+            if data["power"] != "on":
+                raise PluginError(f"domain {handle.domain} is not running on {HOST}")
+            return {
+                **data,
+                "in_bytes": data.get("in_bytes", 0) + in_bytes,
+                "out_bytes": data.get("out_bytes", 0) + out_bytes,
+            }
+
+        await self._power(handle, add, must_exist=True)
 
     async def inspect(self, handle: ServerHandle) -> HostInspection:
         """What the simulated host holds for the server: its domain, disk and seed volumes."""

@@ -190,6 +190,7 @@ class Dashboard:
             relative=self.relative,
             signed=format_signed,
             micros=lambda value: format_usd(micros_to_usd(int(value))),
+            data_size=format_data_size,
         )
         self.static = {
             name: (files("vpsshop.dashboard") / "static" / name).read_bytes()
@@ -405,6 +406,14 @@ def secure_headers(response: Response, secure: bool) -> None:
         response.headers.setdefault(name, value)
     if secure:
         response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
+
+
+def format_data_size(value: int) -> str:
+    """Bytes in decimal units, as the catalog sells traffic: ``1.23 GB``, ``2 TB``, ``512 kB``."""
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value} B"
 
 
 def format_usd(value: Decimal | int | float | None) -> str:

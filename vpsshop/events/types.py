@@ -100,7 +100,23 @@ _TYPES = [
         "(cloud-init's): the server runs (status active) but data.ready_at is null and data.status_reason names "
         "the errors. Sent instead of server.active or server.reinstalled.",
     ),
-    EventType("server.suspended", "server", "The paid period ended unrenewed: the VM is stopped, its disk kept."),
+    EventType(
+        "server.suspended",
+        "server",
+        "The paid period ended unrenewed, or the server passed its traffic allowance under the suspend policy "
+        "(data.status_reason says which): the VM is stopped, its disk kept.",
+    ),
+    EventType(
+        "server.traffic_exceeded",
+        "server",
+        "The server's traffic this period (data.traffic) passed its plan's allowance; data.traffic.policy_applied "
+        "says what the shop did: throttle (its rate capped until the next renewal), suspend or none.",
+    ),
+    EventType(
+        "server.traffic_restored",
+        "server",
+        "A renewal started a new traffic period and the throttle of the last one was lifted on the hypervisor.",
+    ),
     EventType("server.unsuspended", "server", "A suspended server was renewed: status active again, the VM starts."),
     EventType("server.renewed", "server", "One more billing cycle was charged; data.expires_at is the new end."),
     EventType(

@@ -12,9 +12,10 @@ paid-period lifecycle.
 * :mod:`vpsshop.servers.sshkeys` - the SSH key store;
 * :mod:`vpsshop.servers.jobs` - hypervisor work as database-backed jobs (``servers-jobs`` task);
 * :mod:`vpsshop.servers.lifecycle` - renewal, suspension, termination (``servers-lifecycle`` task);
+* :mod:`vpsshop.servers.traffic` - traffic per period against the plan's allowance (``servers-traffic`` task);
 * :mod:`vpsshop.servers.models` - the tables.
 
-Core runs the two background tasks in ``vpsshop serve`` and ``vpsshop worker`` (see
+Core runs the three background tasks in ``vpsshop serve`` and ``vpsshop worker`` (see
 :func:`background_tasks`); ``docs/servers.md`` describes the behaviour for resellers.
 """
 
@@ -31,10 +32,14 @@ def background_tasks(ctx: AppContext) -> list[BackgroundTask]:
     """Provisioning jobs and lifecycle passes, offered through ``vpsshop.servers.hooks``."""
     from vpsshop.servers.jobs import run_jobs
     from vpsshop.servers.lifecycle import JOBS_QUEUED, policy, run_lifecycle
+    from vpsshop.servers.traffic import PERIOD_STARTED, run_traffic
     from vpsshop.tasks import BackgroundTask
 
     pol = policy(ctx)
     return [
         BackgroundTask("servers-jobs", pol.jobs_interval_seconds, lambda: run_jobs(ctx), JOBS_QUEUED),
         BackgroundTask("servers-lifecycle", pol.lifecycle_interval_seconds, lambda: run_lifecycle(ctx)),
+        BackgroundTask(
+            "servers-traffic", ctx.settings.traffic.sample_seconds, lambda: run_traffic(ctx), PERIOD_STARTED
+        ),
     ]

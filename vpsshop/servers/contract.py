@@ -110,6 +110,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_MIGRATE,
     CAPABILITY_REINSTALL,
     CAPABILITY_RESIZE,
+    CAPABILITY_TRAFFIC,
     AddressPool,
     ConsoleStream,
     DomainState,
@@ -117,6 +118,7 @@ from vpsshop.hypervisor import (
     HostInspection,
     HostKey,
     HypervisorBackend,
+    InterfaceCounters,
     Ipv6Pool,
     ServerHandle,
     ServerSpec,
@@ -131,6 +133,7 @@ KNOWN_CAPABILITIES = frozenset(
         CAPABILITY_IPV6,
         CAPABILITY_RESIZE,
         CAPABILITY_MIGRATE,
+        CAPABILITY_TRAFFIC,
     }
 )
 NO_REPORT_WAIT = 2.0
@@ -397,6 +400,8 @@ async def check_optional_verbs(
             pass
         else:
             raise AssertionError("open_console of a missing domain must raise PluginError")
+    if CAPABILITY_TRAFFIC in backend.capabilities:
+        await check_traffic(backend, handle)
     if CAPABILITY_RESIZE in backend.capabilities:
         await check_resize(backend, handle, spec, boot_timeout, host)
     reporting = CAPABILITY_GUEST_REPORT in backend.capabilities
@@ -494,6 +499,24 @@ async def check_avoid_hosts(backend: HypervisorBackend, spec: ServerSpec, boot_t
         assert handle.host == hosts[-1], f"avoid_hosts={hosts[:-1]} yet the server was placed on {handle.host}"
     finally:
         await backend.destroy(dataclasses.replace(handle, location=spec.location))
+
+
+async def check_traffic(backend: HypervisorBackend, handle: ServerHandle) -> None:
+    """``interface_counters`` and ``limit_bandwidth`` on a running domain: counters are whole,
+    non-negative and never fall while the domain runs; a cap and its lifting are idempotent; a
+    missing domain has no counters."""
+    first = await backend.interface_counters(handle)
+    assert isinstance(first, InterfaceCounters), "interface_counters of a running domain must be InterfaceCounters"
+    for kib in (512, 512, None, None):
+        await backend.limit_bandwidth(handle, kib)
+    later = await backend.interface_counters(handle)
+    assert isinstance(later, InterfaceCounters)
+    for name in ("in_bytes", "out_bytes"):
+        before, after = getattr(first, name), getattr(later, name)
+        assert isinstance(after, int) and after >= 0, f"{name} must be a non-negative int, not {after!r}"
+        assert after >= before, f"{name} fell from {before} to {after} while the domain ran (limit_bandwidth reset it?)"
+    missing = ServerHandle(handle.host, f"{handle.domain}-never", location=handle.location)
+    assert await backend.interface_counters(missing) is None, "a missing domain has no interface counters (None)"
 
 
 async def check_guest_report(

@@ -212,6 +212,9 @@ def renew(session: Session, server: Server, now: datetime, *, by: str, periods: 
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
         raise RenewalRaced()
     record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
+    from vpsshop.servers.traffic import start_period  # traffic imports this module
+
+    start_period(session, server.id, now)  # each renewal buys a new traffic allowance
     events.emit(session, "server.renewed", server.account_id, server_event(session, server.id), now=now)
     if resumed:
         record(session, server.id, "resumed", now, by)

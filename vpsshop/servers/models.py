@@ -151,3 +151,35 @@ class ConsoleTicket(SQLModel, table=True):
     created_at: datetime = _ts()
     expires_at: datetime = _ts()
     used_at: datetime | None = _ts(nullable=True)
+
+
+class ServerTraffic(SQLModel, table=True):
+    """A server's network traffic in one traffic period (``vpsshop.servers.traffic``).
+
+    A period starts when the server is ordered and again at each renewal. ``last_in`` and
+    ``last_out`` are the hypervisor's interface counters at the last sample (``sampled_at``): the
+    next sample counts what they grew by, or, when they are lower (the counters started again after
+    a reboot or a migration), all of the new value. ``policy_applied`` is what the shop did when
+    the period's traffic passed the allowance (``throttle``, ``suspend``, ``none``), ``lifted_at``
+    when a throttle was taken off again (after the renewal that started the next period).
+
+    .. versionadded:: 1.2
+    """
+
+    __tablename__ = "server_traffic"
+    __table_args__ = (sa.UniqueConstraint("server_id", "period_start", name="uq_server_traffic_period"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
+    period_start: datetime = _ts()
+    in_bytes: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+    out_bytes: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+    last_in: int | None = Field(default=None, sa_type=sa.BigInteger)
+    last_out: int | None = Field(default=None, sa_type=sa.BigInteger)
+    sampled_at: datetime | None = _ts(nullable=True)
+    allowance_bytes: int | None = Field(default=None, sa_type=sa.BigInteger)
+    """The period's allowance (in and out together) as the last sample read it from the settings and
+    the catalog; None: unlimited."""
+    policy_applied: str | None = Field(default=None, max_length=16)
+    applied_at: datetime | None = _ts(nullable=True)
+    lifted_at: datetime | None = _ts(nullable=True)

@@ -10,6 +10,7 @@ from typing import Literal, cast
 
 from anyio import to_thread
 from pydantic import BaseModel, Field
+from sqlalchemy.orm import object_session
 from sqlmodel import Session, col, select
 
 from vpsshop.actors import Customer
@@ -18,11 +19,14 @@ from vpsshop.errors import NotFound
 from vpsshop.hypervisor import HostKey
 from vpsshop.models import Server
 from vpsshop.money import UsdAmount, micros_to_usd
+from vpsshop.servers.models import ServerTraffic
 
 __all__ = [
     "HostKeyOut",
     "ServerList",
     "ServerOut",
+    "TrafficOut",
+    "current_traffic",
     "get_server",
     "host_keys",
     "list_servers",
@@ -44,6 +48,25 @@ class HostKeyOut(BaseModel):
     key: str = Field(description="The public key, base64, as in known_hosts.")
     fingerprint: str = Field(
         description="SHA256:<base64>, as an SSH client shows it on first connection and ssh-keygen -l prints it."
+    )
+
+
+class TrafficOut(BaseModel):
+    """The server's network traffic in its current traffic period (docs/servers.md, "Traffic")."""
+
+    period_start: datetime = Field(
+        description="When the period began: the order, then each renewal (a renewal starts a new allowance)."
+    )
+    in_bytes: int = Field(description="Bytes the server received this period, as its hypervisor counted them.")
+    out_bytes: int = Field(description="Bytes the server sent this period.")
+    allowance_bytes: int | None = Field(
+        description="What the plan includes per period, in and out together (the catalog's bandwidth_tb, 10^12 "
+        "bytes a TB); null: unlimited."
+    )
+    sampled_at: datetime | None = Field(description="When the counters were last read (every minute or so).")
+    policy_applied: Literal["throttle", "suspend", "none"] | None = Field(
+        description="Null while within the allowance. Once past it: throttle (the server's rate is capped until "
+        "the next renewal), suspend (it was suspended; a renewal resumes it) or none (the shop only noted it)."
     )
 
 
@@ -101,6 +124,11 @@ class ServerOut(BaseModel):
         "holds a guest's private key): compare the fingerprint your SSH client shows, or put "
         "'<ip> <type> <key>' in known_hosts. Empty until the server is ready; replaced by a reinstall.",
     )
+    traffic: TrafficOut | None = Field(
+        None,
+        description="Network traffic in the current traffic period against the plan's allowance; null until the "
+        "server's counters were first read (and where the hypervisor counts no traffic).",
+    )
 
 
 def host_keys(server: Server) -> list[HostKey]:
@@ -108,8 +136,35 @@ def host_keys(server: Server) -> list[HostKey]:
     return [HostKey.parse(line) for line in json.loads(server.host_keys)] if server.host_keys else []
 
 
+def current_traffic(session: Session, server_id: int) -> ServerTraffic | None:
+    """The server's current traffic period (its latest), None before the first one."""
+    query = (
+        select(ServerTraffic)
+        .where(ServerTraffic.server_id == server_id)
+        .order_by(col(ServerTraffic.period_start).desc(), col(ServerTraffic.id).desc())
+        .limit(1)
+    )
+    return session.exec(query).first()
+
+
+def traffic_out(row: ServerTraffic | None) -> TrafficOut | None:
+    if row is None:
+        return None
+    return TrafficOut(
+        period_start=row.period_start,
+        in_bytes=row.in_bytes,
+        out_bytes=row.out_bytes,
+        allowance_bytes=row.allowance_bytes,
+        sampled_at=row.sampled_at,
+        policy_applied=cast(Literal["throttle", "suspend", "none"] | None, row.policy_applied),
+    )
+
+
 def server_out(server: Server) -> ServerOut:
+    """The resource of ``server``; its traffic is read in the session ``server`` belongs to (none: null)."""
     assert server.id is not None
+    session = object_session(server)
+    traffic = traffic_out(current_traffic(cast(Session, session), server.id)) if session is not None else None
     # The str columns cycle, status and power hold only the values vpsshop.servers writes (ServerOut checks them).
     return ServerOut(
         id=server.id,
@@ -132,6 +187,7 @@ def server_out(server: Server) -> ServerOut:
         ipv6_prefix=server.ipv6_prefix,
         ready_at=server.ready_at,
         host_keys=[HostKeyOut(type=k.type, key=k.key, fingerprint=k.fingerprint) for k in host_keys(server)],
+        traffic=traffic,
     )
 
 
