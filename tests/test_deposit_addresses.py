@@ -97,6 +97,7 @@ def test_standing_address_holds_credits_once_and_survives_a_restart(
         assert [a["address"] for a in listed] == [expected]
 
         with worker(tmp_path, env) as w:
+
             def cursor() -> str | None:
                 with db.connect() as conn:
                     return conn.execute(sa.text("SELECT cursor FROM chain_scan_cursors")).scalar_one_or_none()
