@@ -41,7 +41,7 @@ class DepositAddressInput(Input):
         min_length=1,
         max_length=16,
         description="Coin code (BTC, LTC, ETH, USDT, TRX, USDTTRC, SOL ...): a deposit coin of this shop.",
-        json_schema_extra={"x-catalog": "coins"},
+        json_schema_extra={"x-catalog": "standing_coins"},
     )
 
     @classmethod
