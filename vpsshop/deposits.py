@@ -31,6 +31,7 @@ __all__ = [
     "DepositAddressOut",
     "list_deposit_addresses",
     "request_deposit_address",
+    "standing_coins",
 ]
 
 
@@ -68,6 +69,11 @@ class DepositAddressOut(BaseModel):
 
 class DepositAddressList(BaseModel):
     deposit_addresses: list[DepositAddressOut] = Field(description="The account's standing addresses, oldest first.")
+
+
+def standing_coins(ctx: AppContext) -> list[str]:
+    """The shop's coins that have standing deposit addresses."""
+    return [code for code, coin in ctx.coins.items() if isinstance(coin, DepositCoin) and coin.standing_addresses]
 
 
 def _out(ctx: AppContext, row: DepositAddressRow, *, qr: bool) -> DepositAddressOut:

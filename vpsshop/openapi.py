@@ -130,7 +130,7 @@ def catalog_ids(ctx: AppContext) -> dict[str, list[str]]:
         "coins": list(ctx.coins),
         "standing_coins": [
             code for code, coin in ctx.coins.items() if isinstance(coin, DepositCoin) and coin.standing_addresses
-        ],
+        ],  # vpsshop.deposits.standing_coins (not imported here: it imports the payment engine)
     }
 
 
