@@ -100,6 +100,7 @@ class DepositAddressRow(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("account_id", "coin", name="uq_deposit_addresses_account_coin"),
         sa.UniqueConstraint("coin", "watch_key", name="uq_deposit_addresses_coin_watch_key"),
+        sa.Index("ix_deposit_addresses_coin_registered", "coin", "registered"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

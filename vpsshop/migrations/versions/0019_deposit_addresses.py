@@ -37,6 +37,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('deposit_addresses', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_deposit_addresses_account_id'), ['account_id'], unique=False)
+        batch_op.create_index('ix_deposit_addresses_coin_registered', ['coin', 'registered'], unique=False)
     with op.batch_alter_table('topups', schema=None) as batch_op:
         batch_op.add_column(sa.Column('deposit_address_id', sa.Integer(), nullable=True))
         batch_op.create_index(batch_op.f('ix_topups_deposit_address_id'), ['deposit_address_id'], unique=False)
@@ -66,5 +67,6 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_topups_deposit_address_id'))
         batch_op.drop_column('deposit_address_id')
     with op.batch_alter_table('deposit_addresses', schema=None) as batch_op:
+        batch_op.drop_index('ix_deposit_addresses_coin_registered')
         batch_op.drop_index(batch_op.f('ix_deposit_addresses_account_id'))
     op.drop_table('deposit_addresses')
