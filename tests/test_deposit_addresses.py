@@ -166,3 +166,61 @@ def test_standing_address_holds_credits_once_and_survives_a_restart(
         assert kinds.count("topup.payment_confirmed") == 3
         assert "topup.late_payment" not in kinds and "topup.underpaid" not in kinds
         assert _balance(shop.base, {"Authorization": f"Bearer {other['api_key']}"}) == 0
+
+
+# ---- ETH and USDT on a real anvil ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def evm_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from evm_peers import start_evm_chain
+
+    chain = start_evm_chain(tmp_path_factory.mktemp("evm-deposit"))
+    try:
+        yield chain
+    finally:
+        chain.anvil.stop()
+
+
+def test_eth_standing_address_credits_eth_and_a_token_sent_to_it(
+    tmp_path: Path, vpsshop_database_url: str, evm_chain: Any
+) -> None:
+    from evm_peers import CHAIN_ID, random_xpub
+
+    from vpsshop_evm import public_key_to_address
+
+    xpub = random_xpub()
+    common = (
+        f'xpub = "{xpub}"\nnetwork = "anvil"\nchain_id = {CHAIN_ID}\nrpc_url = "{evm_chain.url}"\nconfirmations = 2\n'
+    )
+    config = tmp_path / "shop.toml"
+    config.write_text(
+        f"[coins.ETH]\n{common}[coins.USDT]\n{common}"
+        f'contract = "{evm_chain.token.address}"\ndecimals = 6\n[topups]\nwatch_interval_seconds = 0.5\n'
+    )
+    env = shop_env(vpsshop_database_url, VPSSHOP__SERVER__ACCESS_LOG="false")
+    with serve(tmp_path, env, "--config", str(config)) as shop:  # the shop's own worker watches the chain
+        account = httpx.post(f"{shop.base}/account").json()
+        h = {"Authorization": f"Bearer {account['api_key']}"}
+        made = httpx.post(f"{shop.base}/deposit-addresses", headers=h, json={"coin": "ETH"})
+        assert made.status_code == 200, made.text
+        address = made.json()["address"]
+        key = ExtendedPublicKey.parse(xpub).derive(0, STANDING_INDEX_BASE + 1)
+        assert address == public_key_to_address(key.uncompressed())  # <account>/0/2**30+1
+        usdt = httpx.post(f"{shop.base}/deposit-addresses", headers=h, json={"coin": "USDT"}).json()["address"]
+        assert usdt not in (address,)
+        time.sleep(2)  # the watcher is at the tip
+        evm_chain.pay_eth(address, 10**16)  # 0.01 ETH at 3000 USD: 30 USD
+        evm_chain.anvil.mine(2)
+        _until("the ETH receipt credited", lambda: _balance(shop.base, h) == 30, shop.output)
+        evm_chain.pay_token(address, 7_000_000)  # 7 USDT sent to the ETH address
+        evm_chain.anvil.mine(2)
+        _until("the token receipt credited", lambda: _balance(shop.base, h) == 37, shop.output)
+        time.sleep(2)  # more passes credit nothing more
+        assert _balance(shop.base, h) == 37
+        events = _topup_events(shop.base, h)
+        completed = [e["data"] for e in events if e["type"] == "topup.completed"]
+        assert sorted((d["coin"], d["credited_usd"], d["deposit_address"]) for d in completed) == [
+            ("ETH", 30, address),
+            ("USDT", 7, address),
+        ]

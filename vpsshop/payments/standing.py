@@ -172,7 +172,11 @@ def credit_standing(
         held = list(
             session.exec(
                 select(TopupPayment)
-                .where(TopupPayment.deposit_address_id == address.id, TopupPayment.status == "held")
+                .where(
+                    TopupPayment.deposit_address_id == address.id,
+                    TopupPayment.status == "held",
+                    TopupPayment.coin == payment.coin,
+                )
                 .order_by(col(TopupPayment.id))
             ).all()
         )
@@ -194,7 +198,7 @@ def credit_standing(
         topup = Topup(
             ref=new_ref(),
             account_id=address.account_id,
-            coin=address.coin,
+            coin=payment.coin,  # the coin that arrived (USDT sent to the ETH address: a USDT top-up)
             status="completed",
             amount_micros=sum(values),
             rate=str(rate),
