@@ -329,11 +329,12 @@ class PaymentEngine:
         for code, payment in found:
             topup_id = topups.get((code, payment.watch_key))
             address = standing.get((code, payment.watch_key)) if standing is not None else None
-            if address is None and standing is not None and topup_id is None:
-                # another coin of the chain sent to a standing address (USDT to the ETH one): credited too
-                address = next((v for (_, key), v in standing.items() if key == payment.watch_key), None)
             if topup_id is None and address is None and any_coin is not None:
                 topup_id = any_coin.get(payment.watch_key)
+            if address is None and standing is not None and topup_id is None:
+                # another coin of the chain sent to a standing address (USDT to the ETH one): credited too.
+                # Only such a payment gets here (its key is watched and matched nothing else).
+                address = next((v for (_, key), v in standing.items() if key == payment.watch_key), None)
             if topup_id is None and address is not None:
                 self._record_standing(code, payment, address, now, ids)
                 continue
