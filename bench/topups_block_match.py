@@ -338,7 +338,8 @@ async def main() -> None:
         matched = statistics.median(shops[2].match_times)
         baseline_matched = statistics.median(shops[0].match_times)
         print(
-            f"ratio with {args.standing} standing addresses / baseline (same moment): matched and credited median "
+            f"ratio with {args.standing} standing addresses / baseline "
+            f"({'one after the other' if args.database_url else 'same moment'}): matched and credited median "
             f"{with_standing / small:.3f}, min {min(shops[2].times) / small_min:.3f}; matched median "
             f"{matched / baseline_matched:.3f}; goal block matched < 100 ms: "
             f"{'met' if matched < 0.1 else 'NOT met'} ({matched * 1000:.1f} ms)"
