@@ -432,3 +432,20 @@ def test_ordering_renewal_and_power_go_through_the_api_services(vpsshop_client, 
     assert server["auto_renew"] is False
     overview = vpsshop_client.get(f"{D}/").text
     assert "web1" in overview and "Server order" in overview and "-$3.99" in overview
+
+
+def test_deposit_addresses_page_gives_the_api_address_with_its_qr_code(vpsshop_client, signed_in):
+    empty = vpsshop_client.get(f"{D}/deposit-addresses").text
+    assert 'value="LTC"' in empty and "Get my address" in empty
+    bad = post_form(vpsshop_client, f"{D}/deposit-addresses", {"coin": "USDCBASE"})
+    assert bad.status_code == 400 and 'role="alert"' in bad.text
+    made = post_form(vpsshop_client, f"{D}/deposit-addresses", {"coin": "LTC"})
+    assert made.status_code == 303 and made.headers["location"].endswith("/deposit-addresses")
+    api = vpsshop_client.post("/v1/deposit-addresses", headers=signed_in.headers, json={"coin": "LTC"}).json()
+    page = vpsshop_client.get(f"{D}/deposit-addresses").text
+    assert api["address"] in page and api["qr_data_uri"] in page
+    assert 'value="LTC"' not in page  # one address per coin: LTC is no longer offered
+    again = post_form(vpsshop_client, f"{D}/deposit-addresses", {"coin": "LTC"}, page=f"{D}/topups")
+    assert again.status_code == 303
+    listed = vpsshop_client.get("/v1/deposit-addresses", headers=signed_in.headers).json()["deposit_addresses"]
+    assert [a["address"] for a in listed if a["coin"] == "LTC"] == [api["address"]]

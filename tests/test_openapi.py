@@ -143,6 +143,7 @@ def test_request_bodies_keep_the_names_clients_were_generated_with(vpsshop_clien
         ("/login", "post"): "LoginBody",
         ("/account/wallet-login", "post"): "WalletLoginBody",
         ("/topups", "post"): "TopupBody",
+        ("/deposit-addresses", "post"): "DepositAddressBody",
         ("/servers", "post"): "OrderBody",
         ("/servers/quote", "post"): "QuoteBody",
         ("/servers/{id}", "patch"): "ServerPatch",

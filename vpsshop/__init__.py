@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vpsshop.catalog import CatalogData, CatalogSource, ImageSource, Location, OperatingSystem, Plan
 from vpsshop.clock import Clock, FrozenClock
 from vpsshop.coins import (
+    STANDING_INDEX_BASE,
     DepositAddress,
     DepositCoin,
     DetectedPayment,
@@ -83,6 +84,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "STANDING_INDEX_BASE",
     "AddressPool",
     "ApiError",
     "ApiModel",

@@ -166,6 +166,11 @@ class X402Coin(PaymentCoin[Any]):  # not generic: a coin declares its own `confi
 # ---- deposit coins: an address per top-up, watched on chain ----------------------------------
 
 
+STANDING_INDEX_BASE = 2**30
+"""Standing deposit address ``n`` derives at index ``STANDING_INDEX_BASE + n`` (1073741825, ...);
+top-up addresses count up from 1 and never get there."""
+
+
 @dataclass(frozen=True)
 class DepositAddress:
     """Where one top-up is paid, derived watch-only by :meth:`DepositCoin.derive_address`.
@@ -317,6 +322,23 @@ class DepositCoin(PaymentCoin[ConfigT]):
         address for the same index every time. Must be overridden.
         """
         raise NotImplementedError
+
+    standing_addresses: ClassVar[bool] = True
+    """Whether an account may ask for a standing deposit address in this coin
+    (:meth:`derive_standing_address`). Set False in a coin that cannot derive them."""
+
+    def derive_standing_address(self, number: int) -> DepositAddress:
+        """Standing deposit address number ``number`` (1, 2, 3 ...): one per account, never expiring.
+
+        Derived from the same watch-only key as top-up addresses but from a range of its own, so
+        the two never meet: the default is :meth:`derive_address` at index
+        :data:`STANDING_INDEX_BASE` + ``number`` (on an xpub coin ``<account>/<branch>/1073741824+n``,
+        documented in docs/payments.md so a reseller's wallet can be told to look there). A coin
+        whose indices cannot reach that high overrides it (or sets :attr:`standing_addresses` False).
+        """
+        if number < 1:
+            raise ValueError("standing addresses are numbered from 1")
+        return self.derive_address(STANDING_INDEX_BASE + number)
 
     async def register_address(self, address: DepositAddress) -> None:
         """Tell the node about a new watched address, if it needs to know. Called once per

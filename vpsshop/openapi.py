@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from vpsshop import limits
+from vpsshop.coins import DepositCoin
 from vpsshop.context import AppContext
 from vpsshop.money import UsdAmount
 from vpsshop.routing import WRITE_METHODS, ApiRoute
@@ -110,7 +111,7 @@ def _declare_x402_headers(responses: dict[str, Any], success: str) -> None:
 CATALOG_MARK = "x-catalog"
 """Put ``json_schema_extra={"x-catalog": "plans"}`` on a request field that takes a catalog id: the
 document then lists the ids this shop offers as the field's ``enum`` (plans, locations,
-operating_systems, coins)."""
+operating_systems, coins, standing_coins: the coins with standing deposit addresses)."""
 
 
 def catalog_ids(ctx: AppContext) -> dict[str, list[str]]:
@@ -127,6 +128,9 @@ def catalog_ids(ctx: AppContext) -> dict[str, list[str]]:
         "locations": served or locations,
         "operating_systems": [s for s in systems if s in offered] or systems,
         "coins": list(ctx.coins),
+        "standing_coins": [
+            code for code, coin in ctx.coins.items() if isinstance(coin, DepositCoin) and coin.standing_addresses
+        ],  # vpsshop.deposits.standing_coins (not imported here: it imports the payment engine)
     }
 
 

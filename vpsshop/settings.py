@@ -220,6 +220,14 @@ class TopupSettings(_Section):
     )
     poll_min_seconds: float = Field(10, ge=0, le=3600, description="A GET checks the chain at most this often.")
     poll_timeout_seconds: float = Field(5, ge=0.1, le=60, description="How long a GET waits for that check.")
+    standing_minimum_usd: Decimal = Field(
+        Decimal("5"),
+        ge=0,
+        le=1000,
+        decimal_places=2,
+        description="A confirmed receipt at a standing deposit address worth less than this (with what is held "
+        "there) is held, not lost, until the receipts held add up to it.",
+    )
 
 
 class ServersSettings(_Section):

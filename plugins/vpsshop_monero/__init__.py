@@ -113,6 +113,9 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
     node_name = "monero-wallet-rpc"
     node_what = "monero-wallet-rpc"
     node_setting = "wallet_rpc_url"
+    standing_addresses = False
+    """Not yet: a standing XMR address would be a subaddress of an account of its own (account_index + 1),
+    which the scan does not read (docs/payments.md, "Standing deposit addresses")."""
 
     def __init__(self, config: MoneroConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)

@@ -8,9 +8,16 @@ rules, limits and events, so the dashboard and the MCP tools behave the same.
 
 from __future__ import annotations
 
-from vpsshop.api import accounts, events, public, servers, topups
+from vpsshop.api import accounts, deposits, events, public, servers, topups
 from vpsshop.routing import ApiRoute
 
 
 def core_routes() -> list[ApiRoute]:
-    return [*accounts.routes(), *public.routes(), *topups.routes(), *servers.routes(), *events.routes()]
+    return [
+        *accounts.routes(),
+        *public.routes(),
+        *topups.routes(),
+        *deposits.routes(),
+        *servers.routes(),
+        *events.routes(),
+    ]

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 import vpsshop.dashboard.event_pages as event_pages
 import vpsshop.dashboard.server_pages as server_pages
-from vpsshop import accounts, sessions, topups, twofactor, wallets
+from vpsshop import accounts, deposits, sessions, topups, twofactor, wallets
 from vpsshop.accounts import NewKeyInput
 from vpsshop.dashboard.web import Dashboard, Page, format_usd
 from vpsshop.dashboard.words import LEDGER_REASONS, friendly
@@ -228,6 +228,37 @@ async def cancel_topup(page: Page) -> Response:
     return page.redirect(f"topups/{ref}", "topup-cancelled")
 
 
+# ---- standing deposit addresses ------------------------------------------------------------------------
+
+
+async def deposit_page(
+    page: Page, *, error: str | None = None, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    listed = await deposits.list_deposit_addresses(page.ctx, page.customer, qr=True)
+    have = {a.coin for a in listed.deposit_addresses}
+    options = [o for o in page.ctx.catalog.payment_options if o.coin in deposits.standing_coins(page.ctx)]
+    return page.render(
+        "deposit_addresses.html",
+        status,
+        headers,
+        title="Deposit addresses",
+        addresses=listed.deposit_addresses,
+        options=[o for o in options if o.coin not in have],
+        error=error,
+    )
+
+
+async def request_deposit_address(page: Page) -> Response:
+    try:
+        body = parse(deposits.DepositAddressInput, {"coin": page.form.get("coin", "")})
+        await deposits.request_deposit_address(page.ctx, page.customer, body)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await deposit_page(page, error=friendly(exc), status=exc.status, headers=exc.headers)
+    return page.redirect("deposit-addresses")
+
+
 def _ref(page: Page) -> str:
     return str(page.request.path_params["ref"])
 
@@ -416,6 +447,8 @@ def routes(dash: Dashboard) -> list[BaseRoute]:
         Route("/topups", e(topup_page), methods=["GET"]),
         Route("/topups", e(start_topup), methods=["POST"]),
         Route("/topups/{ref}", e(show_topup), methods=["GET"]),
+        Route("/deposit-addresses", e(deposit_page), methods=["GET"]),
+        Route("/deposit-addresses", e(request_deposit_address), methods=["POST"]),
         Route("/topups/{ref}/status", e(topup_status), methods=["GET"]),
         Route("/topups/{ref}/cancel", e(cancel_topup), methods=["POST"]),
         Route("/servers", e(servers.servers_page), methods=["GET"]),

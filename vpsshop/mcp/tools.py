@@ -21,10 +21,11 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
-from vpsshop import accounts, signin, topups, wallets
+from vpsshop import accounts, deposits, signin, topups, wallets
 from vpsshop.accounts import NewKeyInput
 from vpsshop.actors import Customer
 from vpsshop.context import AppContext
+from vpsshop.deposits import DepositAddressInput
 from vpsshop.errors import ApiError
 from vpsshop.events import feed, webhooks
 from vpsshop.events.feed import EVENT_ID_PATTERN, EventQuery
@@ -469,6 +470,26 @@ TOOLS: tuple[Tool, ...] = (
         lambda ctx, customer, args: topups.cancel_topup(ctx, customer, args.ref),
         ("cancelTopup",),
         idempotent=True,
+    ),
+    Tool(
+        "deposit_address",
+        "The account's standing deposit address",
+        "The account's standing deposit address in coin (made the first time; always the same one after). Send any "
+        "amount there, any number of times: each receipt is credited once confirmed, at the rate of that moment, "
+        "as a completed top-up of its own; one worth less than minimum_usd is held until the receipts add up.",
+        DepositAddressInput,
+        lambda ctx, customer, args: deposits.request_deposit_address(ctx, customer, args),
+        ("requestDepositAddress",),
+        idempotent=True,
+    ),
+    Tool(
+        "list_deposit_addresses",
+        "The account's standing deposit addresses",
+        "Every standing deposit address of the account, with what it holds below the minimum.",
+        NoArguments,
+        lambda ctx, customer, args: deposits.list_deposit_addresses(ctx, customer),
+        ("listDepositAddresses",),
+        read_only=True,
     ),
     Tool(
         "quote_order",

@@ -30,6 +30,7 @@ from vpsshop.context import AppContext, StateKey
 from vpsshop.errors import ApiError, BadRequest, ConfigError, NotFound, PluginError
 from vpsshop.models import saved_id
 from vpsshop.money import MICROS_PER_USD
+from vpsshop.payments import standing
 from vpsshop.payments.models import AddressCounter, Topup, TopupPayment, X402Record, new_ref
 from vpsshop.payments.rates import RateService
 from vpsshop.payments.resource import TopupView, emit_payment_credited, make_view, read_view, topup_event
@@ -138,9 +139,10 @@ class PaymentEngine:
                 select(Topup).where(Topup.account_id == account_id, Topup.idempotency_key == key)
             ).first()
 
-    def allocate_index(self, session: Session, coin: DepositCoin[Any]) -> int:
-        """The next unused address index of ``coin``'s key (1, 2, 3 ...), atomically."""
-        key_id = coin.key_id()
+    def allocate_index(self, session: Session, coin: DepositCoin[Any], *, key_id: str | None = None) -> int:
+        """The next unused address index of ``coin``'s key (1, 2, 3 ...), atomically; ``key_id``
+        names another counter (``standing:<key id>`` numbers standing addresses)."""
+        key_id = coin.key_id() if key_id is None else key_id
         for _ in range(3):
             row = session.execute(
                 sa.update(AddressCounter)
@@ -310,8 +312,12 @@ class PaymentEngine:
         found: list[tuple[str, Found]],
         topups: dict[tuple[str, str], int],
         any_coin: dict[str, int] | None = None,
+        standing: dict[tuple[str, str], tuple[int, int]] | None = None,
     ) -> list[int]:
         """Insert or refresh detected payments; returns the ids of those still to be credited.
+
+        ``standing`` maps (coin, watch key) to (standing address id, account id): a payment there is
+        recorded without a top-up (:mod:`vpsshop.payments.standing` makes one when it credits it).
 
         ``topups`` maps (coin, watch key) to a top-up id. A payment in one coin to the address of a
         top-up in another coin of the same scan group (USDT sent to an ETH top-up's address) is
@@ -322,8 +328,16 @@ class PaymentEngine:
         ids: list[int] = []
         for code, payment in found:
             topup_id = topups.get((code, payment.watch_key))
-            if topup_id is None and any_coin is not None:
+            address = standing.get((code, payment.watch_key)) if standing is not None else None
+            if topup_id is None and address is None and any_coin is not None:
                 topup_id = any_coin.get(payment.watch_key)
+            if address is None and standing is not None and topup_id is None:
+                # another coin of the chain sent to a standing address (USDT to the ETH one): credited too.
+                # Only such a payment gets here (its key is watched and matched nothing else).
+                address = next((v for (_, key), v in standing.items() if key == payment.watch_key), None)
+            if topup_id is None and address is not None:
+                self._record_standing(code, payment, address, now, ids)
+                continue
             if topup_id is None:
                 log.warning(
                     "payment %s in %s to watched key %s matches no top-up", payment.identity, code, payment.watch_key
@@ -366,7 +380,7 @@ class PaymentEngine:
                         now=now,
                     )
                 elif row.status != "credited":
-                    if row.status == "dropped":  # back on chain after a reorganisation
+                    if row.status == "dropped" and row.topup_id is not None:  # back on chain after a reorg
                         paid = session.get(Topup, row.topup_id)
                         assert paid is not None
                         events.emit(
@@ -384,6 +398,43 @@ class PaymentEngine:
                 if row.status == "seen":
                     ids.append(saved_id(row))
         return ids
+
+    def _record_standing(self, code: str, payment: Found, address: tuple[int, int], now: Any, ids: list[int]) -> None:
+        """Record (or refresh) a payment to a standing address: no top-up until it is credited."""
+        with self.ctx.db.session() as session:
+            row = session.exec(
+                select(TopupPayment).where(TopupPayment.coin == code, TopupPayment.identity == payment.identity)
+            ).first()
+            if row is None:
+                row = TopupPayment(
+                    coin=code,
+                    identity=payment.identity,
+                    deposit_address_id=address[0],
+                    account_id=address[1],
+                    txid=payment.txid,
+                    amount_atomic=str(payment.amount_atomic),
+                    status="seen",
+                    confirmations=payment.confirmations,
+                    block_height=payment.block_height,
+                    block_hash=payment.block_hash,
+                    first_seen_at=now,
+                )
+                savepoint = session.begin_nested()
+                try:
+                    session.add(row)
+                    session.flush()
+                    savepoint.commit()
+                except IntegrityError:  # another worker recorded it first
+                    savepoint.rollback()
+                    return
+            elif row.status in ("seen", "dropped"):
+                row.status = "seen"
+                row.confirmations = payment.confirmations
+                row.block_height = payment.block_height
+                row.block_hash = payment.block_hash
+                session.add(row)
+            if row.status == "seen":
+                ids.append(saved_id(row))
 
     def seen_payments(self, coins: list[str]) -> list[TopupPayment]:
         with self.ctx.db.session() as session:
@@ -414,7 +465,7 @@ class PaymentEngine:
                             TopupPayment.status == "seen",
                         )
                     ).first()
-                    if gone is not None:
+                    if gone is not None and gone.topup_id is not None:
                         paid = session.get(Topup, gone.topup_id)
                         assert paid is not None
                         events.emit(
@@ -444,6 +495,23 @@ class PaymentEngine:
         credited = 0
         for payment in ready:
             rate: Decimal | None = None
+            if payment.deposit_address_id is not None:  # a standing address: the rate of now
+                try:
+                    rate = (await self.rates.price(coin.rate_symbol)).usd
+                except ApiError as exc:
+                    log.warning("%s payment %s waits for a rate: %s", coin.code, payment.identity, exc.message)
+                    continue
+                if await to_thread.run_sync(
+                    standing.credit_standing,
+                    self.ctx,
+                    saved_id(payment),
+                    coin.decimals,
+                    rate,
+                    standing.minimum_micros(self.ctx),
+                    usd_value_micros,
+                ):
+                    credited += 1
+                continue
             if payment.late:
                 try:
                     rate = (await self.rates.price(coin.rate_symbol)).usd
@@ -458,7 +526,7 @@ class PaymentEngine:
         now = self.ctx.clock.now()
         with self.ctx.db.session() as session:
             payment = _lock(session, select(TopupPayment).where(TopupPayment.id == payment_id))
-            if payment is None or payment.status != "seen":
+            if payment is None or payment.status != "seen" or payment.topup_id is None:
                 return False
             topup = session.get(Topup, payment.topup_id)
             assert topup is not None

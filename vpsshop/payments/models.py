@@ -12,7 +12,7 @@ from sqlmodel import Field, SQLModel
 from vpsshop.models import _ts
 
 TOPUP_STATES = ("pending", "completed", "expired", "cancelled")
-PAYMENT_STATES = ("seen", "credited", "dropped")
+PAYMENT_STATES = ("seen", "held", "credited", "dropped")
 
 
 class Topup(SQLModel, table=True):
@@ -45,6 +45,8 @@ class Topup(SQLModel, table=True):
     idempotency_key: str | None = Field(default=None, max_length=200)
     registered: bool = Field(default=False, nullable=False)
     """The coin's node was told about the address (:meth:`DepositCoin.register_address`)."""
+    deposit_address_id: int | None = Field(default=None, foreign_key="deposit_addresses.id", index=True)
+    """The standing deposit address whose receipt this top-up credits (null: a top-up asked for)."""
     created_at: datetime = _ts()
     expires_at: datetime = _ts()
     completed_at: datetime | None = _ts(nullable=True)
@@ -54,7 +56,11 @@ class Topup(SQLModel, table=True):
 class TopupPayment(SQLModel, table=True):
     """A payment found on chain to a top-up's deposit address, keyed on the chain's identity.
 
-    ``status``: ``seen`` (waiting for confirmations), ``credited`` (posted to the ledger once,
+    A payment to a standing deposit address (``deposit_address_id``) has no top-up until it is
+    credited: then core makes a completed top-up for it (and the receipts held with it).
+
+    ``status``: ``seen`` (waiting for confirmations), ``held`` (a standing address's confirmed
+    receipt below the minimum, waiting for more to add up), ``credited`` (posted to the ledger once,
     under dedupe key ``topup:<coin>:<identity>``), ``dropped`` (left the chain before its
     confirmations; it comes back to ``seen`` if a later scan finds it again).
     """
@@ -65,7 +71,8 @@ class TopupPayment(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     coin: str = Field(max_length=16, nullable=False)
     identity: str = Field(max_length=200, nullable=False)
-    topup_id: int = Field(foreign_key="topups.id", index=True, nullable=False)
+    topup_id: int | None = Field(default=None, foreign_key="topups.id", index=True)
+    deposit_address_id: int | None = Field(default=None, foreign_key="deposit_addresses.id", index=True)
     account_id: int = Field(foreign_key="accounts.id", nullable=False)
     txid: str = Field(max_length=128, nullable=False)
     amount_atomic: str = Field(max_length=40, nullable=False)
@@ -80,6 +87,32 @@ class TopupPayment(SQLModel, table=True):
     ledger_entry_id: int | None = Field(default=None, foreign_key="ledger_entries.id")
     first_seen_at: datetime = _ts()
     credited_at: datetime | None = _ts(nullable=True)
+
+
+class DepositAddressRow(SQLModel, table=True):
+    """An account's standing deposit address in one coin: one per account and coin, never expiring.
+
+    Number ``number`` (1, 2, 3 ... per coin and key) derives with
+    :meth:`vpsshop.coins.DepositCoin.derive_standing_address`, apart from top-up addresses.
+    """
+
+    __tablename__ = "deposit_addresses"
+    __table_args__ = (
+        sa.UniqueConstraint("account_id", "coin", name="uq_deposit_addresses_account_coin"),
+        sa.UniqueConstraint("coin", "watch_key", name="uq_deposit_addresses_coin_watch_key"),
+        sa.Index("ix_deposit_addresses_coin_registered", "coin", "registered"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="accounts.id", index=True, nullable=False)
+    coin: str = Field(max_length=16, nullable=False)
+    address: str = Field(max_length=200, nullable=False)
+    network: str | None = Field(default=None, max_length=40)
+    key_id: str = Field(max_length=80, nullable=False)
+    number: int = Field(sa_type=sa.BigInteger, nullable=False)
+    watch_key: str = Field(max_length=200, nullable=False)
+    registered: bool = Field(default=False, nullable=False)
+    created_at: datetime = _ts()
 
 
 class X402Record(SQLModel, table=True):

@@ -126,7 +126,7 @@ def x402_view(topup: Topup, status: str | None) -> TopupView:
 
 def read_view(session: Session, topup: Topup) -> TopupView:
     """The view of ``topup`` from its payments (or its x402 record), read in ``session``."""
-    if topup.watch_key is None:  # an x402 top-up: its record says how far it got
+    if topup.watch_key is None and topup.deposit_address_id is None:  # an x402 top-up: its record says how far it got
         record = session.exec(select(X402Record).where(X402Record.topup_id == topup.id)).first()
         return x402_view(topup, record.status if record is not None else None)
     payments = session.exec(select(TopupPayment).where(TopupPayment.topup_id == topup.id)).all()

@@ -42,7 +42,8 @@ from vpsshop.chains import check_distinct_keys
 from vpsshop.coins import DepositCoin
 from vpsshop.coins import DetectedPayment as Found  # the coin's report
 from vpsshop.errors import PluginError
-from vpsshop.payments.models import ScanCursor, Topup, TopupPayment
+from vpsshop.payments import standing
+from vpsshop.payments.models import DepositAddressRow, ScanCursor, Topup, TopupPayment
 from vpsshop.push import IDLE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +62,11 @@ class PaymentEngine(Protocol):
     def deposit_coins(self) -> list[DepositCoin[Any]]: ...
 
     def record_payments(
-        self, found: list[tuple[str, Found]], topups: dict[tuple[str, str], int], any_coin: dict[str, int] | None = None
+        self,
+        found: list[tuple[str, Found]],
+        topups: dict[tuple[str, str], int],
+        any_coin: dict[str, int] | None = None,
+        standing: dict[tuple[str, str], tuple[int, int]] | None = None,
     ) -> list[int]: ...
 
     def seen_payments(self, coins: list[str]) -> list[TopupPayment]: ...
@@ -98,8 +103,12 @@ class KeySet:
         self.by_key: dict[tuple[str, str], int] = {}
         self.any_coin: dict[str, int] = {}
         """watch key -> top-up id, whatever the coin (see PaymentEngine.record_payments)."""
+        self.standing: dict[tuple[str, str], tuple[int, int]] = {}
+        """(coin, watch key) -> (standing deposit address id, account id)."""
         self.keys: set[str] = set()
         self.last_id = 0
+        self.last_standing_id = 0
+        self.standing_gaps: dict[int, float] = {}
         self.gaps: dict[int, float] = {}
         """id -> monotonic time it was first missed."""
 
@@ -136,6 +145,38 @@ class KeySet:
                 if missing not in seen_ids:
                     self.gaps.setdefault(missing, now)
             self.last_id = max(self.last_id, top)
+        return added + self._load_standing(engine, now)
+
+    def _load_standing(self, engine: PaymentEngine, now: float) -> int:
+        """The standing deposit addresses committed since the last call (same gap rule as top-ups)."""
+        self.standing_gaps = {i: t for i, t in self.standing_gaps.items() if now - t < GAP_GIVE_UP_SECONDS}
+        low = min([self.last_standing_id, *(i - 1 for i in self.standing_gaps)])
+        with engine.ctx.db.session() as session:
+            rows = session.execute(
+                sa.select(
+                    col(DepositAddressRow.id),
+                    col(DepositAddressRow.coin),
+                    col(DepositAddressRow.watch_key),
+                    col(DepositAddressRow.account_id),
+                )
+                .where(col(DepositAddressRow.id) > low, col(DepositAddressRow.coin).in_(self.coins))
+                .order_by(col(DepositAddressRow.id))
+            ).all()
+        added = 0
+        seen_ids = set()
+        for address_id, coin, key, account_id in rows:
+            seen_ids.add(address_id)
+            self.standing_gaps.pop(address_id, None)
+            if (coin, key) not in self.standing:
+                self.standing[(coin, key)] = (address_id, account_id)
+                self.keys.add(key)
+                added += 1
+        if rows:
+            top = rows[-1][0]
+            for missing in range(self.last_standing_id + 1, top):
+                if missing not in seen_ids:
+                    self.standing_gaps.setdefault(missing, now)
+            self.last_standing_id = max(self.last_standing_id, top)
         return added
 
 
@@ -339,7 +380,9 @@ class Watcher:
                 result = await scanner.scan(cursor, keyset, members)
                 if result.payments:
                     found += len(result.payments)
-                    await to_thread.run_sync(engine.record_payments, result.payments, keyset.by_key, keyset.any_coin)
+                    await to_thread.run_sync(
+                        engine.record_payments, result.payments, keyset.by_key, keyset.any_coin, keyset.standing
+                    )
                 if result.cursor == cursor:
                     break
                 await to_thread.run_sync(self._store_cursor, group, cursor, result.cursor)
@@ -359,6 +402,8 @@ class Watcher:
             rows = await to_thread.run_sync(self._unregistered, coin.code)
             for topup in rows:
                 await self.engine.register(coin, topup)
+            for address in await to_thread.run_sync(standing.unregistered, self.engine.ctx, coin.code):
+                await standing.register(self.engine.ctx, coin, address)
 
     def _unregistered(self, code: str) -> list[Topup]:
         with self.engine.ctx.db.session() as session:
