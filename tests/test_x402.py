@@ -284,6 +284,43 @@ def test_settlement_that_reverts_is_refused_and_moves_nothing(chain: Chain, coin
     assert asyncio.run(coin.settlement_status(payment)) is None  # canceled, not paid
 
 
+def test_verify_checks_without_moving_anything(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    """verify() (settle on readiness holds a verified authorization) accepts a good authorization and
+    refuses one the payer cannot fund; neither moves anything nor uses the nonce."""
+    payer = chain.new_account(usdc=50 * USDC_UNIT)
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    asyncio.run(coin.verify(payment, requirements))
+    assert chain.usdc(payer.address) == 50 * USDC_UNIT and chain.usdc(shop.address) == 0
+    assert not chain.used(payer.address, payment.nonce)
+
+    poor = chain.new_account(usdc=5 * USDC_UNIT)
+    unfunded = coin.decode_payment(sign_v1_header(poor, requirements))
+    with pytest.raises(X402Rejected) as err:
+        asyncio.run(coin.verify(unfunded, requirements))
+    assert err.value.code == "insufficient_funds" and err.value.status == 402
+    assert chain.usdc(poor.address) == 5 * USDC_UNIT and not chain.used(poor.address, unfunded.nonce)
+
+
+def test_funds_moved_away_after_verify_fail_the_settlement(chain: Chain, coin: USDCBASE, shop: Any) -> None:
+    """A verified authorization is no payment: the payer may move the USDC before it is settled."""
+    payer = chain.new_account(usdc=50 * USDC_UNIT, eth_wei=ETH)
+    elsewhere = chain.new_account()
+    requirements = coin.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = coin.decode_payment(sign_v1_header(payer, requirements))
+    asyncio.run(coin.verify(payment, requirements))
+    tx = chain.token.functions.transfer(elsewhere.address, 45 * USDC_UNIT).build_transaction(
+        {"from": payer.address, "nonce": chain.w3.eth.get_transaction_count(payer.address)}
+    )
+    sent = chain.w3.eth.send_raw_transaction(payer.sign_transaction(tx).raw_transaction)
+    assert chain.w3.eth.wait_for_transaction_receipt(sent, timeout=30)["status"] == 1
+    with pytest.raises(X402Rejected) as err:
+        asyncio.run(coin.settle(payment, requirements))
+    assert err.value.code == "insufficient_funds"
+    assert chain.usdc(payer.address) == 5 * USDC_UNIT and chain.usdc(shop.address) == 0
+    assert not chain.used(payer.address, payment.nonce)
+
+
 def test_front_run_settlement_still_counts_once(chain: Chain, coin: USDCBASE, shop: Any) -> None:
     """Someone submits the customer's authorization before the shop's transaction: ours reverts,
     but the USDC arrived, so settle() returns the transaction that paid us (and only once)."""

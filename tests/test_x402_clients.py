@@ -276,6 +276,24 @@ def test_facilitator_refusals_move_nothing(
     assert chain.usdc(payer.address) == 30 * USDC_UNIT and chain.usdc(shop.address) == 10 * USDC_UNIT
 
 
+def test_facilitator_verify_asks_only_verify(
+    chain: Chain, facilitated: USDCBASE, facilitator: Facilitator, shop: Any
+) -> None:
+    """verify() in facilitator mode: the facilitator's /verify and nothing else; nothing moves."""
+    payer = chain.new_account(usdc=40 * USDC_UNIT)
+    requirements = facilitated.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")
+    payment = facilitated.decode_payment(sign_v1_header(payer, requirements))
+    facilitator.requests.clear()
+    asyncio.run(facilitated.verify(payment, requirements))
+    assert facilitator.requests == ["POST /verify"]
+    broke = chain.new_account(usdc=1)
+    with pytest.raises(X402Rejected) as err:
+        asyncio.run(facilitated.verify(facilitated.decode_payment(sign_v1_header(broke, requirements)), requirements))
+    assert err.value.code == "insufficient_funds"
+    assert chain.usdc(payer.address) == 40 * USDC_UNIT and chain.usdc(shop.address) == 0
+    assert not chain.used(payer.address, payment.nonce)
+
+
 def test_facilitator_settlement_that_reverts(chain: Chain, facilitated: USDCBASE, shop: Any) -> None:
     payer = chain.new_account(usdc=50 * USDC_UNIT)
     requirements = facilitated.payment_requirements(10 * USDC_UNIT, RESOURCE, "t")

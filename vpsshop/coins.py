@@ -140,6 +140,17 @@ class X402Coin(PaymentCoin[Any]):  # not generic: a coin declares its own `confi
         """
         raise NotImplementedError
 
+    async def verify(self, payment: X402Payment, requirements: dict[str, Any]) -> None:
+        """Check ``payment`` against ``requirements`` as :meth:`settle` does (signature, recipient,
+        exact value, validity window, network, asset, unused nonce, the payer's funds) without
+        settling it: nothing moves, and a payment that passes may still fail to settle later (the
+        payer can move the funds or use the nonce meanwhile).
+
+        :raises X402Rejected: invalid; with a 5xx status: not checked. Default: the coin cannot
+            verify apart from settling (:class:`NotImplementedError`).
+        """
+        raise NotImplementedError
+
     def payment_requirements_v2(self, requirements: dict[str, Any]) -> dict[str, Any]:
         """The x402 v2 form of one v1 ``accepts`` entry, for the ``PAYMENT-REQUIRED`` header that
         core adds to the 402 (the body stays v1). Default: the coin does not speak v2."""

@@ -377,6 +377,18 @@ class USDCBASE(X402Coin):
             with self._in_flight_lock:
                 self._in_flight.discard(key)
 
+    async def verify(self, payment: X402Payment, requirements: dict[str, Any]) -> None:
+        """Check without settling; see :class:`vpsshop.X402Coin`. Direct mode asks the chain
+        (signature, funds, a simulated transfer, an unused nonce), facilitator mode its ``/verify``."""
+        self._check_payment(payment, requirements)
+        if self.config.mode == "direct":
+            chain = self._chain
+            if chain is None:
+                raise _unavailable("direct verification is not configured: no rpc_url")
+            await asyncio.to_thread(self._verify_direct, chain, payment, requirements)
+        else:
+            await self._verify_facilitator(payment, requirements)
+
     def _check_payment(self, payment: X402Payment, requirements: dict[str, Any]) -> None:
         """What can be checked without the network, identically in both modes."""
         if requirements.get("payTo", "").lower() != self.config.pay_to.lower() or (
@@ -422,30 +434,12 @@ class USDCBASE(X402Coin):
 
     def settle_direct(self, payment: X402Payment, requirements: dict[str, Any]) -> X402Settlement:
         """Direct mode, blocking (``settle`` runs it in a thread): verify, send, wait for the receipt."""
-        from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
-
         chain = self._chain
         if chain is None or chain.relayer is None:
             raise _unavailable(f"direct settlement is not configured: {self._key_problem or 'no rpc_url'}")
         auth = payment.raw["payload"]["authorization"]
         signature = bytes.fromhex(payment.raw["payload"]["signature"][2:])
-        try:
-            if chain.authorization_used(self.asset, payment.payer, payment.nonce):
-                raise _reject("nonce_used")
-            payload, reqs = self._v1_objects(payment, requirements)
-            verdict = ExactEvmSchemeV1Facilitator(chain).verify(payload, reqs)
-            if not verdict.is_valid:
-                if verdict.invalid_reason == "invalid_exact_evm_transaction_simulation_failed":
-                    balance = chain.get_balance(payment.payer, self.asset)
-                    if balance < payment.value_atomic:
-                        raise _reject("insufficient_funds")
-                raise _reject_reason(verdict.invalid_reason, verdict.invalid_message)
-            if len(signature) != 65:
-                raise _reject("invalid_signature", "(only 65-byte EOA signatures are settled directly)")
-        except X402Rejected:
-            raise
-        except Exception as exc:  # noqa: BLE001 - nothing was sent: the same payment may be re-sent
-            raise _unavailable(f"the Base RPC endpoint failed during verification: {type(exc).__name__}") from None
+        self._verify_direct(chain, payment, requirements)
         try:
             tx_hash = chain.send_transfer(self.asset, auth, signature, self.config.gas_limit)
         except Exception as exc:  # noqa: BLE001
@@ -471,6 +465,30 @@ class USDCBASE(X402Coin):
             raise _reject("settlement_reverted", f"(transaction {tx_hash})")
         return self._settlement_from_receipt(payment, tx_hash, receipt)
 
+    def _verify_direct(self, chain: BaseChain, payment: X402Payment, requirements: dict[str, Any]) -> None:
+        """Direct mode, blocking: the reference verifier's checks (signature, funds, simulation) and an
+        unused nonce, against the chain; nothing is sent."""
+        from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
+
+        signature = bytes.fromhex(payment.raw["payload"]["signature"][2:])
+        try:
+            if chain.authorization_used(self.asset, payment.payer, payment.nonce):
+                raise _reject("nonce_used")
+            payload, reqs = self._v1_objects(payment, requirements)
+            verdict = ExactEvmSchemeV1Facilitator(chain).verify(payload, reqs)
+            if not verdict.is_valid:
+                if verdict.invalid_reason == "invalid_exact_evm_transaction_simulation_failed":
+                    balance = chain.get_balance(payment.payer, self.asset)
+                    if balance < payment.value_atomic:
+                        raise _reject("insufficient_funds")
+                raise _reject_reason(verdict.invalid_reason, verdict.invalid_message)
+            if len(signature) != 65:
+                raise _reject("invalid_signature", "(only 65-byte EOA signatures are settled directly)")
+        except X402Rejected:
+            raise
+        except Exception as exc:  # noqa: BLE001 - nothing was sent: the same payment may be re-sent
+            raise _unavailable(f"the Base RPC endpoint failed during verification: {type(exc).__name__}") from None
+
     def _settlement_from_receipt(self, payment: X402Payment, tx_hash: str, receipt: TxReceipt) -> X402Settlement:
         from x402.mechanisms.evm.exact.eip3009_utils import verify_eip3009_transfer_event
 
@@ -491,7 +509,11 @@ class USDCBASE(X402Coin):
             amount_atomic=int(auth["value"]),
         )
 
-    async def _settle_facilitator(self, payment: X402Payment, requirements: dict[str, Any]) -> X402Settlement:
+    async def _verify_facilitator(
+        self, payment: X402Payment, requirements: dict[str, Any]
+    ) -> tuple[PaymentPayload | PaymentPayloadV1, PaymentRequirements | PaymentRequirementsV1]:
+        """Facilitator mode: the facilitator's ``POST /verify`` (nothing moves); the payment and the
+        requirements as the reference package's types, for ``/settle``."""
         import httpx
 
         client = self._facilitator_client()
@@ -514,6 +536,13 @@ class USDCBASE(X402Coin):
             if self._chain is not None and _REASONS.get(verdict.invalid_reason or "") is None:
                 await self._check_on_chain(payment, balance=True)
             raise _reject_reason(verdict.invalid_reason, verdict.invalid_message)
+        return payload, reqs
+
+    async def _settle_facilitator(self, payment: X402Payment, requirements: dict[str, Any]) -> X402Settlement:
+        import httpx
+
+        client = self._facilitator_client()
+        payload, reqs = await self._verify_facilitator(payment, requirements)
         try:
             result = await client.settle(payload, reqs)
         except (httpx.HTTPError, ValueError) as exc:
