@@ -9,6 +9,7 @@ One order, one boot (about 1-3 minutes on a loaded machine); tests/test_real_gue
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -93,6 +94,20 @@ def pull(ip: str, key: Path, nbytes: int, tmp: Path) -> float:
     took = time.monotonic() - started
     assert proc.wait(120) == 0 and got == nbytes, (got, proc.stderr.read() if proc.stderr else b"")
     return (nbytes - 1) / 1024 / took
+
+
+def host_can_shape() -> bool:
+    """Whether this host's kernel has what libvirt's interface <bandwidth> runs (``tc`` with the
+    htb and sfq qdiscs and the police action). Debian's kernels do; the 2-core CI VM's kernel
+    (no modules) has no sfq, so libvirt refuses every cap there and the measured rate is not
+    checked on it (docs/operations.md, "Traffic": what a host needs to throttle)."""
+    name = f"vpsprobe{os.getpid() % 10000}"
+    if subprocess.run(["ip", "link", "add", name, "type", "dummy"], capture_output=True).returncode:
+        return False
+    try:
+        return subprocess.run(["tc", "qdisc", "add", "dev", name, "root", "sfq"], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 def poll(read: Callable[[], Any], done: Callable[[Any], bool], timeout: float, what: str) -> Any:
@@ -207,10 +222,16 @@ def test_guest_traffic_is_counted_throttled_past_the_allowance_and_lifted_by_a_r
             assert "average=" not in domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
             again = pull(ip, key, 2_000_000, tmp_path)
             assert again > 4 * THROTTLE_KIB, f"after the renewal a transfer moved only {again:.0f} KiB/s"
-            assert capped, f"the throttle never reached the domain: {refusals[-3:]}"
-            assert 0.5 * THROTTLE_KIB < slow_rate < 1.3 * THROTTLE_KIB, (
-                f"throttled to {THROTTLE_KIB} KiB/s, a transfer moved {slow_rate:.0f} KiB/s (free: {free_rate:.0f})"
-            )
+            if host_can_shape():
+                assert capped, f"the throttle never reached the domain: {refusals[-3:]}"
+                assert 0.5 * THROTTLE_KIB < slow_rate < 1.3 * THROTTLE_KIB, (
+                    f"throttled to {THROTTLE_KIB} KiB/s, a transfer moved {slow_rate:.0f} KiB/s (free: {free_rate:.0f})"
+                )
+            else:
+                # This kernel has no sfq qdisc (a VM kernel without modules): libvirt refuses every cap,
+                # and the shop must say so in its log at each pass, not pretend (see host_can_shape).
+                assert not capped and refusals, "a kernel without sfq capped the domain, or the refusal went unsaid"
+                assert "qdisc" in refusals[-1], refusals[-1]
         finally:
             ended = httpx.request("DELETE", f"{base}/servers/{sid}", headers=headers, timeout=60)
             assert ended.status_code in (200, 409), ended.text
