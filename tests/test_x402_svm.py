@@ -15,9 +15,12 @@ import json
 import struct
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from served import serve, shop_env
 from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
 from solders.account import Account
 from solders.keypair import Keypair
@@ -30,7 +33,10 @@ from x402.mechanisms.svm.utils import derive_ata
 from x402.schemas import PaymentRequired
 
 from vpsshop import X402Rejected
+from vpsshop_usdcsol import CAIP2 as NETWORKS
 from vpsshop_usdcsol import USDCSOL
+
+CAIP2 = NETWORKS["solana"]
 
 FEE_PAYER_ENV = "TEST_X402_SVM_FEE_PAYER"
 TOKEN = Pubkey.from_string(TOKEN_PROGRAM_ADDRESS)
@@ -38,7 +44,8 @@ UNIT = 10**6
 
 
 class Ledger:
-    """LiteSVM behind the RPC double, blocks produced every 0.2 s, and a test USDC mint."""
+    """LiteSVM behind the RPC double, a test USDC mint, and a block produced within 0.2 s of each sent
+    transaction (only then: LiteSVM takes only its latest blockhash, and a block rolls it)."""
 
     def __init__(self) -> None:
         self.chain = SolanaChainDouble()
@@ -50,7 +57,9 @@ class Ledger:
 
     def _produce(self) -> None:
         while not self._stop.wait(0.2):
-            self.chain.produce_block()
+            with self.chain.lock:
+                if self.chain.pending:
+                    self.chain.produce_block()
 
     def stop(self) -> None:
         self._stop.set()
@@ -184,3 +193,57 @@ def test_wrong_mint_and_short_amount_are_refused(ledger: Ledger, fee_payer: Keyp
         asyncio.run(coin.settle(short, reqs))
     assert refused.value.code == "wrong_amount", refused.value.message
     assert ledger.token_balance(shop_ata) == 0
+
+
+def test_expired_blockhash_is_refused(ledger: Ledger, fee_payer: Keypair) -> None:
+    """A transaction whose blockhash the chain no longer knows fails its simulation: refused, nothing sent."""
+    shop, payer = Keypair(), Keypair()
+    shop_ata = ledger.fund(str(shop.pubkey()), 0)
+    ledger.fund(str(payer.pubkey()), 50 * UNIT)
+    coin = USDCSOL.from_settings(usdcsol_section(ledger, str(shop.pubkey())), sandbox=False, where="coins.USDCSOL")
+    stale = coin.decode_payment(pay_header(coin, ledger, payer, 5 * UNIT), 2)
+    ledger.chain.produce_block()  # a new block, a new blockhash: LiteSVM no longer takes the payer's
+    reqs = coin.payment_requirements(5 * UNIT, "http://shop/v1/topups", "top-up")
+    with pytest.raises(X402Rejected) as refused:
+        asyncio.run(coin.settle(stale, reqs))
+    assert refused.value.code == "settlement_rejected", refused.value.message
+    assert "blockhash" in refused.value.message.lower(), refused.value.message
+    assert ledger.token_balance(shop_ata) == 0
+
+
+def test_a_solana_payer_tops_up_through_vpsshop_serve(
+    ledger: Ledger, fee_payer: Keypair, tmp_path: Path, vpsshop_database_url: str
+) -> None:
+    """``vpsshop serve`` with ``[coins.USDCSOL]``: the PyPI x402HttpxClient pays the 402 with a Solana keypair."""
+    from x402.http.clients import x402HttpxClient
+
+    shop, payer = Keypair(), Keypair()
+    shop_ata = ledger.fund(str(shop.pubkey()), 0)
+    ledger.fund(str(payer.pubkey()), 50 * UNIT)
+    section = usdcsol_section(ledger, str(shop.pubkey()))
+    config = tmp_path / "vpsshop.toml"
+    config.write_text("[coins.USDCSOL]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))
+    env = shop_env(vpsshop_database_url, **{FEE_PAYER_ENV: str(fee_payer)})
+    with serve(tmp_path, env, "--config", str(config)) as served:
+        account = httpx.post(f"{served.base}/account", timeout=30).json()
+        key = {"Authorization": f"Bearer {account['api_key']}"}
+        asked = httpx.post(f"{served.base}/topups", json={"amount": 25, "coin": "USDCSOL"}, headers=key, timeout=30)
+        assert asked.status_code == 402, asked.text
+        entry = asked.json()["accepts"][0]
+        assert (entry["network"], entry["asset"], entry["payTo"]) == ("solana", ledger.mint, str(shop.pubkey()))
+        assert entry["extra"]["feePayer"] == str(fee_payer.pubkey())
+        spend = {
+            "allowed_assets": [
+                {"network": CAIP2, "asset": ledger.mint, "max_amount_per_payment": str(entry["maxAmountRequired"])}
+            ]
+        }
+
+        async def pay() -> httpx.Response:
+            async with x402HttpxClient(official_client(payer, ledger, spend), timeout=60, headers=key) as http:
+                return await http.post(f"{served.base}/topups", json={"amount": 25, "coin": "USDCSOL"})
+
+        paid = asyncio.run(pay())
+        assert paid.status_code == 201, paid.text + served.output()[-3000:]
+        assert ledger.token_balance(shop_ata) == int(entry["maxAmountRequired"])
+        balance = httpx.get(f"{served.base}/account", headers=key, timeout=30).json()
+        assert float(balance["balance_usd"]) == 25.0, balance
