@@ -130,6 +130,15 @@ def usdcsol_section(ledger: Ledger, pay_to: str) -> dict[str, Any]:
     }
 
 
+def documented_client() -> dict[str, Any]:
+    """The functions of docs/x402.md's USDCSOL client block, as a reader would paste them."""
+    text = (Path(__file__).parent.parent / "docs" / "x402.md").read_text()
+    block = text.split("<!-- usdcsol-client:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    names: dict[str, Any] = {}
+    exec(compile(block, "docs/x402.md", "exec"), names)
+    return names
+
+
 def official_client(payer: Keypair, ledger: Ledger, spend: dict[str, Any]) -> x402Client:
     client = x402Client()
     client.set_spend_controls(spend)
@@ -214,9 +223,8 @@ def test_expired_blockhash_is_refused(ledger: Ledger, fee_payer: Keypair) -> Non
 def test_a_solana_payer_tops_up_through_vpsshop_serve(
     ledger: Ledger, fee_payer: Keypair, tmp_path: Path, vpsshop_database_url: str
 ) -> None:
-    """``vpsshop serve`` with ``[coins.USDCSOL]``: the PyPI x402HttpxClient pays the 402 with a Solana keypair."""
-    from x402.http.clients import x402HttpxClient
-
+    """``vpsshop serve`` with ``[coins.USDCSOL]``: docs/x402.md's client (the PyPI x402HttpxClient over
+    ExactSvmClientScheme, a Solana keypair) pays the 402 of an account's top-up."""
     shop, payer = Keypair(), Keypair()
     shop_ata = ledger.fund(str(shop.pubkey()), 0)
     ledger.fund(str(payer.pubkey()), 50 * UNIT)
@@ -232,18 +240,10 @@ def test_a_solana_payer_tops_up_through_vpsshop_serve(
         entry = asked.json()["accepts"][0]
         assert (entry["network"], entry["asset"], entry["payTo"]) == ("solana", ledger.mint, str(shop.pubkey()))
         assert entry["extra"]["feePayer"] == str(fee_payer.pubkey())
-        spend = {
-            "allowed_assets": [
-                {"network": CAIP2, "asset": ledger.mint, "max_amount_per_payment": str(entry["maxAmountRequired"])}
-            ]
-        }
-
-        async def pay() -> httpx.Response:
-            async with x402HttpxClient(official_client(payer, ledger, spend), timeout=60, headers=key) as http:
-                return await http.post(f"{served.base}/topups", json={"amount": 25, "coin": "USDCSOL"})
-
-        paid = asyncio.run(pay())
-        assert paid.status_code == 201, paid.text + served.output()[-3000:]
+        documented = documented_client()
+        client = documented["solana_client"](payer, ledger.rpc.url, ledger.mint, entry["maxAmountRequired"])
+        paid = asyncio.run(documented["top_up"](served.base, account["api_key"], 25, client))
+        assert paid["status"] == "completed", paid
         assert ledger.token_balance(shop_ata) == int(entry["maxAmountRequired"])
         balance = httpx.get(f"{served.base}/account", headers=key, timeout=30).json()
         assert float(balance["balance_usd"]) == 25.0, balance
