@@ -12,7 +12,8 @@ the Solana JSON-RPC documentation:
 a skipped slot, ``-32004`` for one not produced yet), ``getSignatureStatuses`` (``confirmations`` =
 blocks on top, ``null`` with ``finalized`` from 32), ``getBalance``, ``getLatestBlockhash``,
 ``sendTransaction`` (base64; a transaction that fails in the SVM is refused as preflight does, ``-32002``),
-``getHealth``.
+``getHealth``; for x402's exact SVM scheme also ``getAccountInfo`` (base64) and ``simulateTransaction``
+(base64; the ``err`` LiteSVM reports, as a string).
 
 Forks are modelled only as the RPC shows them (:meth:`SolanaChainDouble.abandon_blocks`: the newest
 blocks and their signatures disappear, the next block builds on the one before them); LiteSVM's account
@@ -35,14 +36,28 @@ from solders.transaction import VersionedTransaction
 from solders.transaction_metadata import FailedTransactionMetadata
 
 FINALIZED_AFTER = 32
+LAMPORTS_PER_SIGNATURE = 5000
 BLOCK_TIME_0 = 1_760_000_000
 
 
 class RpcFailure(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.data = data
+
+
+def error_json(err: Any) -> Any:
+    """A LiteSVM transaction error as the RPC writes it: ``"AlreadyProcessed"``, ``{"InstructionError": ...}``."""
+    if hasattr(err, "to_json"):
+        return json.loads(err.to_json())
+    return str(err).rsplit(".", 1)[-1]
+
+
+def simulation(err: Any, logs: list[str], units: int) -> dict[str, Any]:
+    """``simulateTransaction``'s value (also the ``data`` of a refused ``sendTransaction``)."""
+    return {"err": err, "logs": logs, "accounts": None, "unitsConsumed": units, "returnData": None}
 
 
 class SolanaChainDouble:
@@ -110,8 +125,15 @@ class SolanaChainDouble:
             pre = [int(self.svm.get_balance(k) or 0) for k in keys]
             result = self.svm.send_transaction(tx)
             if isinstance(result, FailedTransactionMetadata):
-                raise RpcFailure(-32002, f"Transaction simulation failed: {result.err()}")
+                meta = result.meta()
+                raise RpcFailure(
+                    -32002,
+                    f"Transaction simulation failed: {result.err()}",
+                    simulation(error_json(result.err()), list(meta.logs()), int(meta.compute_units_consumed())),
+                )
             post = [int(self.svm.get_balance(k) or 0) for k in keys]
+            # solders 0.27 metadata has no fee(): the base fee per signature (no priority fee is set)
+            fee = int(result.fee()) if hasattr(result, "fee") else LAMPORTS_PER_SIGNATURE * len(tx.signatures)
             signers = header.num_required_signatures
             n = len(keys)
 
@@ -125,7 +147,7 @@ class SolanaChainDouble:
                 {
                     "meta": {
                         "err": None,
-                        "fee": int(result.fee()),
+                        "fee": fee,
                         "preBalances": pre,
                         "postBalances": post,
                         "status": {"Ok": None},
@@ -203,6 +225,30 @@ class SolanaChainDouble:
                         "lastValidBlockHeight": len(self.order) + 150,
                     },
                 }
+            if method == "getAccountInfo":
+                account = self.svm.get_account(Pubkey.from_string(params[0]))
+                if account is None:
+                    return {"context": self.context(), "value": None}
+                return {
+                    "context": self.context(),
+                    "value": {
+                        "data": [base64.b64encode(bytes(account.data)).decode(), "base64"],
+                        "executable": account.executable,
+                        "lamports": account.lamports,
+                        "owner": str(account.owner),
+                        "rentEpoch": 0,
+                        "space": len(bytes(account.data)),
+                    },
+                }
+            if method == "simulateTransaction":
+                tx = VersionedTransaction.from_bytes(base64.b64decode(params[0]))
+                simulated = self.svm.simulate_transaction(tx)
+                err = error_json(simulated.err()) if isinstance(simulated, FailedTransactionMetadata) else None
+                meta = simulated.meta()
+                return {
+                    "context": self.context(),
+                    "value": simulation(err, list(meta.logs()), int(meta.compute_units_consumed())),
+                }
         if method == "sendTransaction":
             options = params[1] if len(params) > 1 else {}
             if options.get("encoding") != "base64":
@@ -229,6 +275,8 @@ class SolanaRpcDouble:
                     answer["result"] = chain.call(request["method"], request.get("params") or [])
                 except RpcFailure as exc:
                     answer["error"] = {"code": exc.code, "message": exc.message}
+                    if exc.data is not None:
+                        answer["error"]["data"] = exc.data
                 except (ValueError, KeyError, TypeError, IndexError) as exc:
                     answer = {
                         "jsonrpc": "2.0",

@@ -160,7 +160,8 @@ def _build_coins(
     for code, reg in ranked:
         section = settings.coins.get(code)
         if settings.sandbox:
-            enabled = section is None or section.get("enabled", True)
+            default = bool(getattr(reg.cls, "enabled_in_sandbox", True))
+            enabled = section.get("enabled", True) if section is not None else default
         else:
             enabled = section is not None and section.get("enabled", True)
         if not enabled:

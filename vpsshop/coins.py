@@ -48,6 +48,11 @@ class PaymentCoin(Component[ConfigT]):
     coin with the highest ``default_priority`` (ties: the first registered). None: picked only
     when no enabled coin has a priority."""
 
+    enabled_in_sandbox: ClassVar[bool] = True
+    """Whether a sandbox enables the coin without a ``[coins.CODE]`` section (with its
+    ``sandbox_config``). False for a coin with no public test peer to fall back on (USDCSOL): it is
+    enabled only where configured, in the sandbox as in production."""
+
     @property
     def network(self) -> str:
         """The chain and network deposits go to, shown as ``deposit_network`` (``"bitcoin"``,
