@@ -229,6 +229,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "vpsshop.payments",
             "vpsshop.x402",
             "vpsshop.topups",
+            "vpsshop.deposits",
             "vpsshop.servers",
             "vpsshop.admin",
             "vpsshop.operators",

@@ -102,7 +102,8 @@ async def request_deposit_address(ctx: AppContext, customer: Customer, data: Dep
     coin: Any = engine_for(ctx).coin(data.coin)
     if not isinstance(coin, DepositCoin):
         raise BadRequest("invalid_coin", f"Coin {coin.code} is not paid to a deposit address.")
-    row, registered = await to_thread.run_sync(standing.standing_address, ctx, customer.account_id, coin)
+    allocate = engine_for(ctx).allocate_index
+    row, registered = await to_thread.run_sync(standing.standing_address, ctx, customer.account_id, coin, allocate)
     if not registered:
         await standing.register(ctx, coin, row)
     return await to_thread.run_sync(lambda: _out(ctx, row, qr=True))

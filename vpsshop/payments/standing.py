@@ -17,6 +17,7 @@ counter ``standing:<key id>``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -49,15 +50,16 @@ def _existing(session: Session, account_id: int, code: str) -> DepositAddressRow
     ).first()
 
 
-def _insert(ctx: AppContext, account_id: int, coin: DepositCoin[Any]) -> DepositAddressRow:
-    from vpsshop.payments import engine_for
+Allocate = Callable[..., int]
+"""The payment engine's ``allocate_index(session, coin, key_id=...)``: the next number of a counter."""
 
-    engine = engine_for(ctx)
+
+def _insert(ctx: AppContext, account_id: int, coin: DepositCoin[Any], allocate: Allocate) -> DepositAddressRow:
     with ctx.db.session() as session:
         found = _existing(session, account_id, coin.code)
         if found is not None:
             return found
-        number = engine.allocate_index(session, coin, key_id=f"standing:{coin.key_id()}")
+        number = allocate(session, coin, key_id=f"standing:{coin.key_id()}")
         address = coin.derive_standing_address(number)
         row = DepositAddressRow(
             account_id=account_id,
@@ -75,16 +77,19 @@ def _insert(ctx: AppContext, account_id: int, coin: DepositCoin[Any]) -> Deposit
         return row
 
 
-def standing_address(ctx: AppContext, account_id: int, coin: DepositCoin[Any]) -> tuple[DepositAddressRow, bool]:
+def standing_address(
+    ctx: AppContext, account_id: int, coin: DepositCoin[Any], allocate: Allocate
+) -> tuple[DepositAddressRow, bool]:
     """The account's standing address in ``coin``, made the first time (idempotent: one per account
-    and coin, whatever number of requests race). Returns (row, registered with the node).
+    and coin, whatever number of requests race), numbered by ``allocate`` (the payment engine's
+    ``allocate_index``). Returns (row, registered with the node).
 
     :raises BadRequest: invalid_coin (a coin without standing addresses).
     """
     if not coin.standing_addresses:
         raise BadRequest("invalid_coin", f"Coin {coin.code} has no standing deposit addresses.")
     try:
-        row = _insert(ctx, account_id, coin)
+        row = _insert(ctx, account_id, coin, allocate)
     except IntegrityError:  # the same account asked twice at once: the first row wins
         with ctx.db.session() as session:
             found = _existing(session, account_id, coin.code)

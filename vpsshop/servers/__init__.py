@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def background_tasks(ctx: AppContext) -> list[BackgroundTask]:
     """Provisioning jobs and lifecycle passes, offered through ``vpsshop.servers.hooks``."""
     from vpsshop.servers.jobs import run_jobs
-    from vpsshop.servers.lifecycle import JOBS_QUEUED, policy, run_lifecycle
-    from vpsshop.servers.traffic import PERIOD_STARTED, run_traffic
+    from vpsshop.servers.lifecycle import JOBS_QUEUED, PERIOD_STARTED, policy, run_lifecycle
+    from vpsshop.servers.traffic import run_traffic
     from vpsshop.tasks import BackgroundTask
 
     pol = policy(ctx)

@@ -47,8 +47,8 @@ from vpsshop.context import AppContext
 from vpsshop.db import rowcount
 from vpsshop.errors import Conflict
 from vpsshop.models import Server
-from vpsshop.servers.models import ServerEvent, ServerJob
-from vpsshop.servers.resource import server_event
+from vpsshop.servers.models import ServerEvent, ServerJob, ServerTraffic
+from vpsshop.servers.resource import current_traffic, server_event
 from vpsshop.settings import ServersSettings
 from vpsshop.tasks import Nudge
 
@@ -212,8 +212,6 @@ def renew(session: Session, server: Server, now: datetime, *, by: str, periods: 
     if moved != 1:  # a concurrent step changed the server after we read it: undo the charge
         raise RenewalRaced()
     record(session, server.id, "renewed", now, f"{by}; expires {new_expiry.isoformat()}")
-    from vpsshop.servers.traffic import start_period  # traffic imports this module
-
     start_period(session, server.id, now)  # each renewal buys a new traffic allowance
     events.emit(session, "server.renewed", server.account_id, server_event(session, server.id), now=now)
     if resumed:
@@ -367,3 +365,37 @@ def run_lifecycle_sync(ctx: AppContext) -> LifecyclePass:
 async def run_lifecycle(ctx: AppContext) -> LifecyclePass:
     """One pass of the ``servers-lifecycle`` task (tests call it directly on a FrozenClock)."""
     return await to_thread.run_sync(run_lifecycle_sync, ctx)
+
+
+# ---- traffic periods ---------------------------------------------------------------------------
+
+PERIOD_STARTED = Nudge()
+"""Called once a renewal that started a new traffic period commits: the ``servers-traffic`` task of
+this process lifts a throttle at once instead of at its next interval."""
+
+
+def start_period(session: Session, server_id: int, now: datetime) -> None:
+    """A renewal starts a new traffic period now, in the renewal's transaction. The counters' last
+    sample carries over (traffic before it belongs to the period that ends)."""
+    last = current_traffic(session, server_id)
+    if last is not None and last.period_start >= now:
+        return
+    session.add(
+        ServerTraffic(
+            server_id=server_id,
+            period_start=now,
+            last_in=last.last_in if last else None,
+            last_out=last.last_out if last else None,
+            sampled_at=last.sampled_at if last else None,
+            allowance_bytes=last.allowance_bytes if last else None,
+        )
+    )
+    session.flush()
+    if not session.info.get("nudges_traffic"):
+        session.info["nudges_traffic"] = True
+        sa_event.listen(session, "after_commit", _started, once=True)
+
+
+def _started(session: Session) -> None:
+    session.info.pop("nudges_traffic", None)
+    PERIOD_STARTED()

@@ -30,7 +30,6 @@ from datetime import datetime
 
 import sqlalchemy as sa
 from anyio import to_thread
-from sqlalchemy import event as sa_event
 from sqlmodel import Session, col, select
 
 import vpsshop.events as events
@@ -41,14 +40,10 @@ from vpsshop.hypervisor import CAPABILITY_TRAFFIC, InterfaceCounters, ServerHand
 from vpsshop.models import Server
 from vpsshop.servers.models import ServerTraffic
 from vpsshop.servers.resource import current_traffic, server_event
-from vpsshop.tasks import Nudge
 
 log = logging.getLogger("vpsshop.servers.traffic")
 
 TB = 10**12
-PERIOD_STARTED = Nudge()
-"""Called once a renewal that started a new traffic period commits: the ``servers-traffic`` task of
-this process lifts a throttle at once instead of at its next interval."""
 
 
 def allowance_bytes(ctx: AppContext, plan_id: str) -> int | None:
@@ -60,33 +55,6 @@ def allowance_bytes(ctx: AppContext, plan_id: str) -> int | None:
     if plan is None or not plan.bandwidth_tb:
         return None
     return plan.bandwidth_tb * TB
-
-
-def start_period(session: Session, server_id: int, now: datetime) -> None:
-    """A renewal starts a new traffic period now, in the renewal's transaction. The counters' last
-    sample carries over (traffic before it belongs to the period that ends)."""
-    last = current_traffic(session, server_id)
-    if last is not None and last.period_start >= now:
-        return
-    session.add(
-        ServerTraffic(
-            server_id=server_id,
-            period_start=now,
-            last_in=last.last_in if last else None,
-            last_out=last.last_out if last else None,
-            sampled_at=last.sampled_at if last else None,
-            allowance_bytes=last.allowance_bytes if last else None,
-        )
-    )
-    session.flush()
-    if not session.info.get("nudges_traffic"):
-        session.info["nudges_traffic"] = True
-        sa_event.listen(session, "after_commit", _started, once=True)
-
-
-def _started(session: Session) -> None:
-    session.info.pop("nudges_traffic", None)
-    PERIOD_STARTED()
 
 
 def grown(last: int | None, now: int) -> int:
