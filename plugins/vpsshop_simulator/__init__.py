@@ -44,6 +44,7 @@ from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    FirewallRule,
     GuestReport,
     HostInspection,
     HostKey,
@@ -103,7 +104,7 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6"})
+    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "firewall"})
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -227,6 +228,11 @@ class SimulatedBackend(HypervisorBackend):
         await self._power(handle, change, must_exist=True)
         return ServerHandle(host=HOST, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
 
+    async def set_firewall(self, handle: ServerHandle, rules: tuple[FirewallRule, ...]) -> None:
+        """The rules go in the domain's record (its simulated filter, anti-spoofing always on)."""
+        firewall = [rule.as_dict() for rule in rules]
+        await self._power(handle, lambda data: {**data, "firewall": firewall}, must_exist=True)
+
     async def open_console(self, handle: ServerHandle) -> ConsoleStream:
         record = await self._state().get(handle.domain)
         if record is None or record.data["power"] != "on":
@@ -273,6 +279,8 @@ class SimulatedBackend(HypervisorBackend):
             running=data.get("guests", 1 if data.get("power") == "on" else 0),
             boots=data.get("boots", 0),
             disk_marker=data.get("disk_marker"),
+            firewall=tuple(FirewallRule.parse(**rule) for rule in data.get("firewall", [])),
+            anti_spoofing=data.get("defined", True),
         )
 
     async def mark_disk(self, handle: ServerHandle, marker: str) -> None:
