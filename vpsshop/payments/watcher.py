@@ -274,9 +274,7 @@ class Watcher:
     def _has_open_topups(self, codes: list[str]) -> bool:
         with self.engine.ctx.db.session() as session:
             row = session.execute(
-                sa.select(col(Topup.id))
-                .where(col(Topup.coin).in_(codes), col(Topup.status) == "pending")
-                .limit(1)
+                sa.select(col(Topup.id)).where(col(Topup.coin).in_(codes), col(Topup.status) == "pending").limit(1)
             ).first()
         return row is not None
 
