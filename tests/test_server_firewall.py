@@ -52,7 +52,7 @@ def test_rules_are_applied_by_a_job_and_reported(vpsshop_client, vpsshop_account
     }
     rules = [
         {"protocol": "tcp", "ports": 22},
-        {"protocol": "TCP", "ports": "8000-8100", "source": "198.51.100.7/24"},
+        {"protocol": "tcp", "ports": "8000-8100", "source": "198.51.100.7/24"},
         {"protocol": "icmp", "source": "2001:db8::1"},
     ]
     put = client.put(f"/v1/servers/{sid}/firewall", headers=headers, json={"rules": rules})
@@ -86,7 +86,7 @@ def test_rules_are_applied_by_a_job_and_reported(vpsshop_client, vpsshop_account
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        ({"rules": [{"protocol": "sctp"}]}, "invalid_rule"),
+        ({"rules": [{"protocol": "sctp"}]}, "invalid_rules"),
         ({"rules": [{"protocol": "tcp", "ports": "0"}]}, "invalid_rule"),
         ({"rules": [{"protocol": "tcp", "ports": "90-80"}]}, "invalid_rule"),
         ({"rules": [{"protocol": "tcp", "ports": "http"}]}, "invalid_rule"),

@@ -12,6 +12,7 @@ its first boot, whatever the rules: it is not the customer's to turn off.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 from anyio import to_thread
 from pydantic import BaseModel, Field
@@ -33,7 +34,7 @@ __all__ = ["FirewallIn", "FirewallOut", "FirewallRuleIn", "get_firewall", "rules
 class FirewallRuleIn(Input):
     """One inbound rule as a customer gives it."""
 
-    protocol: str = Field(description="tcp, udp or icmp.", max_length=8)
+    protocol: Literal["tcp", "udp", "icmp"] = Field(description="tcp, udp or icmp (ICMP and ICMPv6).")
     ports: str | JsonInt | None = Field(
         None,
         description='A port (22 or "22") or an inclusive range ("8000-8100"); absent or null: every port. None '
