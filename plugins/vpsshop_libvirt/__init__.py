@@ -312,7 +312,8 @@ def ipv6_filter_name(domain: str) -> str:
 def ipv6_filter_xml(domain: str, address: str, prefix_length: int, uuid: str | None = None) -> str:
     """IPv6 anti-spoofing in the ``ipv6-ip`` chain: the guest sends from its link-local addresses,
     the unspecified address (duplicate address detection) and its own address (its /64 when routed)."""
-    flt = ET.Element("filter", name=ipv6_filter_name(domain), chain="ipv6-ip", priority="-610")
+    # jumped to before the root chain's accept of IPv6 (priority -640), as clean-traffic's IPv4 check is
+    flt = ET.Element("filter", name=ipv6_filter_name(domain), chain="ipv6-ip", priority="-710")
     if uuid is not None:  # redefining a filter keeps its UUID
         ET.SubElement(flt, "uuid").text = uuid
     network = ipaddress.IPv6Network(f"{address}/{prefix_length}", strict=False)
