@@ -119,3 +119,31 @@ def test_another_accounts_server_and_a_terminated_one(vpsshop_client, vpsshop_ac
     assert refused.status_code == 409 and refused.json()["error"] == "server_not_active"
     asyncio.run(run_jobs(client.app.state.ctx))
     assert _on_host(client, sid).resources == ()  # destroy removed the domain and its filter
+
+
+def test_the_dashboard_edits_the_same_rules(vpsshop_client, vpsshop_account):
+    """The dashboard's firewall page: the rules one a line, saved through the same operation."""
+    import html
+
+    from test_dashboard import D, post_form, sign_in
+
+    client, headers = vpsshop_client, vpsshop_account.headers
+    sid = _active_server(client, vpsshop_account)
+    assert sign_in(client, vpsshop_account.login_token).status_code == 303
+    assert f"{D}/servers/{sid}/firewall" in client.get(f"{D}/servers/{sid}").text
+    saved = post_form(
+        client, f"{D}/servers/{sid}/firewall", {"rules": "tcp 22\n# the web\ntcp 8000-8100 198.51.100.0/24\n\nicmp\n"}
+    )
+    assert saved.status_code == 303, saved.text
+    assert client.get(f"/v1/servers/{sid}/firewall", headers=headers).json()["rules"] == [
+        {"protocol": "tcp", "ports": "22", "source": None},
+        {"protocol": "tcp", "ports": "8000-8100", "source": "198.51.100.0/24"},
+        {"protocol": "icmp", "ports": None, "source": None},
+    ]
+    page = html.unescape(client.get(f"{D}/servers/{sid}/firewall").text)
+    assert "tcp 22\ntcp 8000-8100 198.51.100.0/24\nicmp</textarea>" in page
+    bad = post_form(client, f"{D}/servers/{sid}/firewall", {"rules": "tcp 70000"})
+    assert bad.status_code == 400 and 'id="firewall-error"' in bad.text and "tcp 70000" in bad.text
+    assert len(client.get(f"/v1/servers/{sid}/firewall", headers=headers).json()["rules"]) == 3
+    asyncio.run(run_jobs(client.app.state.ctx))
+    assert len(_on_host(client, sid).firewall) == 3

@@ -30,7 +30,18 @@ from vpsshop.events import feed, webhooks
 from vpsshop.events.feed import EVENT_ID_PATTERN, EventQuery
 from vpsshop.events.webhooks import DeliveryQuery, RedeliverInput, WebhookChange, WebhookInput
 from vpsshop.inputs import IDEMPOTENCY_KEY, MAX_ID, Input
-from vpsshop.servers import console, control, credentials, firewall, orders, reinstall, renewals, resource, sshkeys, termination
+from vpsshop.servers import (
+    console,
+    control,
+    credentials,
+    firewall,
+    orders,
+    reinstall,
+    renewals,
+    resource,
+    sshkeys,
+    termination,
+)
 from vpsshop.servers.control import PowerAction, ServerChange
 from vpsshop.servers.firewall import FirewallIn
 from vpsshop.servers.orders import OrderInput, QuoteInput
