@@ -352,7 +352,8 @@ def firewall_xml(domain: str, rules: Iterable[FirewallRule], ipv6: bool, uuid: s
     dhcp = ET.SubElement(flt, "rule", action="accept", direction="in", priority="110")
     ET.SubElement(dhcp, "udp", srcportstart="67", dstportstart="68")
     if ipv6:
-        nd = ET.SubElement(flt, "rule", action="accept", direction="in", priority="110")
+        # neighbour discovery both ways; conntrack does not track it, so no state may be asked for
+        nd = ET.SubElement(flt, "rule", action="accept", direction="inout", priority="110", statematch="false")
         ET.SubElement(nd, "icmpv6")
     for rule in rules:
         version = ipaddress.ip_network(rule.source).version if rule.source else None
