@@ -369,3 +369,33 @@ def test_the_report_channel_is_there_only_when_guests_report():
         cfg = LibvirtConfig.model_validate(_settings("p") | {"guest_reports": reports})
         xml = domain_xml(spec, cfg, cfg.locations["nl"], "/d.qcow2", "/s.iso")
         assert (GUEST_CHANNEL in xml) is reports
+
+
+def test_kit_walk_with_the_firewall_on_a_libvirt_network(storage_pool, libvirtd_uri):
+    """The kit's walk on a libvirt network, where the firewall capability is on: every domain gets
+    its network filter (clean-traffic) from create on, set_firewall redefines it on the running
+    domain and inspect reads it back, a reinstall keeps it, and destroy leaves no filter behind."""
+    from libvirt_peer import isolated_network
+
+    from vpsshop.servers.contract import check_hypervisor, contract_spec
+
+    with isolated_network(libvirtd_uri, tag="vpsshop-fw") as (network, prefix):
+        settings = _settings(storage_pool[0])
+        settings["locations"]["nl"] |= {
+            "network": f"network:{network}",
+            "addresses": f"{prefix}.10-{prefix}.20",
+            "gateway": f"{prefix}.1",
+            "ipv6": f"fd42:{prefix.split('.')[1]}:{prefix.split('.')[2]}::/64",
+        }
+        backend = LibvirtBackend.from_settings(settings, sandbox=False, where="hypervisor.libvirt")
+        assert "firewall" in backend.capabilities and backend.inspectable
+        name = f"vps-fw-{uuid.uuid4().hex[:6]}"
+        spec = contract_spec(
+            "nl", name=name, os_image=BASE_IMAGE, ip=f"{prefix}.11", ipv6=f"fd42:1:2::{uuid.uuid4().hex[:3]}"
+        )
+        try:
+            asyncio.run(check_hypervisor(backend, spec, guest_reports=False))
+        finally:
+            asyncio.run(backend.close())
+        names = libvirt.open(URI).listNWFilters()
+        assert not [n for n in names if name in n], names

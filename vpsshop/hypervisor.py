@@ -298,6 +298,17 @@ class HostInspection:
     """The domain's memory in MiB as its definition on the host says (None: not known)."""
     disk_gib: int | None = None
     """The capacity of the server's disk in whole GiB, as the host's volume says (None: not known)."""
+    firewall: tuple[FirewallRule, ...] | None = None
+    """The inbound rules in force for the server, read back from the host's filter (capability
+    ``"firewall"``), in any order; None when the backend cannot read them back or there is no
+    filter.
+
+    .. versionadded:: 1.2"""
+    anti_spoofing: bool | None = None
+    """Whether the host's filter drops what the guest sends from an address not its own (capability
+    ``"firewall"``); None when the backend cannot tell.
+
+    .. versionadded:: 1.2"""
 
 
 HOST_KEY_TYPES = frozenset(
@@ -416,6 +427,91 @@ class InterfaceCounters:
     out_bytes: int
 
 
+CAPABILITY_FIREWALL = "firewall"
+
+FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp")
+
+
+@dataclass(frozen=True)
+class FirewallRule:
+    """One inbound rule of a server's firewall, as :meth:`HypervisorBackend.set_firewall` applies it:
+    new connections (or ICMP packets) of ``protocol`` to ports ``port_start``..``port_end`` from
+    ``source`` are let in.
+
+    Made by :meth:`parse` from what a customer sends; the constructor checks the fields too.
+
+    .. versionadded:: 1.2
+    """
+
+    protocol: str
+    """``"tcp"``, ``"udp"`` or ``"icmp"`` (ICMP and ICMPv6 echo and the like; no ports)."""
+    port_start: int | None = None
+    """First port of the range (None: every port; always None for ``"icmp"``)."""
+    port_end: int | None = None
+    """Last port, inclusive (equal to ``port_start`` for one port)."""
+    source: str | None = None
+    """The prefix the packets come from (``"198.51.100.0/24"``, ``"2001:db8::/48"``; an address is a
+    /32 or /128), normalised; None: anywhere, IPv4 and IPv6."""
+
+    def __post_init__(self) -> None:
+        if self.protocol not in FIREWALL_PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(FIREWALL_PROTOCOLS)}")
+        if self.protocol == "icmp" and (self.port_start is not None or self.port_end is not None):
+            raise ValueError("an icmp rule has no ports")
+        if (self.port_start is None) != (self.port_end is None):
+            raise ValueError("a port range needs its first and its last port")
+        if (
+            self.port_start is not None
+            and self.port_end is not None
+            and not 1 <= self.port_start <= self.port_end <= 65535
+        ):
+            raise ValueError("ports run from 1 to 65535, the first no higher than the last")
+        if self.source is not None:
+            network = ipaddress.ip_network(self.source, strict=False)
+            if str(network) != self.source:
+                raise ValueError(f"source {self.source!r} is not normalised (parse() does it)")
+
+    @classmethod
+    def parse(cls, protocol: str, ports: str | int | None = None, source: str | None = None) -> FirewallRule:
+        """A rule from a customer's input: ``ports`` as ``22``, ``"22"`` or ``"8000-8100"`` (None or
+        ``""``: every port), ``source`` as a prefix or an address (None, ``""``: anywhere).
+
+        :raises ValueError: naming what is wrong.
+        """
+        start: int | None = None
+        end: int | None = None
+        if isinstance(ports, bool):
+            raise ValueError("ports is a port (22) or a range ('8000-8100')")
+        if isinstance(ports, int):
+            start = end = ports
+        elif ports is not None and ports.strip():
+            first, sep, last = ports.strip().partition("-")
+            if not first.strip().isdigit() or (sep and not last.strip().isdigit()):
+                raise ValueError("ports is a port (22) or a range ('8000-8100')")
+            start = int(first)
+            end = int(last) if sep else start
+        prefix: str | None = None
+        if source is not None and source.strip():
+            try:
+                network = ipaddress.ip_network(source.strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"source {source[:60]!r} is not an address or a prefix such as 198.51.100.0/24"
+                ) from None
+            prefix = str(network)
+        return cls(protocol.strip().lower() if isinstance(protocol, str) else protocol, start, end, prefix)
+
+    @property
+    def ports(self) -> str | None:
+        """``"22"``, ``"8000-8100"`` or None (every port)."""
+        if self.port_start is None:
+            return None
+        return str(self.port_start) if self.port_start == self.port_end else f"{self.port_start}-{self.port_end}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"protocol": self.protocol, "ports": self.ports, "source": self.source}
+
+
 @dataclass(frozen=True)
 class HostImages:
     """The base images one host holds, as :meth:`HypervisorBackend.image_versions` finds them.
@@ -446,7 +542,8 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     capabilities: frozenset[str] = frozenset()  # not a ClassVar: a backend may narrow its own (vpsshop_libvirt)
     """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``,
     ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``, ``"migrate"``
-    (:meth:`hosts` and :meth:`migrate`), ``"traffic"`` (:meth:`interface_counters` and :meth:`limit_bandwidth`).
+    (:meth:`hosts` and :meth:`migrate`), ``"traffic"`` (:meth:`interface_counters` and :meth:`limit_bandwidth`),
+    ``"firewall"`` (:meth:`set_firewall`, and anti-spoofing on every guest from :meth:`create` on).
 
     .. versionadded:: 1.1"""
 
@@ -599,6 +696,26 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         with a smaller disk) and start it; the guest grows its file system at that boot (cloud-init's
         growpart and resizefs run on every boot). Keep the disk's data, address and first-boot data.
         Idempotent: a retried job finds some of it done. :raises PluginError: the host has no room.
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def set_firewall(self, handle: ServerHandle, rules: tuple[FirewallRule, ...]) -> None:
+        """Optional (capability ``"firewall"``): make ``rules`` the server's inbound firewall, in
+        place of the ones before, on a running guest within seconds and on every later boot.
+
+        With rules, the hypervisor lets in new connections they allow and drops every other new
+        inbound one (answers to the guest's own connections, and ARP, DHCP and IPv6 neighbour
+        discovery, still pass); with none, every inbound connection is let in. Whatever the rules,
+        a backend with this capability applies anti-spoofing to every guest from :meth:`create` on
+        (and after :meth:`reinstall`): the guest's frames leave only with its own MAC address and
+        its packets only from its own addresses (``spec.ip``, ``spec.ipv6`` or the routed /64,
+        IPv6 link-local). The customer cannot turn that off. :meth:`destroy` removes the filter.
+
+        Called from a ``firewall`` job; idempotent (a retried job applies the same rules again).
+
+        :raises PluginError: the domain does not exist, or the host refused the filter.
 
         .. versionadded:: 1.2
         """

@@ -188,6 +188,10 @@ class Server(SQLModel, table=True):
     ipv6_prefix: str | None = Field(default=None, max_length=49)
     """The /64 routed to the server (``"2001:db8:0:5::/64"``) when its location routes one per
     server; None when the address comes from a prefix shared by the location's servers."""
+    # Added by migration 0019 (issue 25): the inbound firewall.
+    firewall: str | None = Field(default=None, sa_type=sa.Text)
+    """JSON list of the inbound rules (``{"protocol", "ports", "source"}``, vpsshop/servers/firewall.py);
+    None or empty: every inbound connection is let in (anti-spoofing is on regardless)."""
 
 
 class RecoveryCode(SQLModel, table=True):

@@ -260,6 +260,9 @@ class ServersSettings(_Section):
     jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
     job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
     lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
+    firewall_max_rules: int = Field(
+        50, ge=1, le=500, description="Inbound firewall rules a server may have (PUT /servers/{id}/firewall)."
+    )
 
 
 class TrafficSettings(_Section):

@@ -91,6 +91,7 @@ from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    FirewallRule,
     GuestReport,
     HostImages,
     HostInspection,
@@ -299,6 +300,106 @@ def mac_address(name: str) -> str:
     return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
 
 
+FILTER_PREFIX = "vpsshop-fw-"
+"""Each server's network filter is ``vpsshop-fw-<domain>`` (and ``...-ipv6`` beside it for IPv6)."""
+RULE_PRIORITY = "500"
+"""The priority of the customer's accept rules in the filter (what :func:`parse_firewall` reads back)."""
+_V6_TAGS = {"tcp": "tcp-ipv6", "udp": "udp-ipv6", "icmp": "icmpv6"}
+
+
+def filter_name(domain: str) -> str:
+    return FILTER_PREFIX + domain
+
+
+def ipv6_filter_name(domain: str) -> str:
+    return FILTER_PREFIX + domain + "-ipv6"
+
+
+def ipv6_filter_xml(domain: str, address: str, prefix_length: int, uuid: str | None = None) -> str:
+    """IPv6 anti-spoofing in the ``ipv6-ip`` chain: the guest sends from its link-local addresses,
+    the unspecified address (duplicate address detection) and its own address (its /64 when routed)."""
+    # jumped to before the root chain's accept of IPv6 (priority -640), as clean-traffic's IPv4 check is
+    flt = ET.Element("filter", name=ipv6_filter_name(domain), chain="ipv6-ip", priority="-710")
+    if uuid is not None:  # redefining a filter keeps its UUID
+        ET.SubElement(flt, "uuid").text = uuid
+    network = ipaddress.IPv6Network(f"{address}/{prefix_length}", strict=False)
+    sources = (("fe80::", "10"), ("::", "128"), (str(network.network_address), str(network.prefixlen)))
+    for n, (source, mask) in enumerate(sources):
+        rule = ET.SubElement(flt, "rule", action="return", direction="out", priority=str(100 + n))
+        ET.SubElement(rule, "ipv6", srcipaddr=source, srcipmask=mask)
+    ET.SubElement(flt, "rule", action="drop", direction="out", priority="1000")
+    return ET.tostring(flt, encoding="unicode")
+
+
+def firewall_xml(domain: str, rules: Iterable[FirewallRule], ipv6: bool, uuid: str | None = None) -> str:
+    """The server's filter: libvirt's ``clean-traffic`` (no MAC, IPv4 or ARP spoofing: the domain's
+    interface passes the leased address as ``IP``), IPv6 anti-spoofing when the guest has IPv6, and,
+    with rules, stateful inbound filtering: answers to the guest's connections and its own new
+    outbound ones pass, DHCP replies and ICMPv6 (neighbour discovery) come in, new inbound
+    connections only where a rule allows them, the rest is dropped."""
+    rules = tuple(rules)
+    flt = ET.Element("filter", name=filter_name(domain), chain="root")
+    if uuid is not None:  # redefining a filter keeps its UUID
+        ET.SubElement(flt, "uuid").text = uuid
+    ET.SubElement(flt, "filterref", filter="clean-traffic")
+    families = ("", "-ipv6") if ipv6 else ("",)
+    if ipv6:
+        ET.SubElement(flt, "filterref", filter=ipv6_filter_name(domain))
+        out = ET.SubElement(flt, "rule", action="accept", direction="out", priority="-640")
+        ET.SubElement(out, "mac", protocolid="ipv6")
+        ET.SubElement(flt, "filterref", filter="allow-incoming-ipv6")
+    if not rules:
+        return ET.tostring(flt, encoding="unicode")
+    for family in families:
+        answer = ET.SubElement(flt, "rule", action="accept", direction="in", priority="100")
+        ET.SubElement(answer, "all" + family, state="ESTABLISHED,RELATED")
+        leave = ET.SubElement(flt, "rule", action="accept", direction="out", priority="100")
+        ET.SubElement(leave, "all" + family, state="NEW,ESTABLISHED,RELATED")
+    dhcp = ET.SubElement(flt, "rule", action="accept", direction="in", priority="110")
+    ET.SubElement(dhcp, "udp", srcportstart="67", dstportstart="68")
+    if ipv6:
+        # neighbour discovery both ways; conntrack does not track it, so no state may be asked for
+        nd = ET.SubElement(flt, "rule", action="accept", direction="inout", priority="110", statematch="false")
+        ET.SubElement(nd, "icmpv6")
+    for rule in rules:
+        version = ipaddress.ip_network(rule.source).version if rule.source else None
+        for family in families:
+            if version == (4 if family else 6):
+                continue
+            attrs = {"state": "NEW"}
+            if rule.port_start is not None:
+                attrs.update(dstportstart=str(rule.port_start), dstportend=str(rule.port_end))
+            if rule.source is not None:
+                network = ipaddress.ip_network(rule.source)
+                attrs.update(srcipaddr=str(network.network_address), srcipmask=str(network.prefixlen))
+            tag = _V6_TAGS[rule.protocol] if family else rule.protocol
+            el = ET.SubElement(flt, "rule", action="accept", direction="in", priority=RULE_PRIORITY)
+            ET.SubElement(el, tag, attrs)
+    for family in families:
+        drop = ET.SubElement(flt, "rule", action="drop", direction="in", priority="900")
+        ET.SubElement(drop, "all" + family)
+    return ET.tostring(flt, encoding="unicode")
+
+
+def parse_firewall(xml: str) -> tuple[tuple[FirewallRule, ...], bool]:
+    """The customer's rules in a filter :func:`firewall_xml` made, and whether it references
+    ``clean-traffic`` (anti-spoofing)."""
+    root = ET.fromstring(xml)
+    clean = any(ref.get("filter") == "clean-traffic" for ref in root.findall("filterref"))
+    found: dict[FirewallRule, None] = {}
+    for rule in root.findall("rule"):
+        if rule.get("priority") != RULE_PRIORITY or rule.get("direction") != "in" or len(rule) != 1:
+            continue
+        el = rule[0]
+        protocol = {"tcp-ipv6": "tcp", "udp-ipv6": "udp", "icmpv6": "icmp"}.get(el.tag, el.tag)
+        start, end = el.get("dstportstart"), el.get("dstportend")
+        address, mask = el.get("srcipaddr"), el.get("srcipmask")
+        source = str(ipaddress.ip_network(f"{address}/{mask}", strict=False)) if address else None
+        found[FirewallRule(protocol, int(start) if start else None, int(end) if end else None, source)] = None
+    # a rule from anywhere is written once per family: read back, both are the same rule
+    return tuple(found), clean
+
+
 def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_path: str, seed_path: str) -> str:
     """The domain definition. Memory carries an explicit unit; disk and network are virtio."""
     dom = ET.Element("domain", type=cfg.domain_type)
@@ -344,6 +445,12 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     elif kind == "bridge":
         ET.SubElement(nic, "source", bridge=name)
     ET.SubElement(nic, "model", type="virtio")
+    if kind != "user" and cfg.domain_type != "test":
+        # anti-spoofing and the customer's firewall (firewall_xml); without a leased address libvirt
+        # learns the guest's from its DHCP exchange
+        ref = ET.SubElement(nic, "filterref", filter=filter_name(spec.name))
+        if spec.ip is not None:
+            ET.SubElement(ref, "parameter", name="IP", value=spec.ip)
     ET.SubElement(devices, "serial", type="pty")
     ET.SubElement(devices, "console", type="pty")
     if cfg.guest_reports and cfg.domain_type != "test":
@@ -611,7 +718,9 @@ class LibvirtBackend(HypervisorBackend):
 
     kind = "libvirt"
     Config = LibvirtConfig
-    capabilities = frozenset({"reinstall", "console", "guest_report", "images", "ipv6", "resize", "migrate", "traffic"})
+    capabilities = frozenset(
+        {"reinstall", "console", "guest_report", "images", "ipv6", "resize", "migrate", "traffic", "firewall"}
+    )
 
     config: LibvirtConfig
 
@@ -621,10 +730,12 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset({"reinstall", "console", "images", "ipv6", "resize", "migrate", "traffic"})
+            self.capabilities = frozenset(
+                {"reinstall", "console", "images", "ipv6", "resize", "migrate", "traffic", "firewall"}
+            )
         if all(loc.network == "user" for loc in self.cfg.locations.values()):
-            # QEMU's user networking has no tap device on the host: nothing to count or shape
-            self.capabilities = self.capabilities - {"traffic"}
+            # QEMU's user networking has no tap device on the host: nothing to count, shape or filter
+            self.capabilities = self.capabilities - {"traffic", "firewall"}
         self._conns: dict[str, Any] = {}
         self._watches: dict[str, list[int]] = {}  # uri -> ids of the event callbacks on its connection
         self._boots: dict[str, int] = {}  # domain -> guest starts and resets seen since it was connected
@@ -863,6 +974,7 @@ class LibvirtBackend(HypervisorBackend):
             if dom is None:
                 pool, pool_path = self._pool(conn, loc)
                 disk, seed = self._disk_and_seed(conn, pool, pool_path, spec)
+                self._ensure_filters(conn, loc, spec)
                 dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
             if not dom.isActive():
                 dom.create()
@@ -937,6 +1049,55 @@ class LibvirtBackend(HypervisorBackend):
             vol = self._volume(pool, name)
             if vol is not None:
                 vol.delete(0)
+        if self._filtered(loc):
+            for name in (filter_name(handle.domain), ipv6_filter_name(handle.domain)):
+                flt = self._filter(conn, name)
+                if flt is not None:
+                    flt.undefine()
+
+    # ---- firewall -------------------------------------------------------------------------------
+
+    def _filtered(self, loc: LocationConfig) -> bool:
+        return self.cfg.domain_type != "test" and loc.network != "user"
+
+    def _filter(self, conn: Any, name: str) -> Any | None:
+        try:
+            return conn.nwfilterLookupByName(name)
+        except LibvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_NWFILTER:
+                return None
+            raise
+
+    def _ensure_filters(self, conn: Any, loc: LocationConfig, spec: ServerSpec) -> None:
+        """Anti-spoofing before the domain first starts: the server's filter, without rules unless it
+        has some already (a reinstall keeps the customer's firewall)."""
+        if not self._filtered(loc):
+            return
+        ipv6 = spec.ipv6 is not None
+        if ipv6 and spec.ipv6 is not None:
+            length = spec.ipv6_prefix_length if loc.ipv6_mode == "routed" else 128
+            old = self._filter(conn, ipv6_filter_name(spec.name))
+            uuid = old.UUIDString() if old is not None else None
+            conn.nwfilterDefineXML(ipv6_filter_xml(spec.name, spec.ipv6, length, uuid))
+        if self._filter(conn, filter_name(spec.name)) is None:
+            conn.nwfilterDefineXML(firewall_xml(spec.name, (), ipv6))
+
+    def _set_firewall(self, handle: ServerHandle, rules: tuple[FirewallRule, ...]) -> None:
+        host, loc = self._host(handle.host)
+        if not self._filtered(loc):
+            raise PluginError(f"location {handle.location!r} uses QEMU user networking: it has no firewall")
+        conn = self._conn(host.uri)
+        self._require(handle)
+        ipv6 = self._filter(conn, ipv6_filter_name(handle.domain)) is not None
+        old = self._filter(conn, filter_name(handle.domain))
+        uuid = old.UUIDString() if old is not None else None
+        # redefining a filter in use makes libvirt apply it again to the running guest's interface
+        conn.nwfilterDefineXML(firewall_xml(handle.domain, rules, ipv6, uuid))
+
+    async def set_firewall(self, handle: ServerHandle, rules: tuple[FirewallRule, ...]) -> None:
+        """Redefine the server's network filter ``vpsshop-fw-<domain>`` (:func:`firewall_xml`):
+        libvirt applies it to the running guest at once (ebtables and iptables on the host)."""
+        await self._run(self._set_firewall, handle, tuple(rules))
 
     def _state(self, handle: ServerHandle) -> DomainState:
         dom = self._domain(handle)
@@ -989,6 +1150,7 @@ class LibvirtBackend(HypervisorBackend):
             if vol is not None:
                 vol.delete(0)
         disk, seed = self._disk_and_seed(conn, pool, pool_path, spec)
+        self._ensure_filters(conn, loc, spec)
         dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
         dom.create()
         return ServerHandle(host=host.key, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
@@ -1084,6 +1246,10 @@ class LibvirtBackend(HypervisorBackend):
                     source.set("file", paths[source.get("file", "")])
                 for backing in disk.findall("backingStore"):
                     disk.remove(backing)
+            if self._filtered(dst_loc):  # the firewall and anti-spoofing move along
+                filters = (filter_name(handle.domain), ipv6_filter_name(handle.domain))
+                for flt in filter(None, (self._filter(src_conn, n) for n in filters)):
+                    dst_conn.nwfilterDefineXML(flt.XMLDesc(0))
             dst_dom = dst_conn.defineXML(ET.tostring(desc, encoding="unicode"))
         if start and not dst_dom.isActive():
             dst_dom.create()
@@ -1096,6 +1262,11 @@ class LibvirtBackend(HypervisorBackend):
             vol = self._volume(src_pool, name)
             if vol is not None:
                 vol.delete(0)
+        if self._filtered(src[1]):
+            for name in (filter_name(handle.domain), ipv6_filter_name(handle.domain)):
+                left = self._filter(src_conn, name)
+                if left is not None:
+                    left.undefine()
         return moved
 
     def _copy_volume(self, src_conn: Any, vol: Any, dst_conn: Any, dst_pool: Any, dst_path: str, name: str) -> str:
@@ -1250,6 +1421,8 @@ class LibvirtBackend(HypervisorBackend):
         running = 0
         marker = None
         sizes: dict[str, int | None] = {"vcpu": None, "memory_mib": None, "disk_gib": None}
+        firewall: tuple[FirewallRule, ...] | None = None
+        spoofing: bool | None = None
         for host, loc in self._hosts_of(handle):
             conn = self._conn(host.uri)
             dom = self._lookup(conn, name)
@@ -1268,7 +1441,24 @@ class LibvirtBackend(HypervisorBackend):
             if disk is not None and marker is None:
                 marker = _read_marker(disk.path())
                 sizes["disk_gib"] = disk.info()[1] // 1024**3
-        return HostInspection(tuple(resources), running, self._boot_count(name), marker, **sizes)
+            if self._filtered(loc):
+                for filter_ in (filter_name(name), ipv6_filter_name(name)):
+                    if self._filter(conn, filter_) is not None:
+                        resources.append(f"nwfilter {filter_} on {host.key}")
+                flt = self._filter(conn, filter_name(name))
+                if flt is not None and firewall is None:
+                    firewall, clean = parse_firewall(flt.XMLDesc(0))
+                    nic = ET.fromstring(dom.XMLDesc(0)).find("devices/interface/filterref") if dom else None
+                    spoofing = clean and nic is not None and nic.get("filter") == filter_name(name)
+        return HostInspection(
+            tuple(resources),
+            running,
+            self._boot_count(name),
+            marker,
+            firewall=firewall,
+            anti_spoofing=spoofing,
+            **sizes,
+        )
 
     async def inspect(self, handle: ServerHandle) -> HostInspection:
         """The domain and the volumes of the server on its host (every host of its location when

@@ -45,6 +45,7 @@ from vpsshop import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    FirewallRule,
     GuestReport,
     HostInspection,
     HostKey,
@@ -111,7 +112,9 @@ class SimulatedBackend(HypervisorBackend):
     kind = "simulator"
     Config = SimulatorConfig
     sandbox_priority = 100
-    capabilities = frozenset({"reinstall", "console", "guest_report", "ipv6", "resize", "migrate", "traffic"})
+    capabilities = frozenset(
+        {"reinstall", "console", "guest_report", "ipv6", "resize", "migrate", "traffic", "firewall"}
+    )
 
     config: SimulatorConfig
     records: PluginState | None = None
@@ -286,6 +289,11 @@ class SimulatedBackend(HypervisorBackend):
 
         await self._power(handle, change, must_exist=True)
 
+    async def set_firewall(self, handle: ServerHandle, rules: tuple[FirewallRule, ...]) -> None:
+        """The rules go in the domain's record (its simulated filter, anti-spoofing always on)."""
+        firewall = [rule.as_dict() for rule in rules]
+        await self._power(handle, lambda data: {**data, "firewall": firewall}, must_exist=True)
+
     async def open_console(self, handle: ServerHandle) -> ConsoleStream:
         record = await self._state().get(handle.domain)
         if record is None or record.data["power"] != "on":
@@ -361,6 +369,8 @@ class SimulatedBackend(HypervisorBackend):
             vcpu=data.get("vcpu"),
             memory_mib=data.get("memory_mib"),
             disk_gib=data.get("disk_gib"),
+            firewall=tuple(FirewallRule.parse(**rule) for rule in data.get("firewall", [])),
+            anti_spoofing=data.get("defined", True),
         )
 
     async def mark_disk(self, handle: ServerHandle, marker: str) -> None:

@@ -27,6 +27,7 @@ from vpsshop.servers import (
     console,
     control,
     credentials,
+    firewall,
     orders,
     reinstall,
     renewals,
@@ -38,6 +39,7 @@ from vpsshop.servers import (
 from vpsshop.servers.console import TICKET_SECONDS, WS_PATH, ConsoleTicketOut
 from vpsshop.servers.control import PowerAction, PowerActionOut, ServerChange
 from vpsshop.servers.credentials import CredentialsOut
+from vpsshop.servers.firewall import FirewallIn, FirewallOut
 from vpsshop.servers.orders import OrderInput, OrderOut, QuoteInput, QuoteOut
 from vpsshop.servers.reinstall import ReinstallInput, ReinstallOut
 from vpsshop.servers.renewals import RenewInput, RenewOut
@@ -50,6 +52,7 @@ from vpsshop.servers.termination import ServerTerminated, TerminateInput
 OrderBody = body_named("OrderBody", OrderInput)
 QuoteBody = body_named("QuoteBody", QuoteInput)
 ServerPatch = body_named("ServerPatch", ServerChange)
+FirewallBody = body_named("FirewallBody", FirewallIn)
 RenewBody = body_named("RenewBody", RenewInput)
 ReinstallBody = body_named("ReinstallBody", ReinstallInput)
 ResizeBody = body_named("ResizeBody", ResizeInput)
@@ -143,6 +146,14 @@ async def get_server(call: Call) -> ServerOut:
 
 async def patch_server(call: Call) -> ServerOut:
     return await control.change_server(call.ctx, call.actor, call.path["id"], call.body)
+
+
+async def get_firewall(call: Call) -> FirewallOut:
+    return await firewall.get_firewall(call.ctx, call.actor, call.path["id"])
+
+
+async def put_firewall(call: Call) -> FirewallOut:
+    return await firewall.set_firewall(call.ctx, call.actor, call.path["id"], call.body)
 
 
 async def get_credentials(call: Call) -> CredentialsOut:
@@ -426,6 +437,44 @@ def routes() -> list[ApiRoute]:
             tags=TAG,
             count_writes=False,
             operation_id="terminateServer",
+        ),
+        ApiRoute(
+            "GET",
+            "/servers/{id}/firewall",
+            get_firewall,
+            "Read a server's inbound firewall",
+            FirewallOut,
+            description="The inbound rules (protocol, ports, source) PUT /servers/{id}/firewall set; the same list "
+            "is the firewall field of the server. Anti-spoofing is always on.",
+            errors={404: _NOT_YOURS},
+            tags=TAG,
+            count_writes=False,
+            operation_id="getServerFirewall",
+        ),
+        ApiRoute(
+            "PUT",
+            "/servers/{id}/firewall",
+            put_firewall,
+            "Replace a server's inbound firewall",
+            FirewallOut,
+            body=FirewallBody,
+            description="Replaces the whole rule set: the hypervisor then lets in new connections to the server "
+            "only where a rule allows them (protocol tcp, udp or icmp; a port or an inclusive range such as "
+            "8000-8100; a source prefix, or anywhere), and drops every other new inbound connection. Answers to "
+            "the server's own connections, its outbound traffic, DHCP and IPv6 neighbour discovery always pass. "
+            "An empty list lets every inbound connection in (the default). Applied by a job within seconds; "
+            "server.firewall_changed follows. At most servers.firewall_max_rules rules (50 by default).\n\n"
+            "Whatever the rules, every server's packets leave the host only from its own MAC and IP addresses "
+            "(anti-spoofing): that is not the customer's to turn off.",
+            errors={
+                400: "invalid_rule, too_many_rules, invalid_rules, unknown_field",
+                404: _NOT_YOURS,
+                409: "server_not_active: the server is not active; not_supported: the shop's hypervisor has no "
+                "firewall.",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="setServerFirewall",
         ),
         ApiRoute(
             "GET",

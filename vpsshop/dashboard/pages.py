@@ -462,6 +462,8 @@ def routes(dash: Dashboard) -> list[BaseRoute]:
         Route("/servers/{id:id}/auto-renew", e(servers.auto_renew), methods=["POST"]),
         Route("/servers/{id:id}/credentials", e(servers.credentials), methods=["POST"]),
         Route("/servers/{id:id}/reverse-dns", e(servers.reverse_dns), methods=["POST"]),
+        Route("/servers/{id:id}/firewall", e(servers.firewall_page), methods=["GET"]),
+        Route("/servers/{id:id}/firewall", e(servers.set_firewall), methods=["POST"]),
         Route("/servers/{id:id}/reinstall", e(servers.reinstall_page), methods=["GET"]),
         Route("/servers/{id:id}/reinstall", e(servers.reinstall), methods=["POST"]),
         Route("/servers/{id:id}/resize", e(servers.resize_page), methods=["GET"]),

@@ -20,11 +20,12 @@ from vpsshop import accounts
 from vpsshop.dashboard.web import Page, format_usd, whole_number
 from vpsshop.dashboard.words import cycles, friendly, renewal_words
 from vpsshop.errors import ApiError, BadRequest
-from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_REINSTALL, CAPABILITY_RESIZE
+from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_FIREWALL, CAPABILITY_REINSTALL, CAPABILITY_RESIZE
 from vpsshop.inputs import parse
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.servers import console, control, orders, renewals, resource, sshkeys, termination
 from vpsshop.servers import credentials as server_credentials
+from vpsshop.servers import firewall as firewalls
 from vpsshop.servers import reinstall as reinstalls
 from vpsshop.servers import resize as resizes
 from vpsshop.servers.control import POWER_ACTIONS, ServerChange
@@ -314,6 +315,70 @@ async def reverse_dns(page: Page) -> Response:
             raise
         return await server_page(page, status=exc.status, headers=exc.headers, rdns_error=friendly(exc), rdns=name)
     return page.redirect(f"servers/{server_id}", "rdns-set" if name else "rdns-cleared")
+
+
+# ---- firewall ----------------------------------------------------------------------------------------------
+
+
+def rule_lines(rules: list[resource.FirewallRuleOut]) -> str:
+    """The rules one a line, as the firewall form takes them: ``tcp 8000-8100 198.51.100.0/24``."""
+    return "\n".join(" ".join(p for p in (r.protocol, r.ports or "", r.source or "") if p) for r in rules)
+
+
+def parse_rule_lines(text: str) -> list[dict[str, str]]:
+    """The form's lines as the operation's rules: ``<protocol> [ports] [source]`` (a source has a dot
+    or a colon, so ``tcp 10.0.0.0/8`` is every TCP port from that prefix); blank lines and ``#``
+    comments are skipped.
+
+    :raises BadRequest: invalid_rule, naming the line.
+    """
+    rules = []
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        rule = {"protocol": words[0].lower()}
+        for word in words[1:]:
+            key = "source" if ("." in word or ":" in word) else "ports"
+            if key in rule:
+                raise BadRequest("invalid_rule", f"Line {n}: write the protocol, then ports, then a source.")
+            rule[key] = word
+        rules.append(rule)
+    return rules
+
+
+async def firewall_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    server = await resource.get_server(page.ctx, page.customer, _server_id(page))
+    return page.render(
+        "firewall.html",
+        status,
+        headers,
+        title=f"Firewall of {server.hostname}",
+        server=server,
+        rules_text=extra.pop("rules_text", rule_lines(server.firewall)),
+        most=page.ctx.settings.servers.firewall_max_rules,
+        can_firewall=page.can(CAPABILITY_FIREWALL),
+        **extra,
+    )
+
+
+async def firewall_page(page: Page) -> Response:
+    return await firewall_form(page)
+
+
+async def set_firewall(page: Page) -> Response:
+    server_id = _server_id(page)
+    text = page.form.get("rules", "")
+    try:
+        body = parse(firewalls.FirewallIn, {"rules": parse_rule_lines(text)})
+        await firewalls.set_firewall(page.ctx, page.customer, server_id, body)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await firewall_form(page, status=exc.status, headers=exc.headers, error=friendly(exc), rules_text=text)
+    return page.redirect(f"servers/{server_id}/firewall", "firewall-set")
 
 
 # ---- reinstall ---------------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ NOTICES = {
     "resized": "Resize paid. The server restarts with its new plan within a minute; its disk grows at that boot.",
     "rdns-set": "Reverse DNS saved. The shop's DNS is updated within seconds.",
     "rdns-cleared": "Reverse DNS removed. The shop's DNS is updated within seconds.",
+    "firewall-set": "Firewall saved. The host applies it within seconds.",
     "webhook-deleted": "The webhook endpoint is deleted: nothing more is sent to it.",
     "webhook-saved": "The webhook endpoint is changed.",
     "webhook-enabled": "The webhook endpoint is on again: pending deliveries resume.",

@@ -139,6 +139,12 @@ _TYPES = [
         "new values.",
     ),
     EventType(
+        "server.firewall_changed",
+        "server",
+        "The server's inbound firewall (PUT /servers/{id}/firewall) is now in force on the hypervisor; data.firewall "
+        "holds its rules.",
+    ),
+    EventType(
         "server.started",
         "server",
         "A start (POST /servers/{id}/start) has run on the hypervisor: the VM is powered on (data.power running).",

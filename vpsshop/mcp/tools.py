@@ -35,6 +35,7 @@ from vpsshop.servers import (
     console,
     control,
     credentials,
+    firewall,
     orders,
     reinstall,
     renewals,
@@ -44,6 +45,7 @@ from vpsshop.servers import (
     termination,
 )
 from vpsshop.servers.control import PowerAction, ServerChange
+from vpsshop.servers.firewall import FirewallIn
 from vpsshop.servers.orders import OrderInput, QuoteInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
@@ -180,6 +182,10 @@ class RenewalQuoteArgs(ServerRef, RenewInput):
 
 
 class ChangeArgs(ServerRef, ServerChange):
+    pass
+
+
+class FirewallArgs(ServerRef, FirewallIn):
     pass
 
 
@@ -556,6 +562,29 @@ TOOLS: tuple[Tool, ...] = (
         lambda ctx, customer, args: control.change_server(ctx, customer, args.server_id, part(args, ServerChange)),
         ("updateServer",),
         idempotent=True,
+    ),
+    Tool(
+        "get_firewall",
+        "Read a server's firewall",
+        "The server's inbound firewall rules (protocol, ports, source); empty: every inbound connection is let in.",
+        ServerRef,
+        lambda ctx, customer, args: firewall.get_firewall(ctx, customer, args.server_id),
+        ("getServerFirewall",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "set_firewall",
+        "Replace a server's firewall",
+        "Replace the server's inbound rules as a whole: new inbound connections are then let in only where a rule "
+        "allows them (protocol tcp, udp or icmp; ports such as 22 or 8000-8100; a source prefix, or anywhere); an "
+        "empty list lets every one in. Keep a rule for SSH (tcp 22) to keep logging in. Applied on the hypervisor "
+        "within seconds (event server.firewall_changed). Anti-spoofing is always on.",
+        FirewallArgs,
+        lambda ctx, customer, args: firewall.set_firewall(ctx, customer, args.server_id, part(args, FirewallIn)),
+        ("setServerFirewall",),
+        idempotent=True,
+        destructive=True,
     ),
     Tool(
         "get_credentials",

@@ -58,6 +58,10 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
 * ``start``/``resume`` of a running domain, ``stop``/``suspend`` of a stopped one, and ``stop``,
   ``suspend`` and ``destroy`` of a missing one do nothing and do not raise; ``reboot`` of a
   stopped domain starts it, of a running one restarts the guest;
+* with capability ``"firewall"``: the guest is filtered against spoofing from ``create`` on (as
+  ``inspect`` reads it), ``set_firewall`` puts its rules in force (twice: a retried job), a
+  ``reinstall`` keeps them, no rules clears them, a missing domain raises ``PluginError``, and
+  ``destroy`` removes the filter;
 * ``suspend`` and ``resume`` keep the disk;
 * ``destroy`` removes the domain, its disk and its first-boot data, also when ``handle.host`` is
   empty (look on every host of ``handle.location``);
@@ -104,6 +108,7 @@ from anyio.from_thread import start_blocking_portal
 from vpsshop.errors import PluginError
 from vpsshop.hypervisor import (
     CAPABILITY_CONSOLE,
+    CAPABILITY_FIREWALL,
     CAPABILITY_GUEST_REPORT,
     CAPABILITY_IMAGES,
     CAPABILITY_IPV6,
@@ -114,6 +119,7 @@ from vpsshop.hypervisor import (
     AddressPool,
     ConsoleStream,
     DomainState,
+    FirewallRule,
     GuestReport,
     HostInspection,
     HostKey,
@@ -134,8 +140,16 @@ KNOWN_CAPABILITIES = frozenset(
         CAPABILITY_RESIZE,
         CAPABILITY_MIGRATE,
         CAPABILITY_TRAFFIC,
+        CAPABILITY_FIREWALL,
     }
 )
+CONTRACT_FIREWALL = (
+    FirewallRule.parse("tcp", 22),
+    FirewallRule.parse("tcp", "8000-8100", "198.51.100.0/24"),
+    FirewallRule.parse("udp", "53", "2001:db8::/48"),
+    FirewallRule.parse("icmp"),
+)
+"""The rules the kit applies with ``set_firewall``: every protocol, a port, a range, both families."""
 NO_REPORT_WAIT = 2.0
 """How long the kit lets ``guest_report`` wait on a guest that cannot report (a test host whose image
 boots nothing); the call must return None within a few seconds of that."""
@@ -259,6 +273,17 @@ class HostCheck:
             f"after {after} the disk still carries marker {found.disk_marker!r}: not a new disk"
         )
         self.marker = None
+
+    async def firewall(self, handle: ServerHandle, rules: tuple[FirewallRule, ...], after: str) -> None:
+        """The host filters the guest: anti-spoofing on, and ``rules`` (in any order) in force."""
+        if not self.enabled:
+            return
+        found = await self.look(handle)
+        assert found.anti_spoofing is not False, f"after {after} the guest may send from any address"
+        if found.firewall is not None:
+            assert sorted(map(repr, found.firewall)) == sorted(map(repr, rules)), (
+                f"after {after} the host's firewall holds {list(found.firewall)}, not {list(rules)}"
+            )
 
     async def nothing_left(self, handle: ServerHandle, after: str) -> None:
         if not self.enabled:
@@ -400,6 +425,9 @@ async def check_optional_verbs(
             pass
         else:
             raise AssertionError("open_console of a missing domain must raise PluginError")
+    firewalled = CAPABILITY_FIREWALL in backend.capabilities
+    if firewalled:
+        await check_firewall(backend, handle, host)
     if CAPABILITY_TRAFFIC in backend.capabilities:
         await check_traffic(backend, handle)
     if CAPABILITY_RESIZE in backend.capabilities:
@@ -424,6 +452,27 @@ async def check_optional_verbs(
                             "after reinstall the guest reports the host keys of the system it replaced"
                         )
                 await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
+        if firewalled:
+            await host.firewall(handle, CONTRACT_FIREWALL, "reinstall (the customer's firewall stays)")
+            await backend.set_firewall(handle, ())
+            await host.firewall(handle, (), "set_firewall with no rules")
+
+
+async def check_firewall(backend: HypervisorBackend, handle: ServerHandle, host: HostCheck) -> None:
+    """``set_firewall`` on a running domain: anti-spoofing from create on, the rules in force after
+    each call (applied twice: a retried job), and a missing domain refused."""
+    await host.firewall(handle, (), "create (anti-spoofing, no rules yet)")
+    for attempt in ("set_firewall", "set_firewall again (a retried job)"):
+        await backend.set_firewall(handle, CONTRACT_FIREWALL)
+        await host.firewall(handle, CONTRACT_FIREWALL, attempt)
+    await expect_state(backend, handle, DomainState.RUNNING, "set_firewall")
+    missing = ServerHandle(handle.host, f"{handle.domain}-never", location=handle.location)
+    try:
+        await backend.set_firewall(missing, CONTRACT_FIREWALL)
+    except PluginError:
+        pass
+    else:
+        raise AssertionError("set_firewall of a missing domain must raise PluginError")
 
 
 def resized_spec(spec: ServerSpec) -> ServerSpec:

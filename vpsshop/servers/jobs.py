@@ -685,6 +685,25 @@ def _named_addresses(ctx: AppContext, server: Server) -> list[str]:
     return [a for a in (server.ip, server.ipv6) if a and (a == server.ip or ctx.dns.holds(a))]
 
 
+# ---- firewall ------------------------------------------------------------------------------------
+
+
+async def _firewall(ctx: AppContext, job: ClaimedJob) -> None:
+    """Hand the server's stored rules to the backend (the latest ones: an older job applies them too)."""
+    from vpsshop.servers.firewall import firewall_applied, rules_of
+
+    def load() -> Server | None:
+        with ctx.db.session() as session:
+            return session.get(Server, job.server_id)
+
+    server = await to_thread.run_sync(load)
+    if server is None or server.domain is None or server.status == "terminated":
+        return  # nothing on the hypervisor to filter (destroy removes the filter)
+    assert ctx.hypervisor is not None
+    await ctx.hypervisor.set_firewall(_handle(server), rules_of(server))
+    await to_thread.run_sync(firewall_applied, ctx, job.server_id, server.account_id, server.firewall)
+
+
 # ---- other verbs ---------------------------------------------------------------------------------
 
 _POWER_AFTER = {"start": "running", "reboot": "running", "resume": "running", "stop": "stopped", "suspend": "stopped"}
@@ -869,6 +888,8 @@ async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
             await _rdns(ctx, job)
         elif job.kind == "migrate":
             await _migrate(ctx, job)
+        elif job.kind == "firewall":
+            await _firewall(ctx, job)
         else:
             await _verb(ctx, job)
     except RetryLater as exc:

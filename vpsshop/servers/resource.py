@@ -22,11 +22,13 @@ from vpsshop.money import UsdAmount, micros_to_usd
 from vpsshop.servers.models import ServerTraffic
 
 __all__ = [
+    "FirewallRuleOut",
     "HostKeyOut",
     "ServerList",
     "ServerOut",
     "TrafficOut",
     "current_traffic",
+    "firewall_rules",
     "get_server",
     "host_keys",
     "list_servers",
@@ -39,6 +41,24 @@ __all__ = [
 Cycle = Literal["monthly", "annual"]
 ServerStatus = Literal["provisioning", "active", "suspended", "terminated"]
 Power = Literal["running", "stopped"]
+
+
+class FirewallRuleOut(BaseModel):
+    """One inbound rule of a server's firewall."""
+
+    protocol: Literal["tcp", "udp", "icmp"] = Field(description="tcp, udp, or icmp (ICMP and ICMPv6; no ports).")
+    ports: str | None = Field(
+        description='A port ("22") or an inclusive range ("8000-8100"); null: every port (always for icmp).'
+    )
+    source: str | None = Field(
+        description='The prefix new connections may come from ("198.51.100.0/24", "2001:db8::/48"); null: '
+        "anywhere, IPv4 and IPv6."
+    )
+
+
+def firewall_rules(server: Server) -> list[FirewallRuleOut]:
+    """The server's inbound rules as stored (``servers.firewall``, JSON)."""
+    return [FirewallRuleOut.model_validate(rule) for rule in json.loads(server.firewall or "[]")]
 
 
 class HostKeyOut(BaseModel):
@@ -129,6 +149,11 @@ class ServerOut(BaseModel):
         description="Network traffic in the current traffic period against the plan's allowance; null until the "
         "server's counters were first read (and where the hypervisor counts no traffic).",
     )
+    firewall: list[FirewallRuleOut] = Field(
+        default_factory=list,
+        description="The inbound firewall's rules (PUT /servers/{id}/firewall): with rules, only new inbound "
+        "connections they allow reach the server; empty: every one does. Anti-spoofing is always on.",
+    )
 
 
 def host_keys(server: Server) -> list[HostKey]:
@@ -188,6 +213,7 @@ def server_out(server: Server) -> ServerOut:
         ready_at=server.ready_at,
         host_keys=[HostKeyOut(type=k.type, key=k.key, fingerprint=k.fingerprint) for k in host_keys(server)],
         traffic=traffic,
+        firewall=firewall_rules(server),
     )
 
 
