@@ -167,11 +167,18 @@ class MoneroRegtest:
     """monerod --regtest --offline, a mining/paying sender wallet and the shop's view-only wallet."""
 
     def __init__(self, workdir: Path) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        try:
+            self._begin(workdir)
+        except BaseException:  # a node or wallet already started must not outlive the failed set-up
+            self.stop()
+            raise
+
+    def _begin(self, workdir: Path) -> None:
         self.workdir = workdir / "monero"
         self.workdir.mkdir(parents=True)
         self.daemon_port = free_port()
         self.zmq_pub = f"tcp://127.0.0.1:{free_port()}"
-        self.processes: list[subprocess.Popen[bytes]] = []
         self._start(
             [
                 shutil.which("monerod") or "/usr/bin/monerod",

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import struct
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,3 +248,16 @@ def test_a_solana_payer_tops_up_through_vpsshop_serve(
         assert ledger.token_balance(shop_ata) == int(entry["maxAmountRequired"])
         balance = httpx.get(f"{served.base}/account", headers=key, timeout=30).json()
         assert float(balance["balance_usd"]) == 25.0, balance
+
+
+def test_without_the_solana_libraries_the_coin_names_the_install(
+    ledger: Ledger, fee_payer: Keypair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain `pip install vpsshop` has no solana-py: configuring USDCSOL then stops with the remedy,
+    not with an ImportError halfway through a payment."""
+    from vpsshop import ConfigError
+
+    section = usdcsol_section(ledger, str(Keypair().pubkey()))
+    monkeypatch.setitem(sys.modules, "solana.rpc.api", None)  # what Python does for a module not installed
+    with pytest.raises(ConfigError, match=r"pip install 'vpsshop\[solana\]'"):
+        USDCSOL.from_settings(section, sandbox=False, where="coins.USDCSOL")

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vpsshop import (
+    ConfigError,
     PaymentCoin,
     PluginError,
     Readiness,
@@ -53,6 +54,7 @@ USDC_MINT = {
     "solana-devnet": "4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU",
 }
 MAX_HEADER_LENGTH = 16_384
+INSTALL_SOLANA = "pip install 'vpsshop[solana]' (solana-py and solders, which x402's SVM scheme uses)"
 
 
 class USDCSolConfig(BaseModel):
@@ -128,6 +130,11 @@ class USDCSOL(X402Coin):
 
     def __init__(self, config: USDCSolConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
+        try:  # only a shop that configures [coins.USDCSOL] needs them: not in a plain install
+            import solana.rpc.api  # noqa: F401
+            import solders.keypair  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(f"coins.USDCSOL needs {exc.name}, which is not installed: {INSTALL_SOLANA}") from None
         self.decimals = config.decimals
         self.mint = config.mint or USDC_MINT[config.network]
         self.caip2 = CAIP2[config.network]
