@@ -224,3 +224,50 @@ def test_eth_standing_address_credits_eth_and_a_token_sent_to_it(
             ("ETH", 30, address),
             ("USDT", 7, address),
         ]
+
+
+@pytest.fixture(scope="module")
+def monero() -> Iterator[Any]:
+    from chain_nodes import running_monero
+
+    with running_monero("xmr-deposit") as peers:
+        yield peers
+
+
+def test_xmr_standing_address_is_a_subaddress_of_the_next_account_and_credits_once(
+    tmp_path: Path, vpsshop_database_url: str, monero: Any
+) -> None:
+    """XMR: subaddress (account_index + 1, n), made in the view-only wallet by the shop itself; a
+    receipt there (seen in the pool, then confirmed) credited once as a top-up of its own, beside an
+    ordinary XMR top-up of the same account, which still completes as before."""
+    from vpsshop_monero.addresses import ViewWallet
+
+    account = int(monero.call(monero.shop_url, "create_account")["account_index"])
+    xmr = {**monero.settings(confirmations=1), "account_index": account}
+    lines = "".join(f"{key} = {value!r}\n".replace("'", '"') for key, value in xmr.items())
+    config = tmp_path / "shop.toml"
+    config.write_text(f"[coins.XMR]\n{lines}[topups]\nwatch_interval_seconds = 0.5\nstanding_minimum_usd = 5\n")
+    env = shop_env(vpsshop_database_url, VPSSHOP__SERVER__ACCESS_LOG="false")
+    with serve(tmp_path, env, "--config", str(config)) as shop:
+        made = httpx.post(f"{shop.base}/account").json()
+        h = {"Authorization": f"Bearer {made['api_key']}"}
+        answer = httpx.post(f"{shop.base}/deposit-addresses", headers=h, json={"coin": "XMR"})
+        assert answer.status_code == 200, answer.text
+        address = answer.json()["address"]
+        assert address == ViewWallet(monero.address, monero.view_key).subaddress(1, account + 1)
+        again = httpx.post(f"{shop.base}/deposit-addresses", headers=h, json={"coin": "XMR"}).json()
+        assert again["address"] == address  # one per account and coin
+        wallet = monero.call(monero.shop_url, "get_address", account_index=account + 1, address_index=[1])
+        assert wallet["addresses"][0]["address"] == address  # the shop made it in the wallet's next account
+        topup = httpx.post(f"{shop.base}/topups", headers=h, json={"amount": 10, "coin": "XMR"}).json()
+        monero.pay(address, 2 * 10**11)  # 0.2 XMR at 150 USD: 30 USD
+        paid = monero.pay(topup["deposit_address"], int(Decimal(topup["deposit_amount"]) * 10**12))
+        monero.mine_until_mined(paid)
+        monero.mine(1)
+        _until("both credited", lambda: _balance(shop.base, h) == 40, shop.output, seconds=90)
+        time.sleep(2)  # more passes credit nothing more
+        assert _balance(shop.base, h) == 40
+        completed = [e["data"] for e in _topup_events(shop.base, h) if e["type"] == "topup.completed"]
+        assert sorted((d["credited_usd"], d["deposit_address"]) for d in completed) == sorted(
+            [(30, address), (10, topup["deposit_address"])]
+        )

@@ -113,9 +113,9 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
     node_name = "monero-wallet-rpc"
     node_what = "monero-wallet-rpc"
     node_setting = "wallet_rpc_url"
-    standing_addresses = False
-    """Not yet: a standing XMR address would be a subaddress of an account of its own (account_index + 1),
-    which the scan does not read (docs/payments.md, "Standing deposit addresses")."""
+    standing_addresses = True
+    """A standing XMR address is subaddress ``(account_index + 1, n)``: an account of its own beside the
+    top-ups' (docs/payments.md, "Standing deposit addresses"), its watch key ``"<account>/<n>"``."""
 
     def __init__(self, config: MoneroConfig, *, sandbox: bool = False) -> None:
         super().__init__(config, sandbox=sandbox)
@@ -147,14 +147,39 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
             raise ValueError("subaddress 0 is the primary address; top-ups start at 1")
         return DepositAddress(self.wallet.subaddress(index, self.cfg.account_index), index, str(index))
 
+    @property
+    def standing_account(self) -> int:
+        """The wallet account whose subaddresses are standing deposit addresses."""
+        return self.cfg.account_index + 1
+
+    def derive_standing_address(self, number: int) -> DepositAddress:
+        """Subaddress ``(account_index + 1, number)``: Monero indices are 32-bit per account, so a
+        standing address gets an account of its own rather than an index range."""
+        if number < 1:
+            raise ValueError("standing addresses are numbered from 1")
+        account = self.standing_account
+        return DepositAddress(self.wallet.subaddress(number, account), number, f"{account}/{number}")
+
+    def _watch_key(self, major: int, minor: int) -> str | None:
+        if major == self.cfg.account_index:
+            return str(minor)
+        if major == self.standing_account:
+            return f"{major}/{minor}"
+        return None
+
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:
         amount = self.format_amount(amount_atomic).rstrip("0").rstrip(".")
         return f"monero:{address}?tx_amount={amount}&tx_description={label}"
 
     async def register_address(self, address: DepositAddress) -> None:
-        """Make the wallet's subaddress table reach ``address.index`` and check it agrees."""
+        """Make the wallet's subaddress table reach ``address.index`` (in the standing account for a
+        standing address, made first if the wallet has no such account yet) and check it agrees."""
         rpc = self.node
         account = self.cfg.account_index
+        if "/" in address.watch_key:
+            account = self.standing_account
+            while len((await rpc.call("get_accounts")).get("subaddress_accounts", [])) <= account:
+                await rpc.call("create_account", label="vpsshop standing deposits")
         while True:
             current = await rpc.call("get_address", account_index=account)
             known = max(int(a["address_index"]) for a in current.get("addresses", [{"address_index": 0}]))
@@ -201,7 +226,7 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
         answer = await rpc.call(
             "get_transfers",
             **{"in": True, "pool": True},
-            account_index=self.cfg.account_index,
+            all_accounts=True,  # the top-ups' account and the standing addresses' (account_index + 1)
             filter_by_height=True,
             min_height=max(start - REORG_MARGIN, 0),
             max_height=height + 1_000_000,
@@ -216,10 +241,8 @@ class Monero(NodeCoin[MoneroConfig, JsonRpcClient]):
 
     def _payment(self, transfer: dict[str, Any], watched: WatchSet) -> DetectedPayment | None:
         index = transfer.get("subaddr_index") or {}
-        if int(index.get("major", -1)) != self.cfg.account_index:
-            return None
-        key = str(index.get("minor"))
-        if key not in watched or transfer.get("type") not in ("in", "pool"):
+        key = self._watch_key(int(index.get("major", -1)), int(index.get("minor", -1)))
+        if key is None or key not in watched or transfer.get("type") not in ("in", "pool"):
             return None
         txid = transfer["txid"]
         height = int(transfer.get("height") or 0) or None
