@@ -375,7 +375,7 @@ def test_kit_walk_with_the_firewall_on_a_libvirt_network(storage_pool, libvirtd_
     """The kit's walk on a libvirt network, where the firewall capability is on: every domain gets
     its network filter (clean-traffic) from create on, set_firewall redefines it on the running
     domain and inspect reads it back, a reinstall keeps it, and destroy leaves no filter behind."""
-    from libvirt_peer import isolated_network
+    from libvirt_peer import host_can_shape, isolated_network
 
     from vpsshop.servers.contract import check_hypervisor, contract_spec
 
@@ -389,6 +389,10 @@ def test_kit_walk_with_the_firewall_on_a_libvirt_network(storage_pool, libvirtd_
         }
         backend = LibvirtBackend.from_settings(settings, sandbox=False, where="hypervisor.libvirt")
         assert "firewall" in backend.capabilities and backend.inspectable
+        if not host_can_shape():
+            # a kernel without sfq (this CI VM's) refuses libvirt's every bandwidth cap: this walk is
+            # the firewall's; the traffic verbs are walked by the simulator's kit and the real guest
+            backend.capabilities = backend.capabilities - {"traffic"}
         name = f"vps-fw-{uuid.uuid4().hex[:6]}"
         spec = contract_spec(
             "nl", name=name, os_image=BASE_IMAGE, ip=f"{prefix}.11", ipv6=f"fd42:1:2::{uuid.uuid4().hex[:3]}"

@@ -9,7 +9,6 @@ One order, one boot (about 1-3 minutes on a loaded machine); tests/test_real_gue
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import libvirt
 import pytest
-from libvirt_peer import GUEST_IMAGE, URI, guest_image_pool, isolated_network
+from libvirt_peer import GUEST_IMAGE, URI, guest_image_pool, host_can_shape, isolated_network
 from served import VPSSHOP, serve, shop_env
 from test_real_guest import BOOT_SECONDS, _keypair, _libvirt_settings, _ssh_options, wait_for_login
 
@@ -94,20 +93,6 @@ def pull(ip: str, key: Path, nbytes: int, tmp: Path) -> float:
     took = time.monotonic() - started
     assert proc.wait(120) == 0 and got == nbytes, (got, proc.stderr.read() if proc.stderr else b"")
     return (nbytes - 1) / 1024 / took
-
-
-def host_can_shape() -> bool:
-    """Whether this host's kernel has what libvirt's interface <bandwidth> runs (``tc`` with the
-    htb and sfq qdiscs and the police action). Debian's kernels do; the 2-core CI VM's kernel
-    (no modules) has no sfq, so libvirt refuses every cap there and the measured rate is not
-    checked on it (docs/operations.md, "Traffic": what a host needs to throttle)."""
-    name = f"vpsprobe{os.getpid() % 10000}"
-    if subprocess.run(["ip", "link", "add", name, "type", "dummy"], capture_output=True).returncode:
-        return False
-    try:
-        return subprocess.run(["tc", "qdisc", "add", "dev", name, "root", "sfq"], capture_output=True).returncode == 0
-    finally:
-        subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 def poll(read: Callable[[], Any], done: Callable[[Any], bool], timeout: float, what: str) -> Any:
