@@ -74,8 +74,17 @@ def test_schemathesis_all_checks_all_phases(tmp_path):
         # header (a top-up, an order, a renewal: base64 of a signed JSON payload, invalid_payment;
         # tests/test_x402*.py), an OpenSSH public key (a key, invalid_public_key) and cloud-init user
         # data (a cloud-config YAML mapping or a script, invalid_user_data) on an order, its quote and a
-        # reinstall (tests/test_server_access.py). Every other check runs on them too.
-        paid = ["createTopup", "orderServer", "renewServer", "createSshKey", "quoteOrder", "reinstallServer"]
+        # reinstall (tests/test_server_access.py), and a firewall rule's source (an address or a prefix,
+        # invalid_rule; tests/test_server_firewall.py). Every other check runs on them too.
+        paid = [
+            "createTopup",
+            "orderServer",
+            "renewServer",
+            "createSshKey",
+            "quoteOrder",
+            "reinstallServer",
+            "setServerFirewall",
+        ]
         only_paid = [arg for op in paid for arg in ("--include-operation-id", op)]
         for args in (
             [arg for op in paid for arg in ("--exclude-operation-id", op)],
