@@ -259,15 +259,17 @@ def test_xmr_standing_address_is_a_subaddress_of_the_next_account_and_credits_on
         assert again["address"] == address  # one per account and coin
         wallet = monero.call(monero.shop_url, "get_address", account_index=account + 1, address_index=[1])
         assert wallet["addresses"][0]["address"] == address  # the shop made it in the wallet's next account
-        topup = httpx.post(f"{shop.base}/topups", headers=h, json={"amount": 10, "coin": "XMR"}).json()
+        ordered = httpx.post(f"{shop.base}/topups", headers=h, json={"amount": 25, "coin": "XMR"})
+        assert ordered.status_code == 201, ordered.text
+        topup = ordered.json()
         monero.pay(address, 2 * 10**11)  # 0.2 XMR at 150 USD: 30 USD
         paid = monero.pay(topup["deposit_address"], int(Decimal(topup["deposit_amount"]) * 10**12))
         monero.mine_until_mined(paid)
         monero.mine(1)
-        _until("both credited", lambda: _balance(shop.base, h) == 40, shop.output, seconds=90)
+        _until("both credited", lambda: _balance(shop.base, h) == 55, shop.output, seconds=90)
         time.sleep(2)  # more passes credit nothing more
-        assert _balance(shop.base, h) == 40
+        assert _balance(shop.base, h) == 55
         completed = [e["data"] for e in _topup_events(shop.base, h) if e["type"] == "topup.completed"]
         assert sorted((d["credited_usd"], d["deposit_address"]) for d in completed) == sorted(
-            [(30, address), (10, topup["deposit_address"])]
+            [(30, address), (25, topup["deposit_address"])]
         )
