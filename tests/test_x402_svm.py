@@ -16,6 +16,7 @@ import struct
 import sys
 import threading
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from solders.account import Account
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from x402 import x402Client
+from x402.http.utils import decode_payment_required_header
 from x402.mechanisms.svm.constants import TOKEN_PROGRAM_ADDRESS
 from x402.mechanisms.svm.exact import ExactSvmClientScheme
 from x402.mechanisms.svm.signers import KeypairSigner
@@ -248,6 +250,71 @@ def test_a_solana_payer_tops_up_through_vpsshop_serve(
         assert ledger.token_balance(shop_ata) == int(entry["maxAmountRequired"])
         balance = httpx.get(f"{served.base}/account", headers=key, timeout=30).json()
         assert float(balance["balance_usd"]) == 25.0, balance
+
+
+def test_a_solana_payer_orders_a_server_from_a_402_listing_both_coins(
+    ledger: Ledger, fee_payer: Keypair, tmp_path: Path, vpsshop_database_url: str
+) -> None:
+    """A shop with USDCBASE and USDCSOL: an order without an API key answers one 402 listing both coins
+    (v1 body and v2 header); docs/x402.md's Solana client picks the Solana entry, pays the whole price,
+    and gets the server and its wallet's account, whose key then shows the server."""
+    shop, payer = Keypair(), Keypair()
+    shop_ata = ledger.fund(str(shop.pubkey()), 0)
+    payer_ata = ledger.fund(str(payer.pubkey()), 200 * UNIT)
+    base = {
+        "network": "base",
+        "mode": "facilitator",
+        "facilitator_url": "http://127.0.0.1:9/",
+        "pay_to": "0x" + "ab" * 20,
+    }
+    sections = {"USDCBASE": base, "USDCSOL": usdcsol_section(ledger, str(shop.pubkey()))}
+    config = tmp_path / "vpsshop.toml"
+    config.write_text(
+        "".join(
+            f"[coins.{code}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items())
+            for code, section in sections.items()
+        )
+    )
+    env = shop_env(vpsshop_database_url, **{FEE_PAYER_ENV: str(fee_payer)})
+    with serve(tmp_path, env, "--config", str(config)) as served:
+        catalog = httpx.get(f"{served.base}/catalog", timeout=30).json()
+        order = {
+            "plan": catalog["plans"][0]["id"],
+            "location": catalog["locations"][0]["id"],
+            "os": catalog["operating_systems"][0]["id"],
+        }
+        price = next(
+            Decimal(str(row["monthly_usd"]))
+            for row in catalog["pricing"]
+            if (row["plan"], row["location"]) == (order["plan"], order["location"])
+        )
+        asked = httpx.post(f"{served.base}/servers", json=order, timeout=30)
+        assert asked.status_code == 402, asked.text
+        body = asked.json()
+        assert body["error"] == "payment_required"
+        assert sorted((e["network"], e["maxAmountRequired"]) for e in body["accepts"]) == [
+            ("base", str(int(price * UNIT))),
+            ("solana", str(int(price * UNIT))),
+        ]
+        required = decode_payment_required_header(asked.headers["PAYMENT-REQUIRED"])
+        assert sorted(a.network for a in required.accepts) == sorted(["eip155:8453", CAIP2])
+        entry = next(e for e in body["accepts"] if e["network"] == "solana")
+        documented = documented_client()
+        client = documented["solana_client"](payer, ledger.rpc.url, ledger.mint, entry["maxAmountRequired"])
+        answer = asyncio.run(documented["order_without_an_account"](served.base, order, client))
+        account = answer["account"]
+        assert account["created"] is True and account["address"] == str(payer.pubkey())  # base58, as written
+        assert ledger.token_balance(shop_ata) == int(price * UNIT)
+        assert ledger.token_balance(payer_ata) == 200 * UNIT - int(price * UNIT)
+        key = {"Authorization": f"Bearer {account['api_key']}"}
+        listed = httpx.get(f"{served.base}/servers", headers=key, timeout=30).json()["servers"]
+        assert [s["id"] for s in listed] == [answer["server"]["id"]]
+        # the same wallet orders again without a key: its own account, no new key, paid once more
+        again = asyncio.run(documented["order_without_an_account"](served.base, order, client))
+        assert again["account"]["user_id"] == account["user_id"] and again["account"]["api_key"] is None
+        assert ledger.token_balance(shop_ata) == 2 * int(price * UNIT)
+        balance = httpx.get(f"{served.base}/account", headers=key, timeout=30).json()
+        assert Decimal(str(balance["balance_usd"])) == 0, balance
 
 
 def test_without_the_solana_libraries_the_coin_names_the_install(

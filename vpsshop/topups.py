@@ -29,7 +29,7 @@ from vpsshop.payments.models import Topup
 from vpsshop.payments.resource import TopupOut, make_view, read_view, topup_out, x402_view
 from vpsshop.wallets import SignupCredentials
 from vpsshop.x402 import purchases, settlement
-from vpsshop.x402.offers import PaymentRequired, SettledPayment, SignedPayment, offer
+from vpsshop.x402.offers import PaymentRequired, SettledPayment, SignedPayment, offer_in
 
 __all__ = [
     "REF_PATTERN",
@@ -136,11 +136,15 @@ async def start_topup(
             )
         pay_by = "x402"
     requested = engine.coin(data.coin)
-    coin = engine.x402_coin() if pay_by == "x402" and not isinstance(requested, X402Coin) else requested
+    any_x402 = pay_by == "x402" and not isinstance(requested, X402Coin)  # X-Payment-Mode: any x402 coin
+    coin = engine.x402_coin() if any_x402 else requested
     amount_micros = usd_to_micros(data.amount)
     if isinstance(coin, X402Coin):
         if payment is None:
-            raise PaymentRequired(offer(ctx, coin, amount_micros, "/topups"))
+            coins = purchases.offered_coins(ctx) if any_x402 else [coin]
+            raise PaymentRequired(offer_in(ctx, coins, amount_micros, "/topups"))
+        if any_x402:
+            coin, _decoded = purchases.decode(ctx, payment)
         topup, settled = await settlement.pay(
             ctx, coin, customer.account_id, amount_micros, payment.value, payment.version
         )
@@ -181,9 +185,9 @@ async def start_signup_topup(
     x402 = isinstance(requested, X402Coin) or pay_by == "x402" or payment is not None
     if pay_by == "deposit" or not x402 or purchases.offered_coin(ctx) is None:
         raise MissingCredential()
-    coin = engine.x402_coin()
+    coins = [requested] if isinstance(requested, X402Coin) else purchases.offered_coins(ctx)
     if payment is None:
-        raise PaymentRequired(offer(ctx, coin, usd_to_micros(data.amount), "/topups"))
+        raise PaymentRequired(offer_in(ctx, coins, usd_to_micros(data.amount), "/topups"))
     _coin, decoded = purchases.decode(ctx, payment)
     owner = await to_thread.run_sync(wallets.owner_account, ctx, decoded.payer, client)
     customer = await customer_of(ctx, owner.account_id)

@@ -52,7 +52,7 @@ from vpsshop.db import rowcount
 from vpsshop.errors import ApiError, Conflict, NotFound
 from vpsshop.inputs import Input
 from vpsshop.models import Account, SiwxNonce, Wallet, saved_id
-from vpsshop.x402.purchases import offered_coin
+from vpsshop.x402.purchases import offered_coins
 
 __all__ = [
     "NONCE_SECONDS",
@@ -146,14 +146,15 @@ def resource_url(ctx: AppContext, path: str) -> str:
 
 def chains(ctx: AppContext) -> list[str]:
     """The CAIP-2 chains a message may name: the x402 coin's network (Base), else Base."""
-    coin = offered_coin(ctx)
-    if coin is None:
-        return [DEFAULT_CHAIN]
-    try:
-        network = coin.payment_requirements_v2(coin.payment_requirements(1, ctx.settings.public_url, "-"))["network"]
-    except NotImplementedError:
-        return [DEFAULT_CHAIN]
-    return [network] if isinstance(network, str) and network.startswith("eip155:") else [DEFAULT_CHAIN]
+    for coin in offered_coins(ctx):
+        try:
+            accepts = coin.payment_requirements(1, ctx.settings.public_url, "-")
+            network = coin.payment_requirements_v2(accepts)["network"]
+        except NotImplementedError:
+            continue
+        if isinstance(network, str) and network.startswith("eip155:"):
+            return [network]
+    return [DEFAULT_CHAIN]
 
 
 def _nonce_mac(ctx: AppContext, body: str) -> str:
@@ -441,6 +442,12 @@ async def unlink_wallet(ctx: AppContext, customer: Customer, wallet_id: int) -> 
 # ---- pay as sign-up ----------------------------------------------------------------------------------
 
 
+def wallet_address(address: str) -> str:
+    """How a paying wallet's address is kept and shown: an EVM address in lower case (its checksum is
+    only a spelling), any other (a Solana address: base58, where case is part of the key) as it is."""
+    return address.lower() if address.startswith("0x") else address
+
+
 @dataclass(frozen=True)
 class Owner:
     account_id: int
@@ -452,7 +459,7 @@ def owner_account(ctx: AppContext, address: str, client: str) -> Owner:
 
     Runs in a worker thread. :raises RateLimited: creating it is over the sign-up limit of ``client``.
     """
-    address = address.lower()
+    address = wallet_address(address)
     with ctx.db.session() as session:
         found = session.exec(select(Wallet).where(Wallet.address == address)).first()
     if found is not None:
@@ -484,7 +491,7 @@ def owner_account(ctx: AppContext, address: str, client: str) -> Owner:
 def deliver_credentials(ctx: AppContext, address: str, owner: Owner) -> SignupCredentials:
     """The credentials an order paid by ``address`` without a key shows: the account's first API key and
     a new login token when they were not shown yet (exactly once, whatever runs at the same time)."""
-    address = address.lower()
+    address = wallet_address(address)
     shown = SignupCredentials(
         user_id=owner.account_id, address=address, created=owner.created, api_key=None, key_id=None, login_token=None
     )

@@ -582,7 +582,7 @@ async def place_signup_order(
     if done.replayed:
         shown = SignupCredentials(
             user_id=owner.account_id,
-            address=decoded.payer.lower(),
+            address=wallets.wallet_address(decoded.payer),
             created=False,
             api_key=None,
             key_id=None,

@@ -65,6 +65,20 @@ def payment_identifier(payment: X402Payment) -> str | None:
     return value
 
 
+def payment_network(header: str) -> str | None:
+    """The network a base64 JSON payment payload names (v1 ``network``, v2 ``accepted.network``), or None
+    when it names none or cannot be read (the coin's own reading then says why)."""
+    try:
+        decoded = json.loads(base64.b64decode(header.strip() + "=" * (-len(header.strip()) % 4)))
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    accepted = decoded.get("accepted")
+    network = accepted.get("network") if isinstance(accepted, dict) else decoded.get("network")
+    return network if isinstance(network, str) else None
+
+
 def decode_recorded(coin: X402Coin, header: str) -> X402Payment:
     """Decode a header kept in a record: ``X-PAYMENT`` (v1) or ``PAYMENT-SIGNATURE`` (v2)."""
     try:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vpsshop.coins import X402Coin, X402Settlement
@@ -36,6 +37,7 @@ __all__ = [
     "ShortBalance",
     "SignedPayment",
     "offer",
+    "offer_in",
 ]
 
 
@@ -54,14 +56,31 @@ class PaymentOffer:
     accepted_v2: dict[str, Any] | None
     """The x402 v2 ``accepts`` entry, or None when the coin offers no v2."""
     description: str
+    alternatives: tuple[PaymentOffer, ...] = ()
+    """The same payment in the shop's other x402 coins (USDC on Solana beside USDC on Base): their
+    entries follow this one in ``accepts``, and the client pays whichever it can."""
+
+    @property
+    def offers(self) -> tuple[PaymentOffer, ...]:
+        """This offer and its alternatives, in ``accepts`` order."""
+        return (self, *self.alternatives)
+
+    def coin_codes(self) -> str:
+        """``USDCBASE`` or ``USDCBASE or USDCSOL``: the coins a message names."""
+        return " or ".join(each.coin.code for each in self.offers)
+
+    def all_accepts(self) -> list[dict[str, Any]]:
+        """The x402 v1 ``accepts`` list: one entry per coin."""
+        return [each.accepts for each in self.offers]
 
     def v1_fields(self) -> dict[str, Any]:
         """``x402Version`` and ``accepts``: what an x402 v1 client reads in a 402 body."""
-        return {"x402Version": X402_VERSION, "accepts": [self.accepts]}
+        return {"x402Version": X402_VERSION, "accepts": self.all_accepts()}
 
     def payment_required(self, extensions: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The x402 v2 ``PaymentRequired`` object (None without v2)."""
-        if self.accepted_v2 is None:
+        accepted = [each.accepted_v2 for each in self.offers if each.accepted_v2 is not None]
+        if not accepted:
             return None
         required: dict[str, Any] = {
             "x402Version": 2,
@@ -71,7 +90,7 @@ class PaymentOffer:
                 "description": self.accepts.get("description", ""),
                 "mimeType": self.accepts.get("mimeType", "application/json"),
             },
-            "accepts": [self.accepted_v2],
+            "accepts": accepted,
         }
         if extensions:
             required["extensions"] = extensions
@@ -95,6 +114,20 @@ def offer(
     except NotImplementedError:
         accepted_v2 = None
     return PaymentOffer(coin, amount_micros, path, operation_path or path, accepts, accepted_v2, description)
+
+
+def offer_in(
+    ctx: AppContext,
+    coins: Sequence[X402Coin],
+    amount_micros: int,
+    path: str,
+    description: str | None = None,
+    operation_path: str | None = None,
+) -> PaymentOffer:
+    """The requirements of paying ``amount_micros`` USD for ``path`` in any of ``coins`` (at least one):
+    one ``accepts`` entry per coin, the first coin's first."""
+    first, *others = (offer(ctx, coin, amount_micros, path, description, operation_path) for coin in coins)
+    return replace(first, alternatives=tuple(others))
 
 
 @dataclass(frozen=True)
@@ -144,13 +177,13 @@ class PaymentRequired(ApiError):
         super().__init__(
             402,
             error,
-            f"Pay {payment.amount_micros / MICROS_PER_USD:.2f} USD in {payment.coin.code}: sign the payment "
+            f"Pay {payment.amount_micros / MICROS_PER_USD:.2f} USD in {payment.coin_codes()}: sign the payment "
             "requirements in accepts (x402) and re-send this request with X-PAYMENT (v1) or PAYMENT-SIGNATURE (v2).",
         )
         self.offer = payment
 
     def body(self) -> dict[str, Any]:
-        return {"x402Version": X402_VERSION, **super().body(), "accepts": [self.offer.accepts]}
+        return {"x402Version": X402_VERSION, **super().body(), "accepts": self.offer.all_accepts()}
 
 
 class ShortBalance(InsufficientBalance):

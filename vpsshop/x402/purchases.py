@@ -36,18 +36,46 @@ from vpsshop.ledger import InsufficientBalance
 from vpsshop.money import MICROS_PER_USD, micros_to_usd
 from vpsshop.payments.models import Topup, X402Record
 from vpsshop.x402 import messages, settlement
-from vpsshop.x402.offers import PaidButFailed, SettledPayment, ShortBalance, SignedPayment, offer
+from vpsshop.x402.offers import PaidButFailed, SettledPayment, ShortBalance, SignedPayment, offer_in
 
 ORDER_DESCRIPTION = "Pays what the balance lacks for this server order; the order is placed with the paid re-send."
 RENEWAL_DESCRIPTION = "Pays what the balance lacks for renewing this server; it is renewed with the paid re-send."
 
 
+def offered_coins(ctx: AppContext) -> list[X402Coin]:
+    """The shop's x402 coins in the catalog's coin order (empty when it takes no x402 payments):
+    a 402 of an order, a renewal or a sign-up lists one ``accepts`` entry per coin."""
+    return [coin for coin in ctx.coins.values() if isinstance(coin, X402Coin)]
+
+
 def offered_coin(ctx: AppContext) -> X402Coin | None:
-    """The shop's x402 coin, or None when it takes no x402 payments."""
-    for coin in ctx.coins.values():
-        if isinstance(coin, X402Coin):
+    """The shop's first x402 coin, or None when it takes no x402 payments."""
+    coins = offered_coins(ctx)
+    return coins[0] if coins else None
+
+
+def _networks(ctx: AppContext, coin: X402Coin) -> set[str]:
+    """The network names ``coin``'s requirements state: the v1 name and the v2 (CAIP-2) one."""
+    accepts = coin.payment_requirements(1, ctx.settings.public_url, "-")
+    names = {str(accepts.get("network"))}
+    try:
+        names.add(str(coin.payment_requirements_v2(accepts).get("network")))
+    except NotImplementedError:
+        pass
+    return names
+
+
+def paying_coin(ctx: AppContext, signed: SignedPayment) -> X402Coin | None:
+    """The x402 coin a signed payment pays in: the one whose network it names (v1 ``network``, v2
+    ``accepted.network``); the first coin when none matches, whose reading then refuses it."""
+    coins = offered_coins(ctx)
+    if len(coins) < 2:
+        return coins[0] if coins else None
+    network = messages.payment_network(signed.value)
+    for coin in coins:
+        if network is not None and network in _networks(ctx, coin):
             return coin
-    return None
+    return coins[0]
 
 
 def offer_deficit(
@@ -56,21 +84,21 @@ def offer_deficit(
     """``exc`` (an order's or a renewal's short balance), with the x402 requirements for the deficit when
     the shop takes x402 (a :class:`~vpsshop.x402.offers.ShortBalance`). ``path`` is the paid resource
     (``/servers/7/renew``), ``operation_path`` its path as the API describes it when it differs."""
-    coin = offered_coin(ctx)
-    if coin is None:
+    coins = offered_coins(ctx)
+    if not coins:
         return exc
     deficit = exc.price_micros - exc.balance_micros
     return ShortBalance(
-        exc.price_micros, exc.balance_micros, offer(ctx, coin, deficit, path, description, operation_path)
+        exc.price_micros, exc.balance_micros, offer_in(ctx, coins, deficit, path, description, operation_path)
     )
 
 
 def offer_signup(ctx: AppContext, price_micros: int, path: str, description: str) -> InsufficientBalance:
     """The 402 of an operation sent without an API key that x402 may pay in full (pay as sign-up): the
     short balance of an account yet to be made, whose ``error`` is ``payment_required``."""
-    coin = offered_coin(ctx)
-    assert coin is not None
-    short = ShortBalance(price_micros, 0, offer(ctx, coin, price_micros, path, description))
+    coins = offered_coins(ctx)
+    assert coins
+    short = ShortBalance(price_micros, 0, offer_in(ctx, coins, price_micros, path, description))
     short.error = "payment_required"
     short.message = (
         f"No API key: pay {micros_to_usd(price_micros)} USD by x402 (accepts, or PAYMENT-REQUIRED) and re-send this "
@@ -147,7 +175,7 @@ def decode(ctx: AppContext, signed: SignedPayment) -> tuple[X402Coin, X402Paymen
 
     :raises ApiError: 400 invalid_coin (no x402 coin), 400 invalid_payment (malformed payment).
     """
-    coin = offered_coin(ctx)
+    coin = paying_coin(ctx, signed)
     if coin is None:
         raise BadRequest("invalid_coin", "x402 payments are not offered by this shop.")
     return coin, messages.decode(coin, signed.value, signed.version)
