@@ -182,7 +182,7 @@ def test_an_owner_disables_a_webhook_acts_on_a_server_and_a_job_and_revokes_acce
     check,  # noqa: F811
 ):
     database = tmp_path / "vpsshop.db"
-    env = shop_env(f"sqlite:///{database}")
+    env = shop_env(f"sqlite:///{database}", VPSSHOP__HYPERVISOR__SIMULATOR__HOSTS='["sim-a", "sim-b"]')
     console_port = free_port()
     console = f"http://127.0.0.1:{console_port}"
     with serve(tmp_path, env, "--admin-listen", f"127.0.0.1:{console_port}") as shop:
@@ -222,6 +222,23 @@ def test_an_owner_disables_a_webhook_acts_on_a_server_and_a_job_and_revokes_acce
             page.locator("#reason").fill(f"ticket 9: {button}")
             confirm(page, check, button)
             assert server_status() == status
+        page.get_by_role("link", name="Hosts").click()
+        check(page, "operator-hosts")
+        page.locator("#reason-1").fill("disk swap")  # sim-a, the server's host
+        assert "host sim-a: drained" in confirm(page, check, "Drain sim-a…")
+        page.goto(f"{console}/servers/{server_id}")
+        page.locator("#host").select_option("sim-b")
+        page.locator("#move-reason").fill("sim-a is drained for a disk swap")
+        assert "(sim-a -> sim-b)" in confirm(page, check, "Move…")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with sqlite3.connect(database) as db:
+                row = db.execute("SELECT host, status_reason FROM servers WHERE id = ?", (server_id,)).fetchone()
+            if row == ("sim-b", None):
+                break
+            time.sleep(0.3)
+        assert row == ("sim-b", None) and server_status() == "active", row
+
         page.goto(f"{console}/servers/{server_id}")
         page.locator("#reason").fill("the customer asked to leave")
         assert "refund" in confirm(page, check, "Terminate and refund the unused time…").lower()
@@ -247,5 +264,6 @@ def test_an_owner_disables_a_webhook_acts_on_a_server_and_a_job_and_revokes_acce
 
         page.get_by_role("link", name="Audit log").click()
         rows = page.locator("tbody tr").all_inner_texts()
-        for action in ("disable_webhook", "suspend", "unsuspend", "refund", "cancel_job", "revoke_access"):
+        actions = ("disable_webhook", "suspend", "unsuspend", "host_drain", "migrate", "refund", "cancel_job")
+        for action in (*actions, "revoke_access"):
             assert any("console:olga" in r and action in r for r in rows), (action, rows)

@@ -705,6 +705,40 @@ def drained_hosts(ctx: AppContext) -> list[dict[str, Any]]:
         return out
 
 
+def hosts_overview(ctx: AppContext) -> list[dict[str, Any]]:
+    """Every host of the locations the shop serves, as the backend names them, once each: ``host``,
+    ``locations`` (the served locations it is a host of), ``drained`` (with its ``reason`` and
+    ``drained_at``) and ``servers`` (those not terminated).
+
+    :raises AdminError: the hypervisor backend cannot move servers (it names no hosts)."""
+    backend = _migrating_backend(ctx)
+    drained = {row["host"]: row for row in drained_hosts(ctx)}
+    with ctx.db.session() as session:
+        counts = dict(
+            session.execute(
+                sa.select(col(Server.host), sa.func.count())
+                .where(col(Server.status) != "terminated", col(Server.host).is_not(None))
+                .group_by(col(Server.host))
+            ).all()
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for location in [loc.id for loc in ctx.catalog_data.locations if ctx.serves_location(loc.id)]:
+        for host in backend.hosts(location):
+            if host in out:
+                out[host]["locations"].append(location)
+                continue
+            row = drained.get(host)
+            out[host] = {
+                "host": host,
+                "locations": [location],
+                "drained": row is not None,
+                "reason": row["reason"] if row else None,
+                "drained_at": row["drained_at"] if row else None,
+                "servers": int(counts.get(host, 0)),
+            }
+    return list(out.values())
+
+
 def migrate_server(ctx: AppContext, operator: Operator, server_id: int, host: str | None, reason: str) -> str:
     """Queue a ``migrate`` job moving an active or suspended server to ``host``, another host of its
     location (None: the first of the location's hosts that is neither its own nor drained)."""
@@ -713,6 +747,7 @@ def migrate_server(ctx: AppContext, operator: Operator, server_id: int, host: st
 
     reason = _need_reason(reason)
     backend = _migrating_backend(ctx)
+    owner_only(ctx, operator, "migrate", f"server:{server_id}", reason)
     now = ctx.clock.now()
     with ctx.db.session() as session:
         server = _server(session, server_id)
@@ -756,6 +791,7 @@ def evacuate_host(ctx: AppContext, operator: Operator, host: str, reason: str) -
     reason = _need_reason(reason)
     backend = _migrating_backend(ctx)
     location = host_location(ctx, host)
+    owner_only(ctx, operator, "evacuate", f"host:{host}", reason)
     out = [drain_host(ctx, operator, host, reason)]
     with ctx.db.session() as session:
         drained = set(session.exec(select(DrainedHost.host)).all())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from typing import Any
+from urllib.parse import quote
 
 from anyio import to_thread
 from starlette.responses import Response
@@ -156,7 +158,7 @@ SERVER_ACTIONS = {
 }
 JOB_ACTIONS = {"retry": "Retry", "cancel": "Cancel"}
 ACTIONS = {
-    "servers": SERVER_ACTIONS,
+    "servers": {**SERVER_ACTIONS, "migrate": ""},
     "jobs": JOB_ACTIONS,
     "accounts": {
         "revoke-access": "Revoke every API key and dashboard session",
@@ -173,7 +175,97 @@ async def server(page: Page) -> Response:
     found = await to_thread.run_sync(shopview.server_page, page.ctx, server_id)
     if found is None:
         return page.dash.error_page(page, 404, f"There is no server {server_id}.")
-    return page.render("server.html", title=f"Server {server_id}", found=found, actions=SERVER_ACTIONS)
+    row = found["server"]
+    hosts = [h for h in await _hosts(page) if row["location"] in h["locations"] and h["host"] != row["host"]]
+    movable = row["status"] in ("active", "suspended") and bool(row["host"])
+    return page.render(
+        "server.html",
+        title=f"Server {server_id}",
+        found=found,
+        actions=SERVER_ACTIONS,
+        move_to=hosts if movable else [],
+    )
+
+
+async def _hosts(page: Page) -> list[dict[str, Any]]:
+    """The hosts of the served locations, or none when the hypervisor backend cannot move servers."""
+    try:
+        return await to_thread.run_sync(admin.hosts_overview, page.ctx)
+    except admin.AdminError:
+        return []
+
+
+HOST_ACTIONS = {
+    "drain": "Drain: place no new server there",
+    "undrain": "Undrain: place new servers there again",
+    "evacuate": "Evacuate: drain and move every server away",
+}
+
+
+async def hosts(page: Page) -> Response:
+    try:
+        found = await to_thread.run_sync(admin.hosts_overview, page.ctx)
+    except admin.AdminError as exc:
+        return page.render("hosts.html", title="Hosts", hosts=[], unsupported=str(exc), actions=HOST_ACTIONS)
+    return page.render("hosts.html", title="Hosts", hosts=found, unsupported=None, actions=HOST_ACTIONS)
+
+
+async def host_action(page: Page) -> Response:
+    """Drain, undrain or evacuate a host: a reason, a confirmation page, then the change (``confirm=yes``)."""
+    host, action = page.request.path_params["host"], page.request.path_params["action"]
+    if action not in HOST_ACTIONS:
+        return page.dash.error_page(page, 404, f"There is no page at {page.request.url.path}.")
+    reason = page.form.get("reason", "").strip()[:500]
+    if not reason:
+        return page.dash.error_page(page, 400, "Say why: the reason is kept in the audit log.")
+    if page.form.get("confirm") != "yes":
+        return page.render(
+            "confirm.html",
+            title=f"Confirm: {action} {host}",
+            summary=f"{HOST_ACTIONS[action]}: host {host}.",
+            url=f"/hosts/{quote(host, safe='')}/{action}",
+            fields={"reason": reason},
+            reason=reason,
+            back="/hosts",
+        )
+    actor = operator_of(page).actor
+    try:
+        if action == "evacuate":
+            done = "; ".join(await to_thread.run_sync(admin.evacuate_host, page.ctx, actor, host, reason))
+        else:
+            done = await to_thread.run_sync(
+                lambda: admin.drain_host(page.ctx, actor, host, reason, drained=action == "drain")
+            )
+    except admin.AdminError as exc:
+        return _refused(page, exc)
+    return page.render("done.html", title="Done", message=done, back="/hosts")
+
+
+async def migrate(page: Page) -> Response:
+    """Move a server to another host of its location (``host`` empty: the first undrained one)."""
+    server_id = int(page.request.path_params["number"])
+    host = page.form.get("host", "").strip() or None
+    reason = page.form.get("reason", "").strip()[:500]
+    if not reason:
+        return page.dash.error_page(page, 400, "Say why: the reason is kept in the audit log.")
+    if page.form.get("confirm") != "yes":
+        target = f"host {host}" if host else "the first other undrained host of its location"
+        return page.render(
+            "confirm.html",
+            title="Confirm: move",
+            summary=f"Move server {server_id} to {target}: it is stopped, its disk copied, and started there "
+            "with the same address.",
+            url=f"/servers/{server_id}/migrate",
+            fields={"reason": reason, "host": host or ""},
+            reason=reason,
+            back=f"/servers/{server_id}",
+        )
+    actor = operator_of(page).actor
+    try:
+        done = await to_thread.run_sync(admin.migrate_server, page.ctx, actor, server_id, host, reason)
+    except admin.AdminError as exc:
+        return _refused(page, exc)
+    return page.render("done.html", title="Done", message=done, back=f"/servers/{server_id}")
 
 
 async def attention(page: Page) -> Response:
@@ -203,6 +295,8 @@ async def act(page: Page) -> Response:
         return await adjust(page)
     if action == "rescan":
         return await rescan(page)
+    if action == "migrate":
+        return await migrate(page)
     back = {"servers": f"/servers/{number}", "accounts": f"/accounts/{number}"}.get(what, "/attention")
     reason = page.form.get("reason", "").strip()[:500]
     if not reason:
@@ -262,6 +356,8 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/audit", e(audit), methods=["GET"]),
         Route("/attention", e(attention), methods=["GET"]),
         Route("/servers/{server_id:int}", e(server), methods=["GET"]),
+        Route("/hosts", e(hosts), methods=["GET"]),
+        Route("/hosts/{host:str}/{action:str}", e(host_action), methods=["POST"]),
         Route("/{what:str}/{number:int}/{action:str}", e(act), methods=["POST"]),
         Route("/static/{name}", static_endpoint(console), methods=["GET"]),
     ]

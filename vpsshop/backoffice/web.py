@@ -39,7 +39,13 @@ class Console(Dashboard):
         )
         self.static["console.css"] = (files("vpsshop.backoffice") / "static" / "console.css").read_bytes()
         self.static_version = hashlib.sha256(b"".join(self.static.values())).hexdigest()[:12]
-        nav = [("/", "Overview"), ("/search", "Search"), ("/attention", "Needs attention"), ("/audit", "Audit log")]
+        nav = [
+            ("/", "Overview"),
+            ("/search", "Search"),
+            ("/attention", "Needs attention"),
+            ("/hosts", "Hosts"),
+            ("/audit", "Audit log"),
+        ]
         name = f"{ctx.settings.dashboard.shop_name} console"
         self.env.globals.update(static_version=self.static_version, shop_name=name, nav_items=nav)
 
