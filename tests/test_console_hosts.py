@@ -11,7 +11,7 @@ from html import unescape
 from typing import Any
 
 import pytest
-from test_console import OWNER_PASSWORD, SHELL, csrf_of, sign_in
+from test_console import OWNER_PASSWORD, SHELL, console, csrf_of, ctx, sign_in  # noqa: F401 - fixtures
 
 from vpsshop import operators
 from vpsshop.admin import audit_log
@@ -23,26 +23,11 @@ def vpsshop_overrides() -> dict[str, Any]:
     return {"hypervisor": {"simulator": {"hosts": ["sim-a", "sim-b"], "boot_seconds": 0}}}
 
 
-@pytest.fixture
-def ctx(vpsshop_client):
-    return vpsshop_client.app.state.ctx
-
-
-@pytest.fixture
-def console(vpsshop_settings, vpsshop_clock, vpsshop_client):
-    from starlette.testclient import TestClient
-
-    from vpsshop.app import create_console_app
-
-    with TestClient(create_console_app(vpsshop_settings, clock=vpsshop_clock), raise_server_exceptions=False) as c:
-        yield c
-
-
 def _server(client, headers, server_id: int) -> dict[str, Any]:
     return client.get(f"/v1/servers/{server_id}", headers=headers).json()
 
 
-def _active(ctx, client, account) -> int:
+def _active(shop, client, account) -> int:
     ordered = client.post(
         "/v1/servers", headers=account.headers, json={"plan": "pup", "location": "nl", "os": "debian-12"}
     )
@@ -51,14 +36,14 @@ def _active(ctx, client, account) -> int:
     deadline = time.monotonic() + 30
     while _server(client, account.headers, server_id)["status"] != "active":
         assert time.monotonic() < deadline, _server(client, account.headers, server_id)
-        asyncio.run(run_jobs(ctx))
+        asyncio.run(run_jobs(shop))
     return server_id
 
 
-def _host_of(ctx, server_id: int) -> str:
+def _host_of(shop, server_id: int) -> str:
     from vpsshop.models import Server
 
-    with ctx.db.session() as session:
+    with shop.db.session() as session:
         server = session.get(Server, server_id)
         assert server is not None and server.host
         return server.host
@@ -69,7 +54,11 @@ def _text(html: str) -> str:
 
 
 def test_hosts_page_drains_and_the_server_page_moves_a_server(
-    ctx, console, vpsshop_client, vpsshop_account, vpsshop_clock
+    ctx,  # noqa: F811 - fixtures of test_console
+    console,  # noqa: F811
+    vpsshop_client,
+    vpsshop_account,
+    vpsshop_clock,
 ):
     vpsshop_account.credit("20")
     support = operators.add_operator(ctx, SHELL, "sue", "support", "support password 1")
@@ -137,7 +126,12 @@ def test_hosts_page_drains_and_the_server_page_moves_a_server(
     ], actions
 
 
-def test_hosts_page_says_when_the_backend_cannot_move_servers(ctx, console, vpsshop_clock, monkeypatch):
+def test_hosts_page_says_when_the_backend_cannot_move_servers(
+    ctx,  # noqa: F811 - fixtures of test_console
+    console,  # noqa: F811
+    vpsshop_clock,
+    monkeypatch,
+):
     owner = operators.add_operator(ctx, SHELL, "otto", "owner", OWNER_PASSWORD)
     sign_in(console, vpsshop_clock, "otto", OWNER_PASSWORD, owner.secret)
     console_ctx = console.app.state.ctx
