@@ -28,6 +28,7 @@ OBJECT_NAMES = {
     "api_key": "API keys",
     "ledger": "Balance",
     "topup": "Top-ups",
+    "deposit_address": "Deposit addresses",
     "server": "Servers",
     "ssh_key": "SSH keys",
     "webhook": "Webhooks",
