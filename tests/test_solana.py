@@ -225,6 +225,7 @@ def test_standing_address_receipts_are_announced_seen_dropped_held_then_credited
     by ``deposit_address.*`` events (seen; dropped when its block leaves the chain; held below the
     5 USD minimum), and the admin's list of what waits shows it while held."""
     from vpsshop.admin import stuck
+    from vpsshop.dashboard.event_pages import summary
 
     account = create_test_account(vpsshop_client)
     h = account.headers
@@ -270,6 +271,9 @@ def test_standing_address_receipts_are_announced_seen_dropped_held_then_credited
     held = kinds[-1][1]
     assert (held["payment"]["txid"], held["held_amount"], held["minimum_usd"]) == (again, "0.020000000", 5)
     assert balance(vpsshop_client, h) == 0
+    assert summary({"data": held}) == (  # the dashboard's events page
+        f"SOL deposit address {address}: a payment of 0.020000000 SOL (0.020000000 SOL held below the minimum)"
+    )
     ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
     assert stuck(ctx, 30)["deposits"] == []  # held for less than half an hour yet
     vpsshop_clock.advance(minutes=31)
