@@ -25,7 +25,7 @@ from topup_helpers import balance, decode_qr, get, payments, run_pass
 
 from vpsshop.errors import ConfigError
 from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account
-from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
+from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey, pubsub_url
 
 
 def random_mnemonic() -> str:
@@ -44,6 +44,26 @@ def test_deposit_keys_follow_phantom_derivation() -> None:
     assert coin.payment_uri(coin.derive_address(1).address, 333_333_334, "tp") == (
         f"solana:{coin.derive_address(1).address}?amount=0.333333334"
     )
+
+
+def test_pubsub_endpoint_is_derived_from_the_rpc_url_as_solanas_cli_does() -> None:
+    """http -> ws, https -> wss, an explicit port + 1; ``ws_url`` wins, and ``""`` turns push off."""
+    expected = {
+        "http://127.0.0.1:8899/": "ws://127.0.0.1:8900/",
+        "https://api.mainnet-beta.solana.com": "wss://api.mainnet-beta.solana.com",
+        "https://rpc.example.net:8443/v1/KEY?x=1": "wss://rpc.example.net:8444/v1/KEY?x=1",
+        "http://[::1]:8899": "ws://[::1]:8900",
+    }
+    for rpc_url, ws_url in expected.items():
+        assert pubsub_url(rpc_url) == ws_url
+        coin = Solana.from_settings({"rpc_url": rpc_url}, sandbox=True, where="coins.SOL")
+        assert isinstance(coin, Solana) and coin.ws_url == ws_url
+    chosen = {"rpc_url": "http://127.0.0.1:8899/", "ws_url": "wss://ws.example.net/"}
+    assert Solana.from_settings(chosen, sandbox=True, where="coins.SOL").ws_url == "wss://ws.example.net/"  # type: ignore[attr-defined]
+    off = Solana.from_settings({**chosen, "ws_url": ""}, sandbox=True, where="coins.SOL")
+    assert off.ws_url is None and off.wake_channel() is None  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="ws_url"):
+        Solana.from_settings({**chosen, "ws_url": "http://x/"}, sandbox=True, where="coins.SOL")
 
 
 def test_mnemonic_is_encrypted_at_rest_and_required_in_production() -> None:
