@@ -1,10 +1,12 @@
 """Payment latency (issue 26): how long a customer waits for the shop to see a payment and to credit it.
 
-Starts the tests' real peers (litecoind -regtest, monerod --regtest with its wallets, anvil) and, per
+Starts the tests' real peers (litecoind -regtest, monerod --regtest with its wallets, anvil; for SOL
+the tests' Solana RPC double on LiteSVM, ``tests/solana_rpc_double.py``, with its PubSub endpoint) and, per
 chain and mode, the shipped command: ``vpsshop serve --config FILE`` (its worker included, the default)
 in a subprocess on a free port, on a fresh SQLite database, with the default ``[topups]`` settings
 (``watch_interval_seconds`` 15, ``push`` on) and each coin's node notifications configured (LTC:
-``notify_listen``; XMR: ``zmq_pub``; ETH: ``ws_url``) in that config file. It opens an account
+``notify_listen``; XMR: ``zmq_pub``; ETH: ``ws_url``; SOL: ``ws_url`` derived from ``rpc_url``) in that
+config file. It opens an account
 (``POST /v1/account``) and creates top-ups (``POST /v1/topups``) through the served API, pays them and
 mines their blocks.
 Per chain it reports the median and 95th percentile of
@@ -44,6 +46,42 @@ import httpx
 from chain_nodes import random_tpub, running_litecoind, running_monero
 from evm_peers import CHAIN_ID, Anvil, random_xpub, rpc
 from served import TEST_ENCRYPTION_KEY, TEST_SECRET_KEY, serve, shop_env
+
+
+def solana_peer(stack: ExitStack) -> Any:
+    """The Solana RPC double (LiteSVM) with its PubSub endpoint, and a funded payer."""
+    from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
+    from solders.keypair import Keypair
+
+    node = SolanaRpcDouble(SolanaChainDouble())
+    stack.callback(node.stop)
+    node.payer = Keypair()
+    node.chain.airdrop(str(node.payer.pubkey()), 1000 * 10**9)
+    return node
+
+
+def solana_pay(node: Any, topup: dict[str, Any]) -> str:
+    """A System Program transfer of the top-up's amount, signed with solders."""
+    from solders.message import Message
+    from solders.pubkey import Pubkey
+    from solders.system_program import TransferParams, transfer
+    from solders.transaction import Transaction
+
+    lamports = int(Decimal(topup["deposit_amount"]).scaleb(9))
+    payer = node.payer
+    move = transfer(
+        TransferParams(
+            from_pubkey=payer.pubkey(), to_pubkey=Pubkey.from_string(topup["deposit_address"]), lamports=lamports
+        )
+    )
+    tx = Transaction([payer], Message([move], payer.pubkey()), node.chain.svm.latest_blockhash())
+    return str(node.chain.send(bytes(tx)))
+
+
+def solana_block(node: Any) -> float:
+    asked = time.monotonic()
+    node.chain.produce_block()
+    return asked
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -179,7 +217,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10, help="payments per chain and mode")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--chains", default="LTC,XMR,ETH")
+    parser.add_argument("--chains", default="LTC,XMR,ETH,SOL")
     parser.add_argument("--modes", default="push,poll", help="push (the default settings), poll (push = false)")
     parser.add_argument(
         "--seen-limit", type=float, default=40, help="seconds to wait for a mempool payment before mining its block"
@@ -197,6 +235,8 @@ def main() -> int:
         if "ETH" in chains:
             peers["ETH"] = anvil = Anvil()
             stack.callback(anvil.stop)
+        if "SOL" in chains:
+            peers["SOL"] = solana_peer(stack)
         for mode in args.modes.split(","):
             push = mode == "push"
             for code in chains:
@@ -216,6 +256,21 @@ def main() -> int:
                         lambda t, n=node: n.pay(t["deposit_address"], int(Decimal(t["deposit_amount"]) * 10**12)),
                         lambda txid, n=node: n.mine_until_mined(txid),
                     )
+                elif code == "SOL":
+                    from bip_utils import Bip39MnemonicGenerator, Bip39WordsNum
+
+                    from vpsshop_solana import encrypt_mnemonic
+
+                    mnemonic = str(Bip39MnemonicGenerator().FromWordsNumber(Bip39WordsNum.WORDS_NUM_12))
+                    coins = {
+                        "SOL": {
+                            "seed_encrypted": encrypt_mnemonic(TEST_ENCRYPTION_KEY, mnemonic),
+                            "network": "solana-double",
+                            "rpc_url": node.url,
+                            "confirmations": 1,
+                        }
+                    }
+                    run = (25, lambda t, n=node: solana_pay(n, t), lambda _, n=node: solana_block(n))
                 else:
                     coins = {
                         "ETH": {
@@ -247,7 +302,7 @@ def main() -> int:
                 where.mkdir()
                 with shop(coins, push, where) as (base, state):
                     figures = measure(
-                        base, state, code, run[0], run[1], run[2], args.samples, code != "ETH", args.seen_limit
+                        base, state, code, run[0], run[1], run[2], args.samples, code in ("LTC", "XMR"), args.seen_limit
                     )
                 results.setdefault(code, {})[mode] = figures
                 if not args.json:

@@ -43,6 +43,19 @@ def background_app(vpsshop_settings: Any, vpsshop_clock: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
+def solana_node() -> Iterator[Any]:
+    """The Solana RPC double on LiteSVM with its PubSub endpoint (tests/solana_rpc_double.py), shared by
+    the SOL tests; a test that stops its PubSub endpoint starts it again."""
+    from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
+
+    server = SolanaRpcDouble(SolanaChainDouble())
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def libvirtd_uri() -> Iterator[str]:
     """``qemu:///system`` answering, with QEMU probed (tests/libvirt_peer.py); stops what it started."""
     import libvirt

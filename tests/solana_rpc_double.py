@@ -15,6 +15,13 @@ blocks on top, ``null`` with ``finalized`` from 32), ``getBalance``, ``getLatest
 ``getHealth``; for x402's exact SVM scheme also ``getAccountInfo`` (base64) and ``simulateTransaction``
 (base64; the ``err`` LiteSVM reports, as a string).
 
+:class:`SolanaPubSubDouble` is its WebSocket PubSub endpoint, on the port after the RPC port as a
+validator serves it (8899 -> 8900): ``slotSubscribe`` answers a numeric subscription id,
+``slotUnsubscribe`` ``true`` (``false`` for an unknown id), and every block :meth:`produce_block` makes is
+announced to each subscription as ``{"jsonrpc": "2.0", "method": "slotNotification", "params": {"result":
+{"parent", "root", "slot"}, "subscription": <id>}}`` (the documented shape). ``stop``/``start`` take the
+endpoint away and bring it back on the same port, the HTTP RPC untouched.
+
 Forks are modelled only as the RPC shows them (:meth:`SolanaChainDouble.abandon_blocks`: the newest
 blocks and their signatures disappear, the next block builds on the one before them); LiteSVM's account
 state is not rolled back. Not modelled: votes, rewards, commitment differences (every block is
@@ -28,12 +35,15 @@ import http.server
 import json
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from solders.litesvm import LiteSVM
 from solders.pubkey import Pubkey
 from solders.transaction import VersionedTransaction
 from solders.transaction_metadata import FailedTransactionMetadata
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import Server, ServerConnection, serve
 
 FINALIZED_AFTER = 32
 LAMPORTS_PER_SIGNATURE = 5000
@@ -73,6 +83,8 @@ class SolanaChainDouble:
         self.slot = first_slot - 1
         self.unavailable: set[int] = set()
         """Slots whose getBlock answers -32004 although getBlocks lists them (a lagging backend)."""
+        self.listeners: list[Callable[[int, int, int], None]] = []
+        """Called with (slot, parent, root) after each new block (the PubSub endpoint's slot notifications)."""
         self.produce_block()
 
     # ---- test controls -----------------------------------------------------------------------------
@@ -103,7 +115,12 @@ class SolanaChainDouble:
             self.order.append(self.slot)
             for tx in txs:
                 self.tx_slot[tx["transaction"]["signatures"][0]] = self.slot
-            return self.slot
+            slot, parent_slot = self.slot, self.blocks[self.slot]["parentSlot"]
+            root = self.order[-FINALIZED_AFTER - 1] if len(self.order) > FINALIZED_AFTER else self.order[0]
+            listeners = list(self.listeners)
+        for listener in listeners:
+            listener(slot, parent_slot, root)
+        return slot
 
     def abandon_blocks(self, count: int) -> None:
         """The newest ``count`` blocks leave the chain (a minority fork): their slots read as skipped and
@@ -257,14 +274,115 @@ class SolanaChainDouble:
         raise RpcFailure(-32601, "Method not found")
 
 
+def free_port_pair() -> int:
+    """A loopback port ``p`` with ``p + 1`` free too (RPC and PubSub, as a validator lays them out)."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free loopback ports")
+
+
+class SolanaPubSubDouble:
+    """The WebSocket PubSub endpoint of :class:`SolanaChainDouble` (``slotSubscribe`` only)."""
+
+    def __init__(self, chain: SolanaChainDouble, port: int) -> None:
+        self.chain = chain
+        self.port = port
+        self.url = f"ws://127.0.0.1:{port}"
+        self.lock = threading.Lock()
+        self.subscriptions: dict[int, ServerConnection] = {}
+        self.connections: set[ServerConnection] = set()
+        self.next_id = 0
+        self.server: Server | None = None
+        self.thread: threading.Thread | None = None
+        chain.listeners.append(self.notify)
+        self.start()
+
+    def start(self) -> None:
+        self.server = serve(self.handle, "127.0.0.1", self.port, compression=None)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """The endpoint goes away: the listening socket and every connection are closed."""
+        if self.server is None:
+            return
+        self.server.shutdown()
+        with self.lock:
+            connections = list(self.connections)
+            self.subscriptions.clear()
+        for connection in connections:
+            connection.close()
+        if self.thread is not None:
+            self.thread.join(5)
+        self.server = None
+
+    def handle(self, connection: ServerConnection) -> None:
+        with self.lock:
+            self.connections.add(connection)
+        try:
+            for message in connection:
+                answer = self.answer(connection, message)
+                with self.lock:
+                    connection.send(json.dumps(answer))
+        except ConnectionClosed:
+            pass
+        finally:
+            with self.lock:
+                self.connections.discard(connection)
+                for sub in [s for s, c in self.subscriptions.items() if c is connection]:
+                    del self.subscriptions[sub]
+
+    def answer(self, connection: ServerConnection, message: str | bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(message)
+            method, params = request["method"], request.get("params") or []
+        except (ValueError, KeyError, TypeError):
+            return {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}}
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request.get("id")}
+        if method == "slotSubscribe":
+            with self.lock:
+                self.next_id += 1
+                self.subscriptions[self.next_id] = connection
+                reply["result"] = self.next_id
+        elif method == "slotUnsubscribe" and params and isinstance(params[0], int):
+            with self.lock:
+                reply["result"] = self.subscriptions.pop(params[0], None) is connection
+        elif method == "slotUnsubscribe":
+            reply["error"] = {"code": -32602, "message": "Invalid params: expected a subscription id"}
+        else:
+            reply["error"] = {"code": -32601, "message": "Method not found"}
+        return reply
+
+    def notify(self, slot: int, parent: int, root: int) -> None:
+        with self.lock:
+            for sub, connection in list(self.subscriptions.items()):
+                notification = {
+                    "jsonrpc": "2.0",
+                    "method": "slotNotification",
+                    "params": {"result": {"parent": parent, "root": root, "slot": slot}, "subscription": sub},
+                }
+                try:
+                    connection.send(json.dumps(notification))
+                except ConnectionClosed:
+                    self.subscriptions.pop(sub, None)
+
+
 class SolanaRpcDouble:
-    """The JSON-RPC HTTP server of :class:`SolanaChainDouble` on a loopback port."""
+    """The JSON-RPC HTTP server of :class:`SolanaChainDouble` on a loopback port, and its PubSub
+    endpoint (:attr:`pubsub`) on the next port."""
 
     def __init__(self, chain: SolanaChainDouble) -> None:
         self.chain = chain
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port_pair()
+        self.pubsub = SolanaPubSubDouble(chain, port + 1)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -299,5 +417,6 @@ class SolanaRpcDouble:
         self.thread.start()
 
     def stop(self) -> None:
+        self.pubsub.stop()
         self.server.shutdown()
         self.server.server_close()

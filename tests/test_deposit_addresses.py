@@ -6,6 +6,8 @@ again."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -16,7 +18,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from chain_nodes import Litecoind, random_tpub, running_litecoind
-from served import serve, shop_env, worker
+from served import VPSSHOP, serve, shop_env, worker
 
 from vpsshop.coins import STANDING_INDEX_BASE
 from vpsshop.hdkeys import ExtendedPublicKey, p2wpkh_address
@@ -55,9 +57,22 @@ def _until(what: str, check: Any, logs: Any, seconds: float = 60) -> Any:
         time.sleep(0.25)
 
 
-def _topup_events(base: str, headers: dict[str, str]) -> list[dict[str, Any]]:
-    body = httpx.get(f"{base}/events", headers=headers, params={"type": "topup.*", "limit": 100}).json()
+def _topup_events(base: str, headers: dict[str, str], kind: str = "topup.*") -> list[dict[str, Any]]:
+    body = httpx.get(f"{base}/events", headers=headers, params={"type": kind, "limit": 100}).json()
     return list(body["events"])
+
+
+def _address_events(base: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    """The ``deposit_address.*`` events, oldest first."""
+    return _topup_events(base, headers, "deposit_address.*")
+
+
+def _stuck_deposits(env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [VPSSHOP, "admin", "stuck", "--minutes", "0"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout)["deposits"])
 
 
 def test_standing_address_holds_credits_once_and_survives_a_restart(
@@ -114,6 +129,32 @@ def test_standing_address_holds_credits_once_and_survives_a_restart(
             _until("the small receipt held", held, w.output)
             assert _balance(shop.base, h) == 0
             assert _topup_events(shop.base, h) == []
+            # no top-up yet, but the customer hears of it: seen, then held with what is held in all
+            seen, held_event = _address_events(shop.base, h)
+            assert (seen["type"], held_event["type"]) == (
+                "deposit_address.payment_seen",
+                "deposit_address.payment_held",
+            )
+            for event in (seen, held_event):
+                data = event["data"]
+                assert (data["object"], data["address"], data["coin"], data["minimum_usd"]) == (
+                    "deposit_address",
+                    expected,
+                    "LTC",
+                    5,
+                )
+                assert (data["payment"]["amount"], data["payment"]["credited_usd"]) == ("0.05000000", None)
+            assert held_event["data"]["held_amount"] == "0.05000000"
+            assert held_event["data"]["payment"]["confirmations"] >= 1
+            # the operator's list of what waits shows the held receipt
+            [waiting] = _stuck_deposits(env, tmp_path)
+            assert (waiting["address"], waiting["coin"], waiting["payment_status"], waiting["amount_atomic"]) == (
+                expected,
+                "LTC",
+                "held",
+                "5000000",
+            )
+            assert waiting["account_id"] == account["user_id"]
             # 0.1 LTC more (8 USD): with the held 4 USD, one top-up of 12 USD
             litecoind.pay(expected, "0.1")
             litecoind.mine(1)
@@ -160,6 +201,12 @@ def test_standing_address_holds_credits_once_and_survives_a_restart(
                 == 2
             )
             assert conn.execute(sa.text("SELECT count(*) FROM ledger_entries WHERE reason = 'topup'")).scalar_one() == 3
+        address_kinds = [e["type"] for e in _address_events(shop.base, h)]
+        # one sighting per receipt (the rescan announced none again), one hold
+        assert address_kinds.count("deposit_address.payment_seen") == 3, address_kinds
+        assert address_kinds.count("deposit_address.payment_held") == 1, address_kinds
+        assert _stuck_deposits(env, tmp_path) == []  # nothing held or waiting any more
+        assert _address_events(shop.base, {"Authorization": f"Bearer {other['api_key']}"}) == []
         kinds = [e["type"] for e in reversed(_topup_events(shop.base, h))]
         assert kinds.count("topup.created") == 2
         assert kinds.count("topup.completed") == 2

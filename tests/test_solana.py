@@ -8,14 +8,13 @@ plugin itself."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bip32_private import ABANDON_MNEMONIC, mnemonic_seed
 from bip_utils import Bip39MnemonicGenerator, Bip39WordsNum
-from solana_rpc_double import SolanaChainDouble, SolanaRpcDouble
+from solana_rpc_double import SolanaRpcDouble
 from solders.keypair import Keypair
 from solders.message import Message
 from solders.pubkey import Pubkey
@@ -26,7 +25,7 @@ from topup_helpers import balance, decode_qr, get, payments, run_pass
 
 from vpsshop.errors import ConfigError
 from vpsshop.testing import TEST_ENCRYPTION_KEY, create_test_account
-from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey
+from vpsshop_solana import Solana, encrypt_mnemonic, parse_pubkey, pubsub_url
 
 
 def random_mnemonic() -> str:
@@ -45,6 +44,26 @@ def test_deposit_keys_follow_phantom_derivation() -> None:
     assert coin.payment_uri(coin.derive_address(1).address, 333_333_334, "tp") == (
         f"solana:{coin.derive_address(1).address}?amount=0.333333334"
     )
+
+
+def test_pubsub_endpoint_is_derived_from_the_rpc_url_as_solanas_cli_does() -> None:
+    """http -> ws, https -> wss, an explicit port + 1; ``ws_url`` wins, and ``""`` turns push off."""
+    expected = {
+        "http://127.0.0.1:8899/": "ws://127.0.0.1:8900/",
+        "https://api.mainnet-beta.solana.com": "wss://api.mainnet-beta.solana.com",
+        "https://rpc.example.net:8443/v1/KEY?x=1": "wss://rpc.example.net:8444/v1/KEY?x=1",
+        "http://[::1]:8899": "ws://[::1]:8900",
+    }
+    for rpc_url, ws_url in expected.items():
+        assert pubsub_url(rpc_url) == ws_url
+        coin = Solana.from_settings({"rpc_url": rpc_url}, sandbox=True, where="coins.SOL")
+        assert isinstance(coin, Solana) and coin.ws_url == ws_url
+    chosen = {"rpc_url": "http://127.0.0.1:8899/", "ws_url": "wss://ws.example.net/"}
+    assert Solana.from_settings(chosen, sandbox=True, where="coins.SOL").ws_url == "wss://ws.example.net/"  # type: ignore[attr-defined]
+    off = Solana.from_settings({**chosen, "ws_url": ""}, sandbox=True, where="coins.SOL")
+    assert off.ws_url is None and off.wake_channel() is None  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="ws_url"):
+        Solana.from_settings({**chosen, "ws_url": "http://x/"}, sandbox=True, where="coins.SOL")
 
 
 def test_mnemonic_is_encrypted_at_rest_and_required_in_production() -> None:
@@ -82,15 +101,6 @@ class TestSandbox:
 
 
 # ---- top-ups against the JSON-RPC double on LiteSVM --------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def solana_node() -> Iterator[SolanaRpcDouble]:
-    server = SolanaRpcDouble(SolanaChainDouble())
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -226,6 +236,79 @@ def test_payment_on_an_abandoned_fork_credits_nothing(vpsshop_client: TestClient
     assert (after["status"], after["payment_status"], after["credited_usd"]) == ("pending", "awaiting_payment", 0)
     run_pass(vpsshop_client)
     assert balance(vpsshop_client, h) == 0
+
+
+def test_standing_address_receipts_are_announced_seen_dropped_held_then_credited(
+    vpsshop_client: TestClient, solana_node: SolanaRpcDouble, vpsshop_clock: Any
+) -> None:
+    """A receipt at a standing address has no top-up until it is credited: the customer hears of it
+    by ``deposit_address.*`` events (seen; dropped when its block leaves the chain; held below the
+    5 USD minimum), and the admin's list of what waits shows it while held."""
+    from vpsshop.admin import stuck
+    from vpsshop.dashboard.event_pages import summary
+
+    account = create_test_account(vpsshop_client)
+    h = account.headers
+    made = vpsshop_client.post("/v1/deposit-addresses", json={"coin": "SOL"}, headers=h)
+    assert made.status_code == 200, made.text
+    address = made.json()["address"]
+    run_pass(vpsshop_client)
+    payer = funded_payer(solana_node)
+    chain = solana_node.chain
+
+    def address_events() -> list[dict[str, Any]]:
+        answer = vpsshop_client.get("/v1/events", params={"type": "deposit_address.*", "limit": 100}, headers=h)
+        assert answer.status_code == 200, answer.text
+        return [(e["type"], e["data"]) for e in answer.json()["events"]]
+
+    signature = pay(solana_node, payer, (address, 20_000_000))  # 0.02 SOL at 150 USD: 3 USD
+    chain.produce_block()
+    run_pass(vpsshop_client)
+    [(kind, data)] = address_events()
+    assert (kind, data["object"], data["address"], data["held_amount"]) == (
+        "deposit_address.payment_seen",
+        "deposit_address",
+        address,
+        "0.000000000",
+    )
+    assert (data["payment"]["txid"], data["payment"]["amount"], data["payment"]["confirmations"]) == (
+        signature,
+        "0.020000000",
+        1,
+    )
+    chain.abandon_blocks(1)  # its block leaves the chain
+    chain.produce_block()
+    run_pass(vpsshop_client)
+    assert [k for k, _ in address_events()][1:] == ["deposit_address.payment_dropped"]
+    assert ("SOL", f"{signature}:{address}", "dropped") in payments(vpsshop_client)
+
+    again = pay(solana_node, payer, (address, 20_000_000))  # sent again: seen, confirmed, held
+    for _ in range(3):
+        chain.produce_block()
+        run_pass(vpsshop_client)
+    kinds = address_events()
+    assert [k for k, _ in kinds][2:] == ["deposit_address.payment_seen", "deposit_address.payment_held"]
+    held = kinds[-1][1]
+    assert (held["payment"]["txid"], held["held_amount"], held["minimum_usd"]) == (again, "0.020000000", 5)
+    assert balance(vpsshop_client, h) == 0
+    assert summary({"data": held}) == (  # the dashboard's events page
+        f"SOL deposit address {address}: a payment of 0.020000000 SOL (0.020000000 SOL held below the minimum)"
+    )
+    ctx = vpsshop_client.app.state.ctx  # type: ignore[attr-defined]
+    assert stuck(ctx, 30)["deposits"] == []  # held for less than half an hour yet
+    vpsshop_clock.advance(minutes=31)
+    [waiting] = stuck(ctx, 30)["deposits"]
+    assert (waiting["address"], waiting["txid"], waiting["payment_status"]) == (address, again, "held")
+
+    pay(solana_node, payer, (address, 20_000_000))  # 3 USD more: with the held 3 USD, credited together
+    for _ in range(3):
+        chain.produce_block()
+        run_pass(vpsshop_client)
+    assert balance(vpsshop_client, h) == 6
+    assert stuck(ctx, 30)["deposits"] == []
+    assert [k for k, _ in address_events()][4:] == ["deposit_address.payment_seen"]
+    answer = vpsshop_client.get("/v1/events", params={"type": "topup.completed"}, headers=h).json()
+    assert [(e["data"]["credited_usd"], e["data"]["deposit_address"]) for e in answer["events"]] == [(6, address)]
 
 
 def test_recheck_keeps_payments_above_a_lagging_node_tip(

@@ -443,9 +443,11 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
     * ``servers``: still ``provisioning`` with no job queued or running for them (nothing will
       finish them: retry their job, or refund them);
     * ``topups``: payments seen and not credited;
+    * ``deposits``: receipts at standing deposit addresses seen and not credited, or held below
+      ``topups.standing_minimum_usd`` (a customer asking where their money is);
     * ``x402``: x402 settlements left ``settling`` (outcome unknown).
     """
-    from vpsshop.payments.models import Topup, TopupPayment, X402Record
+    from vpsshop.payments.models import DepositAddressRow, Topup, TopupPayment, X402Record
     from vpsshop.servers.models import ServerJob
 
     cutoff = ctx.clock.now() - timedelta(minutes=minutes)
@@ -494,6 +496,25 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
             .where(col(TopupPayment.status) == "seen", col(TopupPayment.first_seen_at) < cutoff)
             .order_by(col(TopupPayment.id))
         )
+        deposits = rows(
+            sa.select(
+                col(DepositAddressRow.address),
+                col(TopupPayment.account_id),
+                col(TopupPayment.coin),
+                col(TopupPayment.txid),
+                col(TopupPayment.status).label("payment_status"),
+                col(TopupPayment.amount_atomic),
+                col(TopupPayment.confirmations),
+                col(TopupPayment.first_seen_at),
+            )
+            .join(DepositAddressRow, col(DepositAddressRow.id) == col(TopupPayment.deposit_address_id))
+            .where(
+                col(TopupPayment.topup_id).is_(None),
+                col(TopupPayment.status).in_(("seen", "held")),
+                col(TopupPayment.first_seen_at) < cutoff,
+            )
+            .order_by(col(TopupPayment.id))
+        )
         x402 = rows(
             sa.select(
                 col(X402Record.id),
@@ -511,7 +532,7 @@ def stuck(ctx: AppContext, minutes: float) -> dict[str, list[dict[str, Any]]]:
             .where(col(X402Record.status) == "settling", col(X402Record.created_at) < cutoff)
             .order_by(col(X402Record.id))
         )
-    return {"jobs": jobs, "servers": servers, "topups": topups, "x402": x402}
+    return {"jobs": jobs, "servers": servers, "topups": topups, "deposits": deposits, "x402": x402}
 
 
 # ---- re-scanning blocks ----------------------------------------------------------------------------

@@ -8,7 +8,6 @@ of the moment it is confirmed; receipts below ``topups.standing_minimum_usd`` ar
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from anyio import to_thread
@@ -16,14 +15,13 @@ from pydantic import BaseModel, Field
 
 from vpsshop import limits
 from vpsshop.actors import Customer
-from vpsshop.coins import DepositCoin, format_atomic
+from vpsshop.coins import DepositCoin
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest
 from vpsshop.inputs import Input
-from vpsshop.money import UsdAmount, micros_to_usd
 from vpsshop.payments import engine_for, standing
 from vpsshop.payments.models import DepositAddressRow
-from vpsshop.payments.resource import qr_data_uri
+from vpsshop.payments.resource import DepositAddressOut, qr_data_uri
 
 __all__ = [
     "DepositAddressInput",
@@ -52,21 +50,6 @@ class DepositAddressInput(Input):
         return super().error_code(field_name, error_type)
 
 
-class DepositAddressOut(BaseModel):
-    """A standing deposit address of the account."""
-
-    coin: str
-    address: str = Field(description="Send any amount of `coin` here, any number of times; it never expires.")
-    network: str | None = Field(description="Chain and network (bitcoin, litecoin-regtest ...).")
-    minimum_usd: UsdAmount = Field(
-        description="A receipt worth less (at the rate when confirmed) is held until the receipts held add up to it."
-    )
-    held_amount: str = Field(description="Confirmed receipts held below the minimum, in the coin's units.")
-    confirmations_required: int
-    qr_data_uri: str | None = Field(description="PNG QR code (data URI) of the address; null in lists.")
-    created_at: datetime
-
-
 class DepositAddressList(BaseModel):
     deposit_addresses: list[DepositAddressOut] = Field(description="The account's standing addresses, oldest first.")
 
@@ -77,19 +60,11 @@ def standing_coins(ctx: AppContext) -> list[str]:
 
 
 def _out(ctx: AppContext, row: DepositAddressRow, *, qr: bool) -> DepositAddressOut:
-    coin = ctx.coins.get(row.coin)
-    decimals = coin.decimals if coin is not None else 0
-    uri = qr_data_uri(row.address) if qr else None  # the bare address: no amount, any wallet reads it
-    return DepositAddressOut(
-        coin=row.coin,
-        address=row.address,
-        network=row.network,
-        minimum_usd=micros_to_usd(standing.minimum_micros(ctx)),
-        held_amount=format_atomic(standing.held_atomic(ctx, row.id or 0), decimals),
-        confirmations_required=coin.confirmations if isinstance(coin, DepositCoin) else 0,
-        qr_data_uri=uri,
-        created_at=row.created_at,
-    )
+    with ctx.db.session() as session:
+        out = standing.address_out(ctx, session, row)
+    if qr:
+        out.qr_data_uri = qr_data_uri(row.address)  # the bare address: no amount, any wallet reads it
+    return out
 
 
 async def request_deposit_address(ctx: AppContext, customer: Customer, data: DepositAddressInput) -> DepositAddressOut:

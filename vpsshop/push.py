@@ -15,7 +15,8 @@ The building blocks, re-exported by :mod:`vpsshop.chains`:
   ``waitfornewblock``), asked again and again;
 * :func:`datagram_wakes`: a local UDP port that a node's notify command (bitcoind's
   ``-walletnotify`` / ``-blocknotify``) sends a datagram to;
-* :func:`websocket_wakes`: a JSON-RPC subscription over WebSocket (``eth_subscribe``);
+* :func:`websocket_wakes`: a JSON-RPC subscription over WebSocket (``eth_subscribe``, Solana's
+  ``slotSubscribe``);
 * :func:`zmq_sub_wakes`: a ZMQ publisher (monerod's ``--zmq-pub``, bitcoind's ``-zmqpub...``);
 * :func:`merge_wakes`: several of these as one channel, down when any of them is.
 """
@@ -92,8 +93,12 @@ async def datagram_wakes(
 
 
 async def websocket_wakes(url: str, subscribe: dict[str, Any], what: str = "block") -> WakeChannel:
-    """Wakes from a JSON-RPC subscription over WebSocket: sends ``subscribe``
-    (``{"method": "eth_subscribe", "params": ["newHeads"]}``) and wakes at each notification.
+    """Wakes from a JSON-RPC subscription over WebSocket: sends ``subscribe`` and wakes at each
+    notification of the subscription id the node answers (other messages are ignored). Both
+    dialects in use have this shape: Ethereum's ``{"method": "eth_subscribe", "params":
+    ["newHeads"]}`` (``eth_subscription`` notifications, a hex id) and Solana's PubSub
+    ``{"method": "slotSubscribe"}`` (``slotNotification``, a numeric id), each notification
+    ``{"method": ..., "params": {"subscription": <id>, "result": ...}}``.
 
     :raises ChannelDown: no connection, the subscription was refused, or the connection closed."""
     from websockets.asyncio.client import connect
@@ -104,14 +109,26 @@ async def websocket_wakes(url: str, subscribe: dict[str, Any], what: str = "bloc
         async with connect(url, open_timeout=10, ping_interval=30, ping_timeout=20) as socket:
             await socket.send(json.dumps(request))
             answer = json.loads(await asyncio.wait_for(socket.recv(), 10))
-            if "result" not in answer:
-                raise ChannelDown(f"the node refused the subscription {subscribe.get('method')}: {answer.get('error')}")
+            if not isinstance(answer, dict) or "result" not in answer:
+                error = answer.get("error") if isinstance(answer, dict) else answer
+                raise ChannelDown(f"the node refused the subscription {subscribe.get('method')}: {error}")
+            subscription = answer["result"]
             yield "connected"
             async for message in socket:
-                if '"params"' in (message if isinstance(message, str) else message.decode()):
+                if _notifies(message, subscription):
                     yield what
     except (OSError, TimeoutError, WebSocketException) as exc:
         raise ChannelDown(f"WebSocket subscription closed: {type(exc).__name__}") from None
+
+
+def _notifies(message: str | bytes, subscription: Any) -> bool:
+    """Whether a WebSocket message is a notification of ``subscription``."""
+    try:
+        body = json.loads(message)
+    except ValueError:
+        return False
+    params = body.get("params") if isinstance(body, dict) else None
+    return isinstance(params, dict) and params.get("subscription") == subscription
 
 
 def _zmtp_frame(body: bytes, command: bool = False) -> bytes:

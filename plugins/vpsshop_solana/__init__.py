@@ -29,6 +29,20 @@ Settings ``[coins.SOL]``::
     rpc_url = "http://127.0.0.1:8899/"
     confirmations = 32             # 1..32; 32 = finalized
     sweep_to = "<base58 address>"  # where Solana.sweep sends deposits
+    # ws_url = "ws://127.0.0.1:8900/"  # PubSub endpoint; default: rpc_url's, as Solana's CLI derives it
+                                     # (http -> ws, https -> wss, an explicit port + 1); "" = polled only
+
+**Push.** The watcher follows the node's WebSocket PubSub ``slotSubscribe``: every ``slotNotification``
+(a slot processed) runs a scan at once, which reads the blocks that reached ``confirmed`` since the
+cursor, so a payment is credited within about a second of its block instead of at the next poll
+(``[topups] watch_interval_seconds``). ``slotSubscribe`` because it is stable and served by every
+validator and RPC provider, and says exactly "something new, look": ``blockSubscribe`` would carry the
+block itself but is marked unstable and needs ``--rpc-pubsub-enable-block-subscription`` (most
+providers refuse it); ``logsSubscribe``/``accountSubscribe`` take one address each (``mentions``
+holds a single key), so a shop with thousands of open and standing addresses would need as many
+subscriptions, renewed as addresses come and go. A wake only says "look now": the scan reads from
+its cursor as always, so a missed notification costs latency, never a payment; when the socket is
+down the coin is polled and the socket reopened with back-off.
 
 The sandbox, when no ``seed_encrypted`` is set, uses the public test mnemonic "abandon ... about" on
 devnet (its account 0 is HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk) and no node.
@@ -38,10 +52,11 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
 
 from bip_utils import Bip32Slip10Ed25519, Bip39SeedGenerator, MnemonicChecksumError, SolAddrDecoder, SolAddrEncoder
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -61,7 +76,7 @@ from vpsshop import (
     WatchSet,
     hookimpl,
 )
-from vpsshop.chains import BlockScanConfig, JsonRpcClient, NodeCoin, RpcError, b58decode
+from vpsshop.chains import BlockScanConfig, JsonRpcClient, NodeCoin, RpcError, b58decode, websocket_wakes
 
 SANDBOX_MNEMONIC = "abandon " * 11 + "about"
 """The BIP-39 test mnemonic: public, so its keys are only for the sandbox (devnet)."""
@@ -166,6 +181,12 @@ class SolanaConfig(BlockScanConfig):
     )
     max_blocks_per_scan: int = Field(100, ge=1, le=5000, validation_alias=AliasChoices("max_slots_per_scan"))
     timeout_seconds: float = Field(20, gt=0, le=300)
+    ws_url: str | None = Field(
+        None,
+        pattern=r"^(wss?://.*)?$",
+        description="The node's WebSocket PubSub endpoint: the watcher follows slotSubscribe. Default: derived "
+        'from rpc_url as Solana\'s CLI does (http -> ws, https -> wss, an explicit port + 1); "" = polled only.',
+    )
 
     @field_validator("sweep_to")
     @classmethod
@@ -173,6 +194,20 @@ class SolanaConfig(BlockScanConfig):
         if value is not None:
             parse_pubkey(value)
         return value
+
+
+def pubsub_url(rpc_url: str) -> str:
+    """The PubSub endpoint of a JSON-RPC URL, derived as Solana's CLI does (``compute_websocket_url``):
+    ``http`` -> ``ws``, ``https`` -> ``wss``, and an explicit port + 1 (a validator serves PubSub on the
+    port after its RPC port: 8899 -> 8900); a URL without a port keeps the scheme's default (providers
+    serve both on 443)."""
+    parts = urlsplit(rpc_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    netloc = parts.netloc
+    if parts.port is not None:
+        host = netloc.rsplit(":", 1)[0]
+        netloc = f"{host}:{parts.port + 1}"
+    return urlunsplit((scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 SKIPPED_SLOT_CODES = {-32007, -32009}
@@ -251,6 +286,19 @@ class Solana(NodeCoin[SolanaConfig, JsonRpcClient]):
         return f"solana:{address}?amount={amount}"
 
     # ---- watching -----------------------------------------------------------------------------------
+
+    @property
+    def ws_url(self) -> str | None:
+        """The PubSub endpoint followed (``ws_url``, else derived from ``rpc_url``); None: polled."""
+        if self.cfg.ws_url is not None:
+            return self.cfg.ws_url or None
+        return pubsub_url(self.cfg.rpc_url) if self.cfg.rpc_url else None
+
+    def wake_channel(self) -> AsyncIterator[str] | None:
+        """``slotSubscribe`` over the PubSub endpoint: a scan at every slot (see the module's *Push*)."""
+        if self._client is None or self.ws_url is None:
+            return None
+        return websocket_wakes(self.ws_url, {"method": "slotSubscribe", "params": []})
 
     async def _block_hash(self, slot: int) -> str | None:
         try:

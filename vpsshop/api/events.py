@@ -30,7 +30,7 @@ from vpsshop.events.webhooks import (
 )
 from vpsshop.inputs import parse
 from vpsshop.ledger import LedgerEntryOut
-from vpsshop.payments.resource import TopupOut
+from vpsshop.payments.resource import DepositAddressOut, TopupOut
 from vpsshop.routing import ApiRoute, Call, JsonBody, Query, Reply, body_named
 from vpsshop.servers.resource import ServerOut
 from vpsshop.servers.sshkeys import SshKeyOut
@@ -291,6 +291,7 @@ _RESOURCES: dict[str, type[BaseModel]] = {
     "api_key": ApiKeyOut,
     "ledger_entry": LedgerEntryOut,
     "topup": TopupOut,
+    "deposit_address": DepositAddressOut,
     "server": ServerOut,
     "ssh_key": SshKeyOut,
     "wallet": WalletOut,

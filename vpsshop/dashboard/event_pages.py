@@ -28,6 +28,7 @@ OBJECT_NAMES = {
     "api_key": "API keys",
     "ledger": "Balance",
     "topup": "Top-ups",
+    "deposit_address": "Deposit addresses",
     "server": "Servers",
     "ssh_key": "SSH keys",
     "webhook": "Webhooks",
@@ -189,6 +190,11 @@ def summary(event: dict[str, Any]) -> str:
         return f"Server {data['hostname']} (number {data['id']}): {data['status']}"
     if kind == "topup":
         return f"Top-up {data['ref']} of {format_usd(data['amount_usd'])} in {data['coin']}: {data['status']}"
+    if kind == "deposit_address":
+        paid = (data.get("payment") or {}).get("amount")
+        line = f"{data['coin']} deposit address {data['address']}"
+        line += f": a payment of {paid} {data['coin']}" if paid else ""
+        return line + f" ({data['held_amount']} {data['coin']} held below the minimum)"
     if kind == "ledger_entry":
         amount = data["amount_usd"]
         sign = "+" if amount > 0 else ""

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 class EventType:
     name: str
     object: str
-    """The resource in ``data`` (``data.object``): account, api_key, wallet, ledger_entry, topup, server, ssh_key,
-    webhook."""
+    """The resource in ``data`` (``data.object``): account, api_key, wallet, ledger_entry, topup, deposit_address,
+    server, ssh_key, webhook."""
     description: str
 
 
@@ -85,6 +85,26 @@ _TYPES = [
         "topup.cancelled",
         "topup",
         "The top-up was cancelled by the customer, or its x402 authorization was refused: status cancelled.",
+    ),
+    EventType(
+        "deposit_address.payment_seen",
+        "deposit_address",
+        "A payment to one of the account's standing deposit addresses was seen on chain or in the mempool; "
+        "data.payment has it (amount, confirmations). Once confirmed it is credited as a top-up of its own "
+        "(topup.created, topup.payment_confirmed, topup.completed) or held (deposit_address.payment_held).",
+    ),
+    EventType(
+        "deposit_address.payment_held",
+        "deposit_address",
+        "A confirmed payment to a standing deposit address is worth less than data.minimum_usd together with "
+        "what is already held there: it is held, not lost (data.held_amount is the total held), and credited "
+        "with the receipt that brings the held ones to the minimum.",
+    ),
+    EventType(
+        "deposit_address.payment_dropped",
+        "deposit_address",
+        "A payment to a standing deposit address seen earlier left the chain before its confirmations (a "
+        "reorganisation or a replaced transaction). If it comes back it is seen again.",
     ),
     EventType("server.provisioning", "server", "A server was ordered and paid: status provisioning."),
     EventType(

@@ -427,7 +427,10 @@ class PaymentEngine:
                 except IntegrityError:  # another worker recorded it first
                     savepoint.rollback()
                     return
+                standing.emit_receipt_event(self.ctx, session, "seen", row, now)
             elif row.status in ("seen", "dropped"):
+                if row.status == "dropped":  # back on chain after a reorg
+                    standing.emit_receipt_event(self.ctx, session, "seen", row, now)
                 row.status = "seen"
                 row.confirmations = payment.confirmations
                 row.block_height = payment.block_height
@@ -465,6 +468,10 @@ class PaymentEngine:
                             TopupPayment.status == "seen",
                         )
                     ).first()
+                    if gone is not None and gone.deposit_address_id is not None and gone.topup_id is None:
+                        gone.status = "dropped"
+                        gone.confirmations = 0
+                        standing.emit_receipt_event(self.ctx, session, "dropped", gone, self.ctx.clock.now())
                     if gone is not None and gone.topup_id is not None:
                         paid = session.get(Topup, gone.topup_id)
                         assert paid is not None

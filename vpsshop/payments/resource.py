@@ -24,6 +24,7 @@ from vpsshop.payments.models import Topup, TopupPayment, X402Record
 from vpsshop.qrcodes import png_data_uri
 
 __all__ = [
+    "DepositAddressOut",
     "PaymentOut",
     "TopupOut",
     "TopupView",
@@ -82,6 +83,26 @@ class TopupOut(BaseModel):
     completed_at: datetime | None = Field(None, description="When its first payment was credited.")
     payment: PaymentOut | None = Field(
         None, description="The payment a topup.payment_* event (or topup.late_payment ...) is about; null elsewhere."
+    )
+
+
+class DepositAddressOut(BaseModel):
+    """A standing deposit address of the account (and what every ``deposit_address.*`` event carries)."""
+
+    coin: str
+    address: str = Field(description="Send any amount of `coin` here, any number of times; it never expires.")
+    network: str | None = Field(description="Chain and network (bitcoin, litecoin-regtest ...).")
+    minimum_usd: UsdAmount = Field(
+        description="A receipt worth less (at the rate when confirmed) is held until the receipts held add up to it."
+    )
+    held_amount: str = Field(description="Confirmed receipts held below the minimum, in the coin's units.")
+    confirmations_required: int
+    qr_data_uri: str | None = Field(description="PNG QR code (data URI) of the address; null in lists.")
+    created_at: datetime
+    payment: PaymentOut | None = Field(
+        None,
+        description="The receipt a deposit_address.payment_* event is about (its top-up is made when it is "
+        "credited); null elsewhere.",
     )
 
 

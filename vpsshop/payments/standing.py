@@ -26,17 +26,24 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from vpsshop import events, ledger
-from vpsshop.coins import DepositCoin
+from vpsshop.coins import DepositCoin, format_atomic
 from vpsshop.context import AppContext
 from vpsshop.errors import BadRequest, PluginError
 from vpsshop.models import saved_id
-from vpsshop.money import MICROS_PER_USD
+from vpsshop.money import MICROS_PER_USD, micros_to_usd
 from vpsshop.payments.models import DepositAddressRow, Topup, TopupPayment, new_ref
-from vpsshop.payments.resource import emit_payment_credited, topup_event
+from vpsshop.payments.resource import DepositAddressOut, emit_payment_credited, payment_out, topup_event
 
 log = logging.getLogger("vpsshop.payments")
 
-__all__ = ["credit_standing", "minimum_micros", "standing_address", "standing_addresses"]
+__all__ = [
+    "address_out",
+    "credit_standing",
+    "emit_receipt_event",
+    "minimum_micros",
+    "standing_address",
+    "standing_addresses",
+]
 
 
 def minimum_micros(ctx: AppContext) -> int:
@@ -144,15 +151,48 @@ def standing_addresses(ctx: AppContext, account_id: int) -> list[DepositAddressR
         )
 
 
-def held_atomic(ctx: AppContext, address_id: int) -> int:
-    """What the address holds below the minimum, in atomic units."""
-    with ctx.db.session() as session:
-        rows = session.exec(
-            select(TopupPayment.amount_atomic).where(
-                TopupPayment.deposit_address_id == address_id, TopupPayment.status == "held"
-            )
-        ).all()
+def _held_atomic(session: Session, address_id: int) -> int:
+    """What the address holds below the minimum, in atomic units (read in ``session``)."""
+    session.flush()
+    rows = session.exec(
+        select(TopupPayment.amount_atomic).where(
+            TopupPayment.deposit_address_id == address_id, TopupPayment.status == "held"
+        )
+    ).all()
     return sum(int(a) for a in rows)
+
+
+def address_out(
+    ctx: AppContext, session: Session, row: DepositAddressRow, payment: TopupPayment | None = None
+) -> DepositAddressOut:
+    """The standing address as the API shows it (no QR code), read in ``session``; ``payment``: the
+    receipt a ``deposit_address.*`` event is about."""
+    coin = ctx.coins.get(row.coin)
+    decimals = coin.decimals if coin is not None else 0
+    return DepositAddressOut(
+        coin=row.coin,
+        address=row.address,
+        network=row.network,
+        minimum_usd=micros_to_usd(minimum_micros(ctx)),
+        held_amount=format_atomic(_held_atomic(session, row.id or 0), decimals),
+        confirmations_required=coin.confirmations if isinstance(coin, DepositCoin) else 0,
+        qr_data_uri=None,
+        created_at=row.created_at,
+        payment=payment_out(ctx, payment) if payment is not None else None,
+    )
+
+
+def emit_receipt_event(ctx: AppContext, session: Session, kind: str, payment: TopupPayment, now: Any) -> None:
+    """``deposit_address.payment_<kind>`` (seen, held, dropped) for a receipt at a standing address."""
+    address = session.get(DepositAddressRow, payment.deposit_address_id)
+    if address is None:
+        return
+    name = {
+        "seen": "deposit_address.payment_seen",
+        "held": "deposit_address.payment_held",
+        "dropped": "deposit_address.payment_dropped",
+    }[kind]
+    events.emit(session, name, address.account_id, address_out(ctx, session, address, payment), now=now)
 
 
 def credit_standing(
@@ -191,6 +231,7 @@ def credit_standing(
             payment.status = "held"
             payment.rate = str(rate)
             session.add(payment)
+            emit_receipt_event(ctx, session, "held", payment, now)
             log.info(
                 "held %s payment %s to standing address %s: %s micro-USD with the held ones, below %s",
                 payment.coin,
