@@ -15,8 +15,8 @@ from dataclasses import dataclass
 class EventType:
     name: str
     object: str
-    """The resource in ``data`` (``data.object``): account, api_key, wallet, ledger_entry, topup, server, ssh_key,
-    webhook."""
+    """The resource in ``data`` (``data.object``): account, api_key, wallet, ledger_entry, topup, server, snapshot,
+    ssh_key, webhook."""
     description: str
 
 
@@ -143,6 +143,22 @@ _TYPES = [
         "server",
         "The server's inbound firewall (PUT /servers/{id}/firewall) is now in force on the hypervisor; data.firewall "
         "holds its rules.",
+    ),
+    EventType(
+        "server.snapshot_created",
+        "snapshot",
+        "The hypervisor took a snapshot of the server (POST /servers/{id}/snapshots): data is the snapshot, now ready.",
+    ),
+    EventType(
+        "server.snapshot_restored",
+        "snapshot",
+        "The server was put back to a snapshot (POST /servers/{id}/snapshots/{snapshot_id}/restore) and runs "
+        "again: data is the snapshot.",
+    ),
+    EventType(
+        "server.snapshot_deleted",
+        "snapshot",
+        "A snapshot of the server is gone (DELETE /servers/{id}/snapshots/{snapshot_id}): data is the snapshot.",
     ),
     EventType(
         "server.started",
