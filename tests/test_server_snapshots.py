@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_server_firewall import _active_server, _on_host
 
 from vpsshop.models import Server
 from vpsshop.servers.jobs import _handle, run_jobs
 from vpsshop.testing import create_test_account
-
-ORDER = {"plan": "pup", "location": "nl", "os": "debian-12"}
-
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,22 +29,6 @@ def vpsshop_overrides(request, tmp_path) -> dict[str, Any]:
         catalog.write_text("snapshot_price_cents = 150\n" + shipped)
         overrides["catalog"] = {"file": {"path": str(catalog)}}
     return overrides
-
-
-def _active_server(client, account) -> int:
-    account.credit("30")
-    order = client.post("/v1/servers", headers=account.headers, json=ORDER)
-    assert order.status_code == 201, order.text
-    assert asyncio.run(run_jobs(client.app.state.ctx))["done"] == 1
-    return order.json()["server"]["id"]
-
-
-def _on_host(client, sid: int) -> Any:
-    ctx = client.app.state.ctx
-    with ctx.db.session() as session:
-        server = session.get(Server, sid)
-        handle = _handle(server)
-    return asyncio.run(ctx.hypervisor.inspect(handle))
 
 
 def _jobs(client) -> dict[str, int]:

@@ -1294,12 +1294,7 @@ class LibvirtBackend(HypervisorBackend):
                     raise PluginError(f"volume {name} is missing on {handle.host}")
                 paths[vol.path()] = self._copy_volume(src_conn, vol, dst_conn, dst_pool, dst_path, name)
             desc = ET.fromstring(src_dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-            for disk in desc.iter("disk"):
-                source = disk.find("source")
-                if source is not None and source.get("file") in paths:
-                    source.set("file", paths[source.get("file", "")])
-                for backing in disk.findall("backingStore"):
-                    disk.remove(backing)
+            _move_disks(desc, paths)
             if self._filtered(dst_loc):  # the firewall and anti-spoofing move along
                 filters = (filter_name(handle.domain), ipv6_filter_name(handle.domain))
                 for flt in filter(None, (self._filter(src_conn, n) for n in filters)):
@@ -1776,13 +1771,19 @@ def _carry_snapshots(src_dom: Any, dst_dom: Any, paths: dict[str, str]) -> None:
         desc = ET.fromstring(snap.getXMLDesc(libvirt.VIR_DOMAIN_SNAPSHOT_XML_SECURE))
         if _lookup_snapshot(dst_dom, desc.findtext("name") or "") is not None:
             continue
-        for disk in desc.iter("disk"):
-            source = disk.find("source")
-            if source is not None and source.get("file") in paths:
-                source.set("file", paths[source.get("file", "")])
-            for backing in disk.findall("backingStore"):
-                disk.remove(backing)
+        _move_disks(desc, paths)
         dst_dom.snapshotCreateXML(ET.tostring(desc, encoding="unicode"), libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE)
+
+
+def _move_disks(desc: ET.Element, paths: dict[str, str]) -> None:
+    """Point the disks of a domain definition (or of the one a snapshot holds) at their copies
+    (``paths``: old path -> new one), without the backing chain libvirt recorded for the old files."""
+    for disk in desc.iter("disk"):
+        source = disk.find("source")
+        if source is not None and source.get("file") in paths:
+            source.set("file", paths[source.get("file", "")])
+        for backing in disk.findall("backingStore"):
+            disk.remove(backing)
 
 
 def _lookup_snapshot(dom: Any, name: str) -> Any | None:
