@@ -103,7 +103,7 @@ def test_the_limit_unknown_snapshots_and_other_accounts(vpsshop_client, vpsshop_
         missing = client.post(path, headers=headers)
         assert missing.status_code == 404 and missing.json()["error"], missing.text
     bad = client.post(f"/v1/servers/{sid}/snapshots", headers=headers, json={"name": "x" * 65})
-    assert bad.status_code == 400 and bad.json()["error"] and bad.json()["message"]
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_name" and bad.json()["message"]
     other = create_test_account(client)
     assert client.get(f"/v1/servers/{sid}/snapshots", headers=other.headers).status_code == 404
     assert client.post(f"/v1/servers/{sid}/snapshots", headers=other.headers).status_code == 404

@@ -487,6 +487,8 @@ async def check_snapshots(
     """Snapshots of a running and of a stopped domain, restored (twice: a retried job) and deleted;
     ``kit-snap-1`` is left for ``reinstall`` or ``destroy`` to remove."""
     first, second, offline = "kit-snap-1", "kit-snap-2", "kit-snap-3"
+    if host.enabled and host.marker is None:
+        await host.mark(handle, boot_timeout)  # a restore must go back to this disk, not make another
     for attempt in ("create_snapshot", "create_snapshot again (a retried job)"):
         await backend.create_snapshot(handle, first)
         await expect_state(backend, handle, DomainState.RUNNING, attempt)
