@@ -67,7 +67,8 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
   leaves the domain running on its disk (not a new one), with every snapshot kept; a snapshot of a
   stopped domain restores too and starts it; an unknown snapshot or a missing domain raises
   ``PluginError``; ``delete_snapshot`` (twice, and of a missing domain) does not raise and the
-  snapshot is gone; ``reinstall`` and ``destroy`` leave none;
+  snapshot is gone; ``reinstall`` and ``destroy`` leave none; with ``"migrate"`` too, a snapshot
+  moves with the server and restores on its new host;
 * ``suspend`` and ``resume`` keep the disk;
 * ``destroy`` removes the domain, its disk and its first-boot data, also when ``handle.host`` is
   empty (look on every host of ``handle.location``);
@@ -591,6 +592,9 @@ async def check_migrate(
     assert handle.host in hosts, f"the server was placed on {handle.host!r}, not one of hosts(): {hosts}"
     if host.enabled and host.marker is None:
         await host.mark(handle, boot_timeout)
+    snapshot = "kit-snap-moved" if CAPABILITY_SNAPSHOTS in backend.capabilities else None
+    if snapshot is not None:  # a server's snapshots move with it, and restore on the new host
+        await backend.create_snapshot(handle, snapshot)
     others = [h for h in hosts if h != handle.host] or [handle.host]
     for target in others:
         old = handle
@@ -601,11 +605,19 @@ async def check_migrate(
             handle = dataclasses.replace(moved, location=spec.location)
             await wait_running(backend, handle, attempt, boot_timeout)
             await host.running_once(handle, attempt)
+            if snapshot is not None:
+                await host.snapshots(handle, (snapshot,), attempt)
             if old.host != target and host.enabled:
                 left = await host.look(old)
                 assert not left.resources and left.running == 0, (
                     f"after {attempt} the old host {old.host} still holds {list(left.resources)}"
                 )
+    if snapshot is not None:
+        await backend.restore_snapshot(handle, snapshot)
+        await wait_running(backend, handle, "restore_snapshot after migrate", boot_timeout)
+        await host.running_once(handle, "restore_snapshot after migrate")
+        await backend.delete_snapshot(handle, snapshot)
+        await host.snapshots(handle, (), "delete_snapshot after migrate")
     return handle
 
 
