@@ -136,6 +136,25 @@ class ResizeLeavesTheMemory(SimulatedBackend):
         await _change(self, handle.domain, memory_mib=memory)
 
 
+class RestoreMakesANewDisk(SimulatedBackend):
+    """``restore_snapshot`` provisions a fresh disk instead of going back to the snapshot's."""
+
+    async def restore_snapshot(self, handle: ServerHandle, name: str) -> None:
+        await super().restore_snapshot(handle, name)
+        await _change(self, handle.domain, **_wiped())
+
+
+class ReinstallKeepsTheSnapshots(SimulatedBackend):
+    """``reinstall`` makes a new disk but leaves the old disk's snapshots listed on the host."""
+
+    async def reinstall(self, handle: ServerHandle, spec: ServerSpec) -> ServerHandle:
+        record = await _records(self).get(handle.domain)
+        kept = record.data.get("snapshots", {}) if record is not None else {}
+        done = await super().reinstall(handle, spec)
+        await _change(self, handle.domain, snapshots=kept)
+        return done
+
+
 BROKEN = {
     # backend: (the kit test that must fail, words its failure must contain)
     StopDoesNothing: ("test_power_verbs_are_idempotent", "the domain is running, expected stopped"),
@@ -157,4 +176,6 @@ BROKEN = {
     GuestReportHangs: ("test_optional_verbs", "guest_report after create took"),
     ResizeReprovisions: ("test_optional_verbs", "after resize the server's disk is not the one it had"),
     ResizeLeavesTheMemory: ("test_optional_verbs", "after resize the host has vcpu, memory_mib, disk_gib"),
+    RestoreMakesANewDisk: ("test_optional_verbs", "after restore_snapshot the server's disk is not the one it had"),
+    ReinstallKeepsTheSnapshots: ("test_optional_verbs", "after reinstall (a new disk has no snapshots) the host holds"),
 }

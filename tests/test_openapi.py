@@ -153,6 +153,7 @@ def test_request_bodies_keep_the_names_clients_were_generated_with(vpsshop_clien
         ("/servers/{id}/resize", "post"): "ResizeBody",
         ("/servers/{id}/resize/quote", "post"): "ResizeBody",
         ("/servers/{id}/firewall", "put"): "FirewallBody",
+        ("/servers/{id}/snapshots", "post"): "SnapshotBody",
         ("/servers/{id}", "delete"): "TerminateBody",
         ("/ssh-keys", "post"): "SshKeyBody",
         ("/webhooks", "post"): "WebhookBody",

@@ -7,7 +7,9 @@ a transient, isolated libvirt network of its own (no DHCP, no dnsmasq) whose bri
 gateway address, so this host reaches the leased address directly, and logs in with OpenSSH's
 client: as root with the ordered key, then with the password. Once it is in, no file on the host
 (the pool, the domain's disk and seed cdrom, libvirtd's files for it) holds the password in clear:
-the seed carried only its hash.
+the seed carried only its hash. The same boot then serves a reinstall and a snapshot: a file
+deleted after the snapshot is back once the snapshot is restored, and after the termination no
+domain, volume or snapshot of the server is left on the host.
 """
 
 from __future__ import annotations
@@ -326,7 +328,9 @@ def assert_password_only_hashed(
     assert str(disk) in found and set(found) <= {str(seed), str(disk)}, found
 
 
-def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool, guest_network, test_guest, tmp_path):
+def test_ordered_guest_boots_logs_in_reinstalls_restores_a_snapshot_and_shows_its_console(
+    guest_pool, guest_network, test_guest, tmp_path
+):
     from starlette.testclient import TestClient
 
     from vpsshop.app import create_app
@@ -482,13 +486,51 @@ def test_ordered_guest_boots_logs_in_reinstalls_and_shows_its_console(guest_pool
             assert by_new.returncode == 0 and by_new.stdout.strip() == "0", by_new.stderr
             assert_password_only_hashed(domain, directory, [password, new_password], ip, key2, tmp_path)
 
-            # The customer ends it: nothing of it is left on the host (domain, disk, seed image).
+            # A snapshot (disk and memory of the running guest), a file deleted after it, the snapshot
+            # restored: the file is back. The snapshot is left for the termination to remove.
+            assert ssh_with_key(ip, key2, "echo kept > /root/snapshot-file && sync", tmp_path).returncode == 0
+            taken = client.post(f"/v1/servers/{sid}/snapshots", headers=account.headers, json={"name": "before rm"})
+            assert taken.status_code == 202, taken.text
+            snap_id = taken.json()["id"]
+            snapshots_url = f"/v1/servers/{sid}/snapshots"
+            run_jobs_until(
+                ctx,
+                client,
+                account.headers,
+                sid,
+                lambda s: (
+                    client.get(snapshots_url, headers=account.headers).json()["snapshots"][0]["status"] != "creating"
+                ),
+            )
+            (ready,) = client.get(snapshots_url, headers=account.headers).json()["snapshots"]
+            assert ready["status"] == "ready", ready
+            assert domain.snapshotListNames() == [f"snap-{snap_id}"]
+            removed = ssh_with_key(
+                ip, key2, "rm /root/snapshot-file && sync && test ! -e /root/snapshot-file", tmp_path
+            )
+            assert removed.returncode == 0, removed.stderr
+            restore = client.post(f"{snapshots_url}/{snap_id}/restore", headers=account.headers)
+            assert restore.status_code == 202, restore.text
+            restored = run_jobs_until(
+                ctx, client, account.headers, sid, lambda s: not (s["status_reason"] or "").startswith("Restoring")
+            )
+            assert restored["status"] == "active" and restored["power"] == "running", restored
+            kinds = [e["type"] for e in client.get("/v1/events", headers=account.headers).json()["events"]]
+            assert "server.snapshot_created" in kinds and "server.snapshot_restored" in kinds, kinds
+            assert wait_for_login(ip, key2, tmp_path, expect_errors=True) == "guest-one"
+            back = ssh_with_key(ip, key2, "cat /root/snapshot-file", tmp_path)
+            assert back.returncode == 0 and back.stdout.strip() == "kept", back.stderr
+
+            # The customer ends it: nothing of it is left on the host (domain, disk, seed image, snapshots).
             name = domain.name()
             ended = client.request("DELETE", f"/v1/servers/{sid}", headers=account.headers)
             assert ended.status_code == 200 and ended.json()["status"] == "terminated", ended.text
             run_jobs_until(ctx, client, account.headers, sid, lambda s: s["ip"] is None, timeout=120)
             assert name not in [d.name() for d in libvirt.open(URI).listAllDomains()]
             assert sorted(p.name for p in directory.iterdir()) == sorted([IMAGE, "vmlinuz", "initrd.img"])
+            assert client.get(snapshots_url, headers=account.headers).json()["snapshots"] == []
+            metadata = Path("/var/lib/libvirt/qemu/snapshot") / name  # libvirtd's record of the domain's snapshots
+            assert not metadata.exists() or not any(metadata.iterdir()), list(metadata.iterdir())
         finally:
             try:
                 if domain.isActive():

@@ -94,6 +94,13 @@ class CatalogData(BaseModel):
     plans: tuple[Plan, ...] = Field(min_length=1)
     locations: tuple[Location, ...] = Field(min_length=1)
     operating_systems: tuple[OperatingSystem, ...] = Field(min_length=1)
+    snapshot_price_cents: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Monthly price of one server snapshot, in cents (0: free), charged at each renewal for each "
+        "snapshot the server holds then (an annual cycle: 10 months).",
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> CatalogData:
@@ -179,6 +186,11 @@ class Catalog(BaseModel):
     pricing: list[PriceOut] = Field(description="Every plan at every location.")
     payment_options: list[PaymentOption] = Field(description="Coins this service accepts now.")
     topup_limits: TopupLimits
+    snapshot_monthly_usd: UsdAmount = Field(
+        Decimal(0),
+        description="The monthly price of one server snapshot (0: free), added to each renewal for every snapshot "
+        "the server holds when it renews (an annual cycle: 10 months).",
+    )
 
 
 def monthly_price_cents(plan: Plan, location: Location) -> int:
@@ -193,6 +205,13 @@ def price_cents(plan: Plan, location: Location, cycle: str) -> int:
     if cycle == "annual":
         return ANNUAL_MONTHS_CHARGED * monthly
     raise ValueError(f"unknown cycle {cycle!r}")
+
+
+def snapshot_fee_micros(data: CatalogData, cycle: str) -> int:
+    """What one snapshot adds to a renewal of one ``cycle``: the monthly snapshot price, an annual
+    cycle 10 of them (as plans are priced)."""
+    months = ANNUAL_MONTHS_CHARGED if cycle == "annual" else 1
+    return data.snapshot_price_cents * months * MICROS_PER_CENT
 
 
 def _usd(cents: int) -> Decimal:
@@ -228,4 +247,5 @@ def build_catalog(
         pricing=pricing,
         payment_options=payment_options,
         topup_limits=TopupLimits(min_usd=_usd(min_topup_cents), max_usd=_usd(max_topup_cents)),
+        snapshot_monthly_usd=_usd(data.snapshot_price_cents),
     )

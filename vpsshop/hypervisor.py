@@ -309,6 +309,11 @@ class HostInspection:
     ``"firewall"``); None when the backend cannot tell.
 
     .. versionadded:: 1.2"""
+    snapshots: tuple[str, ...] | None = None
+    """The names of the server's snapshots the host holds (capability ``"snapshots"``), in any
+    order; None when the backend cannot read them back.
+
+    .. versionadded:: 1.2"""
 
 
 HOST_KEY_TYPES = frozenset(
@@ -428,6 +433,7 @@ class InterfaceCounters:
 
 
 CAPABILITY_FIREWALL = "firewall"
+CAPABILITY_SNAPSHOTS = "snapshots"
 
 FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp")
 
@@ -543,7 +549,8 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     """Optional verbs this backend implements: ``"reinstall"``, ``"console"``, ``"guest_report"``,
     ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``, ``"migrate"``
     (:meth:`hosts` and :meth:`migrate`), ``"traffic"`` (:meth:`interface_counters` and :meth:`limit_bandwidth`),
-    ``"firewall"`` (:meth:`set_firewall`, and anti-spoofing on every guest from :meth:`create` on).
+    ``"firewall"`` (:meth:`set_firewall`, and anti-spoofing on every guest from :meth:`create` on),
+    ``"snapshots"`` (:meth:`create_snapshot`, :meth:`restore_snapshot`, :meth:`delete_snapshot`).
 
     .. versionadded:: 1.1"""
 
@@ -716,6 +723,45 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         Called from a ``firewall`` job; idempotent (a retried job applies the same rules again).
 
         :raises PluginError: the domain does not exist, or the host refused the filter.
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def create_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """Optional (capability ``"snapshots"``): take a restore point of the server named ``name``
+        (letters, digits, ``-``; core names them ``snap-<id>``): its disk as it is now, and its
+        memory too when the backend can (the guest then goes on where it was at :meth:`restore_snapshot`).
+        A running guest goes on running (it may be paused for the seconds the snapshot takes); a
+        stopped one stays stopped.
+
+        Called from a ``snapshot`` job; idempotent: a snapshot of that name that exists already is kept
+        (a retried job). :meth:`destroy` and :meth:`reinstall` remove every snapshot of the server.
+
+        :raises PluginError: the domain does not exist, or the host refused the snapshot.
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def restore_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """Optional (capability ``"snapshots"``): put the server back to snapshot ``name``: its disk
+        (a file written or deleted since is as it was then) and, where the snapshot holds it, its
+        memory. The domain runs afterwards. The snapshot stays (it can be restored again); later
+        snapshots stay too.
+
+        Called from a ``restore`` job; idempotent (a retried job restores the same point again).
+
+        :raises PluginError: the domain or the snapshot does not exist, or the host refused.
+
+        .. versionadded:: 1.2
+        """
+        raise NotImplementedError
+
+    async def delete_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """Optional (capability ``"snapshots"``): remove snapshot ``name`` and the space it holds.
+        The server's disk as it is now is untouched. A snapshot (or a domain) that does not exist is
+        not an error (a retried job).
 
         .. versionadded:: 1.2
         """

@@ -192,6 +192,10 @@ class Server(SQLModel, table=True):
     firewall: str | None = Field(default=None, sa_type=sa.Text)
     """JSON list of the inbound rules (``{"protocol", "ports", "source"}``, vpsshop/servers/firewall.py);
     None or empty: every inbound connection is let in (anti-spoofing is on regardless)."""
+    # Added by migration 0023 (issue 25): what the server's snapshots add to each renewal.
+    snapshot_fee_micros: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+    """The sum of the ``fee_micros`` of the server's snapshots (vpsshop/servers/snapshots.py): added to
+    the price of each renewal (:func:`vpsshop.servers.lifecycle.renewal_terms`)."""
 
 
 class RecoveryCode(SQLModel, table=True):

@@ -13,7 +13,7 @@ from vpsshop import limits
 from vpsshop.coins import DepositCoin
 from vpsshop.context import AppContext
 from vpsshop.money import UsdAmount
-from vpsshop.routing import WRITE_METHODS, ApiRoute
+from vpsshop.routing import ID_PARAMS, WRITE_METHODS, ApiRoute
 
 API_VERSION = "1.0.0"
 _REF = "#/components/schemas/{model}"
@@ -188,17 +188,18 @@ def build_openapi(
         if route.description:
             operation["description"] = route.description
         parameters: list[dict[str, Any]] = []
-        if "{id}" in route.path:
-            parameters.append(
-                {
-                    "name": "id",
-                    "in": "path",
-                    "required": True,
-                    "schema": {"type": "integer", "minimum": 0, "maximum": ApiRoute.MAX_ID},
-                }
-            )
+        for name in ID_PARAMS:
+            if f"{{{name}}}" in route.path:
+                parameters.append(
+                    {
+                        "name": name,
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 0, "maximum": ApiRoute.MAX_ID},
+                    }
+                )
         for name in re.findall(r"\{(\w+)\}", route.path):  # other path parameters are strings
-            if name != "id":
+            if name not in ID_PARAMS:
                 parameters.append(
                     {
                         "name": name,

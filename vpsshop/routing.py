@@ -66,6 +66,8 @@ class IdConvertor(Convertor[int]):
 
 
 register_url_convertor("id", IdConvertor())
+ID_PARAMS = ("id", "snapshot_id")
+"""Path parameters that are ids (integers, :class:`IdConvertor`); the others are strings."""
 
 
 ApiModel = Input
@@ -196,7 +198,10 @@ class ApiRoute:
     """The largest id: ids are PostgreSQL ``integer`` columns (SQLite's hold more, PostgreSQL's do not)."""
 
     def starlette_path(self) -> str:
-        return self.path.replace("{id}", "{id:id}")
+        path = self.path
+        for name in ID_PARAMS:
+            path = path.replace(f"{{{name}}}", f"{{{name}:id}}")
+        return path
 
 
 Handler = Callable[[Request], Awaitable[Response]]

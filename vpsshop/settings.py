@@ -260,6 +260,12 @@ class ServersSettings(_Section):
     jobs_interval_seconds: float = Field(1, ge=0.05, le=600, description="How often a worker looks for jobs.")
     job_concurrency: int = Field(8, ge=1, le=256, description="Jobs one worker runs at once.")
     lifecycle_interval_seconds: float = Field(60, ge=0.05, le=3600)
+    snapshots_max: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Snapshots a server may hold at once (POST /servers/{id}/snapshots); 0 turns snapshots off.",
+    )
     firewall_max_rules: int = Field(
         50, ge=1, le=500, description="Inbound firewall rules a server may have (PUT /servers/{id}/firewall)."
     )

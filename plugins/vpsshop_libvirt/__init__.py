@@ -719,7 +719,18 @@ class LibvirtBackend(HypervisorBackend):
     kind = "libvirt"
     Config = LibvirtConfig
     capabilities = frozenset(
-        {"reinstall", "console", "guest_report", "images", "ipv6", "resize", "migrate", "traffic", "firewall"}
+        {
+            "reinstall",
+            "console",
+            "guest_report",
+            "images",
+            "ipv6",
+            "resize",
+            "migrate",
+            "traffic",
+            "firewall",
+            "snapshots",
+        }
     )
 
     config: LibvirtConfig
@@ -731,7 +742,7 @@ class LibvirtBackend(HypervisorBackend):
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
             self.capabilities = frozenset(
-                {"reinstall", "console", "images", "ipv6", "resize", "migrate", "traffic", "firewall"}
+                {"reinstall", "console", "images", "ipv6", "resize", "migrate", "traffic", "firewall", "snapshots"}
             )
         if all(loc.network == "user" for loc in self.cfg.locations.values()):
             # QEMU's user networking has no tap device on the host: nothing to count, shape or filter
@@ -1043,7 +1054,7 @@ class LibvirtBackend(HypervisorBackend):
         if dom is not None:
             if dom.isActive():
                 dom.destroy()
-            dom.undefine()
+            _undefine(dom)
         pool, _ = self._pool(conn, loc)
         for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
             vol = self._volume(pool, name)
@@ -1054,6 +1065,49 @@ class LibvirtBackend(HypervisorBackend):
                 flt = self._filter(conn, name)
                 if flt is not None:
                     flt.undefine()
+
+    # ---- snapshots ------------------------------------------------------------------------------
+
+    def _create_snapshot(self, handle: ServerHandle, name: str) -> None:
+        dom = self._require(handle)
+        if _lookup_snapshot(dom, name) is not None:
+            return  # a retried job: taken already
+        xml = ET.Element("domainsnapshot")
+        ET.SubElement(xml, "name").text = name
+        ET.SubElement(xml, "description").text = "vpsshop snapshot"
+        # running: an internal checkpoint (disk and memory, the guest paused meanwhile); stopped: the
+        # disk only. Either lives in the server's qcow2 (the read-only seed cdrom is left out).
+        dom.snapshotCreateXML(ET.tostring(xml, encoding="unicode"), 0)
+
+    async def create_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """A qcow2 internal snapshot through ``virDomainSnapshotCreateXML``: of a running guest a
+        checkpoint of its disk and memory (QEMU's ``savevm``: the guest is paused while its memory is
+        written, then goes on), of a stopped one its disk."""
+        await self._run(self._create_snapshot, handle, name)
+
+    def _restore_snapshot(self, handle: ServerHandle, name: str) -> None:
+        dom = self._require(handle)
+        snap = _lookup_snapshot(dom, name)
+        if snap is None:
+            raise PluginError(f"domain {handle.domain} has no snapshot {name!r} on {handle.host}")
+        # a checkpoint resumes where it was taken; a disk-only snapshot boots the restored disk
+        dom.revertToSnapshot(snap, libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING)
+
+    async def restore_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """``virDomainRevertToSnapshot`` with ``REVERT_RUNNING``: the disk (and a checkpoint's
+        memory) as it was; the domain runs. QEMU cannot revert a disk that carries persistent dirty
+        bitmaps (libvirt checkpoints, incremental backups of the operator's): refused then."""
+        await self._run(self._restore_snapshot, handle, name)
+
+    def _delete_snapshot(self, handle: ServerHandle, name: str) -> None:
+        dom = self._domain(handle)
+        snap = _lookup_snapshot(dom, name) if dom is not None else None
+        if snap is not None:
+            snap.delete(0)
+
+    async def delete_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """``virDomainSnapshotDelete``: the internal snapshot and its metadata go."""
+        await self._run(self._delete_snapshot, handle, name)
 
     # ---- firewall -------------------------------------------------------------------------------
 
@@ -1143,7 +1197,7 @@ class LibvirtBackend(HypervisorBackend):
         if dom is not None:
             if dom.isActive():
                 dom.destroy()  # the disk is about to be erased: no point in a clean shutdown
-            dom.undefine()
+            _undefine(dom)  # its snapshots live in the disk and go with it
         pool, pool_path = self._pool(conn, loc)
         for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
             vol = self._volume(pool, name)
@@ -1240,23 +1294,19 @@ class LibvirtBackend(HypervisorBackend):
                     raise PluginError(f"volume {name} is missing on {handle.host}")
                 paths[vol.path()] = self._copy_volume(src_conn, vol, dst_conn, dst_pool, dst_path, name)
             desc = ET.fromstring(src_dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-            for disk in desc.iter("disk"):
-                source = disk.find("source")
-                if source is not None and source.get("file") in paths:
-                    source.set("file", paths[source.get("file", "")])
-                for backing in disk.findall("backingStore"):
-                    disk.remove(backing)
+            _move_disks(desc, paths)
             if self._filtered(dst_loc):  # the firewall and anti-spoofing move along
                 filters = (filter_name(handle.domain), ipv6_filter_name(handle.domain))
                 for flt in filter(None, (self._filter(src_conn, n) for n in filters)):
                     dst_conn.nwfilterDefineXML(flt.XMLDesc(0))
             dst_dom = dst_conn.defineXML(ET.tostring(desc, encoding="unicode"))
+            _carry_snapshots(src_dom, dst_dom, paths)  # the snapshots came inside the qcow2: their metadata too
         if start and not dst_dom.isActive():
             dst_dom.create()
         if src_dom is not None:  # only now that the target holds (and runs) it
             if src_dom.isActive():
                 src_dom.destroy()
-            src_dom.undefine()
+            _undefine(src_dom)
         src_pool, _ = self._pool(src_conn, src[1])
         for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
             vol = self._volume(src_pool, name)
@@ -1423,11 +1473,13 @@ class LibvirtBackend(HypervisorBackend):
         sizes: dict[str, int | None] = {"vcpu": None, "memory_mib": None, "disk_gib": None}
         firewall: tuple[FirewallRule, ...] | None = None
         spoofing: bool | None = None
+        snapshots: list[str] = []
         for host, loc in self._hosts_of(handle):
             conn = self._conn(host.uri)
             dom = self._lookup(conn, name)
             if dom is not None:
                 resources.append(f"domain {name} on {host.key}")
+                snapshots += dom.snapshotListNames(0)
                 running += 1 if dom.isActive() else 0
                 defined = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
                 sizes["vcpu"] = int(defined.findtext("vcpu") or 0)
@@ -1457,13 +1509,15 @@ class LibvirtBackend(HypervisorBackend):
             marker,
             firewall=firewall,
             anti_spoofing=spoofing,
+            snapshots=tuple(snapshots),
             **sizes,
         )
 
     async def inspect(self, handle: ServerHandle) -> HostInspection:
         """The domain and the volumes of the server on its host (every host of its location when
         ``handle.host`` is empty), guest starts and resets seen through libvirt's events, and the
-        marker on its disk (a qcow2 bitmap named ``vpsshop-marker-<marker>``)."""
+        marker on its disk (a qcow2 internal snapshot named ``vpsshop-marker-<marker>``), and the
+        domain's snapshots."""
         return await self._run(self._inspect, handle)
 
     def _mark_disk(self, handle: ServerHandle, marker: str) -> None:
@@ -1477,13 +1531,16 @@ class LibvirtBackend(HypervisorBackend):
             disk = self._volume(self._pool(conn, loc)[0], f"{handle.domain}.qcow2")
             if disk is None:
                 raise PluginError(f"domain {handle.domain} has no disk {handle.domain}.qcow2")
-            _qemu_img("bitmap", "--add", disk.path(), MARKER_PREFIX + marker)
+            for old in _markers(disk.path()):  # one marker: the latest
+                _qemu_img("snapshot", "-d", MARKER_PREFIX + old, disk.path())
+            _qemu_img("snapshot", "-c", MARKER_PREFIX + marker, disk.path())
             return
         raise PluginError(f"domain {handle.domain} does not exist")
 
     async def mark_disk(self, handle: ServerHandle, marker: str) -> None:
-        """A persistent qcow2 bitmap named after ``marker`` on the server's disk: the guest never
-        sees it, and a disk made anew has none."""
+        """A qcow2 internal snapshot named after ``marker`` on the server's disk, made by ``qemu-img``
+        beside libvirt (not a snapshot of libvirt's, and not a persistent bitmap: QEMU reverts no disk
+        that has one): the guest never sees it, and a disk made anew has none."""
         await self._run(self._mark_disk, handle, marker)
 
     # ---- base images (images.py) ----------------------------------------------------------------
@@ -1701,15 +1758,57 @@ def _qemu_img(*args: str) -> str:
     return result.stdout
 
 
+def _undefine(dom: Any) -> None:
+    """Undefine ``dom`` with the metadata of its snapshots (libvirt refuses a domain that has some
+    otherwise); the snapshots themselves are inside its disk, deleted or moved by the caller."""
+    dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+
+
+def _carry_snapshots(src_dom: Any, dst_dom: Any, paths: dict[str, str]) -> None:
+    """Redefine on ``dst_dom`` the metadata of ``src_dom``'s snapshots (parents first), with the
+    volume paths of the domain each holds moved as in ``paths`` (old path -> new one)."""
+    for snap in src_dom.listAllSnapshots(libvirt.VIR_DOMAIN_SNAPSHOT_LIST_TOPOLOGICAL):
+        desc = ET.fromstring(snap.getXMLDesc(libvirt.VIR_DOMAIN_SNAPSHOT_XML_SECURE))
+        if _lookup_snapshot(dst_dom, desc.findtext("name") or "") is not None:
+            continue
+        _move_disks(desc, paths)
+        dst_dom.snapshotCreateXML(ET.tostring(desc, encoding="unicode"), libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE)
+
+
+def _move_disks(desc: ET.Element, paths: dict[str, str]) -> None:
+    """Point the disks of a domain definition (or of the one a snapshot holds) at their copies
+    (``paths``: old path -> new one), without the backing chain libvirt recorded for the old files."""
+    for disk in desc.iter("disk"):
+        source = disk.find("source")
+        if source is not None and source.get("file") in paths:
+            source.set("file", paths[source.get("file", "")])
+        for backing in disk.findall("backingStore"):
+            disk.remove(backing)
+
+
+def _lookup_snapshot(dom: Any, name: str) -> Any | None:
+    try:
+        return dom.snapshotLookupByName(name, 0)
+    except LibvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_SNAPSHOT:
+            return None
+        raise
+
+
 def _read_marker(path: str) -> str | None:
     """The marker of :meth:`LibvirtBackend.mark_disk` on the qcow2 file at ``path`` (read while the
     domain runs: ``-U`` shares the image)."""
+    names = _markers(path)
+    return names[-1] if names else None
+
+
+def _markers(path: str) -> list[str]:
+    """The markers on the qcow2 file at ``path``, oldest first."""
     if not Path(path).is_file():
-        return None
+        return []
     info = json.loads(_qemu_img("info", "-U", "--output=json", path))
-    bitmaps = info.get("format-specific", {}).get("data", {}).get("bitmaps", [])
-    names = [b["name"] for b in bitmaps if b.get("name", "").startswith(MARKER_PREFIX)]
-    return names[0].removeprefix(MARKER_PREFIX) if names else None
+    snapshots = info.get("snapshots", [])
+    return [s["name"].removeprefix(MARKER_PREFIX) for s in snapshots if s.get("name", "").startswith(MARKER_PREFIX)]
 
 
 @hookimpl(trylast=True)

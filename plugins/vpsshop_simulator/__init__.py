@@ -113,7 +113,7 @@ class SimulatedBackend(HypervisorBackend):
     Config = SimulatorConfig
     sandbox_priority = 100
     capabilities = frozenset(
-        {"reinstall", "console", "guest_report", "ipv6", "resize", "migrate", "traffic", "firewall"}
+        {"reinstall", "console", "guest_report", "ipv6", "resize", "migrate", "traffic", "firewall", "snapshots"}
     )
 
     config: SimulatorConfig
@@ -167,6 +167,7 @@ class SimulatedBackend(HypervisorBackend):
             "disk_marker": None,
             "seed": True,
             "host_key": host_key.decode(),
+            "snapshots": {},  # a new disk has no snapshots
         }
 
     async def _power(self, handle: ServerHandle, change: Any, *, must_exist: bool) -> None:
@@ -294,6 +295,34 @@ class SimulatedBackend(HypervisorBackend):
         firewall = [rule.as_dict() for rule in rules]
         await self._power(handle, lambda data: {**data, "firewall": firewall}, must_exist=True)
 
+    async def create_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """The disk's identity and marker noted under ``name`` in the record (an existing one is kept)."""
+
+        def take(data: dict[str, Any]) -> dict[str, Any]:
+            taken = dict(data.get("snapshots", {}))
+            taken.setdefault(name, {"disk": data.get("disk"), "disk_marker": data.get("disk_marker")})
+            return {**data, "snapshots": taken}
+
+        await self._power(handle, take, must_exist=True)
+
+    async def restore_snapshot(self, handle: ServerHandle, name: str) -> None:
+        """The disk's identity and marker as the snapshot noted them; the domain runs (booted anew)."""
+        record = await self._state().get(handle.domain)
+        if record is None or name not in record.data.get("snapshots", {}):
+            raise PluginError(f"domain {handle.domain} has no snapshot {name!r} on {HOST}")
+
+        def restore(data: dict[str, Any]) -> dict[str, Any]:
+            taken = data.get("snapshots", {})[name]
+            return self._powered_on(self._stopped_data({**data, **taken}))
+
+        await self._power(handle, restore, must_exist=True)
+
+    async def delete_snapshot(self, handle: ServerHandle, name: str) -> None:
+        def drop(data: dict[str, Any]) -> dict[str, Any]:
+            return {**data, "snapshots": {k: v for k, v in data.get("snapshots", {}).items() if k != name}}
+
+        await self._power(handle, drop, must_exist=False)
+
     async def open_console(self, handle: ServerHandle) -> ConsoleStream:
         record = await self._state().get(handle.domain)
         if record is None or record.data["power"] != "on":
@@ -371,6 +400,7 @@ class SimulatedBackend(HypervisorBackend):
             disk_gib=data.get("disk_gib"),
             firewall=tuple(FirewallRule.parse(**rule) for rule in data.get("firewall", [])),
             anti_spoofing=data.get("defined", True),
+            snapshots=tuple(data.get("snapshots", {})),
         )
 
     async def mark_disk(self, handle: ServerHandle, marker: str) -> None:

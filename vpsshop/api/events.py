@@ -33,6 +33,7 @@ from vpsshop.ledger import LedgerEntryOut
 from vpsshop.payments.resource import DepositAddressOut, TopupOut
 from vpsshop.routing import ApiRoute, Call, JsonBody, Query, Reply, body_named
 from vpsshop.servers.resource import ServerOut
+from vpsshop.servers.snapshots import SnapshotOut
 from vpsshop.servers.sshkeys import SshKeyOut
 from vpsshop.wallets import WalletOut
 
@@ -293,6 +294,7 @@ _RESOURCES: dict[str, type[BaseModel]] = {
     "topup": TopupOut,
     "deposit_address": DepositAddressOut,
     "server": ServerOut,
+    "snapshot": SnapshotOut,
     "ssh_key": SshKeyOut,
     "wallet": WalletOut,
     "webhook": WebhookOut,

@@ -33,6 +33,7 @@ from vpsshop.servers import (
     renewals,
     resize,
     resource,
+    snapshots,
     sshkeys,
     termination,
 )
@@ -45,6 +46,7 @@ from vpsshop.servers.reinstall import ReinstallInput, ReinstallOut
 from vpsshop.servers.renewals import RenewInput, RenewOut
 from vpsshop.servers.resize import ResizeInput, ResizeOut, ResizeQuoteOut
 from vpsshop.servers.resource import ServerList, ServerOut
+from vpsshop.servers.snapshots import SnapshotIn, SnapshotList, SnapshotOut, SnapshotRestoreOut
 from vpsshop.servers.sshkeys import SshKeyDeleted, SshKeyInput, SshKeyList, SshKeyOut
 from vpsshop.servers.termination import ServerTerminated, TerminateInput
 
@@ -53,6 +55,7 @@ OrderBody = body_named("OrderBody", OrderInput)
 QuoteBody = body_named("QuoteBody", QuoteInput)
 ServerPatch = body_named("ServerPatch", ServerChange)
 FirewallBody = body_named("FirewallBody", FirewallIn)
+SnapshotBody = body_named("SnapshotBody", SnapshotIn)
 RenewBody = body_named("RenewBody", RenewInput)
 ReinstallBody = body_named("ReinstallBody", ReinstallInput)
 ResizeBody = body_named("ResizeBody", ResizeInput)
@@ -154,6 +157,25 @@ async def get_firewall(call: Call) -> FirewallOut:
 
 async def put_firewall(call: Call) -> FirewallOut:
     return await firewall.set_firewall(call.ctx, call.actor, call.path["id"], call.body)
+
+
+async def list_snapshots(call: Call) -> SnapshotList:
+    return await snapshots.list_snapshots(call.ctx, call.actor, call.path["id"])
+
+
+async def create_snapshot(call: Call) -> Reply:
+    data = call.body if call.body is not None else SnapshotIn()
+    return Reply(await snapshots.create_snapshot(call.ctx, call.actor, call.path["id"], data), 202)
+
+
+async def restore_snapshot(call: Call) -> Reply:
+    done = await snapshots.restore_snapshot(call.ctx, call.actor, call.path["id"], call.path["snapshot_id"])
+    return Reply(done, 202)
+
+
+async def delete_snapshot(call: Call) -> Reply:
+    done = await snapshots.delete_snapshot(call.ctx, call.actor, call.path["id"], call.path["snapshot_id"])
+    return Reply(done, 202)
 
 
 async def get_credentials(call: Call) -> CredentialsOut:
@@ -475,6 +497,82 @@ def routes() -> list[ApiRoute]:
             tags=TAG,
             count_writes=False,
             operation_id="setServerFirewall",
+        ),
+        ApiRoute(
+            "GET",
+            "/servers/{id}/snapshots",
+            list_snapshots,
+            "List a server's snapshots",
+            SnapshotList,
+            description="The server's snapshots that are not deleted, oldest first, with the most a server may hold "
+            "and the price of one per month (added to each renewal for every snapshot held then).",
+            errors={404: _NOT_YOURS},
+            tags=TAG,
+            count_writes=False,
+            operation_id="listServerSnapshots",
+        ),
+        ApiRoute(
+            "POST",
+            "/servers/{id}/snapshots",
+            create_snapshot,
+            "Take a snapshot of a server",
+            SnapshotOut,
+            status=202,
+            body=SnapshotBody,
+            body_required=False,
+            description="A restore point of the server: a job takes it within seconds (status creating, then ready "
+            "and a server.snapshot_created event). On this shop's hypervisor a running server's snapshot holds its "
+            "disk and its memory (the guest is paused while it is written, then goes on); a stopped server's, its "
+            "disk. Nothing is charged now: each renewal adds the catalog's snapshot_monthly_usd (per month of the "
+            "cycle) for every snapshot the server holds then. At most servers.snapshots_max per server (3 by "
+            "default). A reinstall or a termination removes every snapshot.",
+            errors={
+                400: "invalid_name, unknown_field",
+                404: _NOT_YOURS,
+                409: "server_not_active: the server is not active; snapshot_limit_reached: delete one first; "
+                "not_supported: the shop's hypervisor backend has no snapshots.",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="createServerSnapshot",
+        ),
+        ApiRoute(
+            "POST",
+            "/servers/{id}/snapshots/{snapshot_id}/restore",
+            restore_snapshot,
+            "Restore a server to a snapshot",
+            SnapshotRestoreOut,
+            status=202,
+            description="Puts the server back to the snapshot: everything written to its disk since is lost (and a "
+            "snapshot taken while it ran brings back its memory: the guest goes on from that moment). A job does "
+            "it; until then the server's status_reason says it is restoring; afterwards it runs and "
+            "server.snapshot_restored is emitted. The snapshot, and every other one, stays.",
+            errors={
+                404: "The server is not one of the caller's, or it has no such snapshot.",
+                409: "server_not_active; snapshot_not_ready: it is still being taken or deleted; "
+                "snapshot_predates_resize: it was taken on another plan; not_supported.",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="restoreServerSnapshot",
+        ),
+        ApiRoute(
+            "DELETE",
+            "/servers/{id}/snapshots/{snapshot_id}",
+            delete_snapshot,
+            "Delete a server snapshot",
+            SnapshotOut,
+            status=202,
+            description="A job removes the snapshot (status deleting, then deleted and a server.snapshot_deleted "
+            "event). From this request on it no longer counts against the limit and no renewal charges it. The "
+            "server's disk as it is now is untouched.",
+            errors={
+                404: "The server is not one of the caller's, or it has no such snapshot.",
+                409: "snapshot_not_ready: it is still being taken, or being deleted.",
+            },
+            tags=TAG,
+            count_writes=False,
+            operation_id="deleteServerSnapshot",
         ),
         ApiRoute(
             "GET",

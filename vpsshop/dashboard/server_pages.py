@@ -20,7 +20,13 @@ from vpsshop import accounts
 from vpsshop.dashboard.web import Page, format_usd, whole_number
 from vpsshop.dashboard.words import cycles, friendly, renewal_words
 from vpsshop.errors import ApiError, BadRequest
-from vpsshop.hypervisor import CAPABILITY_CONSOLE, CAPABILITY_FIREWALL, CAPABILITY_REINSTALL, CAPABILITY_RESIZE
+from vpsshop.hypervisor import (
+    CAPABILITY_CONSOLE,
+    CAPABILITY_FIREWALL,
+    CAPABILITY_REINSTALL,
+    CAPABILITY_RESIZE,
+    CAPABILITY_SNAPSHOTS,
+)
 from vpsshop.inputs import parse
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.servers import console, control, orders, renewals, resource, sshkeys, termination
@@ -28,6 +34,7 @@ from vpsshop.servers import credentials as server_credentials
 from vpsshop.servers import firewall as firewalls
 from vpsshop.servers import reinstall as reinstalls
 from vpsshop.servers import resize as resizes
+from vpsshop.servers import snapshots as snapshot_ops
 from vpsshop.servers.control import POWER_ACTIONS, ServerChange
 from vpsshop.servers.orders import OrderInput
 from vpsshop.servers.reinstall import ReinstallInput
@@ -379,6 +386,69 @@ async def set_firewall(page: Page) -> Response:
             raise
         return await firewall_form(page, status=exc.status, headers=exc.headers, error=friendly(exc), rules_text=text)
     return page.redirect(f"servers/{server_id}/firewall", "firewall-set")
+
+
+# ---- snapshots ---------------------------------------------------------------------------------------------
+
+
+async def snapshots_form(
+    page: Page, *, status: int = 200, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    server_id = _server_id(page)
+    server = await resource.get_server(page.ctx, page.customer, server_id)
+    held = await snapshot_ops.list_snapshots(page.ctx, page.customer, server_id)
+    return page.render(
+        "snapshots.html",
+        status,
+        headers,
+        title=f"Snapshots of {server.hostname}",
+        server=server,
+        held=held,
+        price=format_usd(held.monthly_price_usd),
+        can_snapshot=page.can(CAPABILITY_SNAPSHOTS),
+        **extra,
+    )
+
+
+async def snapshots_page(page: Page) -> Response:
+    return await snapshots_form(page)
+
+
+async def _snapshot_action(page: Page, action: Any, notice: str) -> Response:
+    server_id = _server_id(page)
+    try:
+        await action(server_id)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return await snapshots_form(page, status=exc.status, headers=exc.headers, error=friendly(exc))
+    return page.redirect(f"servers/{server_id}/snapshots", notice)
+
+
+async def take_snapshot(page: Page) -> Response:
+    async def take(server_id: int) -> None:
+        body = parse(snapshot_ops.SnapshotIn, {"name": page.form.get("name", "").strip() or None})
+        await snapshot_ops.create_snapshot(page.ctx, page.customer, server_id, body)
+
+    return await _snapshot_action(page, take, "snapshot-taken")
+
+
+async def restore_snapshot(page: Page) -> Response:
+    snapshot_id = int(page.request.path_params["snapshot_id"])
+
+    async def restore(server_id: int) -> None:
+        await snapshot_ops.restore_snapshot(page.ctx, page.customer, server_id, snapshot_id)
+
+    return await _snapshot_action(page, restore, "snapshot-restoring")
+
+
+async def delete_snapshot(page: Page) -> Response:
+    snapshot_id = int(page.request.path_params["snapshot_id"])
+
+    async def delete(server_id: int) -> None:
+        await snapshot_ops.delete_snapshot(page.ctx, page.customer, server_id, snapshot_id)
+
+    return await _snapshot_action(page, delete, "snapshot-deleted")
 
 
 # ---- reinstall ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ class EventType:
     name: str
     object: str
     """The resource in ``data`` (``data.object``): account, api_key, wallet, ledger_entry, topup, deposit_address,
-    server, ssh_key, webhook."""
+    server, snapshot, ssh_key, webhook."""
     description: str
 
 
@@ -163,6 +163,22 @@ _TYPES = [
         "server",
         "The server's inbound firewall (PUT /servers/{id}/firewall) is now in force on the hypervisor; data.firewall "
         "holds its rules.",
+    ),
+    EventType(
+        "server.snapshot_created",
+        "snapshot",
+        "The hypervisor took a snapshot of the server (POST /servers/{id}/snapshots): data is the snapshot, now ready.",
+    ),
+    EventType(
+        "server.snapshot_restored",
+        "snapshot",
+        "The server was put back to a snapshot (POST /servers/{id}/snapshots/{snapshot_id}/restore) and runs "
+        "again: data is the snapshot.",
+    ),
+    EventType(
+        "server.snapshot_deleted",
+        "snapshot",
+        "A snapshot of the server is gone (DELETE /servers/{id}/snapshots/{snapshot_id}): data is the snapshot.",
     ),
     EventType(
         "server.started",

@@ -41,6 +41,7 @@ from vpsshop.servers import (
     renewals,
     resize,
     resource,
+    snapshots,
     sshkeys,
     termination,
 )
@@ -50,6 +51,7 @@ from vpsshop.servers.orders import OrderInput, QuoteInput
 from vpsshop.servers.reinstall import ReinstallInput
 from vpsshop.servers.renewals import RenewInput
 from vpsshop.servers.resize import ResizeInput
+from vpsshop.servers.snapshots import SnapshotIn
 from vpsshop.servers.sshkeys import SshKeyInput
 from vpsshop.servers.termination import TerminateInput
 from vpsshop.signin import LoginInput
@@ -187,6 +189,14 @@ class ChangeArgs(ServerRef, ServerChange):
 
 class FirewallArgs(ServerRef, FirewallIn):
     pass
+
+
+class SnapshotArgs(ServerRef, SnapshotIn):
+    pass
+
+
+class SnapshotRef(ServerRef):
+    snapshot_id: int = Field(description="The snapshot's id (list_snapshots).", **_ID)
 
 
 class PowerArgs(ServerRef):
@@ -584,6 +594,46 @@ TOOLS: tuple[Tool, ...] = (
         lambda ctx, customer, args: firewall.set_firewall(ctx, customer, args.server_id, part(args, FirewallIn)),
         ("setServerFirewall",),
         idempotent=True,
+        destructive=True,
+    ),
+    Tool(
+        "list_snapshots",
+        "A server's snapshots",
+        "The server's snapshots (id, name, status, plan, monthly price), the most it may hold, and the price of one "
+        "per month.",
+        ServerRef,
+        lambda ctx, customer, args: snapshots.list_snapshots(ctx, customer, args.server_id),
+        ("listServerSnapshots",),
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "create_snapshot",
+        "Take a snapshot",
+        "Take a restore point of the server (its disk, and a running server's memory) before a risky change: done "
+        "within seconds (status creating, then ready; event server.snapshot_created). Nothing is charged now; each "
+        "renewal adds the catalog's monthly snapshot price for every snapshot held then.",
+        SnapshotArgs,
+        lambda ctx, customer, args: snapshots.create_snapshot(ctx, customer, args.server_id, part(args, SnapshotIn)),
+        ("createServerSnapshot",),
+    ),
+    Tool(
+        "restore_snapshot",
+        "Restore a snapshot",
+        "Put the server back to a ready snapshot: everything written to its disk since is lost. Done by a job "
+        "(event server.snapshot_restored); the snapshot stays.",
+        SnapshotRef,
+        lambda ctx, customer, args: snapshots.restore_snapshot(ctx, customer, args.server_id, args.snapshot_id),
+        ("restoreServerSnapshot",),
+        destructive=True,
+    ),
+    Tool(
+        "delete_snapshot",
+        "Delete a snapshot",
+        "Remove a snapshot (event server.snapshot_deleted); it is no longer billed. The server itself is untouched.",
+        SnapshotRef,
+        lambda ctx, customer, args: snapshots.delete_snapshot(ctx, customer, args.server_id, args.snapshot_id),
+        ("deleteServerSnapshot",),
         destructive=True,
     ),
     Tool(

@@ -62,6 +62,13 @@ What the contract says (``docs/plugins.md``, "Hypervisor backends"):
   ``inspect`` reads it), ``set_firewall`` puts its rules in force (twice: a retried job), a
   ``reinstall`` keeps them, no rules clears them, a missing domain raises ``PluginError``, and
   ``destroy`` removes the filter;
+* with capability ``"snapshots"``: ``create_snapshot`` (twice: a retried job) of a running domain
+  leaves it running on the same disk and ``inspect`` lists the snapshot; ``restore_snapshot`` (twice)
+  leaves the domain running on its disk (not a new one), with every snapshot kept; a snapshot of a
+  stopped domain restores too and starts it; an unknown snapshot or a missing domain raises
+  ``PluginError``; ``delete_snapshot`` (twice, and of a missing domain) does not raise and the
+  snapshot is gone; ``reinstall`` and ``destroy`` leave none; with ``"migrate"`` too, a snapshot
+  moves with the server and restores on its new host;
 * ``suspend`` and ``resume`` keep the disk;
 * ``destroy`` removes the domain, its disk and its first-boot data, also when ``handle.host`` is
   empty (look on every host of ``handle.location``);
@@ -115,6 +122,7 @@ from vpsshop.hypervisor import (
     CAPABILITY_MIGRATE,
     CAPABILITY_REINSTALL,
     CAPABILITY_RESIZE,
+    CAPABILITY_SNAPSHOTS,
     CAPABILITY_TRAFFIC,
     AddressPool,
     ConsoleStream,
@@ -138,6 +146,7 @@ KNOWN_CAPABILITIES = frozenset(
         CAPABILITY_IMAGES,
         CAPABILITY_IPV6,
         CAPABILITY_RESIZE,
+        CAPABILITY_SNAPSHOTS,
         CAPABILITY_MIGRATE,
         CAPABILITY_TRAFFIC,
         CAPABILITY_FIREWALL,
@@ -285,6 +294,16 @@ class HostCheck:
                 f"after {after} the host's firewall holds {list(found.firewall)}, not {list(rules)}"
             )
 
+    async def snapshots(self, handle: ServerHandle, names: tuple[str, ...], after: str) -> None:
+        """The host holds exactly the snapshots ``names`` of the server (when it can tell)."""
+        if not self.enabled:
+            return
+        found = (await self.look(handle)).snapshots
+        if found is not None:
+            assert sorted(found) == sorted(names), (
+                f"after {after} the host holds snapshots {sorted(found)}, not {sorted(names)}"
+            )
+
     async def nothing_left(self, handle: ServerHandle, after: str) -> None:
         if not self.enabled:
             return
@@ -425,6 +444,9 @@ async def check_optional_verbs(
             pass
         else:
             raise AssertionError("open_console of a missing domain must raise PluginError")
+    snapshots = CAPABILITY_SNAPSHOTS in backend.capabilities
+    if snapshots:
+        await check_snapshots(backend, handle, boot_timeout, host)
     firewalled = CAPABILITY_FIREWALL in backend.capabilities
     if firewalled:
         await check_firewall(backend, handle, host)
@@ -452,10 +474,59 @@ async def check_optional_verbs(
                             "after reinstall the guest reports the host keys of the system it replaced"
                         )
                 await host.mark(handle, boot_timeout)  # the retried job must replace this disk too
+        if snapshots:
+            await host.snapshots(handle, (), "reinstall (a new disk has no snapshots)")
         if firewalled:
             await host.firewall(handle, CONTRACT_FIREWALL, "reinstall (the customer's firewall stays)")
             await backend.set_firewall(handle, ())
             await host.firewall(handle, (), "set_firewall with no rules")
+
+
+async def check_snapshots(
+    backend: HypervisorBackend, handle: ServerHandle, boot_timeout: float, host: HostCheck
+) -> None:
+    """Snapshots of a running and of a stopped domain, restored (twice: a retried job) and deleted;
+    ``kit-snap-1`` is left for ``reinstall`` or ``destroy`` to remove."""
+    first, second, offline = "kit-snap-1", "kit-snap-2", "kit-snap-3"
+    if host.enabled and host.marker is None:
+        await host.mark(handle, boot_timeout)  # a restore must go back to this disk, not make another
+    for attempt in ("create_snapshot", "create_snapshot again (a retried job)"):
+        await backend.create_snapshot(handle, first)
+        await expect_state(backend, handle, DomainState.RUNNING, attempt)
+        await host.running_once(handle, attempt)
+        await host.snapshots(handle, (first,), attempt)
+    await backend.create_snapshot(handle, second)
+    await host.snapshots(handle, (first, second), "a second create_snapshot")
+    for attempt in ("restore_snapshot", "restore_snapshot again (a retried job)"):
+        await backend.restore_snapshot(handle, first)
+        await wait_running(backend, handle, attempt, boot_timeout)
+        await host.running_once(handle, attempt)
+        await host.snapshots(handle, (first, second), attempt)
+    await backend.stop(handle)
+    await expect_state(backend, handle, DomainState.STOPPED, "stop (before a snapshot of a stopped domain)")
+    await backend.create_snapshot(handle, offline)
+    await expect_state(backend, handle, DomainState.STOPPED, "create_snapshot of a stopped domain")
+    await backend.restore_snapshot(handle, offline)
+    await wait_running(backend, handle, "restore_snapshot of a stopped domain's snapshot", boot_timeout)
+    await host.running_once(handle, "restore_snapshot of a stopped domain's snapshot")
+    missing = ServerHandle(handle.host, f"{handle.domain}-never", location=handle.location)
+    refused: tuple[tuple[str, Callable[[], Awaitable[None]]], ...] = (
+        ("restore_snapshot of an unknown snapshot", lambda: backend.restore_snapshot(handle, "kit-snap-never")),
+        ("restore_snapshot of a missing domain", lambda: backend.restore_snapshot(missing, first)),
+        ("create_snapshot of a missing domain", lambda: backend.create_snapshot(missing, first)),
+    )
+    for what, call in refused:
+        try:
+            await call()
+        except PluginError:
+            pass
+        else:
+            raise AssertionError(f"{what} must raise PluginError")
+    for name in (second, second, offline):
+        await backend.delete_snapshot(handle, name)
+    await backend.delete_snapshot(missing, first)
+    await host.snapshots(handle, (first,), "delete_snapshot")
+    await expect_state(backend, handle, DomainState.RUNNING, "delete_snapshot")
 
 
 async def check_firewall(backend: HypervisorBackend, handle: ServerHandle, host: HostCheck) -> None:
@@ -521,6 +592,9 @@ async def check_migrate(
     assert handle.host in hosts, f"the server was placed on {handle.host!r}, not one of hosts(): {hosts}"
     if host.enabled and host.marker is None:
         await host.mark(handle, boot_timeout)
+    snapshot = "kit-snap-moved" if CAPABILITY_SNAPSHOTS in backend.capabilities else None
+    if snapshot is not None:  # a server's snapshots move with it, and restore on the new host
+        await backend.create_snapshot(handle, snapshot)
     others = [h for h in hosts if h != handle.host] or [handle.host]
     for target in others:
         old = handle
@@ -531,11 +605,19 @@ async def check_migrate(
             handle = dataclasses.replace(moved, location=spec.location)
             await wait_running(backend, handle, attempt, boot_timeout)
             await host.running_once(handle, attempt)
+            if snapshot is not None:
+                await host.snapshots(handle, (snapshot,), attempt)
             if old.host != target and host.enabled:
                 left = await host.look(old)
                 assert not left.resources and left.running == 0, (
                     f"after {attempt} the old host {old.host} still holds {list(left.resources)}"
                 )
+    if snapshot is not None:
+        await backend.restore_snapshot(handle, snapshot)
+        await wait_running(backend, handle, "restore_snapshot after migrate", boot_timeout)
+        await host.running_once(handle, "restore_snapshot after migrate")
+        await backend.delete_snapshot(handle, snapshot)
+        await host.snapshots(handle, (), "delete_snapshot after migrate")
     return handle
 
 

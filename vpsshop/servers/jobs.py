@@ -704,6 +704,34 @@ async def _firewall(ctx: AppContext, job: ClaimedJob) -> None:
     await to_thread.run_sync(firewall_applied, ctx, job.server_id, server.account_id, server.firewall)
 
 
+# ---- snapshots -----------------------------------------------------------------------------------
+
+
+async def _snapshot(ctx: AppContext, job: ClaimedJob) -> None:
+    """Take, restore or delete the job's snapshot (vpsshop/servers/snapshots.py), then record it."""
+    from vpsshop.servers.snapshots import job_snapshot, snapshot_done, snapshot_name
+
+    found = await to_thread.run_sync(job_snapshot, ctx, job.id)
+    if found is None:
+        return
+    server, snapshot = found
+    assert snapshot.id is not None and ctx.hypervisor is not None
+    if server.domain is None or server.status == "terminated":
+        return  # the destroy job removes the domain and every snapshot with it
+    handle, name = _handle(server), snapshot_name(snapshot.id)
+    if job.kind == "snapshot":
+        if snapshot.status != "creating":
+            return  # deleted (a reinstall) before it was taken
+        await ctx.hypervisor.create_snapshot(handle, name)
+    elif job.kind == "restore":
+        if snapshot.status != "ready" or server.status != "active":
+            return
+        await ctx.hypervisor.restore_snapshot(handle, name)
+    else:
+        await ctx.hypervisor.delete_snapshot(handle, name)
+    await to_thread.run_sync(snapshot_done, ctx, job.kind, job.server_id, snapshot.id, server.account_id)
+
+
 # ---- other verbs ---------------------------------------------------------------------------------
 
 _POWER_AFTER = {"start": "running", "reboot": "running", "resume": "running", "stop": "stopped", "suspend": "stopped"}
@@ -756,12 +784,17 @@ async def _verb(ctx: AppContext, job: ClaimedJob) -> None:
         await to_thread.run_sync(_release_address, ctx, job.server_id)
 
         def destroyed() -> None:
+            from vpsshop.servers.snapshots import drop_snapshots
+
             with ctx.db.session() as session:
                 session.execute(
                     sa.update(Server)
                     .where(col(Server.id) == job.server_id)
                     .values(power=None, ip=None, ipv6=None, ipv6_prefix=None)
                 )
+                row = session.get(Server, job.server_id)
+                if row is not None:  # the domain's disk held them
+                    drop_snapshots(session, row, ctx.clock.now())
                 record(
                     session,
                     job.server_id,
@@ -890,6 +923,8 @@ async def _run_job(ctx: AppContext, job: ClaimedJob) -> str:
             await _migrate(ctx, job)
         elif job.kind == "firewall":
             await _firewall(ctx, job)
+        elif job.kind in ("snapshot", "restore", "delete_snapshot"):
+            await _snapshot(ctx, job)
         else:
             await _verb(ctx, job)
     except RetryLater as exc:
@@ -943,6 +978,10 @@ def _fail(ctx: AppContext, job: ClaimedJob, error: str) -> None:
         _resize_failed(ctx, job.server_id)
     elif job.kind == "migrate":
         _migrate_failed(ctx, job.server_id, error)
+    elif job.kind in ("snapshot", "restore", "delete_snapshot"):
+        from vpsshop.servers.snapshots import snapshot_failed
+
+        snapshot_failed(ctx, job.kind, job.id)
     elif job.kind in _POWER_EVENTS:
         with ctx.db.session() as session:
             server = session.get(Server, job.server_id)

@@ -147,7 +147,8 @@ def renewal_terms(server: Server, now: datetime, periods: int = 1) -> tuple[int,
     extends from its current ``expires_at``.
     """
     start = max(server.expires_at, now) if server.status == "suspended" else server.expires_at
-    return server.price_micros * periods, add_months(start, CYCLE_MONTHS[server.cycle] * periods)
+    per_cycle = server.price_micros + server.snapshot_fee_micros  # the plan, and the snapshots it holds
+    return per_cycle * periods, add_months(start, CYCLE_MONTHS[server.cycle] * periods)
 
 
 def max_periods(pol: ServersPolicy, server: Server, now: datetime) -> int:

@@ -25,6 +25,10 @@ JOB_KINDS = (
     "rdns",
     "resize",
     "migrate",
+    "firewall",
+    "snapshot",
+    "restore",
+    "delete_snapshot",
 )
 JOB_STATES = ("queued", "running", "done", "failed")
 
@@ -50,7 +54,8 @@ class ServerJob(SQLModel, table=True):
     locked_by: str | None = Field(default=None, max_length=64)
     last_error: str | None = Field(default=None, max_length=500)
     target: str | None = Field(default=None, max_length=200)
-    """The host a ``migrate`` job moves the server to."""
+    """The host a ``migrate`` job moves the server to; the snapshot id of a ``snapshot``, ``restore``
+    or ``delete_snapshot`` job."""
     created_at: datetime = _ts()
     finished_at: datetime | None = _ts(nullable=True)
 
@@ -183,3 +188,29 @@ class ServerTraffic(SQLModel, table=True):
     policy_applied: str | None = Field(default=None, max_length=16)
     applied_at: datetime | None = _ts(nullable=True)
     lifted_at: datetime | None = _ts(nullable=True)
+
+
+SNAPSHOT_STATES = ("creating", "ready", "deleting", "deleted", "failed")
+
+
+class ServerSnapshot(SQLModel, table=True):
+    """A restore point of a server (issue 25, part 4; vpsshop/servers/snapshots.py).
+
+    ``creating`` until its ``snapshot`` job has run, then ``ready``; ``deleting`` from the
+    customer's DELETE until its job has removed it, then ``deleted``; ``failed`` when its job gave
+    up. A termination or a reinstall makes every one of the server's snapshots ``deleted``.
+    """
+
+    __tablename__ = "server_snapshots"
+
+    id: int | None = Field(default=None, primary_key=True)
+    server_id: int = Field(foreign_key="servers.id", index=True, nullable=False)
+    label: str | None = Field(default=None, max_length=64)
+    status: str = Field(default="creating", max_length=16, nullable=False)
+    plan: str = Field(max_length=32, nullable=False)
+    """The server's plan when the snapshot was taken: a snapshot from before a resize is not restored."""
+    fee_micros: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)
+    """What the snapshot adds to each renewal (``servers.snapshot_fee_micros`` holds the sum)."""
+    created_at: datetime = _ts()
+    ready_at: datetime | None = _ts(nullable=True)
+    deleted_at: datetime | None = _ts(nullable=True)

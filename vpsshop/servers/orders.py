@@ -334,6 +334,7 @@ class _OrderRow(TypedDict):
     auto_renew: bool
     ssh_keys: str | None
     user_data_enc: str | None
+    snapshot_fee_micros: int
 
 
 _TABLES = table_of(Server), table_of(ServerEvent), table_of(ServerJob)
@@ -434,6 +435,7 @@ def _place(ctx: AppContext, customer: Customer, body: OrderInput, key: str | Non
                 auto_renew=True,
                 ssh_keys=ssh_keys,
                 user_data_enc=stored_user_data,
+                snapshot_fee_micros=0,
             )
             detail = f"{body.plan} {body.location} {body.os} {body.cycle}"
             if ctx.db.dialect == "postgresql":

@@ -98,6 +98,8 @@ async def reinstall_server(ctx: AppContext, customer: Customer, server_id: int, 
 
 
 def _reinstall(ctx: AppContext, account_id: int, server_id: int, body: ReinstallInput) -> ReinstallOut:
+    from vpsshop.servers.snapshots import drop_snapshots
+
     limits.count_write(ctx, account_id)
     stored_user_data = user_data_enc(ctx, body.user_data)
     password = body.root_password or generate_root_password()
@@ -127,6 +129,7 @@ def _reinstall(ctx: AppContext, account_id: int, server_id: int, body: Reinstall
         server.user_data_enc = stored_user_data
         server.root_password_enc = encrypt_password(ctx, password)
         server.status_reason = REINSTALLING.format(os=body.os)
+        drop_snapshots(session, server, now)  # they live in the disk the job replaces
         session.add(server)
         job = enqueue(session, server_id, "reinstall", now)
         record(session, server_id, "reinstall", now, f"customer; {body.os}")

@@ -94,7 +94,7 @@ async def quote_renewal(ctx: AppContext, customer: Customer, server_id: int, dat
             most = _renewable(ctx, server, data.periods, now)
             price, expires_at = renewal_terms(server, now, data.periods)
             balance = read_summary(session, customer.account_id).balance_micros
-            return quote(price, data.periods, server.price_micros, balance, expires_at, most)
+            return quote(price, data.periods, price // data.periods, balance, expires_at, most)
 
     return await to_thread.run_sync(run)
 
