@@ -28,7 +28,7 @@ from sqlmodel import Session, col, select
 import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.context import AppContext
-from vpsshop.models import Server
+from vpsshop.models import Server, saved_id
 from vpsshop.payments.models import Topup, X402Record
 from vpsshop.servers.jobs import ON_ABANDONED, ON_ACTIVATED
 from vpsshop.servers.lifecycle import record
@@ -56,13 +56,8 @@ def release_for_server(ctx: AppContext, session: Session, server: Server, code: 
     if held is None:
         return False
     settlement.release(ctx, session, held, code)
-    record(session, saved(server), "payment_released", ctx.clock.now(), code[:500])
+    record(session, saved_id(server), "payment_released", ctx.clock.now(), code[:500])
     return True
-
-
-def saved(server: Server) -> int:
-    assert server.id is not None
-    return server.id
 
 
 def _held_id(ctx: AppContext, server_id: int) -> tuple[int, bool] | None:

@@ -504,35 +504,23 @@ def release(ctx: AppContext, session: Session, record: X402Record, code: str) ->
     if topup is None:
         return
     held = ledger.by_dedupe_key(session, f"x402:{record.coin}:{record.payer}:{record.nonce}")
-    if held is not None:
-        key = f"x402-reversal:{record.coin}:{record.payer}:{record.nonce}"
-        memo = f"x402 {record.coin} authorization not settled: {code}"[:500]
+    amount = held.amount_micros if held is not None else 0
+    while amount > 0:
         try:
             ledger.post(
                 session,
                 topup.account_id,
-                -held.amount_micros,
+                -amount,
                 "reversal",
                 ref=topup.ref,
-                dedupe_key=key,
-                memo=memo,
+                dedupe_key=f"x402-reversal:{record.coin}:{record.payer}:{record.nonce}",
+                memo=f"x402 {record.coin} authorization not settled: {code}"[:500],
                 now=now,
             )
+            break
         except ledger.InsufficientBalance as short:  # spent meanwhile (a race with the order): never below zero
-            log.warning(
-                "x402 record %s: only %s of the held credit could be taken back", record.id, short.balance_micros
-            )
-            if short.balance_micros > 0:
-                ledger.post(
-                    session,
-                    topup.account_id,
-                    -short.balance_micros,
-                    "reversal",
-                    ref=topup.ref,
-                    dedupe_key=key,
-                    memo=memo,
-                    now=now,
-                )
+            log.warning("x402 record %s: only %s of the held credit can be taken back", record.id, short.balance_micros)
+            amount = min(short.balance_micros, amount - 1)
     if topup.status == "pending":
         topup.status, topup.cancelled_at = "cancelled", now
         session.add(topup)
