@@ -256,7 +256,7 @@ def set_server_state(
             raise AdminError(f"server {server_id} is {was}: cannot {audited}")
         if refund_unused and was == "provisioning":
             refunded = abandon_provisioning(
-                session, server, now, f"Provisioning cancelled by the shop: {reason}", "provision_cancelled"
+                ctx, session, server, now, f"Provisioning cancelled by the shop: {reason}", "provision_cancelled"
             )
             if refunded is None:
                 raise AdminError(f"server {server_id} changed meanwhile: try again")
@@ -421,7 +421,7 @@ def job_action(ctx: AppContext, operator: Operator, job_id: int, action: str, re
         if action == "cancel" and kind == "provision":
             server = _server(session, server_id)
             refunded = abandon_provisioning(
-                session, server, now, f"Provisioning cancelled by the shop: {reason}", "provision_cancelled"
+                ctx, session, server, now, f"Provisioning cancelled by the shop: {reason}", "provision_cancelled"
             )
             if refunded is not None:
                 detail["refunded_micros"] = refunded

@@ -17,6 +17,8 @@ from typing import Any, cast
 
 import pluggy
 
+# registers what the provisioning jobs call for an order whose x402 payment is held until the server is ready
+import vpsshop.servers.held  # noqa: F401
 from vpsshop.catalog import CatalogSource, PaymentOption, build_catalog
 from vpsshop.clock import Clock
 from vpsshop.coins import PaymentCoin, link_scan_groups

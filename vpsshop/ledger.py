@@ -36,6 +36,7 @@ REASONS = frozenset(
         "renewal",  # a server's period was extended
         "resize",  # a server moved to a dearer plan: the difference for the rest of its paid time
         "refund",  # a charge was returned (provisioning failed)
+        "reversal",  # the credit of an x402 payment held for an order taken back: it never settled
     }
 )
 
@@ -46,7 +47,7 @@ class LedgerEntryOut(BaseModel):
     id: int
     amount_usd: UsdAmount = Field(description="Positive for a credit, negative for a debit.")
     balance_after_usd: UsdAmount
-    reason: str = Field(description="topup, order, renewal, resize, refund, admin_credit or admin_debit.")
+    reason: str = Field(description="topup, order, renewal, resize, refund, reversal, admin_credit or admin_debit.")
     ref: str | None = Field(description="What it is for: a top-up ref, server:<id>.")
     memo: str | None = Field(description="A note: the payment credited, the reason of a support credit.")
     created_at: datetime
@@ -181,6 +182,11 @@ def post(
             raise
         return Posting(existing, created=False)
     return Posting(entry, created=True)
+
+
+def by_dedupe_key(session: Session, dedupe_key: str) -> LedgerEntry | None:
+    """The entry posted under ``dedupe_key``, if one was."""
+    return _by_dedupe_key(session, dedupe_key)
 
 
 def _by_dedupe_key(session: Session, dedupe_key: str) -> LedgerEntry | None:

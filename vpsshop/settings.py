@@ -271,6 +271,16 @@ class ServersSettings(_Section):
     )
 
 
+class X402Settings(_Section):
+    """``[x402]``: when an order's x402 payment moves (docs/x402.md, "Settle on readiness")."""
+
+    settle: Literal["on_order", "on_ready"] = Field(
+        "on_order",
+        description="on_order: an order's x402 authorization is settled when the order is accepted; on_ready: it is "
+        "verified then, held, and settled only once the server is ready (a boot that never completes settles nothing).",
+    )
+
+
 class TrafficSettings(_Section):
     """``[traffic]``: counting each server's network traffic against its plan's allowance
     (docs/operations.md, "Traffic")."""
@@ -326,6 +336,7 @@ class Settings(BaseModel):
     signin: SigninSettings = Field(default_factory=SigninSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     traffic: TrafficSettings = Field(default_factory=TrafficSettings)
+    x402: X402Settings = Field(default_factory=X402Settings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

@@ -91,7 +91,10 @@ X402_HEADERS_DOC = (
     "request fails after the payment settled, the answer is that failure with a `payment` object "
     "{topup, credited_usd, transaction}: the money stays on the balance. 503 settlement_pending: re-send the same "
     "payment; 503 settlement_unavailable: the payment could not be checked now and nothing was sent or kept, "
-    "re-send it later. See docs/x402.md."
+    "re-send it later. A shop with [x402] settle = on_ready only verifies an order payment and holds "
+    "it: the server is made, the payment settled once it is ready (a boot that never completes settles "
+    "nothing), and the payment response says `success: true`, an empty `transaction`, `extensions.settlement."
+    "status: held`. See docs/x402.md."
 )
 
 

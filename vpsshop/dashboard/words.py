@@ -11,6 +11,7 @@ LEDGER_REASONS = {
     "topup": "Top-up",
     "admin_credit": "Credit from support",
     "admin_debit": "Debit by support",
+    "reversal": "Held payment not settled",
     "order": "Server order",
     "renewal": "Server renewal",
     "resize": "Server resize",

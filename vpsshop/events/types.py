@@ -121,6 +121,14 @@ _TYPES = [
         "the errors. Sent instead of server.active or server.reinstalled.",
     ),
     EventType(
+        "server.payment_failed",
+        "server",
+        'The x402 payment of the server\'s order, held until the server was ready ([x402] settle = "on_ready"), '
+        "could not be settled then (the payer moved the funds, the authorization expired or its nonce was used): "
+        "the server is terminated (data.status_reason says why), what it was charged is refunded and the held "
+        "payment's credit taken back (ledger reversal).",
+    ),
+    EventType(
         "server.suspended",
         "server",
         "The paid period ended unrenewed, or the server passed its traffic allowance under the suspend policy "

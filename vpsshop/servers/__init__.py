@@ -28,17 +28,28 @@ if TYPE_CHECKING:  # pragma: no cover
     from vpsshop.tasks import BackgroundTask
 
 
+async def _lifecycle(ctx: AppContext) -> object:
+    """One ``servers-lifecycle`` pass, then the x402 authorizations still held for servers already
+    ready (:func:`vpsshop.servers.held.settle_ready_holds`)."""
+    from vpsshop.servers.held import settle_ready_holds
+    from vpsshop.servers.lifecycle import run_lifecycle
+
+    done = await run_lifecycle(ctx)
+    await settle_ready_holds(ctx)
+    return done
+
+
 def background_tasks(ctx: AppContext) -> list[BackgroundTask]:
     """Provisioning jobs and lifecycle passes, offered through ``vpsshop.servers.hooks``."""
     from vpsshop.servers.jobs import run_jobs
-    from vpsshop.servers.lifecycle import JOBS_QUEUED, PERIOD_STARTED, policy, run_lifecycle
+    from vpsshop.servers.lifecycle import JOBS_QUEUED, PERIOD_STARTED, policy
     from vpsshop.servers.traffic import run_traffic
     from vpsshop.tasks import BackgroundTask
 
     pol = policy(ctx)
     return [
         BackgroundTask("servers-jobs", pol.jobs_interval_seconds, lambda: run_jobs(ctx), JOBS_QUEUED),
-        BackgroundTask("servers-lifecycle", pol.lifecycle_interval_seconds, lambda: run_lifecycle(ctx)),
+        BackgroundTask("servers-lifecycle", pol.lifecycle_interval_seconds, lambda: _lifecycle(ctx)),
         BackgroundTask(
             "servers-traffic", ctx.settings.traffic.sample_seconds, lambda: run_traffic(ctx), PERIOD_STARTED
         ),

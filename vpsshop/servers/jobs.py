@@ -35,7 +35,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -67,6 +67,15 @@ from vpsshop.servers.models import DrainedHost, IpLease, Ipv6Lease, ServerEvent,
 from vpsshop.servers.resource import server_event
 
 log = logging.getLogger("vpsshop.servers")
+
+
+ON_ACTIVATED: list[Callable[[AppContext, int], Awaitable[None]]] = []
+"""Called with each server a provisioning job has just made ``active``, after its transaction: what
+settles an order's held x402 payment (:func:`vpsshop.servers.held.settle_when_ready`, registered by
+:mod:`vpsshop.servers.held`, which the context's assembly imports: that module depends on this one)."""
+ON_ABANDONED: list[Callable[[AppContext, Session, Server], object]] = []
+"""Called in the transaction of :func:`abandon_provisioning`: what drops an order's held x402 payment
+(:func:`vpsshop.servers.held.release_for_server`)."""
 
 
 def _pid_namespace() -> str:
@@ -380,6 +389,8 @@ async def _provision(ctx: AppContext, job: ClaimedJob) -> None:
             server_ready("order", (now - server.created_at).total_seconds())
 
     await to_thread.run_sync(activate)
+    for hook in ON_ACTIVATED:  # an order paid by an x402 authorization held until now: settle it
+        await hook(ctx, server_id)
 
 
 async def _guest_report(
@@ -457,7 +468,7 @@ def _give_up_provisioning(ctx: AppContext, server_id: int, attempts: int, error:
         if server is None:
             return
         reason = f"Provisioning failed after {attempts} attempts: {error}"
-        abandon_provisioning(session, server, now, reason, "provision_failed")
+        abandon_provisioning(ctx, session, server, now, reason, "provision_failed")
 
 
 def cancel_queued_provisioning(session: Session, server_id: int, now: datetime, reason: str) -> None:
@@ -471,7 +482,9 @@ def cancel_queued_provisioning(session: Session, server_id: int, now: datetime, 
     )
 
 
-def abandon_provisioning(session: Session, server: Server, now: datetime, reason: str, history: str) -> int | None:
+def abandon_provisioning(
+    ctx: AppContext, session: Session, server: Server, now: datetime, reason: str, history: str
+) -> int | None:
     """Terminate ``server`` while it is still ``provisioning``, refund its order and queue the clean-up,
     in the caller's transaction.
 
@@ -479,7 +492,8 @@ def abandon_provisioning(session: Session, server: Server, now: datetime, reason
     (``vpsshop admin cancel-job``, ``vpsshop admin refund``): the server becomes ``terminated`` (only
     from ``provisioning``: a conditional update), the order's price is credited back (ledger
     ``refund``, dedupe key ``refund:server:<id>``: once, whichever path gets there), its queued
-    provisioning job is cancelled, and a ``destroy`` job removes whatever an attempt half created (a
+    provisioning job is cancelled, an x402 authorization held for the order until the server is ready is
+    dropped (nothing was sent), and a ``destroy`` job removes whatever an attempt half created (a
     provisioning job still running finds the server terminated and stops; the destroy job runs
     after it, as jobs of one server run in id order).
 
@@ -512,6 +526,8 @@ def abandon_provisioning(session: Session, server: Server, now: datetime, reason
         now=now,
     )
     refunded = posting.entry.amount_micros if posting.created else 0
+    for release in ON_ABANDONED:  # an order's x402 authorization held until ready: dropped
+        release(ctx, session, server)
     cancel_queued_provisioning(session, server_id, now, reason)
     record(session, server_id, history, now, reason[:500])
     record(session, server_id, "refunded", now, str(refunded))

@@ -41,7 +41,7 @@ from vpsshop.servers.models import ServerEvent, ServerJob
 from vpsshop.servers.resource import ServerOut, server_out
 from vpsshop.servers.sshkeys import MAX_KEYS_PER_SERVER, SshKeyId, keys_for_server
 from vpsshop.wallets import SignupCredentials
-from vpsshop.x402 import purchases
+from vpsshop.x402 import messages, purchases
 from vpsshop.x402.offers import SettledPayment, SignedPayment
 
 __all__ = [
@@ -536,6 +536,23 @@ async def _paid_order(
         if customer.summary is not None
         else await to_thread.run_sync(_balance, ctx, account_id)
     )
+    if messages.holds_orders(ctx, coin):  # verified and held: the server's readiness settles it
+        paid = await purchases.hold_for(
+            ctx,
+            coin,
+            decoded,
+            payment,
+            account_id=account_id,
+            price_micros=price,
+            balance_micros=balance,
+            purpose=f"order:{key}",
+        )
+        try:
+            done = await to_thread.run_sync(lambda: _place(ctx, customer, data, key, count=False))
+        except ApiError as exc:  # no order: the authorization is dropped, nothing was sent
+            await to_thread.run_sync(purchases.release_held, ctx, account_id, f"order:{key}", exc.error)
+            raise
+        return Ordered(done.order, done.replayed, paid.settled)
     paid = await purchases.settle_for(
         ctx,
         coin,

@@ -293,7 +293,9 @@ def _terminate(
                 _check(server, data)
                 now = ctx.clock.now()
                 if server.status == "provisioning":
-                    refunded = abandon_provisioning(session, server, now, CUSTOMER_CANCELLED, "provision_cancelled")
+                    refunded = abandon_provisioning(
+                        ctx, session, server, now, CUSTOMER_CANCELLED, "provision_cancelled"
+                    )
                 else:
                     done = end_server(
                         session,

@@ -29,6 +29,29 @@ def amount_atomic(coin: X402Coin, amount_micros: int) -> int:
     return atomic
 
 
+HOLD_MARGIN_SECONDS = 600
+"""With ``[x402] settle = "on_ready"``: how long an order's authorization stays valid beyond
+``servers.boot_timeout_seconds``: the last provisioning attempt's activation, the worker's settlement
+and its receipt must fit in it (docs/x402.md, "Settle on readiness")."""
+
+
+def settles_on_ready(ctx: AppContext) -> bool:
+    """Whether an order's x402 payment is held until the server is ready (``[x402] settle = "on_ready"``)."""
+    return ctx.settings.x402.settle == "on_ready"
+
+
+def holds_orders(ctx: AppContext, coin: X402Coin) -> bool:
+    """Whether an order paid in ``coin`` is verified and held until the server is ready: with
+    ``[x402] settle = "on_ready"``, for a coin that verifies apart from settling (:meth:`X402Coin.verify`;
+    one that does not, such as USDCSOL, settles at the order as before)."""
+    return settles_on_ready(ctx) and type(coin).verify is not X402Coin.verify
+
+
+def hold_seconds(ctx: AppContext) -> int:
+    """How long an order's authorization must stay valid when it is settled on readiness."""
+    return int(ctx.settings.servers.boot_timeout_seconds) + HOLD_MARGIN_SECONDS
+
+
 def requirements(
     ctx: AppContext,
     coin: X402Coin,
@@ -40,7 +63,10 @@ def requirements(
     public = ctx.settings.public_url.rstrip("/")
     if description is None:
         description = f"Top-up of {amount_micros / MICROS_PER_USD:.2f} USD"
-    return coin.payment_requirements(amount_atomic(coin, amount_micros), f"{public}{path}", description)
+    reqs = coin.payment_requirements(amount_atomic(coin, amount_micros), f"{public}{path}", description)
+    if path == "/servers" and holds_orders(ctx, coin):  # the authorization must outlive the boot
+        reqs["maxTimeoutSeconds"] = max(int(reqs.get("maxTimeoutSeconds", 0)), hold_seconds(ctx))
+    return reqs
 
 
 PAYMENT_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")

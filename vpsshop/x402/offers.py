@@ -163,10 +163,21 @@ class SettledPayment:
     coin: X402Coin
     settlement: X402Settlement
     version: int
+    held_until: str | None = None
+    """Set when the payment was verified and is held, not settled yet (``[x402] settle = "on_ready"``):
+    what settles it (``server_ready``). The settlement's ``transaction`` is then empty."""
 
     def response(self) -> dict[str, Any]:
-        """The x402 settlement response (``{success, transaction, network, payer}``, v2 also ``amount``)."""
-        return self.coin.settlement_response(self.settlement, self.version)
+        """The x402 settlement response (``{success, transaction, network, payer}``, v2 also ``amount``).
+
+        A held payment answers ``success: true`` (it was accepted: the order is made) with an empty
+        ``transaction`` (nothing is on chain yet) and ``extensions.settlement`` saying when it settles
+        (docs/x402.md, "Settle on readiness")."""
+        answer = self.coin.settlement_response(self.settlement, self.version)
+        if self.held_until is not None:
+            answer["transaction"] = ""
+            answer["extensions"] = {"settlement": {"status": "held", "settlesWhen": self.held_until}}
+        return answer
 
 
 class PaymentRequired(ApiError):

@@ -117,10 +117,12 @@ class Paid:
     settlement: X402Settlement
     record_id: int
     version: int
+    held: bool = False
+    """Verified and held until the server is ready (:func:`hold_for`), not settled yet."""
 
     @property
     def settled(self) -> SettledPayment:
-        return SettledPayment(self.coin, self.settlement, self.version)
+        return SettledPayment(self.coin, self.settlement, self.version, "server_ready" if self.held else None)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -221,21 +223,10 @@ async def settle_for(
     :raises ApiError: 402 wrong_amount (less than the deficit or more than the price, nothing moved),
         the refusals and 503 of :func:`vpsshop.x402.settlement.pay`.
     """
-    micros = payment.value_atomic * MICROS_PER_USD // 10**coin.decimals
-    deficit = max(0, price_micros - balance_micros)
     earlier = await to_thread.run_sync(recorded, ctx, coin, payment)
-    if earlier is None and not (0 < micros <= price_micros and micros >= deficit):
-        raise ApiError(
-            402,
-            "wrong_amount",
-            f"The authorization pays {micros_to_usd(micros)} USD; this request needs at least "
-            f"{micros_to_usd(deficit)} USD (the deficit) and at most {micros_to_usd(price_micros)} USD (the price). "
-            "Nothing moved; ask again without a payment for the current requirements.",
-            price=micros_to_usd(price_micros),
-            balance=micros_to_usd(balance_micros),
-            deficit=micros_to_usd(deficit),
-        )
-    if earlier is not None:
+    if earlier is None:
+        micros = _order_amount(ctx, coin, payment, price_micros, balance_micros)
+    else:
         micros = int(earlier.amount_atomic) * MICROS_PER_USD // 10**coin.decimals
     topup, settled = await settlement.pay(
         ctx,
@@ -251,6 +242,66 @@ async def settle_for(
     record = await to_thread.run_sync(recorded, ctx, coin, payment)
     assert record is not None and record.id is not None
     return Paid(coin, topup, settled, record.id, signed.version)
+
+
+def _order_amount(ctx: AppContext, coin: X402Coin, payment: X402Payment, price_micros: int, balance_micros: int) -> int:
+    """The USD ``payment`` pays, when it pays at least the deficit and at most the price.
+
+    :raises ApiError: 402 wrong_amount (nothing moved).
+    """
+    micros: int = payment.value_atomic * MICROS_PER_USD // 10**coin.decimals  # int ** int is Any to typeshed
+    deficit = max(0, price_micros - balance_micros)
+    if not (0 < micros <= price_micros and micros >= deficit):
+        raise ApiError(
+            402,
+            "wrong_amount",
+            f"The authorization pays {micros_to_usd(micros)} USD; this request needs at least "
+            f"{micros_to_usd(deficit)} USD (the deficit) and at most {micros_to_usd(price_micros)} USD (the price). "
+            "Nothing moved; ask again without a payment for the current requirements.",
+            price=micros_to_usd(price_micros),
+            balance=micros_to_usd(balance_micros),
+            deficit=micros_to_usd(deficit),
+        )
+    return micros
+
+
+async def hold_for(
+    ctx: AppContext,
+    coin: X402Coin,
+    payment: X402Payment,
+    signed: SignedPayment,
+    *,
+    account_id: int,
+    price_micros: int,
+    balance_micros: int,
+    purpose: str,
+) -> Paid:
+    """An order's payment with ``[x402] settle = "on_ready"``: checked as :func:`settle_for` checks it,
+    then verified and held (:func:`vpsshop.x402.settlement.hold`); the server's readiness settles it."""
+    micros = _order_amount(ctx, coin, payment, price_micros, balance_micros)
+    topup, _payment = await settlement.hold(
+        ctx,
+        coin,
+        account_id,
+        micros,
+        signed.value,
+        signed.version,
+        path="/servers",
+        description=ORDER_DESCRIPTION,
+        purpose=purpose,
+    )
+    record = await to_thread.run_sync(recorded, ctx, coin, payment)
+    assert record is not None and record.id is not None
+    held = X402Settlement(payment.payer, payment.nonce, "", coin.network, payment.value_atomic)
+    return Paid(coin, topup, held, record.id, signed.version, held=True)
+
+
+def release_held(ctx: AppContext, account_id: int, purpose: str, code: str) -> None:
+    """Drop the authorization held for ``purpose`` (the order it was to pay was not made)."""
+    with ctx.db.session() as session:
+        record = settlement.held_record(session, account_id, purpose)
+        if record is not None:
+            settlement.release(ctx, session, record, code)
 
 
 def failed_after_payment(exc: ApiError, paid: Paid, what: str) -> PaidButFailed:

@@ -38,20 +38,22 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import sqlalchemy as sa
 from anyio import sleep, to_thread
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 import vpsshop.events as events
 import vpsshop.ledger as ledger
 from vpsshop.coins import X402Coin, X402Payment, X402Rejected, X402Settlement
 from vpsshop.context import AppContext
+from vpsshop.db import rowcount
 from vpsshop.errors import ApiError, PluginError
 from vpsshop.models import saved_id
 from vpsshop.money import MICROS_PER_USD
 from vpsshop.payments.models import Topup, X402Record, new_ref
 from vpsshop.payments.resource import topup_event, x402_payment_event
-from vpsshop.x402.messages import decode, decode_recorded, requirements
+from vpsshop.x402.messages import HOLD_MARGIN_SECONDS, decode, decode_recorded, hold_seconds, requirements
 
 log = logging.getLogger("vpsshop.x402")
 
@@ -99,17 +101,8 @@ async def pay(
     ``renew:<id>``, see :class:`X402Record`): an authorization recorded for another purpose is a 409
     ``nonce_used``.
     """
-    payment = decode(coin, header, version)
-    reqs = requirements(ctx, coin, amount_micros, path, description)
-    if payment.value_atomic != int(reqs["maxAmountRequired"]):
-        # refused before anything is recorded: a record holds only what this request could settle
-        raise ApiError(
-            402,
-            "wrong_amount",
-            f"The authorization's value ({payment.value_atomic}) must equal maxAmountRequired "
-            f"({reqs['maxAmountRequired']}) exactly. Nothing moved; ask again without a payment for the "
-            "current requirements.",
-        )
+    # refused before anything is recorded: a record holds only what this request could settle
+    payment, reqs = _exact_payment(ctx, coin, amount_micros, header, version, path, description)
     record, topup, fresh = await to_thread.run_sync(
         _record_before_settling, ctx, coin, account_id, amount_micros, payment, header, reqs, purpose
     )
@@ -168,6 +161,31 @@ async def pay(
             "The authorization is recorded and will be credited once if it settles.",
         ) from None
     return await _credited(ctx, coin, record.id, settled), settled
+
+
+def _exact_payment(
+    ctx: AppContext,
+    coin: X402Coin,
+    amount_micros: int,
+    header: str,
+    version: int,
+    path: str,
+    description: str | None,
+) -> tuple[X402Payment, dict[str, Any]]:
+    """The coin's reading of ``header`` and the requirements it must meet, when it pays them exactly.
+
+    :raises ApiError: 400 invalid_payment; 402 wrong_amount (nothing moved)."""
+    payment = decode(coin, header, version)
+    reqs = requirements(ctx, coin, amount_micros, path, description)
+    if payment.value_atomic != int(reqs["maxAmountRequired"]):
+        raise ApiError(
+            402,
+            "wrong_amount",
+            f"The authorization's value ({payment.value_atomic}) must equal maxAmountRequired "
+            f"({reqs['maxAmountRequired']}) exactly. Nothing moved; ask again without a payment for the "
+            "current requirements.",
+        )
+    return payment, reqs
 
 
 async def _first_settlement(ctx: AppContext, record: X402Record) -> tuple[X402Record, Topup] | None:
@@ -234,8 +252,11 @@ def _record_before_settling(
     header: str,
     reqs: dict[str, Any],
     purpose: str | None = None,
+    status: str = "settling",
 ) -> tuple[X402Record, Topup, bool]:
-    """Insert the top-up and the (payer, nonce) record, or return the existing record."""
+    """Insert the top-up and the (payer, nonce) record, or return the existing record. ``status``
+    ``held``: an order's authorization verified and held until the server is ready (:func:`hold`), its
+    amount credited now under the settlement's own ledger key."""
     now = ctx.clock.now()
     payer, nonce = payment.payer.lower(), payment.nonce.lower()
     try:
@@ -262,7 +283,7 @@ def _record_before_settling(
                 payer=payer,
                 nonce=nonce,
                 topup_id=saved_id(topup),
-                status="settling",
+                status=status,
                 amount_atomic=str(payment.value_atomic),
                 header=header,
                 requirements=json.dumps(reqs),
@@ -271,6 +292,17 @@ def _record_before_settling(
             )
             session.add(record)
             session.flush()
+            if status == "held":
+                ledger.post(
+                    session,
+                    account_id,
+                    amount_micros,
+                    "topup",
+                    ref=topup.ref,
+                    dedupe_key=f"x402:{coin.code}:{payer}:{nonce}",
+                    memo=f"x402 {coin.code} authorization held until the server is ready"[:500],
+                    now=now,
+                )
             return record, topup, True
     except IntegrityError:
         with ctx.db.session() as session:
@@ -396,3 +428,145 @@ def _open_records(ctx: AppContext, coins: list[str]) -> list[X402Record]:
                 .limit(100)
             ).all()
         )
+
+
+# ---- settle on readiness (``[x402] settle = "on_ready"``) -------------------------------------------
+
+
+async def hold(
+    ctx: AppContext,
+    coin: X402Coin,
+    account_id: int,
+    amount_micros: int,
+    header: str,
+    version: int,
+    *,
+    path: str,
+    description: str,
+    purpose: str,
+) -> tuple[Topup, X402Payment]:
+    """Verify an order's payment without settling it and hold it: the record ``held``, its top-up
+    pending, its amount credited (ledger key ``x402:<coin>:<payer>:<nonce>``, the one its settlement
+    credits under, so it is never credited twice) for the order to be charged. The server's readiness
+    settles it (:func:`settle_held`); a server that never gets ready releases it (:func:`release`).
+
+    :raises ApiError: 402 wrong_amount, authorization_expired (valid for less than
+        :func:`~vpsshop.x402.messages.hold_seconds`), the coin's refusals; 409 nonce_used (recorded for
+        another purpose); 503 settlement_unavailable (the coin cannot verify now).
+    """
+    payment, reqs = _exact_payment(ctx, coin, amount_micros, header, version, path, description)
+    needed = hold_seconds(ctx) - HOLD_MARGIN_SECONDS // 2
+    if payment.valid_before and payment.valid_before < time.time() + needed:
+        raise ApiError(
+            402,
+            "authorization_expired",
+            f"This shop settles an order's payment once the server is ready: the authorization must stay valid "
+            f"at least {needed} s (validBefore), as maxTimeoutSeconds says. Nothing moved; sign a new one.",
+        )
+    try:
+        await coin.verify(payment, reqs)
+    except X402Rejected as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    except NotImplementedError:
+        raise ApiError(
+            503, "settlement_unavailable", f"{coin.code} cannot verify a payment apart from settling it."
+        ) from None
+    record, topup, fresh = await to_thread.run_sync(
+        lambda: _record_before_settling(
+            ctx, coin, account_id, amount_micros, payment, header, reqs, purpose, status="held"
+        )
+    )
+    if not fresh and (topup.account_id != account_id or record.purpose != purpose or record.status == "rejected"):
+        raise ApiError(409, "nonce_used", "This authorization was already used for another request.")
+    return topup, payment
+
+
+def held_record(session: Session, account_id: int, purpose: str) -> X402Record | None:
+    """The authorization held for ``purpose`` (``order:<key>``) of ``account_id``, if one is."""
+    return session.exec(
+        select(X402Record)
+        .join(Topup, col(Topup.id) == col(X402Record.topup_id))
+        .where(X402Record.purpose == purpose, X402Record.status == "held", Topup.account_id == account_id)
+    ).first()
+
+
+def release(ctx: AppContext, session: Session, record: X402Record, code: str) -> None:
+    """In the caller's transaction: drop a held (or claimed) authorization that will not be settled.
+    The record is closed ``rejected`` with ``code``, its top-up cancelled, and the credit :func:`hold`
+    made taken back (ledger ``reversal``, once: key ``x402-reversal:<coin>:<payer>:<nonce>``). Nothing
+    was sent: the payer's USDC never moved."""
+    if record.status not in ("held", "settling"):
+        return
+    now = ctx.clock.now()
+    record.status, record.error = "rejected", code[:200]
+    session.add(record)
+    topup = session.get(Topup, record.topup_id)
+    if topup is None:
+        return
+    held = ledger.by_dedupe_key(session, f"x402:{record.coin}:{record.payer}:{record.nonce}")
+    amount = held.amount_micros if held is not None else 0
+    while amount > 0:
+        try:
+            ledger.post(
+                session,
+                topup.account_id,
+                -amount,
+                "reversal",
+                ref=topup.ref,
+                dedupe_key=f"x402-reversal:{record.coin}:{record.payer}:{record.nonce}",
+                memo=f"x402 {record.coin} authorization not settled: {code}"[:500],
+                now=now,
+            )
+            break
+        except ledger.InsufficientBalance as short:  # spent meanwhile (a race with the order): never below zero
+            log.warning("x402 record %s: only %s of the held credit can be taken back", record.id, short.balance_micros)
+            amount = min(short.balance_micros, amount - 1)
+    if topup.status == "pending":
+        topup.status, topup.cancelled_at = "cancelled", now
+        session.add(topup)
+        events.emit(session, "topup.cancelled", topup.account_id, topup_event(ctx, session, topup), now=now)
+
+
+async def settle_held(ctx: AppContext, record_id: int) -> X402Rejected | None:
+    """Settle a held authorization now (its server is ready). Only the caller that moves the record
+    from ``held`` to ``settling`` sends it (a conditional update: one worker of several, once).
+
+    :returns: None when it settled and was credited (or another caller has it, or its outcome is
+        unknown: the ``x402-settlements`` task resolves it as any other); the coin's refusal when it
+        cannot be settled (the payer moved the funds, the authorization expired or its nonce was used):
+        the caller releases it (:func:`release`) and ends what it paid for.
+    """
+    if not await to_thread.run_sync(_move, ctx, record_id, "held", "settling"):
+        return None
+    found = await to_thread.run_sync(_reload, ctx, record_id)
+    assert found is not None
+    record, _topup = found
+    coin = ctx.coins.get(record.coin)
+    if not isinstance(coin, X402Coin):
+        await to_thread.run_sync(_move, ctx, record_id, "settling", "held")
+        return None
+    payment = decode_recorded(coin, record.header)
+    try:
+        settled = await coin.settle(payment, json.loads(record.requirements))
+    except X402Rejected as exc:
+        if exc.status >= 500:  # nothing was sent: held again, for the next pass
+            await to_thread.run_sync(_move, ctx, record_id, "settling", "held")
+            return None
+        return exc
+    except PluginError as exc:
+        log.warning("x402 held record %s: settlement outcome unknown: %s", record_id, exc)
+        await to_thread.run_sync(_note_outcome_unknown, ctx, record_id)
+        return None
+    await to_thread.run_sync(_credit, ctx, coin, record_id, settled)
+    return None
+
+
+def _move(ctx: AppContext, record_id: int, before: str, after: str) -> bool:
+    """Move the record from ``before`` to ``after`` if it still is ``before`` (one caller wins)."""
+    with ctx.db.session() as session:
+        moved = session.execute(
+            sa.update(X402Record)
+            .where(col(X402Record.id) == record_id, col(X402Record.status) == before)
+            .values(status=after)
+        )
+        return rowcount(moved) == 1
