@@ -71,7 +71,7 @@ def test_schemathesis_all_checks_all_phases(tmp_path):
         ]
         # Some operations run without positive_data_acceptance, because a field's validity is more than
         # a schema can say, so a random "valid string" is rightly refused with a 400: the x402 payment
-        # header (a top-up, an order, a renewal: base64 of a signed JSON payload, invalid_payment;
+        # header (a top-up, an order, a renewal, a resize: base64 of a signed JSON payload, invalid_payment;
         # tests/test_x402*.py), an OpenSSH public key (a key, invalid_public_key) and cloud-init user
         # data (a cloud-config YAML mapping or a script, invalid_user_data) on an order, its quote and a
         # reinstall (tests/test_server_access.py), and a firewall rule's source (an address or a prefix,
@@ -80,6 +80,7 @@ def test_schemathesis_all_checks_all_phases(tmp_path):
             "createTopup",
             "orderServer",
             "renewServer",
+            "resizeServer",
             "createSshKey",
             "quoteOrder",
             "reinstallServer",

@@ -361,3 +361,56 @@ def test_v1_client_pays_a_renewal_once(
     assert changed.status_code == 409 and changed.json()["error"] == "idempotency_key_reused", changed.text
     assert http.get(f"/servers/{server_id}", headers=auth).json()["expires_at"] == after
     assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == int(price * USDC_UNIT)
+
+
+def test_v1_client_pays_a_resize_once(
+    topup_chain: Chain,
+    http: httpx.Client,
+    auth: dict[str, str],
+    shop: Any,
+    vpsshop_app: Any,
+) -> None:
+    """A resize whose charge the balance lacks is paid by x402 like a renewal: the 402 carries the
+    requirements for the deficit, the paid re-send resizes (charged exactly the quote), and the same
+    payment re-sent answers that resize and moves nothing more."""
+    from vpsshop.models import Server
+
+    body = order_body(http)
+    price = price_of(http, body)
+    credit(vpsshop_app, auth, http, str(price))
+    ordered = http.post("/servers", json=body, headers=auth)
+    assert ordered.status_code == 201, ordered.text
+    server_id = ordered.json()["server"]["id"]
+    with vpsshop_app.state.ctx.db.session() as session:  # as the provisioning job leaves it
+        server = session.get(Server, server_id)
+        server.status, server.ip = "active", "192.0.2.10"
+        session.add(server)
+    bigger = http.get("/catalog").json()["plans"][1]["id"]
+    quote = http.post(f"/servers/{server_id}/resize/quote", json={"plan": bigger}, headers=auth)
+    assert quote.status_code == 200, quote.text
+    charge = Decimal(str(quote.json()["price_usd"]))
+    assert charge > 0 and not quote.json()["sufficient"], quote.json()
+
+    short = http.post(f"/servers/{server_id}/resize", json={"plan": bigger}, headers=auth)
+    assert short.status_code == 402 and short.json()["error"] == "insufficient_balance", short.text
+    [req] = short.json()["accepts"]
+    assert req["resource"].endswith(f"/v1/servers/{server_id}/resize")
+    assert req["maxAmountRequired"] == str(int(charge * USDC_UNIT))
+    assert "PAYMENT-REQUIRED" in short.headers
+    payer = topup_chain.new_account(usdc=100 * USDC_UNIT)
+    header = sign_v1_header(payer, req)
+    resized = http.post(f"/servers/{server_id}/resize", json={"plan": bigger}, headers={**auth, "X-PAYMENT": header})
+    assert resized.status_code == 202, resized.text
+    assert Decimal(str(resized.json()["charged_usd"])) == charge
+    assert resized.json()["server"]["plan"] == bigger and "X-PAYMENT-RESPONSE" in resized.headers
+    again = http.post(f"/servers/{server_id}/resize", json={"plan": bigger}, headers={**auth, "X-PAYMENT": header})
+    assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true", again.text
+    assert again.json()["job_id"] == resized.json()["job_id"]
+    assert Decimal(str(again.json()["charged_usd"])) == charge
+    assert decode_header(again.headers["X-PAYMENT-RESPONSE"]) == decode_header(resized.headers["X-PAYMENT-RESPONSE"])
+    assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == int(charge * USDC_UNIT)
+    # the same authorization sent to pay for something else (a renewal) pays nothing more
+    refused = http.post(f"/servers/{server_id}/renew", headers={**auth, "X-PAYMENT": header})
+    assert (refused.status_code, refused.json()["error"]) == (409, "nonce_used"), refused.text
+    assert http.get(f"/servers/{server_id}", headers=auth).json()["plan"] == bigger
+    assert balance(http, auth) == 0 and topup_chain.usdc(shop.address) == int(charge * USDC_UNIT)

@@ -219,8 +219,10 @@ async def reinstall_server(call: Call) -> Reply:
 
 
 async def resize_server(call: Call) -> Reply:
-    done = await resize.resize_server(call.ctx, call.actor, call.path["id"], call.body)
-    return Reply(done, 202)
+    done = await resize.resize_server(
+        call.ctx, call.actor, call.path["id"], call.body, payment=x402.signed_payment(call.request)
+    )
+    return Reply(done.resize, 202, {**x402.settlement_headers(done.settled), **_replayed(done.replayed)})
 
 
 async def resize_quote(call: Call) -> ResizeQuoteOut:
@@ -704,15 +706,27 @@ def routes() -> list[ApiRoute]:
             "new plan. A job then powers the VM off, gives it the plan's memory and vCPUs, grows its disk and "
             "starts it again; the guest grows its file system at that boot, keeping its data. Poll GET "
             "/servers/{id}: its status_reason says it is resizing until the job is done, then is null again "
-            "(a server.resized event is emitted).",
+            "(a server.resized event is emitted).\n\n"
+            "A resize paid by x402 is idempotent on its payment: re-sending it answers the resize it paid for "
+            "and charges nothing more.\n\nPaying by x402: " + X402_HEADERS_DOC,
+            responses={
+                402: (
+                    "insufficient_balance: the balance does not cover the charge; nothing changed (with the x402 "
+                    "requirements for the deficit when the shop takes x402); wrong_amount or another x402 refusal.",
+                    X402InsufficientBalanceBody,
+                )
+            },
+            headers=_X402_HEADERS,
             errors={
-                400: "invalid_plan, unknown_field",
-                402: "insufficient_balance: the balance does not cover the charge; nothing changed.",
+                400: "invalid_plan, unknown_field, invalid_payment (a malformed X-PAYMENT or PAYMENT-SIGNATURE), "
+                "invalid_coin",
                 404: _NOT_YOURS,
                 409: "server_not_active: the server is provisioning, suspended or terminated; same_plan; "
                 "disk_would_shrink: the plan's disk is smaller than the server's (disk_gib says the server's); "
                 "resize_in_progress, reinstall_in_progress; not_supported: the shop's hypervisor backend cannot "
-                "resize.",
+                "resize; nonce_used: the x402 authorization was used for another request.",
+                503: "settlement_pending: the x402 settlement outcome is not known yet; re-send the same payment. "
+                "settlement_unavailable: the payment could not be checked now; nothing was sent or kept.",
             },
             tags=TAG,
             count_writes=False,

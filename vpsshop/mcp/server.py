@@ -9,9 +9,9 @@
   loopback), and a browser's ``Origin`` must be the shop's own (DNS rebinding cannot turn a visitor's
   browser into a client of the shop).
 * **Stateless**: every request stands alone, so any ``vpsshop serve`` worker or host answers it.
-* **Paid tools** (``order_server``, ``renew_server``, ``start_topup``) follow x402's MCP transport binding
-  (x402 ``specs/transports-v2/mcp.md``), so an unmodified x402 MCP client pays them: unpaid, the result is
-  ``isError`` with the x402 v2 ``PaymentRequired`` (``x402Version``, ``resource``, ``accepts``) in
+* **Paid tools** (``order_server``, ``renew_server``, ``resize_server``, ``start_topup``) follow x402's MCP
+  transport binding (x402 ``specs/transports-v2/mcp.md``), so an unmodified x402 MCP client pays them:
+  unpaid, the result is ``isError`` with the x402 v2 ``PaymentRequired`` (``x402Version``, ``resource``, ``accepts``) in
   ``structuredContent`` beside the shop's error body, and ``{"x402/error": {code: 402, message, data}}`` as
   its text; the call sent again with the signed ``PaymentPayload`` in ``params._meta["x402/payment"]`` is
   settled through the same operation as the REST API's payment header, and its result carries the

@@ -137,7 +137,7 @@ class Idempotent(Input):
     )
 
 
-class Paid(Idempotent):
+class PaymentArg(Input):
     payment: str | None = Field(
         None,
         max_length=16_384,
@@ -146,6 +146,10 @@ class Paid(Idempotent):
         "which an x402 MCP client fills in). The payment is settled, credited to the balance, and the call is "
         "made with it; the result carries payment_response. A payment is used once.",
     )
+
+
+class Paid(Idempotent, PaymentArg):
+    pass
 
 
 class TopupArgs(TopupInput, Paid):
@@ -207,7 +211,7 @@ class ReinstallArgs(ServerRef, ReinstallInput):
     pass
 
 
-class ResizeArgs(ServerRef, ResizeInput):
+class ResizeArgs(ServerRef, ResizeInput, PaymentArg):
     pass
 
 
@@ -244,7 +248,7 @@ def part(args: Input, model: type[Input]) -> Any:
     return model.model_validate(args.model_dump(include=set(model.model_fields), exclude_unset=True))
 
 
-def _payment(args: Paid) -> SignedPayment | None:
+def _payment(args: PaymentArg) -> SignedPayment | None:
     return SignedPayment.from_payload(args.payment) if args.payment else None
 
 
@@ -310,6 +314,11 @@ async def _renew(ctx: AppContext, customer: Customer, args: RenewArgs) -> Result
         payment=_payment(args),
     )
     return paid_result(done.renewal, done.settled, done.replayed)
+
+
+async def _resize(ctx: AppContext, customer: Customer, args: ResizeArgs) -> Result:
+    done = await resize.resize_server(ctx, customer, args.server_id, part(args, ResizeInput), payment=_payment(args))
+    return paid_result(done.resize, done.settled, done.replayed)
 
 
 async def _terminate(ctx: AppContext, customer: Customer, args: TerminateArgs) -> Result:
@@ -693,9 +702,11 @@ TOOLS: tuple[Tool, ...] = (
         "Resize a server",
         "Move a server to another plan whose disk is at least as large: the price difference for the paid time "
         "left is charged from the balance now (quote_resize prices it), then the VM is powered off, given the "
-        "plan's memory, vCPUs and disk, and started again with its data; renewals bill the new plan.",
+        "plan's memory, vCPUs and disk, and started again with its data; renewals bill the new plan. A short "
+        "balance is isError with insufficient_balance and, with x402, the requirements for the deficit: an x402 "
+        "MCP client pays them in _meta['x402/payment'] and the server is resized in the same call.",
         ResizeArgs,
-        lambda ctx, customer, args: resize.resize_server(ctx, customer, args.server_id, part(args, ResizeInput)),
+        _resize,
         ("resizeServer",),
         destructive=True,
     ),

@@ -29,10 +29,11 @@ from vpsshop.accounts import read_summary
 from vpsshop.actors import Customer
 from vpsshop.catalog import Plan, price_cents
 from vpsshop.context import AppContext
-from vpsshop.errors import BadRequest, Conflict
+from vpsshop.errors import ApiError, BadRequest, Conflict
 from vpsshop.hypervisor import CAPABILITY_RESIZE
 from vpsshop.inputs import Input
-from vpsshop.models import Server
+from vpsshop.ledger import InsufficientBalance
+from vpsshop.models import LedgerEntry, Server
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, micros_to_usd
 from vpsshop.servers.jobs import RESIZING
 from vpsshop.servers.lifecycle import enqueue, record
@@ -40,8 +41,18 @@ from vpsshop.servers.models import ServerJob
 from vpsshop.servers.reinstall import require_capability
 from vpsshop.servers.resource import ServerOut, owned, server_event, server_out
 from vpsshop.servers.termination import unused_micros
+from vpsshop.x402 import purchases
+from vpsshop.x402.offers import SettledPayment, SignedPayment
 
-__all__ = ["ResizeInput", "ResizeOut", "ResizeQuoteOut", "quote_resize", "resize_server", "resize_terms"]
+__all__ = [
+    "ResizeInput",
+    "ResizeOut",
+    "ResizeQuoteOut",
+    "Resized",
+    "quote_resize",
+    "resize_server",
+    "resize_terms",
+]
 
 
 class ResizeInput(Input):
@@ -173,27 +184,120 @@ def _busy(session: Session, server_id: int) -> None:
         raise Conflict(f"{busy}_in_progress", f"A {busy} of this server is under way; resize once it is done.")
 
 
-async def resize_server(ctx: AppContext, customer: Customer, server_id: int, data: ResizeInput) -> ResizeOut:
-    """Charge the difference (:func:`resize_terms`), move the server to ``data.plan`` and queue the
-    job, atomically; emits ``server.resizing``.
+@dataclass(frozen=True)
+class Resized:
+    """A resize's answer, whether it repeats an earlier one (a re-sent x402 payment), and the x402
+    settlement that paid what the balance lacked."""
 
-    :raises InsufficientBalance: 402, nothing charged or changed.
+    resize: ResizeOut
+    replayed: bool = False
+    settled: SettledPayment | None = None
+
+
+RESIZE_DESCRIPTION = "Pays what the balance lacks for resizing this server; it is resized with the paid re-send."
+
+
+async def resize_server(
+    ctx: AppContext, customer: Customer, server_id: int, data: ResizeInput, *, payment: SignedPayment | None = None
+) -> Resized:
+    """Charge the difference (:func:`resize_terms`), move the server to ``data.plan`` and queue the
+    job, atomically; emits ``server.resizing``. With an x402 ``payment`` (what the balance lacks, as for
+    an order or a renewal: :mod:`vpsshop.x402.purchases`), it is settled and credited first; the same
+    payment re-sent answers the resize it paid for and charges nothing more.
+
+    :raises InsufficientBalance: 402, nothing charged or changed; with the x402 requirements for the
+        deficit (``exc.offer``) when the shop takes x402.
     :raises BadRequest: invalid_plan.
     :raises Conflict: server_not_active, same_plan, disk_would_shrink, resize_in_progress,
         reinstall_in_progress, not_supported.
     :raises NotFound: not the account's server.
     """
     require_capability(ctx, CAPABILITY_RESIZE, "resize servers")
-    return await to_thread.run_sync(_resize, ctx, customer.account_id, server_id, data)
+    if payment is not None:
+        return await _paid_resize(ctx, customer.account_id, server_id, data, payment)
+    try:
+        return Resized(await to_thread.run_sync(_resize, ctx, customer.account_id, server_id, data))
+    except InsufficientBalance as exc:
+        raise purchases.offer_deficit(
+            ctx, exc, f"/servers/{server_id}/resize", RESIZE_DESCRIPTION, "/servers/{id}/resize"
+        ) from None
 
 
-def _resize(ctx: AppContext, account_id: int, server_id: int, body: ResizeInput) -> ResizeOut:
+async def _paid_resize(
+    ctx: AppContext, account_id: int, server_id: int, data: ResizeInput, payment: SignedPayment
+) -> Resized:
+    """A resize sent with an x402 payment: settle and credit it, then resize, once per payment."""
+    coin, decoded = purchases.decode(ctx, payment)
+    purpose = f"resize:{server_id}:{data.plan}"
+    earlier = await to_thread.run_sync(purchases.recorded, ctx, coin, decoded)
+    if earlier is not None and (earlier.purpose, earlier.status, earlier.outcome) == (purpose, "settled", "done"):
+        settled = await to_thread.run_sync(
+            lambda: purchases.replayed_settlement(
+                ctx, coin, decoded, payment.version, account_id=account_id, purpose=purpose
+            )
+        )
+        return Resized(await to_thread.run_sync(_last_resize, ctx, account_id, server_id), True, settled)
+    price, balance = await to_thread.run_sync(_charge_now, ctx, account_id, server_id, data)
+    paid = await purchases.settle_for(
+        ctx,
+        coin,
+        decoded,
+        payment,
+        account_id=account_id,
+        price_micros=price,
+        balance_micros=balance,
+        path=f"/servers/{server_id}/resize",
+        description=RESIZE_DESCRIPTION,
+        purpose=purpose,
+    )
+    try:
+        out = await to_thread.run_sync(lambda: _resize(ctx, account_id, server_id, data, paid_by=paid.record_id))
+    except ApiError as exc:
+        raise purchases.failed_after_payment(exc, paid, "the resize") from None
+    return Resized(out, False, paid.settled)
+
+
+def _charge_now(ctx: AppContext, account_id: int, server_id: int, body: ResizeInput) -> tuple[int, int]:
+    """What the resize would charge now and the balance; its refusals before any payment moves."""
+    with ctx.db.session() as session:
+        server = owned(session, account_id, server_id)
+        terms = resize_terms(ctx, server, body.plan, ctx.clock.now())
+        _busy(session, server_id)
+        return terms.price_micros, read_summary(session, account_id).balance_micros
+
+
+def _last_resize(ctx: AppContext, account_id: int, server_id: int) -> ResizeOut:
+    """The answer a re-sent payment gets: the server now, its latest resize job and what it charged."""
+    with ctx.db.session() as session:
+        server = owned(session, account_id, server_id)
+        job_id = session.exec(
+            select(ServerJob.id)
+            .where(ServerJob.server_id == server_id, ServerJob.kind == "resize")
+            .order_by(col(ServerJob.id).desc())
+        ).first()
+        charged = session.exec(
+            select(LedgerEntry.amount_micros)
+            .where(
+                LedgerEntry.account_id == account_id,
+                LedgerEntry.reason == "resize",
+                LedgerEntry.ref == f"server:{server_id}",
+            )
+            .order_by(col(LedgerEntry.id).desc())
+        ).first()
+        return ResizeOut(server=server_out(server), charged_usd=micros_to_usd(-(charged or 0)), job_id=job_id or 0)
+
+
+def _resize(
+    ctx: AppContext, account_id: int, server_id: int, body: ResizeInput, *, paid_by: int | None = None
+) -> ResizeOut:
     limits.count_write(ctx, account_id)
     now = ctx.clock.now()
     with ctx.db.session() as session:
         server = owned(session, account_id, server_id, lock=True)
         terms = resize_terms(ctx, server, body.plan, now)
         _busy(session, server_id)
+        if paid_by is not None:  # the authorization paid for this resize: a re-send answers it
+            purchases.mark_done(session, paid_by)
         old_plan = server.plan
         if terms.price_micros > 0:
             ledger.post(
