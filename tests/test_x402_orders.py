@@ -63,6 +63,24 @@ def credit(app: Any, auth: dict[str, str], http: httpx.Client, usd: str) -> None
         ledger.post(session, account_id, usd_to_micros(Decimal(usd)), "admin_credit", memo="test")
 
 
+def active_server_paid_from_the_balance(http: httpx.Client, auth: dict[str, str], app: Any) -> tuple[int, Decimal]:
+    """An order paid from a balance credited with exactly its price, made active as the provisioning job
+    leaves it (no worker runs here): (its id, its price); the balance is 0 afterwards."""
+    from vpsshop.models import Server
+
+    body = order_body(http)
+    price = price_of(http, body)
+    credit(app, auth, http, str(price))
+    ordered = http.post("/servers", json=body, headers=auth)
+    assert ordered.status_code == 201, ordered.text
+    server_id = ordered.json()["server"]["id"]
+    with app.state.ctx.db.session() as session:
+        server = session.get(Server, server_id)
+        server.status, server.ip = "active", "192.0.2.10"
+        session.add(server)
+    return server_id, price
+
+
 def test_short_balance_402_is_the_seed_body_plus_x402_requirements(
     topup_chain: Chain,
     http: httpx.Client,
@@ -325,18 +343,7 @@ def test_v1_client_pays_a_renewal_once(
     shop: Any,
     vpsshop_app: Any,
 ) -> None:
-    from vpsshop.models import Server
-
-    body = order_body(http)
-    price = price_of(http, body)
-    credit(vpsshop_app, auth, http, str(price))
-    ordered = http.post("/servers", json=body, headers=auth)
-    assert ordered.status_code == 201, ordered.text
-    server_id = ordered.json()["server"]["id"]
-    with vpsshop_app.state.ctx.db.session() as session:  # as the provisioning job leaves it
-        server = session.get(Server, server_id)
-        server.status, server.ip = "active", "192.0.2.10"
-        session.add(server)
+    server_id, price = active_server_paid_from_the_balance(http, auth, vpsshop_app)
     before = http.get(f"/servers/{server_id}", headers=auth).json()["expires_at"]
 
     short = http.post(f"/servers/{server_id}/renew", headers=auth)
@@ -373,18 +380,7 @@ def test_v1_client_pays_a_resize_once(
     """A resize whose charge the balance lacks is paid by x402 like a renewal: the 402 carries the
     requirements for the deficit, the paid re-send resizes (charged exactly the quote), and the same
     payment re-sent answers that resize and moves nothing more."""
-    from vpsshop.models import Server
-
-    body = order_body(http)
-    price = price_of(http, body)
-    credit(vpsshop_app, auth, http, str(price))
-    ordered = http.post("/servers", json=body, headers=auth)
-    assert ordered.status_code == 201, ordered.text
-    server_id = ordered.json()["server"]["id"]
-    with vpsshop_app.state.ctx.db.session() as session:  # as the provisioning job leaves it
-        server = session.get(Server, server_id)
-        server.status, server.ip = "active", "192.0.2.10"
-        session.add(server)
+    server_id, _price = active_server_paid_from_the_balance(http, auth, vpsshop_app)
     bigger = http.get("/catalog").json()["plans"][1]["id"]
     quote = http.post(f"/servers/{server_id}/resize/quote", json={"plan": bigger}, headers=auth)
     assert quote.status_code == 200, quote.text
