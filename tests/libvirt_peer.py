@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 URI = "qemu:///system"
 ANSWER_SECONDS = 180
@@ -310,16 +310,137 @@ class PrivateLibvirtd:
                 pass
 
 
+class NamespacedLibvirtd:
+    """A second privileged libvirtd on this machine, in a mount namespace of its own.
+
+    A host with bridged guests needs what only a privileged libvirtd has: the nwfilter driver (the
+    shop's anti-spoofing filter is always on for a bridged location; session mode refuses it with
+    "Can't define NWFilters in session mode") and tap devices on a Linux bridge. The same
+    ``/usr/sbin/libvirtd`` runs as root in a mount namespace where the directories of its state
+    (:attr:`PRIVATE`) are bind mounts of directories under ``directory``, so its socket,
+    configuration, domains, capability cache and logs are its own, while it shares this machine's
+    network namespace (its guests join the same bridges as the system daemon's) and file systems
+    (its pools are ordinary directories). QEMU's output goes to files (``stdio_handler = "file"``):
+    the system daemon's virtlogd stays the system daemon's. vpsshop reaches it as
+    ``qemu+unix:///system?socket=<directory>/run/libvirt-sock``.
+    """
+
+    PRIVATE: ClassVar[dict[str, str]] = {
+        "run": "/run/libvirt",
+        "etc": "/etc/libvirt",
+        "qemu": "/var/lib/libvirt/qemu",
+        "cache": "/var/cache/libvirt",
+        "log": "/var/log/libvirt",
+    }
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        for sub, target in self.PRIVATE.items():
+            Path(target).mkdir(parents=True, exist_ok=True)
+            source = directory / sub
+            if sub in ("etc", "cache"):  # its configuration, and the QEMU probe the system daemon cached
+                shutil.copytree(target, source, symlinks=True)
+            else:
+                source.mkdir(parents=True)
+            mode = Path(target).stat()
+            os.chown(source, mode.st_uid, mode.st_gid)
+            source.chmod(mode.st_mode & 0o7777)
+        with (directory / "etc" / "qemu.conf").open("a") as conf:
+            conf.write('\nstdio_handler = "file"\n')
+        self.socket = directory / "run" / "libvirt-sock"
+        self.uri = f"qemu+unix:///system?socket={self.socket}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.namespace = ""
+        self.start()
+        probe = self.virsh("domcapabilities", "--virttype", "qemu", "--arch", "x86_64", timeout=ANSWER_SECONDS)
+        if probe.returncode != 0:
+            raise RuntimeError(f"namespaced libvirtd could not describe QEMU/TCG: {probe.stderr.strip()}")
+
+    def virsh(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(["virsh", "-c", self.uri, *args], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(["virsh"], 124, "", f"virsh {' '.join(args)}: no answer in {timeout} s")
+
+    def start(self) -> None:
+        """Start libvirtd in a new mount namespace with its private directories and wait until it answers."""
+        import shlex
+
+        mounts = " && ".join(
+            f"mount --bind {shlex.quote(str(self.dir / sub))} {target}" for sub, target in self.PRIVATE.items()
+        )
+        pidfile = shlex.quote(str(self.dir / "libvirtd.pid"))  # not /run/libvirtd.pid: the system daemon's
+        log = open(self.dir / "libvirtd.log", "ab")  # noqa: SIM115 - the daemon writes it until it exits
+        self.process = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f"{mounts} && exec /usr/sbin/libvirtd --pid-file {pidfile} --timeout 0",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while self.virsh("version", timeout=30).returncode != 0:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"namespaced libvirtd did not answer: {(self.dir / 'libvirtd.log').read_text()[-2000:]}"
+                )
+            time.sleep(0.3)
+        self.namespace = os.readlink(f"/proc/{self.process.pid}/ns/mnt")
+
+    def pids(self) -> list[int]:
+        """Every process in its mount namespace (libvirtd and its domains' QEMU)."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if os.readlink(proc / "ns" / "mnt") == self.namespace:
+                        found.append(int(proc.name))
+                except OSError:
+                    continue
+        return found
+
+    def close(self) -> None:
+        """Destroy its domains, stop it and every process of its namespace; the directory stays for the caller."""
+        import signal
+
+        for name in self.virsh("list", "--name").stdout.split():
+            self.virsh("destroy", name)
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process = None
+
+
 GUEST_IMAGE = "debian-12-test.raw"
 """The file name the test guest's disk image has in a pool (the catalog's debian-12 points at it)."""
 
 
 @contextmanager
-def guest_image_pool(uri: str, guest: Path, tag: str = "vpsshop-guest") -> Iterator[tuple[str, Path]]:
+def guest_image_pool(
+    uri: str, guest: Path, tag: str = "vpsshop-guest", pool_name: str | None = None
+) -> Iterator[tuple[str, Path]]:
     """A transient dir pool holding the guest image of ``scripts/build-test-guest.sh`` (``guest``, its
     cache directory) as :data:`GUEST_IMAGE`, with its kernel and initrd, readable by libvirt-qemu:
-    (pool name, directory). Afterwards every domain whose disks lie in it is destroyed too, so a test
-    or bench that failed half-way leaves no guest running."""
+    (pool name, directory); ``pool_name`` names the pool (the hosts of one location share a pool
+    name). Afterwards every domain whose disks lie in it is destroyed too, so a test or bench that
+    failed half-way leaves no guest running."""
     import libvirt
 
     images = Path("/var/lib/libvirt/images")
@@ -332,7 +453,7 @@ def guest_image_pool(uri: str, guest: Path, tag: str = "vpsshop-guest") -> Itera
         subprocess.run(["cp", "--sparse=always", str(guest / "rootfs.raw"), str(directory / GUEST_IMAGE)], check=True)
         for name in ("vmlinuz", "initrd.img"):
             shutil.copy(guest / name, directory / name)
-        name = f"{tag}-{uuid.uuid4().hex[:8]}"
+        name = pool_name or f"{tag}-{uuid.uuid4().hex[:8]}"
         pool = conn.storagePoolCreateXML(
             f"<pool type='dir'><name>{name}</name><target><path>{directory}</path></target></pool>", 0
         )

@@ -5,7 +5,7 @@ drained host.
 The two hosts are private libvirtd instances (tests/libvirt_peer.py ``PrivateLibvirtd``), each with
 its own dir pool under the same pool name but at another path, so a moved qcow2 overlay must have its
 backing file pointed at the target pool's base image. The base image is blank: nothing boots (the
-real guest's move, SSH and all, is tests/test_real_guest.py's).
+real guest's move, SSH and all, is tests/test_real_guest_migrate.py's).
 """
 
 from __future__ import annotations
