@@ -67,6 +67,20 @@ def libvirtd_uri() -> Iterator[str]:
     libvirt_peer.stop(started)
 
 
+@pytest.fixture(scope="session")
+def test_guest() -> Path:
+    """The cached Debian guest of ``scripts/build-test-guest.sh`` (built now if this script version has
+    none yet): the directory holding ``rootfs.raw``, ``vmlinuz``, ``initrd.img`` and ``cmdline``."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build-test-guest.sh"
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path = Path(out.stdout.strip().splitlines()[-1])
+    assert (path / "rootfs.raw").is_file() and (path / "vmlinuz").is_file()
+    return path
+
+
 # ---- no secret in any log of the whole run ----------------------------------------------------------
 
 _SECRET_SHAPES = [

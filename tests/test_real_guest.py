@@ -39,16 +39,6 @@ BOOT_SECONDS = 420
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
-def test_guest() -> Path:
-    """The cached guest image directory (built now if this script version has none yet)."""
-    out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stderr[-2000:]
-    path = Path(out.stdout.strip().splitlines()[-1])
-    assert (path / "rootfs.raw").is_file() and (path / "vmlinuz").is_file()
-    return path
-
-
 @pytest.fixture
 def guest_pool(libvirtd_uri: str, test_guest: Path) -> Iterator[tuple[str, Path]]:
     """A transient dir pool with the guest image, kernel and initrd (readable by libvirt-qemu)."""

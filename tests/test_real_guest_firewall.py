@@ -29,7 +29,6 @@ from test_real_guest import (  # noqa: F401 - fixtures used by name
     guest_pool,
     run_jobs_until,
     ssh_with_key,
-    test_guest,
     wait_for_login,
 )
 

@@ -36,13 +36,6 @@ POOL = f"{TAG}-pool"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def test_guest() -> Path:
-    out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture
 def second_host(libvirtd_uri: str) -> Iterator[NamespacedLibvirtd]:
     workdir = peer_workdir("move-host")

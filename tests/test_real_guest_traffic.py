@@ -30,13 +30,6 @@ ALLOWANCE = 12_000_000
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def test_guest() -> Path:
-    out = subprocess.run([str(REPO / "scripts" / "build-test-guest.sh")], capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture
 def traffic_pool(test_guest: Path) -> Iterator[tuple[str, Path]]:
     with guest_image_pool(URI, test_guest, tag=TAG) as pool:
