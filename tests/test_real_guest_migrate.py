@@ -14,7 +14,7 @@ One order, two boots (each about 1-3 minutes under TCG on a loaded machine).
 
 from __future__ import annotations
 
-import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +23,8 @@ import libvirt
 import pytest
 from chain_nodes import peer_workdir, remove_workdir
 from libvirt_peer import GUEST_IMAGE, URI, NamespacedLibvirtd, guest_image_pool, isolated_network
-from served import VPSSHOP, serve, shop_env
+from served import serve, shop_env
+from test_admin import admin
 from test_migrate import _row, _until_host
 from test_real_guest import BOOT_SECONDS, _keypair, _libvirt_settings, ssh_with_key, wait_for_login
 from test_real_guest_traffic import poll, toml_value
@@ -32,7 +33,6 @@ from vpsshop.servers.jobs import MIGRATING
 
 REPO = Path(__file__).resolve().parents[1]
 TAG = "vpsshop-move"
-POOL = f"{TAG}-pool"
 pytestmark = pytest.mark.slow
 
 
@@ -47,18 +47,15 @@ def second_host(libvirtd_uri: str) -> Iterator[NamespacedLibvirtd]:
         remove_workdir(workdir)
 
 
-def admin(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([VPSSHOP, "admin", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-
-
 def test_a_guest_moved_to_another_host_answers_on_its_address_with_its_files(second_host, test_guest, tmp_path):
+    pool = f"{TAG}-{uuid.uuid4().hex[:8]}"  # one name on both hosts, none other's on the system daemon
     with (
-        guest_image_pool(URI, test_guest, tag=TAG, pool_name=POOL) as (_, first_dir),
-        guest_image_pool(second_host.uri, test_guest, tag=TAG, pool_name=POOL) as (_, second_dir),
+        guest_image_pool(URI, test_guest, tag=TAG, pool_name=pool) as (_, first_dir),
+        guest_image_pool(second_host.uri, test_guest, tag=TAG, pool_name=pool) as (_, second_dir),
         isolated_network(URI, first="10.215", tag=TAG) as (network, prefix),
     ):
         bridge = libvirt.open(URI).networkLookupByName(network).bridgeName()
-        settings = _libvirt_settings(POOL, network, prefix, first_dir, (test_guest / "cmdline").read_text().strip())
+        settings = _libvirt_settings(pool, network, prefix, first_dir, (test_guest / "cmdline").read_text().strip())
         location = settings["locations"]["nl"]
         location["network"] = f"bridge:{bridge}"  # the Linux bridge both hosts' guests join
         location["hosts"] = [
