@@ -401,3 +401,251 @@ def test_checksum_files_in_gnu_and_bsd_layouts() -> None:
     assert checksum_in_file(bsd, "Fedora-Cloud-Base-Generic-41-1.4.x86_64.qcow2", "sha512") is None
     assert checksum_in_file(f"{'zz' * 32}  x.img\n", "x.img", "sha256") is None
     assert checksum_in_file(gnu, "missing.qcow2", "sha256") is None
+
+
+# ---- direct kernel boot: the manifest's kernel and initrd ---------------------------------------
+
+KERNEL_CMDLINE = "root=/dev/vda rw console=ttyS0 quiet"
+
+
+def _sha256(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def boot_mirror(mirror: tuple[str, Path]) -> tuple[str, Path]:
+    """Beside the mirror's images: kboot.raw and kbad.raw (bare raw images), a kernel and an initrd
+    for them (not bootable: nothing boots here), and vmlinuz-kbad, the kernel with one byte changed."""
+    url, root = mirror
+    (root / "kboot.raw").write_bytes(b"kboot-root-fs".ljust(1 << 20, b"\0"))
+    (root / "kbad.raw").write_bytes(b"kbad-root-fs".ljust(1 << 20, b"\0"))
+    kernel = bytes(range(256)) * 1200 + b"vmlinuz"
+    (root / "vmlinuz-kboot").write_bytes(kernel)
+    (root / "boot").mkdir()
+    (root / "boot" / "initrd-kboot.img").write_bytes(bytes(reversed(range(256))) * 700)
+    corrupted = bytearray(kernel)
+    corrupted[1000] ^= 0xFF
+    (root / "vmlinuz-kbad").write_bytes(bytes(corrupted))
+    return url, root
+
+
+def _kernel_catalog(tmp_path: Path, url: str, root: Path) -> Path:
+    """kboot: a raw image booted with a kernel beside it (a path relative to the image's url) and
+    an initrd (an absolute URL); kbad: its kernel's download does not match its checksum."""
+    path = tmp_path / "catalog.toml"
+    path.write_text(
+        f"""
+[[plans]]
+id = "pup"
+name = "Pup"
+vcpu = 1
+memory_mib = 512
+disk_gib = 5
+bandwidth_tb = 1
+base_price_cents = 399
+
+[[locations]]
+id = "nl"
+name = "Amsterdam"
+country = "NL"
+price_modifier = "1.00"
+
+[[operating_systems]]
+id = "kboot"
+name = "Kernel boot"
+family = "debian"
+image = "kboot.raw"
+[operating_systems.source]
+url = "{url}/kboot.raw"
+checksum = "{_sha256(root / "kboot.raw")}"
+format = "raw"
+[operating_systems.source.kernel_boot]
+kernel = {{ url = "vmlinuz-kboot", checksum = "{_sha256(root / "vmlinuz-kboot")}" }}
+initrd = {{ url = "{url}/boot/initrd-kboot.img", checksum = "{_sha256(root / "boot" / "initrd-kboot.img")}" }}
+cmdline = "{KERNEL_CMDLINE}"
+
+[[operating_systems]]
+id = "kbad"
+name = "Corrupted kernel"
+family = "debian"
+image = "kbad.raw"
+[operating_systems.source]
+url = "{url}/kbad.raw"
+checksum = "{_sha256(root / "kbad.raw")}"
+format = "raw"
+[operating_systems.source.kernel_boot]
+kernel = {{ url = "vmlinuz-kbad", checksum = "{_sha256(root / "vmlinuz-kboot")}" }}
+"""
+    )
+    return path
+
+
+def test_sync_puts_kernel_and_initrd_beside_the_image_on_both_hosts_and_refuses_a_corrupted_kernel(
+    boot_mirror: tuple[str, Path], hosts: list[PrivateLibvirtd], tmp_path: Path
+) -> None:
+    """kboot's image, kernel and initrd reach both pools (the image counts as current there); kbad,
+    whose kernel is corrupted, is refused and nothing of it reaches a host. A host that loses the
+    initrd counts the image as missing until the next sync puts it back, there alone."""
+    from vpsshop.assembly import build_context
+
+    url, root = boot_mirror
+    ctx = build_context(_settings(tmp_path, _kernel_catalog(tmp_path, url, root), hosts))
+    out = io.StringIO()
+
+    async def run() -> Any:
+        try:
+            first = await sync(ctx, tmp_path / "cache", out)
+            again = await sync(ctx, tmp_path / "cache", out)
+            rows = await status(ctx)
+            deleted = hosts[1].virsh("vol-delete", "--pool", POOL, "kboot.raw.vpsshop-initrd")
+            assert deleted.returncode == 0, deleted.stderr
+            lacking = await status(ctx)
+            repaired = await sync(ctx, tmp_path / "cache", out, only=["kboot"])
+            return first, again, rows, lacking, repaired, await status(ctx)
+        finally:
+            await ctx.close()
+
+    first, again, rows, lacking, repaired, after = asyncio.run(run())
+    by_os = {r.os_id: r for r in first}
+    assert by_os["kboot"].hosts == ("host0", "host1") and by_os["kboot"].error is None
+    assert by_os["kbad"].error is not None and "corrupt" in by_os["kbad"].error
+    assert "vmlinuz-kbad" in by_os["kbad"].error
+    assert {r.os_id: (r.hosts, r.error) for r in again} == {"kboot": ((), None), "kbad": ((), by_os["kbad"].error)}
+    assert "kboot kernel download" in out.getvalue() and "kboot initrd download" in out.getvalue()
+    for daemon in hosts:
+        pool = _pool_dir(daemon)
+        assert not any(p.name.startswith("kbad") for p in pool.iterdir())
+        assert (pool / "kboot.raw").read_bytes() == (root / "kboot.raw").read_bytes()
+        assert (pool / "kboot.raw.vpsshop-kernel").read_bytes() == (root / "vmlinuz-kboot").read_bytes()
+        assert (pool / "kboot.raw.vpsshop-initrd").read_bytes() == (root / "boot" / "initrd-kboot.img").read_bytes()
+        assert (pool / "kboot.raw.vpsshop-version").read_text().strip() == _sha256(root / "kboot.raw")
+    image = _sha256(root / "kboot.raw")
+    assert {(r.host, r.state, r.version) for r in rows if r.os_id == "kboot"} == {
+        ("host0", "current", image),
+        ("host1", "current", image),
+    }
+    assert {(r.host, r.state) for r in rows if r.os_id == "kbad"} == {("host0", "missing"), ("host1", "missing")}
+    assert {(r.host, r.state) for r in lacking if r.os_id == "kboot"} == {("host0", "current"), ("host1", "missing")}
+    assert [(r.os_id, r.hosts, r.error) for r in repaired] == [("kboot", ("host1",), None)]
+    assert {(r.host, r.state) for r in after if r.os_id == "kboot"} == {("host0", "current"), ("host1", "current")}
+
+
+def test_the_domain_of_a_kernel_boot_image_boots_the_pool_volumes(
+    boot_mirror: tuple[str, Path], hosts: list[PrivateLibvirtd], tmp_path: Path
+) -> None:
+    """The domain the plugin defines on a host for kboot loads the kernel and initrd volumes of that
+    host's pool with the manifest's command line, on a qcow2 overlay of the raw image; moved to the
+    other host, it names that host's volumes; a ``kernel_boot`` setting for the image wins."""
+    import xml.etree.ElementTree as ET
+
+    from vpsshop.assembly import build_context
+    from vpsshop.servers.contract import contract_spec
+    from vpsshop_libvirt import KernelBoot, LibvirtBackend, _move_boot_files, domain_xml
+
+    url, root = boot_mirror
+    settings = _settings(tmp_path, _kernel_catalog(tmp_path, url, root), hosts)
+    ctx = build_context(settings)
+    results = asyncio.run(sync(ctx, tmp_path / "cache", io.StringIO(), only=["kboot"]))
+    asyncio.run(ctx.close())
+    assert [r.error for r in results] == [None]
+    backend = build_context(settings).hypervisor
+    assert isinstance(backend, LibvirtBackend)
+    loc = backend.location("nl")
+    spec = contract_spec("nl", os_image="kboot.raw")
+    conn = backend._conn(hosts[0].uri)
+    pool, pool_path = backend._pool(conn, loc)
+    boot = backend._boot(conn, pool, "kboot.raw")
+    assert boot is not None and boot.format == "raw"
+    disk = backend._disk(pool, pool_path, spec, boot)
+    dom = conn.defineXML(domain_xml(spec, backend.cfg, loc, disk.path(), f"{pool_path}/{spec.name}-seed.iso", boot))
+    try:
+        desc = ET.fromstring(dom.XMLDesc(0))
+        held = _pool_dir(hosts[0])
+        assert desc.findtext("os/kernel") == str(held / "kboot.raw.vpsshop-kernel")
+        assert desc.findtext("os/initrd") == str(held / "kboot.raw.vpsshop-initrd")
+        assert desc.findtext("os/cmdline") == KERNEL_CMDLINE
+        backing = ET.fromstring(disk.XMLDesc(0)).find("backingStore")
+        assert backing is not None and backing.findtext("path") == str(held / "kboot.raw")
+        assert backing.find("format").get("type") == "raw"  # type: ignore[union-attr]
+        other = str(_pool_dir(hosts[1]))
+        _move_boot_files(desc, pool_path, other)
+        assert desc.findtext("os/kernel") == f"{other}/kboot.raw.vpsshop-kernel"
+        assert desc.findtext("os/initrd") == f"{other}/kboot.raw.vpsshop-initrd"
+    finally:
+        dom.undefine()
+        disk.delete(0)
+        asyncio.run(backend.close())
+    overridden = {"kernel": "/srv/boot/vmlinuz", "cmdline": "root=/dev/vda ro", "format": "raw"}
+    configured = settings.model_copy(deep=True)
+    configured.hypervisor["libvirt"]["kernel_boot"] = {"kboot.raw": overridden}
+    backend = build_context(configured).hypervisor
+    assert isinstance(backend, LibvirtBackend)
+    try:
+        conn = backend._conn(hosts[0].uri)
+        pool, _ = backend._pool(conn, backend.location("nl"))
+        assert backend._boot(conn, pool, "kboot.raw") == KernelBoot.model_validate(overridden)
+    finally:
+        asyncio.run(backend.close())
+
+
+def test_a_backend_without_kernel_boot_gets_no_kernel_boot_image(
+    boot_mirror: tuple[str, Path], hosts: list[PrivateLibvirtd], tmp_path: Path
+) -> None:
+    from vpsshop.assembly import build_context
+
+    url, root = boot_mirror
+    ctx = build_context(_settings(tmp_path, _kernel_catalog(tmp_path, url, root), hosts))
+    assert ctx.hypervisor is not None
+    ctx.hypervisor.capabilities = ctx.hypervisor.capabilities - {"kernel_boot"}
+    try:
+        (result,) = asyncio.run(sync(ctx, tmp_path / "cache", io.StringIO(), only=["kboot"]))
+    finally:
+        asyncio.run(ctx.close())
+    assert result.error == "the hypervisor backend (libvirt) cannot take an image's kernel boot files"
+
+
+def test_a_kernel_boot_manifest_is_validated() -> None:
+    from pydantic import ValidationError
+
+    from vpsshop.catalog import BootFile, ImageSource
+
+    image = {"url": "https://example.test/os/a.raw", "checksum": "sha256:" + "a" * 64, "format": "raw"}
+    kernel = {"url": "vmlinuz", "checksum": "sha512:" + "b" * 128}
+    source = ImageSource.model_validate({**image, "kernel_boot": {"kernel": kernel}})
+    assert source.kernel_boot is not None and source.kernel_boot.initrd is None
+    assert source.kernel_boot.cmdline == "root=/dev/vda rw console=ttyS0"
+    assert source.boot_file_url(source.kernel_boot.kernel) == "https://example.test/os/vmlinuz"
+    up = BootFile.model_validate({**kernel, "url": "../boot/vmlinuz"})
+    assert source.boot_file_url(up) == "https://example.test/boot/vmlinuz"
+    assert source.boot_file_url(BootFile.model_validate({**kernel, "url": "file:///srv/k"})) == "file:///srv/k"
+    for bad, message in [
+        ({"kernel": {"url": "vmlinuz"}}, "checksum"),
+        ({"kernel": {**kernel, "checksum": "md5:" + "a" * 32}}, "checksum"),
+        ({"kernel": {**kernel, "url": "/boot/vmlinuz"}}, "relative to the image"),
+        (
+            {"kernel": kernel, "initrd": {"url": "ftp://x/initrd", "checksum": kernel["checksum"]}},
+            "https://, http:// or file://",
+        ),
+        ({"kernel": kernel, "append": "quiet"}, "append"),
+        ({"kernel": kernel, "cmdline": "root=/dev/vda\nquiet"}, "cmdline"),
+        ({"initrd": kernel}, "kernel"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            ImageSource.model_validate({**image, "kernel_boot": bad})
+
+
+def test_kernel_boot_files_and_records_are_not_base_images() -> None:
+    from vpsshop_libvirt import images
+
+    names = [
+        "kboot.raw",
+        "kboot.raw.vpsshop-version",
+        "kboot.raw.vpsshop-kernel",
+        "kboot.raw.vpsshop-initrd",
+        "kboot.raw.vpsshop-boot",
+        "vps-1.qcow2",
+    ]
+    assert images.held(names) == {"kboot.raw": True}
+    assert images.boot_complete({"kernel": "sha256:x", "initrd": "sha256:y"}, "kboot.raw", names)
+    assert not images.boot_complete({"kernel": "sha256:x", "initrd": "sha256:y"}, "kboot.raw", names[:3])
+    assert images.boot_complete({"kernel": "sha256:x", "initrd": None}, "kboot.raw", names[:3])

@@ -9,10 +9,12 @@ computed here so that every source prices the same way:
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import ClassVar, Literal
+from urllib.parse import urljoin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vpsshop.component import Component, ConfigT
 from vpsshop.money import MICROS_PER_CENT, UsdAmount, apply_modifier, micros_to_usd
@@ -43,32 +45,99 @@ class Location(BaseModel):
     price_modifier: Decimal = Field(gt=0, le=10, decimal_places=3)
 
 
+_CHECKSUM = r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$"
+_ABSOLUTE_URL = r"^(https?|file)://\S+$"
+_RELATIVE_PATH = r"^[A-Za-z0-9._][A-Za-z0-9._+~%\-/]*$"
+
+
+class BootFile(BaseModel):
+    """A kernel or initrd of :class:`KernelBootSource`: where it is downloaded from and its checksum.
+
+    ``url`` is absolute (``https://``, ``http://``, ``file://``) or a path relative to the image's
+    ``url`` (``"vmlinuz-6.1.0-28-amd64"`` beside the image, ``"../boot/vmlinuz"``).
+
+    .. versionadded:: 1.2
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(
+        min_length=1,
+        max_length=2000,
+        description="Where the file is downloaded from: an absolute URL, or a path relative to the image's url.",
+    )
+    checksum: str = Field(pattern=_CHECKSUM, description="sha256:<hex> or sha512:<hex>.")
+
+    @field_validator("url")
+    @classmethod
+    def _absolute_or_relative(cls, value: str) -> str:
+        if "://" in value:
+            if not re.match(_ABSOLUTE_URL, value):
+                raise ValueError(f"a boot file url is https://, http:// or file://, not {value!r}")
+        elif not re.match(_RELATIVE_PATH, value) or value.endswith("/"):
+            raise ValueError(
+                f"a relative boot file url is a path relative to the image's url "
+                f"(such as 'vmlinuz' or '../boot/vmlinuz'), not {value!r}"
+            )
+        return value
+
+
+class KernelBootSource(BaseModel):
+    """Direct kernel boot for an image that is a bare file system (no boot loader): the hypervisor
+    loads ``kernel`` and ``initrd`` and passes ``cmdline``. ``vpsshop images sync`` downloads and
+    verifies both like the image and puts them beside it on every host.
+
+    .. versionadded:: 1.2
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kernel: BootFile = Field(description="The kernel (vmlinuz).")
+    initrd: BootFile | None = Field(None, description="The initial ramdisk, if the kernel needs one.")
+    cmdline: str = Field(
+        "root=/dev/vda rw console=ttyS0",
+        min_length=1,
+        max_length=1000,
+        pattern=r"^[^\x00-\x1f\x7f]*$",
+        description="The kernel command line (one line).",
+    )
+
+
 class ImageSource(BaseModel):
     """Where ``vpsshop images sync`` fetches an operating system's base image, and how it checks it.
 
     Exactly one of ``checksum`` (``"sha256:<hex>"`` or ``"sha512:<hex>"``) and ``checksum_url`` (a
     checksum file such as Debian's ``SHA512SUMS`` (lines of ``<hex>  <file name>``) or Fedora's
     ``CHECKSUM`` (lines of ``SHA256 (<file name>) = <hex>``): the line naming the file of ``url`` counts,
-    its kind told by ``checksum_kind``).
+    its kind told by ``checksum_kind``). ``kernel_boot`` (:class:`KernelBootSource`): the image boots
+    by direct kernel boot, from the kernel and initrd it names.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(pattern=r"^(https?|file)://", description="Where the image file is downloaded from.")
-    checksum: str | None = Field(
-        None, pattern=r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$", description="sha256:<hex> or sha512:<hex>."
-    )
+    checksum: str | None = Field(None, pattern=_CHECKSUM, description="sha256:<hex> or sha512:<hex>.")
     checksum_url: str | None = Field(
         None, pattern=r"^(https?|file)://", description="A checksum file listing the image's file name."
     )
     checksum_kind: Literal["sha256", "sha512"] = Field("sha256", description="The kind of checksum_url's sums.")
     format: Literal["qcow2", "raw"] = "qcow2"
+    kernel_boot: KernelBootSource | None = Field(
+        None, description="The image boots by direct kernel boot (no boot loader): its kernel, initrd and cmdline."
+    )
 
     @model_validator(mode="after")
     def _one_checksum(self) -> ImageSource:
         if (self.checksum is None) == (self.checksum_url is None):
             raise ValueError("an image source names exactly one of checksum and checksum_url")
         return self
+
+    def boot_file_url(self, file: BootFile) -> str:
+        """The absolute URL of a kernel or initrd: a relative one is resolved against the image's ``url``.
+
+        .. versionadded:: 1.2
+        """
+        return urljoin(self.url, file.url)
 
 
 class OperatingSystem(BaseModel):

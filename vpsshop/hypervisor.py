@@ -413,6 +413,7 @@ CAPABILITY_IPV6 = "ipv6"
 CAPABILITY_RESIZE = "resize"
 CAPABILITY_MIGRATE = "migrate"
 CAPABILITY_TRAFFIC = "traffic"
+CAPABILITY_KERNEL_BOOT = "kernel_boot"
 
 
 @dataclass(frozen=True)
@@ -531,6 +532,45 @@ class HostImages:
     there without a record (put there by hand)."""
     error: str | None = None
     """Why the host could not be asked (it did not answer); ``images`` is then empty."""
+    kernel_boot: dict[str, str] = field(default_factory=dict)
+    """Image file name -> the :attr:`KernelBootFiles.version` of the kernel boot files held complete
+    beside it (capability ``"kernel_boot"``); an image without them is not listed here.
+
+    .. versionadded:: 1.2"""
+
+
+def kernel_boot_version(kernel_checksum: str, initrd_checksum: str | None, cmdline: str) -> str:
+    """What :attr:`KernelBootFiles.version` is for these checksums and command line.
+
+    .. versionadded:: 1.2
+    """
+    return f"kernel={kernel_checksum} initrd={initrd_checksum or '-'} cmdline={cmdline}"
+
+
+@dataclass(frozen=True)
+class KernelBootFiles:
+    """The verified kernel and initrd an image boots with by direct kernel boot (a catalog image
+    source's ``kernel_boot``), as ``vpsshop images sync`` hands them to
+    :meth:`HypervisorBackend.install_image`.
+
+    .. versionadded:: 1.2
+    """
+
+    kernel: str
+    """Local path of the verified kernel file."""
+    kernel_checksum: str
+    """``"sha256:<hex>"`` or ``"sha512:<hex>"``: what ``kernel`` was verified against."""
+    cmdline: str
+    """The kernel command line the image's servers boot with."""
+    initrd: str | None = None
+    """Local path of the verified initrd, None when the kernel needs none."""
+    initrd_checksum: str | None = None
+
+    @property
+    def version(self) -> str:
+        """One string naming the files and command line (:func:`kernel_boot_version`): what a
+        backend records beside the image and reports in :attr:`HostImages.kernel_boot`."""
+        return kernel_boot_version(self.kernel_checksum, self.initrd_checksum, self.cmdline)
 
 
 class HypervisorBackend(Component[Any]):  # not generic: a backend declares its own `config: MyConfig`
@@ -550,9 +590,12 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     ``"images"``, ``"ipv6"`` (:meth:`ipv6_pool`; the guest gets ``spec.ipv6``), ``"resize"``, ``"migrate"``
     (:meth:`hosts` and :meth:`migrate`), ``"traffic"`` (:meth:`interface_counters` and :meth:`limit_bandwidth`),
     ``"firewall"`` (:meth:`set_firewall`, and anti-spoofing on every guest from :meth:`create` on),
-    ``"snapshots"`` (:meth:`create_snapshot`, :meth:`restore_snapshot`, :meth:`delete_snapshot`).
+    ``"snapshots"`` (:meth:`create_snapshot`, :meth:`restore_snapshot`, :meth:`delete_snapshot`),
+    ``"kernel_boot"`` (with ``"images"``: :meth:`install_image` takes ``kernel_boot`` files and the
+    servers of such an image boot with them).
 
-    .. versionadded:: 1.1"""
+    .. versionadded:: 1.1
+    .. versionadded:: 1.2 ``"kernel_boot"``"""
 
     def serves(self, location: str) -> bool:
         """Whether this backend can place servers in catalog location ``location``.
@@ -598,6 +641,8 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         fmt: str,
         version: str,
         progress: Callable[[int], None] | None = None,
+        *,
+        kernel_boot: KernelBootFiles | None = None,
     ) -> list[str]:
         """Optional (capability ``"images"``): put the verified file at ``path`` (format ``fmt``) on
         every host of ``location`` as base image ``image``, through the hypervisor's own API (no SSH),
@@ -605,9 +650,16 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         that fails part-way leaves no record, so the next call sends it again. Returns the hosts
         written to. ``progress`` is called with the bytes sent so far.
 
+        ``kernel_boot``: the image boots by direct kernel boot with these verified files; put them
+        beside the image on each host too (before the image counts as held there), record their
+        :attr:`~KernelBootFiles.version`, and boot the servers made from ``image`` with them. Core
+        passes it only to a backend with capability ``"kernel_boot"`` and only for an image whose
+        source has ``kernel_boot``, so an implementation without the parameter keeps working.
+
         :raises PluginError: a host did not answer or refused the upload (hosts done before stay done).
 
         .. versionadded:: 1.2
+        .. versionadded:: 1.2 ``kernel_boot``
         """
         raise NotImplementedError
 

@@ -3,7 +3,9 @@
 ``vpsshop images sync`` fetches each OS's image (:class:`vpsshop.ImageSource`) once into a cache
 directory, checks its checksum (given, or read from a checksum file), and hands the verified file to
 the hypervisor backend, which puts it on every host of every location it serves
-(:meth:`vpsshop.HypervisorBackend.install_image`) and records the version beside it.
+(:meth:`vpsshop.HypervisorBackend.install_image`) and records the version beside it. An image that
+boots by direct kernel boot (the source's ``kernel_boot``) brings its kernel and initrd along: each
+is downloaded and verified the same way, and all of them are checked before any reaches a host.
 ``vpsshop images status`` asks each host what it holds (:meth:`~vpsshop.HypervisorBackend.image_versions`).
 A file whose checksum does not match is deleted and never reaches a host.
 """
@@ -24,7 +26,13 @@ from urllib.parse import urlsplit
 from vpsshop.catalog import ImageSource, OperatingSystem
 from vpsshop.context import AppContext
 from vpsshop.errors import PluginError
-from vpsshop.hypervisor import CAPABILITY_IMAGES, HostImages
+from vpsshop.hypervisor import (
+    CAPABILITY_IMAGES,
+    CAPABILITY_KERNEL_BOOT,
+    HostImages,
+    KernelBootFiles,
+    kernel_boot_version,
+)
 
 CHUNK = 1 << 20
 DOWNLOAD_TIMEOUT_SECONDS = 60.0
@@ -133,18 +141,52 @@ def fetch(os_: OperatingSystem, cache: Path, out: TextIO | None = None) -> tuple
     source = os_.source
     assert source is not None
     expected = expected_checksum(source)
-    kind = expected.split(":", 1)[0]
     cache.mkdir(parents=True, exist_ok=True)
-    target = cache / os_.image
-    stamp = cache / f"{os_.image}.checksum"
+    return _download(f"{os_.id} download", os_.id, source.url, expected, cache / os_.image, out), expected
+
+
+def fetch_kernel_boot(os_: OperatingSystem, cache: Path, out: TextIO | None = None) -> KernelBootFiles | None:
+    """The OS's kernel and initrd (its source's ``kernel_boot``) in ``cache``, each downloaded
+    unless a verified copy is there and checked like the image; None when the image boots from
+    its own disk. :raises ImageError: no answer, or a checksum does not match.
+    """
+    assert os_.source is not None
+    boot = os_.source.kernel_boot
+    if boot is None:
+        return None
+    cache.mkdir(parents=True, exist_ok=True)
+    kernel_url = os_.source.boot_file_url(boot.kernel)
+    kernel = _download(
+        f"{os_.id} kernel download", os_.id, kernel_url, boot.kernel.checksum, cache / f"{os_.image}.kernel", out
+    )
+    initrd = None
+    if boot.initrd is not None:
+        initrd_url = os_.source.boot_file_url(boot.initrd)
+        initrd = _download(
+            f"{os_.id} initrd download", os_.id, initrd_url, boot.initrd.checksum, cache / f"{os_.image}.initrd", out
+        )
+    return KernelBootFiles(
+        kernel=str(kernel),
+        kernel_checksum=boot.kernel.checksum,
+        cmdline=boot.cmdline,
+        initrd=str(initrd) if initrd is not None else None,
+        initrd_checksum=boot.initrd.checksum if boot.initrd is not None else None,
+    )
+
+
+def _download(label: str, os_id: str, url: str, expected: str, target: Path, out: TextIO | None) -> Path:
+    """``url`` at ``target``, verified against ``expected`` (``"<kind>:<hex>"``); a verified copy
+    there already (its ``.checksum`` stamp names ``expected``) is not downloaded again."""
+    kind = expected.split(":", 1)[0]
+    stamp = target.with_name(target.name + ".checksum")
     if target.is_file() and stamp.is_file() and stamp.read_text().strip() == expected:
-        return target, expected
-    part = cache / f"{os_.image}.part"
+        return target
+    part = target.with_name(target.name + ".part")
     try:
-        response, total = _open(source.url)
+        response, total = _open(url)
     except OSError as exc:
-        raise ImageError(f"cannot download {source.url}: {exc}") from None
-    bar = Progress(f"{os_.id} download", total, out)
+        raise ImageError(f"cannot download {url}: {exc}") from None
+    bar = Progress(label, total, out)
     digest = hashlib.new(kind)
     done = 0
     try:
@@ -156,17 +198,16 @@ def fetch(os_: OperatingSystem, cache: Path, out: TextIO | None = None) -> tuple
                 bar.update(done)
     except OSError as exc:
         part.unlink(missing_ok=True)
-        raise ImageError(f"downloading {source.url} failed: {exc}") from None
+        raise ImageError(f"downloading {url} failed: {exc}") from None
     bar.finish()
     got = f"{kind}:{digest.hexdigest()}"
     if got != expected:
         part.unlink(missing_ok=True)
-        raise ImageError(
-            f"{os_.id}: the download of {source.url} is corrupt or not the image named: {got}, expected {expected}"
-        )
+        raise ImageError(f"{os_id}: the download of {url} is corrupt or not the file named: {got}, expected {expected}")
+    stamp.unlink(missing_ok=True)  # the stamp names the file only once the file is in place
     os.replace(part, target)
     stamp.write_text(expected + "\n")
-    return target, expected
+    return target
 
 
 @dataclass(frozen=True)
@@ -210,15 +251,21 @@ async def sync(
             continue
         try:
             path, version = fetch(os_, cache, out)
+            boot = fetch_kernel_boot(os_, cache, out)
         except ImageError as exc:
             results.append(SyncResult(os_.id, "*", error=str(exc)))
             continue
+        if boot is not None and CAPABILITY_KERNEL_BOOT not in backend.capabilities:
+            error = f"the hypervisor backend ({backend.kind}) cannot take an image's kernel boot files"
+            results.append(SyncResult(os_.id, "*", error=error))
+            continue
+        extra = {"kernel_boot": boot} if boot is not None else {}  # a backend without the parameter still works
         size = path.stat().st_size
         for location in served_locations(ctx):
             bar = Progress(f"{os_.id} -> {location}", size, out)
             try:
                 hosts = await backend.install_image(
-                    location, os_.image, str(path), os_.source.format, version, _progress(bar)
+                    location, os_.image, str(path), os_.source.format, version, _progress(bar), **extra
                 )
             except PluginError as exc:
                 results.append(SyncResult(os_.id, location, error=str(exc)))
@@ -239,7 +286,8 @@ class ImageStatus:
     host: str
     os_id: str
     state: str
-    """``current``, ``missing``, ``other version`` (held, not the catalog's), ``unrecorded`` (held,
+    """``current``, ``missing`` (or held without all of the kernel boot files its source names),
+    ``other version`` (held, not the catalog's, or with other kernel boot files), ``unrecorded`` (held,
     no version recorded), ``recorded`` (a version recorded; the catalog's is in a checksum file),
     ``no source`` (held, nothing to compare with), ``unreachable``."""
     version: str | None = None
@@ -265,6 +313,9 @@ def _state(location: str, host: HostImages, os_: OperatingSystem) -> ImageStatus
     if os_.image not in host.images:
         return ImageStatus(location, host.host, os_.id, "missing")
     version = host.images[os_.image]
+    boot_state = _boot_state(location, host, os_, version)
+    if boot_state is not None:
+        return boot_state
     if os_.source is None:
         return ImageStatus(location, host.host, os_.id, "no source", version)
     if version is None:
@@ -274,6 +325,23 @@ def _state(location: str, host: HostImages, os_: OperatingSystem) -> ImageStatus
     if version != os_.source.checksum:
         return ImageStatus(location, host.host, os_.id, "other version", version)
     return ImageStatus(location, host.host, os_.id, "current", version)
+
+
+def _boot_state(location: str, host: HostImages, os_: OperatingSystem, version: str | None) -> ImageStatus | None:
+    """``missing`` for an image held without all of its kernel boot files, ``other version`` for one
+    held with other files or another command line; None when nothing is amiss with them."""
+    boot = os_.source.kernel_boot if os_.source is not None else None
+    if boot is None:
+        return None
+    held = host.kernel_boot.get(os_.image)
+    if held is None:
+        return ImageStatus(location, host.host, os_.id, "missing", version)
+    expected = kernel_boot_version(
+        boot.kernel.checksum, boot.initrd.checksum if boot.initrd is not None else None, boot.cmdline
+    )
+    if held != expected:
+        return ImageStatus(location, host.host, os_.id, "other version", version)
+    return None
 
 
 def default_cache() -> Path:

@@ -50,8 +50,11 @@ How a server is made (:meth:`LibvirtBackend.create`):
 4. **domain**: memory with explicit ``unit='MiB'`` (a bare ``<memory>`` is KiB), BIOS boot (no
    firmware auto-selection), virtio disk and virtio network, started at once.
 
-Base images that are a bare file system boot by direct kernel boot
-(``[hypervisor.libvirt.kernel_boot."<image file>"]``: ``kernel``, ``initrd``, ``cmdline``, ``format``).
+Base images that are a bare file system boot by direct kernel boot: with the kernel and initrd
+``vpsshop images sync`` put beside the image in each host's pool (the catalog source's
+``kernel_boot``; ``images.py``), or with files already on the host named by
+``[hypervisor.libvirt.kernel_boot."<image file>"]`` (``kernel``, ``initrd``, ``cmdline``, ``format``),
+which wins when both are there.
 The optional verbs: :meth:`LibvirtBackend.reinstall` (disk and seed made again),
 :meth:`LibvirtBackend.open_console` (``virDomainOpenConsole``; not on the ``test:///default`` driver)
 and the base images of ``vpsshop images`` (:meth:`LibvirtBackend.install_image`,
@@ -99,6 +102,7 @@ from vpsshop import (
     HypervisorBackend,
     InterfaceCounters,
     Ipv6Pool,
+    KernelBootFiles,
     PluginError,
     Readiness,
     ServerHandle,
@@ -400,8 +404,16 @@ def parse_firewall(xml: str) -> tuple[tuple[FirewallRule, ...], bool]:
     return tuple(found), clean
 
 
-def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_path: str, seed_path: str) -> str:
-    """The domain definition. Memory carries an explicit unit; disk and network are virtio."""
+def domain_xml(
+    spec: ServerSpec,
+    cfg: LibvirtConfig,
+    loc: LocationConfig,
+    disk_path: str,
+    seed_path: str,
+    boot: KernelBoot | None = None,
+) -> str:
+    """The domain definition. Memory carries an explicit unit; disk and network are virtio.
+    ``boot``: direct kernel boot with these files (default: ``cfg.kernel_boot`` of the image)."""
     dom = ET.Element("domain", type=cfg.domain_type)
     ET.SubElement(dom, "name").text = spec.name
     ET.SubElement(dom, "description").text = f"vpsshop server {spec.hostname}"
@@ -410,7 +422,7 @@ def domain_xml(spec: ServerSpec, cfg: LibvirtConfig, loc: LocationConfig, disk_p
     ET.SubElement(dom, "vcpu", placement="static").text = str(spec.vcpu)
     os_el = ET.SubElement(dom, "os")
     ET.SubElement(os_el, "type", arch="x86_64", machine=cfg.machine).text = "hvm"
-    boot = cfg.kernel_boot.get(spec.os_image)
+    boot = boot or cfg.kernel_boot.get(spec.os_image)
     if boot is not None:
         ET.SubElement(os_el, "kernel").text = boot.kernel
         if boot.initrd:
@@ -724,6 +736,7 @@ class LibvirtBackend(HypervisorBackend):
             "console",
             "guest_report",
             "images",
+            "kernel_boot",
             "ipv6",
             "resize",
             "migrate",
@@ -742,7 +755,18 @@ class LibvirtBackend(HypervisorBackend):
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
             self.capabilities = frozenset(
-                {"reinstall", "console", "images", "ipv6", "resize", "migrate", "traffic", "firewall", "snapshots"}
+                {
+                    "reinstall",
+                    "console",
+                    "images",
+                    "kernel_boot",
+                    "ipv6",
+                    "resize",
+                    "migrate",
+                    "traffic",
+                    "firewall",
+                    "snapshots",
+                }
             )
         if all(loc.network == "user" for loc in self.cfg.locations.values()):
             # QEMU's user networking has no tap device on the host: nothing to count, shape or filter
@@ -927,12 +951,34 @@ class LibvirtBackend(HypervisorBackend):
             raise PluginError(f"storage pool {loc.pool!r} has no target path (use a dir or fs pool)")
         return pool, path
 
-    def _disk(self, pool: Any, pool_path: str, spec: ServerSpec) -> Any:
+    def _boot(self, conn: Any, pool: Any, image: str) -> KernelBoot | None:
+        """How servers of ``image`` boot on this host: the ``kernel_boot`` setting of the image, else
+        the kernel boot files ``vpsshop images sync`` put beside it in the pool, else from the disk."""
+        configured = self.cfg.kernel_boot.get(image)
+        if configured is not None:
+            return configured
+        if conn.getURI().startswith("test:"):
+            return None  # libvirt's test driver keeps no volume content
+        record = images.read_boot_record(conn, pool, image)
+        if record is None:
+            return None
+        kernel = self._volume(pool, images.kernel_name(image))
+        initrd = self._volume(pool, images.initrd_name(image)) if record.get("initrd") else None
+        if kernel is None or (record.get("initrd") and initrd is None):
+            raise PluginError(f"the kernel boot files of {image} are incomplete on this host: run vpsshop images sync")
+        return KernelBoot(
+            kernel=kernel.path(),
+            initrd=initrd.path() if initrd is not None else None,
+            cmdline=str(record.get("cmdline") or KernelBoot.model_fields["cmdline"].default),
+            format=record.get("format") if record.get("format") in ("qcow2", "raw") else None,
+        )
+
+    def _disk(self, pool: Any, pool_path: str, spec: ServerSpec, boot: KernelBoot | None = None) -> Any:
         name = f"{spec.name}.qcow2"
         vol = self._volume(pool, name)
         if vol is None:
             base = f"{pool_path}/{spec.os_image}"
-            boot = self.cfg.kernel_boot.get(spec.os_image)
+            boot = boot or self.cfg.kernel_boot.get(spec.os_image)
             fmt = (boot.format if boot is not None else None) or self.cfg.base_image_format
             xml = volume_xml(name, spec.disk_gib, "GiB", "qcow2", (base, fmt))
             try:
@@ -943,14 +989,16 @@ class LibvirtBackend(HypervisorBackend):
                 ) from None
         return vol
 
-    def _disk_and_seed(self, conn: Any, pool: Any, pool_path: str, spec: ServerSpec) -> tuple[Any, Any]:
+    def _disk_and_seed(
+        self, conn: Any, pool: Any, pool_path: str, spec: ServerSpec, boot: KernelBoot | None = None
+    ) -> tuple[Any, Any]:
         """The disk and the seed volumes. The seed image (the password's hash: a few hundred ms of CPU)
         is built in a thread while libvirt makes the disk, so a new server waits for the slower one."""
         with tempfile.TemporaryDirectory(prefix="vpsshop-iso-") as tmp:
             iso = Path(tmp) / f"{spec.name}-seed.iso"
             with ThreadPoolExecutor(1, thread_name_prefix="vpsshop-seed") as builder:
                 built = builder.submit(build_seed_iso, spec, iso)
-                disk = self._disk(pool, pool_path, spec)
+                disk = self._disk(pool, pool_path, spec, boot)
                 built.result()
             return disk, self._seed(conn, pool, spec, iso)
 
@@ -984,9 +1032,10 @@ class LibvirtBackend(HypervisorBackend):
             dom = self._lookup(conn, spec.name)
             if dom is None:
                 pool, pool_path = self._pool(conn, loc)
-                disk, seed = self._disk_and_seed(conn, pool, pool_path, spec)
+                boot = self._boot(conn, pool, spec.os_image)
+                disk, seed = self._disk_and_seed(conn, pool, pool_path, spec, boot)
                 self._ensure_filters(conn, loc, spec)
-                dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
+                dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path(), boot))
             if not dom.isActive():
                 dom.create()
         except LibvirtError as exc:
@@ -1203,9 +1252,10 @@ class LibvirtBackend(HypervisorBackend):
             vol = self._volume(pool, name)
             if vol is not None:
                 vol.delete(0)
-        disk, seed = self._disk_and_seed(conn, pool, pool_path, spec)
+        boot = self._boot(conn, pool, spec.os_image)
+        disk, seed = self._disk_and_seed(conn, pool, pool_path, spec, boot)
         self._ensure_filters(conn, loc, spec)
-        dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path()))
+        dom = conn.defineXML(domain_xml(spec, self.cfg, loc, disk.path(), seed.path(), boot))
         dom.create()
         return ServerHandle(host=host.key, domain=handle.domain, ip=spec.ip or handle.ip, location=spec.location)
 
@@ -1286,7 +1336,7 @@ class LibvirtBackend(HypervisorBackend):
                 raise PluginError(f"host {target} has {free} MiB free, {handle.domain} needs {need} MiB")
             self._stop(handle)
             dst_pool, dst_path = self._pool(dst_conn, dst_loc)
-            src_pool, _ = self._pool(src_conn, src[1])
+            src_pool, src_path = self._pool(src_conn, src[1])
             paths = {}
             for name in (f"{handle.domain}.qcow2", f"{handle.domain}-seed.iso"):
                 vol = self._volume(src_pool, name)
@@ -1295,6 +1345,7 @@ class LibvirtBackend(HypervisorBackend):
                 paths[vol.path()] = self._copy_volume(src_conn, vol, dst_conn, dst_pool, dst_path, name)
             desc = ET.fromstring(src_dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
             _move_disks(desc, paths)
+            _move_boot_files(desc, src_path, dst_path)
             if self._filtered(dst_loc):  # the firewall and anti-spoofing move along
                 filters = (filter_name(handle.domain), ipv6_filter_name(handle.domain))
                 for flt in filter(None, (self._filter(src_conn, n) for n in filters)):
@@ -1585,10 +1636,15 @@ class LibvirtBackend(HypervisorBackend):
                 conn = self._conn(host.uri)
                 pool, _ = self._pool(conn, loc)
                 versions: dict[str, str | None] = {}
+                boots: dict[str, str] = {}
                 for name, recorded in images.held(names).items():
                     record = self._volume(pool, images.record_name(name)) if recorded else None
                     versions[name] = images.read_record(conn, record) if record is not None else None
-                found.append(HostImages(host.key, versions))
+                    if images.boot_record_name(name) in names:
+                        boot = images.read_boot_record(conn, pool, name)
+                        if boot is not None and images.boot_complete(boot, name, names):
+                            boots[name] = str(boot.get("version"))
+                found.append(HostImages(host.key, versions, kernel_boot=boots))
             except (PluginError, LibvirtError) as exc:
                 message = exc.get_error_message() if isinstance(exc, LibvirtError) else str(exc)
                 found.append(HostImages(host.key, error=message))
@@ -1598,11 +1654,16 @@ class LibvirtBackend(HypervisorBackend):
         """Each host's base images and the version recorded beside each (``<image>.vpsshop-version``)."""
         return await asyncio.to_thread(self._image_versions, location)
 
-    def _check_format(self, image: str, path: str, fmt: str) -> None:
+    def _check_format(self, image: str, path: str, fmt: str, recorded: bool = False) -> None:
         """The file is in the format the catalog says, and the one this backend's overlays name as
-        their backing format (``kernel_boot.<image>.format``, else ``base_image_format``)."""
+        their backing format (``kernel_boot.<image>.format``, else, unless the format is ``recorded``
+        with the image's kernel boot files, ``base_image_format``)."""
         boot = self.cfg.kernel_boot.get(image)
-        expected = (boot.format if boot is not None else None) or self.cfg.base_image_format
+        expected: str
+        if boot is not None:
+            expected = boot.format or self.cfg.base_image_format
+        else:
+            expected = fmt if recorded else self.cfg.base_image_format
         if fmt != expected:
             raise PluginError(
                 f"the catalog's source of {image} is {fmt}, but disks here are made on a {expected} base image: "
@@ -1614,16 +1675,23 @@ class LibvirtBackend(HypervisorBackend):
                 raise PluginError(f"{image} is a {found} file, not the {fmt} image the catalog names")
 
     def _install_image(
-        self, location: str, image: str, path: str, fmt: str, version: str, progress: Callable[[int], None] | None
+        self,
+        location: str,
+        image: str,
+        path: str,
+        fmt: str,
+        version: str,
+        progress: Callable[[int], None] | None,
+        kernel_boot: KernelBootFiles | None,
     ) -> list[str]:
-        self._check_format(image, path, fmt)
+        self._check_format(image, path, fmt, recorded=kernel_boot is not None)
         loc = self.location(location)
         written = []
         for host in loc.hosts:
             conn = self._conn(host.uri)
             pool, _ = self._pool(conn, loc)
             try:
-                if images.install(conn, pool, image, Path(path), version, progress):
+                if images.install(conn, pool, image, Path(path), version, progress, kernel_boot, fmt):
                     written.append(host.key)
             except PluginError as exc:
                 raise PluginError(f"{host.key}: {exc}") from None
@@ -1640,13 +1708,18 @@ class LibvirtBackend(HypervisorBackend):
         fmt: str,
         version: str,
         progress: Callable[[int], None] | None = None,
+        *,
+        kernel_boot: KernelBootFiles | None = None,
     ) -> list[str]:
         """Check the file's format (``qemu-img info``, when installed) against ``fmt`` and this
         backend's backing format, then upload it into each host's pool with a storage stream (``virStorageVolUpload``),
         then record ``version`` beside it. A pool holding ``image`` already is left as it is when the
         version matches (or, unrecorded, when the file read back has that checksum) and refused
-        otherwise: servers' disks are overlays on it."""
-        return await self._run(self._install_image, location, image, path, fmt, version, progress)
+        otherwise: servers' disks are overlays on it. ``kernel_boot``: its kernel and initrd are
+        uploaded the same way first and recorded (with the command line and ``fmt``) in
+        ``<image>.vpsshop-boot``; servers of the image boot with them unless the
+        ``kernel_boot`` setting names the image."""
+        return await self._run(self._install_image, location, image, path, fmt, version, progress, kernel_boot)
 
     # ---- health ---------------------------------------------------------------------------------
 
@@ -1784,6 +1857,18 @@ def _move_disks(desc: ET.Element, paths: dict[str, str]) -> None:
             source.set("file", paths[source.get("file", "")])
         for backing in disk.findall("backingStore"):
             disk.remove(backing)
+
+
+def _move_boot_files(desc: ET.Element, src_path: str, dst_path: str) -> None:
+    """Point a domain definition's kernel and initrd from the source host's pool (the files
+    ``vpsshop images sync`` put there) at the same files in the target host's pool."""
+    for tag in ("os/kernel", "os/initrd"):
+        el = desc.find(tag)
+        if el is None or not el.text:
+            continue
+        folder, _, name = el.text.rpartition("/")
+        if folder == src_path.rstrip("/") and name.endswith((images.KERNEL_SUFFIX, images.INITRD_SUFFIX)):
+            el.text = f"{dst_path.rstrip('/')}/{name}"
 
 
 def _lookup_snapshot(dom: Any, name: str) -> Any | None:
