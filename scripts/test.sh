@@ -54,9 +54,21 @@ install_npm() {
         esac
         [ -d ".peers/npm/node_modules/$name" ] || need=1
     done
+    # an install cut short leaves the packages without node_modules/.bin: only a finished one writes the stamp
+    local stamp=.peers/npm/.vpsshop-installed
+    [ -f $stamp ] && [ "$(cat $stamp)" = "$wanted" ] || need=1
     if [ $need = 1 ]; then
         log "installing npm packages: $wanted"
-        (cd .peers/npm && { [ -f package.json ] || echo '{"private":true}' > package.json; } && npm install --no-audit --no-fund --silent $wanted)
+        local try
+        for try in 1 2; do  # a registry download that stalls has hung npm for good: cut it, try once more
+            if (cd .peers/npm && { [ -f package.json ] || echo '{"private":true}' > package.json; } &&
+                timeout 900 npm install --no-audit --no-fund --silent $wanted); then
+                printf '%s' "$wanted" > $stamp
+                break
+            fi
+            [ $try = 2 ] && { log "npm install failed twice"; return 1; }
+            log "npm install failed or stalled; trying again"
+        done
     fi
     export PATH="$ROOT/.peers/npm/node_modules/.bin:$PATH"
 }
