@@ -12,7 +12,12 @@ The order verified the authorization, held it (:func:`vpsshop.x402.settlement.ho
 * **settlement refused at readiness** (the payer moved the funds away, the authorization expired or
   its nonce was used): the server is terminated, its whole charge refunded and the held credit taken
   back (the account's balance is as before the order), the record closed, and ``server.payment_failed``
-  is sent.
+  is sent;
+* **settlement outcome unknown at readiness** (the node or facilitator timed out): the record stays
+  ``settling`` and the ``x402-settlements`` task asks the chain. Settled late: a settled order as any
+  other (the credit kept). Never settled (``valid_before`` passed, the nonce unused): the record is
+  closed ``not_settled`` and the server ends as after a refused settlement (:func:`end_never_settled`),
+  in one transaction with the record locked, so once whichever worker gets there.
 
 :func:`settle_ready_holds` runs in each ``servers-lifecycle`` pass: it settles what a worker stopped
 between a server's activation and its settlement left held.
@@ -21,6 +26,7 @@ between a server's activation and its settlement left held.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from anyio import to_thread
 from sqlmodel import Session, col, select
@@ -93,33 +99,63 @@ async def settle_when_ready(ctx: AppContext, server_id: int) -> None:
 
 def _payment_failed(ctx: AppContext, server_id: int, record_id: int, code: str, why: str) -> None:
     """Terminate the server whose held payment will not settle, refund all it was charged, take the
-    held credit back, close the record and send ``server.payment_failed``; once (guarded by status)."""
+    held credit back, close the record and send ``server.payment_failed``; once (the record is locked
+    and must still be held or settling)."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
+        held = settlement.lock_record(session, record_id)
         server = session.get(Server, server_id)
-        held = session.get(X402Record, record_id)
         if server is None or held is None or held.status not in ("held", "settling"):
             return
-        if server.status != "terminated":
-            reason = f"The x402 payment for this order could not be settled ({code}: {why}); the server was terminated."
-            if end_server(session, server, now, status_reason=reason, why=f"payment_failed: {code}") is None:
-                return  # the server changed meanwhile: the next pass decides again
-        charged = charged_micros(session, server_id)
-        if charged > 0:
-            ledger.post(
-                session,
-                server.account_id,
-                charged,
-                "refund",
-                ref=f"server:{server_id}",
-                dedupe_key=f"refund:server:{server_id}",
-                memo=f"x402 payment not settled: {code}"[:500],
-                now=now,
-            )
-        settlement.release(ctx, session, held, code)
-        record(session, server_id, "payment_failed", now, f"{code}: {why}"[:500])
-        if code != NOT_READY:  # a boot with errors ends as a failed provisioning does: server.terminated
-            events.emit(session, "server.payment_failed", server.account_id, server_event(session, server_id), now=now)
+        if _end_unpaid(session, server, code, why, now):
+            settlement.release(ctx, session, held, code)
+
+
+def _end_unpaid(session: Session, server: Server, code: str, why: str, now: datetime) -> bool:
+    """In the caller's transaction: terminate ``server`` (unless it already is), refund all it was
+    charged and send ``server.payment_failed`` (not for a server that never got ready: its
+    ``server.terminated`` says it). False when the server changed meanwhile (nothing done)."""
+    server_id = saved_id(server)
+    if server.status != "terminated":
+        reason = f"The x402 payment for this order could not be settled ({code}: {why}); the server was terminated."
+        if end_server(session, server, now, status_reason=reason, why=f"payment_failed: {code}") is None:
+            return False  # the server changed meanwhile: the next pass decides again
+    charged = charged_micros(session, server_id)
+    if charged > 0:
+        ledger.post(
+            session,
+            server.account_id,
+            charged,
+            "refund",
+            ref=f"server:{server_id}",
+            dedupe_key=f"refund:server:{server_id}",
+            memo=f"x402 payment not settled: {code}"[:500],
+            now=now,
+        )
+    record(session, server_id, "payment_failed", now, f"{code}: {why}"[:500])
+    if code != NOT_READY:  # a boot with errors ends as a failed provisioning does: server.terminated
+        events.emit(session, "server.payment_failed", server.account_id, server_event(session, server_id), now=now)
+    return True
+
+
+def end_never_settled(ctx: AppContext, session: Session, held: X402Record, code: str) -> bool:
+    """:data:`vpsshop.x402.settlement.ON_HELD_NOT_SETTLED`: the authorization held for an order was sent
+    at the server's readiness with an unknown outcome, and the chain never settled it (``valid_before``
+    passed, its nonce unused). The server ends as after a settlement refused at readiness (terminated,
+    refunded, ``server.payment_failed``); the caller then takes the held credit back. True when there is
+    no such server (the order was never made) or it ended."""
+    topup = session.get(Topup, held.topup_id)
+    if topup is None or not (held.purpose or "").startswith("order:"):
+        return True
+    key = (held.purpose or "").removeprefix("order:")
+    server = session.exec(
+        select(Server).where(Server.account_id == topup.account_id, Server.idempotency_key == key)
+    ).first()
+    if server is None:
+        return True
+    log.warning("server %s: its x402 payment was never settled on chain (%s)", server.id, code)
+    why = "the authorization expired before its settlement was seen on chain"
+    return _end_unpaid(session, server, code, why, ctx.clock.now())
 
 
 def _ready_with_holds(ctx: AppContext) -> list[int]:
@@ -151,3 +187,4 @@ async def settle_ready_holds(ctx: AppContext) -> int:
 
 ON_ACTIVATED.append(settle_when_ready)
 ON_ABANDONED.append(release_for_server)
+settlement.ON_HELD_NOT_SETTLED.append(end_never_settled)

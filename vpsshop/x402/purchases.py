@@ -137,15 +137,22 @@ def replayed_settlement(
 ) -> SettledPayment | None:
     """What the answer of a replayed order or renewal reports, as a replayed top-up does: the settlement
     that paid for ``purpose`` on this account (this very authorization if it did, else the latest one; the
-    re-sent authorization itself then moved nothing). None when no x402 payment paid it (the balance did)."""
-    settled = paid_for(ctx, coin, payment, account_id, purpose)
-    return None if settled is None else SettledPayment(coin, settled, version)
+    re-sent authorization itself then moved nothing). An order's authorization still held until its
+    server is ready (``[x402] settle = "on_ready"``, or sent at readiness and not seen on chain yet) is
+    reported held, as the first answer reported it. None when no x402 payment paid it (the balance did,
+    or the held one was dropped)."""
+    found = paid_for(ctx, coin, payment, account_id, purpose)
+    if found is None:
+        return None
+    settled, held = found
+    return SettledPayment(coin, settled, version, "server_ready" if held else None)
 
 
 def paid_for(
     ctx: AppContext, coin: X402Coin, payment: X402Payment, account_id: int, purpose: str
-) -> X402Settlement | None:
-    """The settled authorization that paid for ``purpose`` (see :func:`replayed_settlement`)."""
+) -> tuple[X402Settlement, bool] | None:
+    """The authorization that paid for ``purpose`` (see :func:`replayed_settlement`) and whether it is
+    held (credited, not settled yet: its ``transaction`` is empty)."""
     with ctx.db.session() as session:
         paid = (
             select(X402Record)
@@ -153,23 +160,39 @@ def paid_for(
             .where(
                 X402Record.coin == coin.code,
                 X402Record.purpose == purpose,
-                X402Record.status == "settled",
+                col(X402Record.status).in_(("settled", "held", "settling")),
                 Topup.account_id == account_id,
             )
         )
-        own = session.exec(
-            paid.where(X402Record.payer == payment.payer.lower(), X402Record.nonce == payment.nonce.lower())
-        ).first()
-        record = own or session.exec(paid.order_by(col(X402Record.id).desc())).first()
-    if record is None:
+        candidates = [
+            *session.exec(
+                paid.where(X402Record.payer == payment.payer.lower(), X402Record.nonce == payment.nonce.lower())
+            ).all(),
+            *session.exec(paid.order_by(col(X402Record.id).desc())).all(),
+        ]
+        # a record settling without a held credit is a settlement in flight, not (yet) a payment
+        found = next(
+            (
+                (r, r.status != "settled")
+                for r in candidates
+                if r.status == "settled" or settlement.was_held(session, r)
+            ),
+            None,
+        )
+    if found is None:
         return None
+    record, held = found
+    own = record.payer == payment.payer.lower() and record.nonce == payment.nonce.lower()
     try:  # the payer as the coin writes it (checksummed for USDCBASE), as in the first answer
-        payer = payment.payer if record is own else messages.decode_recorded(coin, record.header).payer
+        payer = payment.payer if own else messages.decode_recorded(coin, record.header).payer
     except X402Rejected:
         payer = record.payer
+    if held:
+        nonce = payment.nonce if own else record.nonce  # as the first answer (:func:`hold_for`) wrote it
+        return X402Settlement(payer, nonce, "", coin.network, int(record.amount_atomic)), True
     return X402Settlement(
         payer, record.nonce, record.transaction or "", record.network or "", int(record.amount_atomic)
-    )
+    ), False
 
 
 def decode(ctx: AppContext, signed: SignedPayment) -> tuple[X402Coin, X402Payment]:

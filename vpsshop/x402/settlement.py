@@ -15,7 +15,9 @@ see :mod:`vpsshop.x402.purchases`):
 4. :class:`PluginError` (outcome unknown: something may have been sent): the record stays ``settling``
    (marked ``outcome_unknown``), the answer is 503; a retry of the same header, or the
    ``x402-settlements`` background task, asks :meth:`X402Coin.settlement_status` and credits once if
-   the authorization was used.
+   the authorization was used. An order's authorization held until the server was ready (``[x402]
+   settle = "on_ready"``) whose settlement at readiness ended so and that the chain never settles ends
+   the server and takes back its credit (:data:`ON_HELD_NOT_SETTLED`).
 
 A re-send that arrives while the first request is still settling the same payment (clients retry,
 or send twice at once) waits for that settlement, up to :data:`RESEND_WAIT`, and then answers with
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,6 +70,12 @@ RESEND_WAIT = timedelta(seconds=45)
 """How long a re-send waits for the first request's settlement of the same payment, counted from
 when the payment was recorded: longer than a settlement takes (USDCBASE: its RPC and receipt
 time-outs, 10 s and 30 s by default). Past it, the re-send asks the chain as after an unknown outcome."""
+ON_HELD_NOT_SETTLED: list[Callable[[AppContext, Session, X402Record, str], bool]] = []
+"""Called in the transaction that closes a held authorization the chain never settled (its outcome at
+the server's readiness was unknown, and ``valid_before`` passed with its nonce unused), before its credit
+is taken back: ``(ctx, session, record, code)`` ends what it paid for (:mod:`vpsshop.servers.held`
+terminates the server and refunds it) and returns True, or False to leave the record open for a later
+pass (the server changed meanwhile)."""
 OUTCOME_UNKNOWN = "outcome_unknown"
 """``X402Record.error`` of a record whose settling request ended without knowing the outcome: no
 request is settling it any more, so re-sends do not wait for one."""
@@ -316,11 +325,38 @@ def _record_before_settling(
             return record, paid, False
 
 
+def lock_record(session: Session, record_id: int | None) -> X402Record | None:
+    """The record, locked until the caller's transaction ends (``SELECT ... FOR UPDATE`` on
+    PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already lets one writer in at a time): of several workers
+    closing or crediting it, one at a time reads its status."""
+    stmt = select(X402Record).where(X402Record.id == record_id)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return session.exec(stmt).first()
+
+
+def was_held(session: Session, record: X402Record) -> bool:
+    """Whether ``record``'s amount is on the balance although it is not settled: an order's authorization
+    held until the server is ready (:func:`hold` credits it under the key its settlement uses)."""
+    if record.status == "settled":
+        return False
+    return ledger.by_dedupe_key(session, f"x402:{record.coin}:{record.payer}:{record.nonce}") is not None
+
+
 def _reject(ctx: AppContext, record_id: int | None, code: str) -> None:
+    """Close an open record the chain never settled: rejected, its top-up cancelled. A record whose
+    amount was credited before it settled (an order's authorization held until the server was ready,
+    :func:`hold`) ends what it paid for first (:data:`ON_HELD_NOT_SETTLED`), then its credit is taken
+    back (:func:`release`), in one transaction; a record another worker closed or credited is left alone."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
-        record = session.get(X402Record, record_id)
+        record = lock_record(session, record_id)
         if record is None or record.status != "settling":
+            return
+        if was_held(session, record):
+            if not all(end(ctx, session, record, code) for end in ON_HELD_NOT_SETTLED):
+                return  # what it paid for changed meanwhile: a later pass decides again
+            release(ctx, session, record, code)
             return
         record.status, record.error = "rejected", code[:200]
         topup = session.get(Topup, record.topup_id)
@@ -352,10 +388,7 @@ def _credit(ctx: AppContext, coin: X402Coin, record_id: int | None, settled: X40
     record is gone (withdrawn by :func:`_withdraw`; nothing is credited under its id)."""
     now = ctx.clock.now()
     with ctx.db.session() as session:
-        stmt = select(X402Record).where(X402Record.id == record_id)
-        if session.get_bind().dialect.name == "postgresql":
-            stmt = stmt.with_for_update()
-        record = session.exec(stmt).first()
+        record = lock_record(session, record_id)
         if record is None:
             return None
         topup = session.get(Topup, record.topup_id)
@@ -532,7 +565,9 @@ async def settle_held(ctx: AppContext, record_id: int) -> X402Rejected | None:
     from ``held`` to ``settling`` sends it (a conditional update: one worker of several, once).
 
     :returns: None when it settled and was credited (or another caller has it, or its outcome is
-        unknown: the ``x402-settlements`` task resolves it as any other); the coin's refusal when it
+        unknown: the ``x402-settlements`` task resolves it as any other, and when the chain never settles
+        it ends what it paid for through :data:`ON_HELD_NOT_SETTLED` before taking the credit back); the
+        coin's refusal when it
         cannot be settled (the payer moved the funds, the authorization expired or its nonce was used):
         the caller releases it (:func:`release`) and ends what it paid for.
     """
