@@ -3,17 +3,19 @@
 * **Pay as sign-up**: an order paid by x402 without an API key goes to the account the paying wallet
   owns, created for it on its first payment (:func:`owner_account`). The first paid order that
   succeeds shows that account's first API key and login token, once (:func:`deliver_credentials`).
-* **Sign in with the wallet**: the x402 ``sign-in-with-x`` extension (CAIP-122 / EIP-4361 messages):
-  a request without the ``SIGN-IN-WITH-X`` header is answered 402 with the extension in
-  ``PAYMENT-REQUIRED`` (:class:`SignatureRequired`, no payment asked: ``accepts`` is empty); the
-  official x402 clients sign the message and re-send the request with the header
-  (:func:`verify`). The owner of an account gets a fresh API key (:func:`wallet_login`); an account
-  links more wallets the same way (:func:`link_wallet`) and removes them (:func:`unlink_wallet`).
+* **Sign in with the wallet**: the x402 ``sign-in-with-x`` extension (CAIP-122 messages: EIP-4361 for
+  an EVM wallet, Sign-In With Solana for a Solana one when an x402 coin settles on Solana): a request
+  without the ``SIGN-IN-WITH-X`` header is answered 402 with the extension in ``PAYMENT-REQUIRED``
+  (:class:`SignatureRequired`, no payment asked: ``accepts`` is empty); the official x402 clients
+  sign the message and re-send the request with the header (:func:`verify`). The owner of an account
+  gets a fresh API key (:func:`wallet_login`); an account links more wallets the same way
+  (:func:`link_wallet`) and removes them (:func:`unlink_wallet`).
 
 Nonces are issued without a write (the shop's MAC over their expiry, so an unauthenticated 402 costs
-no row) and are used once: a signed-in nonce is kept in ``siwx_nonces`` until it expires. Only
-externally owned accounts (EIP-191 ``personal_sign``) are verified; smart-contract wallets
-(EIP-1271, EIP-6492) are refused as ``invalid_siwx_signature``.
+no row) and are used once: a signed-in nonce is kept in ``siwx_nonces`` until it expires. EVM
+wallets sign with EIP-191 ``personal_sign`` (externally owned accounts only: smart-contract wallets,
+EIP-1271 and EIP-6492, are refused as ``invalid_siwx_signature``); Solana wallets sign the message's
+UTF-8 bytes with their ed25519 key (the signature in base58, the key being the base58 address).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from urllib.parse import urlparse
 
 import sqlalchemy as sa
 from anyio import to_thread
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from eth_account import Account as EthAccount
 from eth_account.messages import encode_defunct
 from eth_keys.exceptions import BadSignature
@@ -39,6 +43,8 @@ from x402.extensions.sign_in_with_x import (
     SIGN_IN_WITH_X,
     SIWxPayload,
     build_siwx_schema,
+    decode_base58,
+    encode_base58,
     parse_siwx_header,
 )
 
@@ -76,6 +82,7 @@ NONCE_SECONDS = 300
 CLOCK_SKEW = timedelta(seconds=30)
 """How far in the future a message's ``issuedAt`` may be: the shop's processes' clocks may differ a little."""
 DEFAULT_CHAIN = "eip155:8453"
+"""The EVM chain of sign-in messages when no x402 coin names one (Base)."""
 STATEMENT = "Sign in to the VPS shop with this wallet."
 
 
@@ -86,7 +93,9 @@ class WalletOut(BaseModel):
     """A wallet that owns the account: signing with it signs in (POST /account/wallet-login)."""
 
     id: int
-    address: str = Field(description="The wallet's address, lower-case 0x hex.")
+    address: str = Field(
+        description="The wallet's address: an EVM address in lower-case 0x hex, a Solana address in base58 as written."
+    )
     created_at: datetime
 
 
@@ -98,14 +107,16 @@ class WalletLogin(ApiKeyCreated):
     """Response of ``POST /account/wallet-login``: a new API key of the wallet's account, shown once."""
 
     user_id: int
-    address: str = Field(description="The wallet that signed, lower-case.")
+    address: str = Field(description="The wallet that signed (EVM: lower-case; Solana: base58 as written).")
 
 
 class SignupCredentials(BaseModel):
     """The account of an order paid by x402 without an API key: the paying wallet's."""
 
     user_id: int
-    address: str = Field(description="The paying wallet, which owns the account (lower-case).")
+    address: str = Field(
+        description="The paying wallet, which owns the account (EVM: lower-case; Solana: base58 as written)."
+    )
     created: bool = Field(description="True when this payment created the account.")
     api_key: str | None = Field(
         description="The account's first API key (vpsk_...), in the first successful order of a new account only; "
@@ -145,16 +156,29 @@ def resource_url(ctx: AppContext, path: str) -> str:
 
 
 def chains(ctx: AppContext) -> list[str]:
-    """The CAIP-2 chains a message may name: the x402 coin's network (Base), else Base."""
+    """The CAIP-2 chains a message may name: the first EVM network of the shop's x402 coins (Base when
+    none names one), then each Solana network an x402 coin settles on (USDCSOL's ``solana:<genesis>``),
+    so that a wallet paying there signs in too."""
+    evm: str | None = None
+    solana: list[str] = []
     for coin in offered_coins(ctx):
         try:
             accepts = coin.payment_requirements(1, ctx.settings.public_url, "-")
             network = coin.payment_requirements_v2(accepts)["network"]
         except NotImplementedError:
             continue
-        if isinstance(network, str) and network.startswith("eip155:"):
-            return [network]
-    return [DEFAULT_CHAIN]
+        if not isinstance(network, str):
+            continue
+        if network.startswith("eip155:") and evm is None:
+            evm = network
+        elif network.startswith("solana:") and network not in solana:
+            solana.append(network)
+    return [evm or DEFAULT_CHAIN, *solana]
+
+
+def signature_type(chain: str) -> str:
+    """The extension's signature ``type`` of a chain: ``ed25519`` on Solana, ``eip191`` on EVM chains."""
+    return "ed25519" if chain.startswith("solana:") else "eip191"
 
 
 def _nonce_mac(ctx: AppContext, body: str) -> str:
@@ -192,7 +216,7 @@ def challenge(ctx: AppContext, path: str) -> dict[str, Any]:
         "expirationTime": _iso(now + timedelta(seconds=NONCE_SECONDS)),
         "resources": [url],
     }
-    supported = [{"chainId": chain, "type": "eip191"} for chain in chains(ctx)]
+    supported = [{"chainId": chain, "type": signature_type(chain)} for chain in chains(ctx)]
     return {"info": info, "supportedChains": supported, "schema": build_siwx_schema()}
 
 
@@ -210,9 +234,9 @@ class SignatureRequired(ApiError):
         super().__init__(
             402,
             "wallet_signature_required",
-            "Sign the sign-in-with-x message in extensions (EIP-4361) with the wallet and re-send this request with "
-            "the SIGN-IN-WITH-X header (base64 JSON of the signed payload). The x402 clients do this with the "
-            "sign-in-with-x client extension.",
+            "Sign the sign-in-with-x message in extensions (CAIP-122: EIP-4361 for an EVM wallet, Sign-In With "
+            "Solana for a Solana one) with the wallet and re-send this request with the SIGN-IN-WITH-X header "
+            "(base64 JSON of the signed payload). The x402 clients do this with the sign-in-with-x client extension.",
             extensions={SIGN_IN_WITH_X: self.extension},
         )
 
@@ -257,6 +281,31 @@ def siwe_message(payload: SIWxPayload) -> str:
     return "\n".join(lines)
 
 
+def siws_message(payload: SIWxPayload) -> str:
+    """The CAIP-122 (Sign-In With Solana) message of a ``solana`` payload, as the wallet signed it: the
+    EIP-4361 layout naming a Solana account, the chain as its genesis hash prefix."""
+    lines = [f"{payload.domain} wants you to sign in with your Solana account:", payload.address, ""]
+    if payload.statement:
+        lines += [payload.statement, ""]
+    lines += [
+        f"URI: {payload.uri}",
+        f"Version: {payload.version}",
+        f"Chain ID: {payload.chain_id.split(':', 1)[1]}",
+        f"Nonce: {payload.nonce}",
+        f"Issued At: {payload.issued_at}",
+    ]
+    if payload.expiration_time:
+        lines.append(f"Expiration Time: {payload.expiration_time}")
+    if payload.not_before:
+        lines.append(f"Not Before: {payload.not_before}")
+    if payload.request_id:
+        lines.append(f"Request ID: {payload.request_id}")
+    if payload.resources:
+        lines.append("Resources:")
+        lines += [f"- {resource}" for resource in payload.resources]
+    return "\n".join(lines)
+
+
 def _refused(code: str, message: str) -> ApiError:
     return ApiError(401, code, message)
 
@@ -269,9 +318,37 @@ def _recovered(payload: SIWxPayload) -> str | None:
     return str(signer).lower()
 
 
+def _solana_signer(payload: SIWxPayload) -> str | None:
+    """The payload's base58 address when its base58 signature is that key's ed25519 signature of the
+    message; None otherwise (malformed, another key's, another message's)."""
+    address, signature = payload.address, payload.signature
+    if len(address) > 44 or len(signature) > 88:  # longer is not a 32-byte key or a 64-byte signature
+        return None
+    try:
+        key, raw = decode_base58(address), decode_base58(signature)
+    except ValueError:
+        return None
+    if len(key) != 32 or len(raw) != 64 or encode_base58(key) != address:  # one spelling per key
+        return None
+    try:
+        Ed25519PublicKey.from_public_bytes(key).verify(raw, siws_message(payload).encode())
+    except (ValueError, InvalidSignature):
+        return None
+    return address
+
+
+def _signer(payload: SIWxPayload) -> str | None:
+    """The address whose signature the payload carries, as it is kept (:func:`wallet_address`), or None
+    when the signature is not the claimed address's signature of the message."""
+    if payload.chain_id.startswith("solana:"):
+        return _solana_signer(payload)
+    recovered = _recovered(payload)
+    return recovered if recovered is not None and recovered == payload.address.lower() else None
+
+
 async def verify(ctx: AppContext, header: str, path: str) -> str:
-    """The wallet address (lower-case) that signed ``header`` (``SIGN-IN-WITH-X``) for ``path``; its nonce
-    is used up.
+    """The wallet address that signed ``header`` (``SIGN-IN-WITH-X``) for ``path``, as it is kept (EVM in
+    lower case, Solana in base58); its nonce is used up.
 
     :raises ApiError: 401 with the extension's codes (its ``validate_siwx_message`` checks, made on the
         shop's clock): ``invalid_siwx_payload`` (unreadable), ``invalid_siwx_domain_mismatch``,
@@ -287,13 +364,15 @@ async def verify(ctx: AppContext, header: str, path: str) -> str:
     _check_message(ctx, payload, now)
     if payload.uri != resource_url(ctx, path):
         raise _refused("invalid_siwx_uri_mismatch", "The message was signed for another endpoint of this shop.")
-    if payload.chain_id not in chains(ctx) or payload.type != "eip191":
-        raise _refused("invalid_siwx_unsupported_chain", f"Sign for one of {', '.join(chains(ctx))} (eip191).")
+    supported = chains(ctx)
+    if payload.chain_id not in supported or payload.type != signature_type(payload.chain_id):
+        named = ", ".join(f"{chain} ({signature_type(chain)})" for chain in supported)
+        raise _refused("invalid_siwx_unsupported_chain", f"Sign for one of {named}.")
     expires = nonce_expiry(ctx, payload.nonce)
     if expires is None or expires < now:
         raise _refused("invalid_siwx_nonce", "The nonce was not issued by this shop or has expired: ask again.")
-    address = _recovered(payload)
-    if address is None or address != payload.address.lower():
+    address = _signer(payload)
+    if address is None:
         raise _refused("invalid_siwx_signature", "The signature is not the address's signature of this message.")
     await to_thread.run_sync(_use_nonce, ctx, payload.nonce, expires, now)
     return address

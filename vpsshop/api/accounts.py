@@ -91,15 +91,19 @@ _SIWX_HEADER = Header(
 )
 _SIWX_402 = (
     "wallet_signature_required: sent without SIGN-IN-WITH-X. The body and the PAYMENT-REQUIRED header (x402 v2, "
-    "`accepts` empty: nothing to pay) carry `extensions.sign-in-with-x`: the EIP-4361 message to sign (domain, uri, "
-    "nonce valid 5 minutes, issuedAt, expirationTime) and `supportedChains` (eip155:8453, eip191). Sign it and "
-    "re-send this request with SIGN-IN-WITH-X; the x402 clients do so with the sign-in-with-x client extension."
+    "`accepts` empty: nothing to pay) carry `extensions.sign-in-with-x`: the CAIP-122 message to sign (domain, uri, "
+    "nonce valid 5 minutes, issuedAt, expirationTime) and `supportedChains`: the shop's EVM chain (eip155:8453, "
+    "type eip191: an EIP-4361 message) and, when the shop takes USDC on Solana, its Solana chain "
+    "(solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp, type ed25519: a Sign-In With Solana message). Sign it for the "
+    "wallet's chain and re-send this request with SIGN-IN-WITH-X; the x402 clients do so with the sign-in-with-x "
+    "client extension."
 )
 _SIWX_401 = (
     "The signed message is refused, with the extension's codes: invalid_siwx_payload, invalid_siwx_domain_mismatch, "
     "invalid_siwx_uri_mismatch (another shop's or another endpoint's message), invalid_siwx_issued_at_too_old, "
     "invalid_siwx_expired, invalid_siwx_unsupported_chain, invalid_siwx_nonce (not issued here, expired, or used: "
-    "each nonce signs in once), invalid_siwx_signature (only externally owned accounts are verified)."
+    "each nonce signs in once), invalid_siwx_signature (not the address's signature of the message; EVM: only "
+    "externally owned accounts are verified)."
 )
 
 
@@ -116,7 +120,8 @@ def _wallet_routes() -> list[ApiRoute]:
             body=WalletLoginBody,
             body_required=False,
             headers=(_SIWX_HEADER,),
-            description="The x402 `sign-in-with-x` extension (CAIP-122 / EIP-4361): the wallet that owns an account "
+            description="The x402 `sign-in-with-x` extension (CAIP-122: EIP-4361 for an EVM wallet, Sign-In With "
+            "Solana for a Solana wallet where the shop takes USDC on Solana): the wallet that owns an account "
             "(it paid the order that created it, or was linked with POST /account/wallets) signs a message and gets "
             'a new API key named "wallet", shown once; so an agent that lost or revoked its key keeps its servers. '
             "Without the SIGN-IN-WITH-X header the answer is a 402 carrying the message to sign.\n\n"

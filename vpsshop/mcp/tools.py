@@ -167,7 +167,8 @@ class Signed(Input):
         max_length=16_384,
         description="The x402 sign-in-with-x payload your wallet signed for this tool's challenge (the base64 "
         "SIGN-IN-WITH-X value). Call without it first: the result is isError with error 402 and the message to "
-        "sign in extensions['sign-in-with-x'] (EIP-4361, valid 5 minutes, used once).",
+        "sign in extensions['sign-in-with-x'] (CAIP-122: EIP-4361 for an EVM wallet, Sign-In With Solana for a "
+        "Solana one; valid 5 minutes, used once).",
     )
 
 
