@@ -56,7 +56,7 @@ class BootFile(BaseModel):
     ``url`` is absolute (``https://``, ``http://``, ``file://``) or a path relative to the image's
     ``url`` (``"vmlinuz-6.1.0-28-amd64"`` beside the image, ``"../boot/vmlinuz"``).
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -87,7 +87,7 @@ class KernelBootSource(BaseModel):
     loads ``kernel`` and ``initrd`` and passes ``cmdline``. ``vpsshop images sync`` downloads and
     verifies both like the image and puts them beside it on every host.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -135,7 +135,7 @@ class ImageSource(BaseModel):
     def boot_file_url(self, file: BootFile) -> str:
         """The absolute URL of a kernel or initrd: a relative one is resolved against the image's ``url``.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         return urljoin(self.url, file.url)
 

@@ -390,7 +390,7 @@ class DepositCoin(PaymentCoin[ConfigT]):
         still makes no requests but the channel's. Default: None (the channel and the periodic
         pass only).
 
-        .. versionadded:: 1.2"""
+        .. versionadded:: 1.1"""
         return None
 
     def payment_uri(self, address: str, amount_atomic: int, label: str) -> str:

@@ -35,7 +35,7 @@ class DnsProvider(Component[Any]):  # not generic: a provider declares its own `
         provider holds it; the IPv4 address is always named (a missing zone is then an error the job
         reports). Default: True.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         return True
 

@@ -131,7 +131,7 @@ class Ipv6Pool:
     ``pool`` names the pool: core leases each address (or /64) to at most one server, as it leases
     IPv4 addresses.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     pool: str
@@ -169,7 +169,7 @@ def check_ipv6_prefix(value: str, mode: str = "address") -> None:
 
     :raises ValueError: naming what is wrong.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
     if mode not in ("address", "routed"):
         raise ValueError(f"IPv6 mode {mode!r} is neither 'address' nor 'routed'")
@@ -219,14 +219,14 @@ class ServerSpec:
     ipv6: str | None = None
     """The IPv6 address core leased from :meth:`HypervisorBackend.ipv6_pool` (None: no IPv6).
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
     ipv6_prefix_length: int = 64
     ipv6_gateway: str | None = None
     avoid_hosts: tuple[str, ...] = ()
     """Hosts (:attr:`ServerHandle.host` names) the operator drained (``vpsshop admin host drain``):
     placement must choose another host of the location, or fail when no other fits.
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ class HostInspection:
     vcpu: int | None = None
     """The domain's vCPUs as its definition on the host says (None: not known, or no domain).
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
     memory_mib: int | None = None
     """The domain's memory in MiB as its definition on the host says (None: not known)."""
     disk_gib: int | None = None
@@ -303,17 +303,17 @@ class HostInspection:
     ``"firewall"``), in any order; None when the backend cannot read them back or there is no
     filter.
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
     anti_spoofing: bool | None = None
     """Whether the host's filter drops what the guest sends from an address not its own (capability
     ``"firewall"``); None when the backend cannot tell.
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
     snapshots: tuple[str, ...] | None = None
     """The names of the server's snapshots the host holds (capability ``"snapshots"``), in any
     order; None when the backend cannot read them back.
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
 
 
 HOST_KEY_TYPES = frozenset(
@@ -426,7 +426,7 @@ class InterfaceCounters:
     its host rebooted; core keeps the running total (``vpsshop/servers/traffic.py``) and counts a
     counter lower than the last sample as a reset (everything read after it is new traffic).
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     in_bytes: int
@@ -447,7 +447,7 @@ class FirewallRule:
 
     Made by :meth:`parse` from what a customer sends; the constructor checks the fields too.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     protocol: str
@@ -523,7 +523,7 @@ class FirewallRule:
 class HostImages:
     """The base images one host holds, as :meth:`HypervisorBackend.image_versions` finds them.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     host: str
@@ -536,13 +536,13 @@ class HostImages:
     """Image file name -> the :attr:`KernelBootFiles.version` of the kernel boot files held complete
     beside it (capability ``"kernel_boot"``); an image without them is not listed here.
 
-    .. versionadded:: 1.2"""
+    .. versionadded:: 1.1"""
 
 
 def kernel_boot_version(kernel_checksum: str, initrd_checksum: str | None, cmdline: str) -> str:
     """What :attr:`KernelBootFiles.version` is for these checksums and command line.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
     return f"kernel={kernel_checksum} initrd={initrd_checksum or '-'} cmdline={cmdline}"
 
@@ -553,7 +553,7 @@ class KernelBootFiles:
     source's ``kernel_boot``), as ``vpsshop images sync`` hands them to
     :meth:`HypervisorBackend.install_image`.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     kernel: str
@@ -595,7 +595,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
     servers of such an image boot with them).
 
     .. versionadded:: 1.1
-    .. versionadded:: 1.2 ``"kernel_boot"``"""
+    .. versionadded:: 1.1 ``"kernel_boot"``"""
 
     def serves(self, location: str) -> bool:
         """Whether this backend can place servers in catalog location ``location``.
@@ -621,7 +621,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         :meth:`image_versions`, :meth:`preflight` or :meth:`check_ready` last saw); a host not seen
         yet counts as holding every image. Default: True.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         return True
 
@@ -629,7 +629,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         """Optional (capability ``"images"``): the base images each host of ``location`` holds, read
         from the hosts themselves. Refreshes what :meth:`offers` answers from.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -658,8 +658,8 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         :raises PluginError: a host did not answer or refused the upload (hosts done before stay done).
 
-        .. versionadded:: 1.2
-        .. versionadded:: 1.2 ``kernel_boot``
+        .. versionadded:: 1.1
+        .. versionadded:: 1.1 ``kernel_boot``
         """
         raise NotImplementedError
 
@@ -689,7 +689,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         ``ipv6_prefix_length`` and ``ipv6_gateway``); the backend configures it in the guest. Must
         be cheap (no network calls). Default: None.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         return None
 
@@ -756,7 +756,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         growpart and resizefs run on every boot). Keep the disk's data, address and first-boot data.
         Idempotent: a retried job finds some of it done. :raises PluginError: the host has no room.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -776,7 +776,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         :raises PluginError: the domain does not exist, or the host refused the filter.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -792,7 +792,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         :raises PluginError: the domain does not exist, or the host refused the snapshot.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -806,7 +806,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
 
         :raises PluginError: the domain or the snapshot does not exist, or the host refused.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -815,7 +815,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         The server's disk as it is now is untouched. A snapshot (or a domain) that does not exist is
         not an error (a retried job).
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -849,7 +849,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         """Optional (capability ``"migrate"``): the names of the hosts of ``location``, as
         :attr:`ServerHandle.host` gives them. Must be cheap (no network calls: from settings).
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -869,7 +869,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         :raises PluginError: ``host`` is not a host of the server's location, or the copy failed
             (the server then still runs from the old host's disk, which is left in place).
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -881,7 +881,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         Called by the ``servers-traffic`` task every ``traffic.sample_seconds`` for each active
         server. Must be cheap: one call to the host per server.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 
@@ -894,7 +894,7 @@ class HypervisorBackend(Component[Any]):  # not generic: a backend declares its 
         the running domain and to its definition, so the cap outlives a reboot; a stopped domain
         gets it in its definition. Idempotent: setting the cap it has already succeeds.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         raise NotImplementedError
 

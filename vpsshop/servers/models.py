@@ -108,7 +108,7 @@ class Ipv6Lease(SQLModel, table=True):
     """An IPv6 address (or, in a routed pool, a /64) of a backend's pool held by one server; never
     shared. Beside :class:`IpLease`, so that a server holds one of each.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     __tablename__ = "ipv6_leases"
@@ -168,7 +168,7 @@ class ServerTraffic(SQLModel, table=True):
     the period's traffic passed the allowance (``throttle``, ``suspend``, ``none``), ``lifted_at``
     when a throttle was taken off again (after the renewal that started the next period).
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     __tablename__ = "server_traffic"
