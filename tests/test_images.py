@@ -86,10 +86,7 @@ def _pool_dir(daemon: PrivateLibvirtd) -> Path:
     return daemon.dir / "pool"
 
 
-def _catalog(tmp_path: Path, url: str, root: Path) -> Path:
-    path = tmp_path / "catalog.toml"
-    path.write_text(
-        f"""
+PLAN_AND_LOCATION = """
 [[plans]]
 id = "pup"
 name = "Pup"
@@ -104,7 +101,15 @@ id = "nl"
 name = "Amsterdam"
 country = "NL"
 price_modifier = "1.00"
+"""
+"""The test catalogs' one plan and one location (their operating systems follow)."""
 
+
+def _catalog(tmp_path: Path, url: str, root: Path) -> Path:
+    path = tmp_path / "catalog.toml"
+    path.write_text(
+        PLAN_AND_LOCATION
+        + f"""
 [[operating_systems]]
 id = "tiny"
 name = "Tiny"
@@ -434,22 +439,8 @@ def _kernel_catalog(tmp_path: Path, url: str, root: Path) -> Path:
     an initrd (an absolute URL); kbad: its kernel's download does not match its checksum."""
     path = tmp_path / "catalog.toml"
     path.write_text(
-        f"""
-[[plans]]
-id = "pup"
-name = "Pup"
-vcpu = 1
-memory_mib = 512
-disk_gib = 5
-bandwidth_tb = 1
-base_price_cents = 399
-
-[[locations]]
-id = "nl"
-name = "Amsterdam"
-country = "NL"
-price_modifier = "1.00"
-
+        PLAN_AND_LOCATION
+        + f"""
 [[operating_systems]]
 id = "kboot"
 name = "Kernel boot"

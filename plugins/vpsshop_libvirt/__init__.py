@@ -754,20 +754,7 @@ class LibvirtBackend(HypervisorBackend):
         if self.cfg.domain_type == "test":  # libvirt's test driver has no consoles, channels or guests
             self.capabilities = frozenset({"reinstall", "ipv6"})
         elif not self.cfg.guest_reports:
-            self.capabilities = frozenset(
-                {
-                    "reinstall",
-                    "console",
-                    "images",
-                    "kernel_boot",
-                    "ipv6",
-                    "resize",
-                    "migrate",
-                    "traffic",
-                    "firewall",
-                    "snapshots",
-                }
-            )
+            self.capabilities = self.capabilities - {"guest_report"}
         if all(loc.network == "user" for loc in self.cfg.locations.values()):
             # QEMU's user networking has no tap device on the host: nothing to count, shape or filter
             self.capabilities = self.capabilities - {"traffic", "firewall"}
