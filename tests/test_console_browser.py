@@ -135,7 +135,8 @@ def test_an_owner_credits_a_customer_found_by_transaction_id_and_support_is_held
         order = {"plan": "pup", "location": "nl", "os": "debian-12"}
         server_id = api.post("/servers", headers=customer, json=order).json()["server"]["id"]
         page.goto(f"{console}/servers/{server_id}")
-        assert "pup" in page.locator("dl.facts").inner_text()
+        assert "pup" in page.locator("dl.facts.card").inner_text()
+        assert page.get_by_role("heading", name="Traffic this period").is_visible()
         check(page, "operator-server")
         page.get_by_role("link", name="Needs attention").click()
         check(page, "operator-attention")
@@ -224,6 +225,8 @@ def test_an_owner_disables_a_webhook_acts_on_a_server_and_a_job_and_revokes_acce
             assert server_status() == status
         page.get_by_role("link", name="Hosts").click()
         check(page, "operator-hosts")
+        images = page.locator("#images").inner_text()  # the simulator holds no base images: said plainly
+        assert "Base images" in images and "cannot manage images" in images and "sim-a" not in images, images
         page.locator("#reason-1").fill("disk swap")  # sim-a, the server's host
         assert "host sim-a: drained" in confirm(page, check, "Drain sim-a…")
         page.goto(f"{console}/servers/{server_id}")

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
+import anyio
+
 from vpsshop.catalog import ImageSource, OperatingSystem
 from vpsshop.context import AppContext
 from vpsshop.errors import PluginError
@@ -296,15 +298,45 @@ class ImageStatus:
 async def status(ctx: AppContext) -> list[ImageStatus]:
     """What each host of each served location holds of each catalog OS."""
     _require_images(ctx)
-    backend = ctx.hypervisor
-    assert backend is not None
     rows = []
     for location in served_locations(ctx):
-        hosts: list[HostImages] = await backend.image_versions(location)
-        for host in hosts:
-            for os_ in ctx.catalog_data.operating_systems:
-                rows.append(_state(location, host, os_))
+        rows += await _location_status(ctx, location)
     return rows
+
+
+STATUS_TIMEOUT_SECONDS = 5.0
+"""How long :func:`status_within` waits for a location's hosts (the web console's Hosts page)."""
+
+
+async def status_within(ctx: AppContext, timeout: float) -> dict[str, list[ImageStatus] | None]:
+    """:func:`status` by served location, every location asked at once: a location whose hosts have not
+    all answered within ``timeout`` seconds, or whose backend call failed, maps to None (the backend asks
+    a location's hosts one after the other, so a host that hangs holds up its location; its call is left
+    to finish on its own).
+
+    :raises ImageError: the hypervisor backend cannot manage images.
+    """
+    _require_images(ctx)
+    found: dict[str, list[ImageStatus] | None] = dict.fromkeys(served_locations(ctx))
+
+    async def ask(location: str) -> None:
+        with anyio.move_on_after(timeout):
+            try:
+                found[location] = await _location_status(ctx, location)
+            except PluginError:
+                pass  # as a location that does not answer
+
+    async with anyio.create_task_group() as group:
+        for location in found:
+            group.start_soon(ask, location)
+    return found
+
+
+async def _location_status(ctx: AppContext, location: str) -> list[ImageStatus]:
+    backend = ctx.hypervisor
+    assert backend is not None
+    hosts: list[HostImages] = await backend.image_versions(location)
+    return [_state(location, host, os_) for host in hosts for os_ in ctx.catalog_data.operating_systems]
 
 
 def _state(location: str, host: HostImages, os_: OperatingSystem) -> ImageStatus:

@@ -19,6 +19,8 @@ from sqlmodel import col
 from vpsshop import admin
 from vpsshop.context import AppContext
 from vpsshop.models import Account, LedgerEntry, Server
+from vpsshop.servers.models import ServerTraffic
+from vpsshop.servers.resource import current_traffic, traffic_out
 
 DAYS = 14
 
@@ -157,7 +159,9 @@ def account_page(ctx: AppContext, account_id: int) -> dict[str, Any] | None:
 
 
 def server_page(ctx: AppContext, server_id: int) -> dict[str, Any] | None:
-    """One server: its row, its jobs and its history, newest first."""
+    """One server: its row, its jobs and its history, newest first, and its traffic in the current
+    period as the API's server resource shows it (``traffic``: a
+    :class:`~vpsshop.servers.resource.TrafficOut`, None before its first count)."""
     with ctx.db.engine.connect() as conn:
         server = conn.execute(
             sa.text(
@@ -172,7 +176,7 @@ def server_page(ctx: AppContext, server_id: int) -> dict[str, Any] | None:
         def rows(sql: str) -> list[dict[str, Any]]:
             return [dict(r._mapping) for r in conn.execute(sa.text(sql), {"s": server_id})]
 
-        return {
+        found: dict[str, Any] = {
             "server": dict(server._mapping),
             "jobs": rows(
                 "SELECT id, kind, status, attempts, locked_by, last_error, created_at, finished_at FROM server_jobs "
@@ -182,6 +186,37 @@ def server_page(ctx: AppContext, server_id: int) -> dict[str, Any] | None:
                 "SELECT kind, detail, created_at FROM server_events WHERE server_id = :s ORDER BY id DESC LIMIT 50"
             ),
         }
+    with ctx.db.session() as session:
+        found["traffic"] = traffic_out(current_traffic(session, server_id))
+    return found
+
+
+def host_traffic(ctx: AppContext) -> dict[str, tuple[int, int]]:
+    """Host -> (bytes in, bytes out) of the current traffic period (:func:`current_traffic`, the one
+    the server resource's ``traffic`` shows) of each server on it that is not terminated, summed; a
+    host none of whose servers was counted yet is absent. /metrics' ``vpsshop_traffic_bytes`` sums
+    every period instead."""
+    latest = (
+        sa.select(
+            col(ServerTraffic.server_id),
+            col(ServerTraffic.in_bytes),
+            col(ServerTraffic.out_bytes),
+            sa.func.row_number()
+            .over(
+                partition_by=col(ServerTraffic.server_id),
+                order_by=(col(ServerTraffic.period_start).desc(), col(ServerTraffic.id).desc()),
+            )
+            .label("newest"),
+        )
+    ).subquery()
+    query = (
+        sa.select(col(Server.host), sa.func.sum(latest.c.in_bytes), sa.func.sum(latest.c.out_bytes))
+        .join(latest, latest.c.server_id == col(Server.id))
+        .where(latest.c.newest == 1, col(Server.status) != "terminated", col(Server.host).is_not(None))
+        .group_by(col(Server.host))
+    )
+    with ctx.db.engine.connect() as conn:
+        return {str(host): (int(received or 0), int(sent or 0)) for host, received, sent in conn.execute(query)}
 
 
 def failing_webhooks(ctx: AppContext) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from anyio import to_thread
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from vpsshop import admin, operators, shopview
+from vpsshop import admin, images, operators, shopview
 from vpsshop.backoffice.charts import bar_chart
 from vpsshop.backoffice.web import Console, operator_of
 from vpsshop.dashboard.pages import static_endpoint
@@ -207,7 +207,41 @@ async def hosts(page: Page) -> Response:
         found = await to_thread.run_sync(admin.hosts_overview, page.ctx)
     except admin.AdminError as exc:
         return page.render("hosts.html", title="Hosts", hosts=[], unsupported=str(exc), actions=HOST_ACTIONS)
-    return page.render("hosts.html", title="Hosts", hosts=found, unsupported=None, actions=HOST_ACTIONS)
+    traffic = await to_thread.run_sync(shopview.host_traffic, page.ctx)
+    timeout = images.STATUS_TIMEOUT_SECONDS
+    by_location: dict[str, list[images.ImageStatus] | None] = {}
+    no_images: str | None = None
+    try:
+        by_location = await images.status_within(page.ctx, timeout)
+    except images.ImageError as exc:
+        no_images = str(exc)
+    held: dict[tuple[str, str], dict[str, images.ImageStatus]] = {}
+    for location, rows in by_location.items():
+        for row in rows or []:
+            held.setdefault((location, row.host), {})[row.os_id] = row
+    image_rows = [
+        {
+            "host": h["host"],
+            "location": location,
+            "answered": by_location[location] is not None,
+            "states": held.get((location, h["host"]), {}),
+        }
+        for h in found
+        for location in h["locations"]
+        if location in by_location
+    ]
+    return page.render(
+        "hosts.html",
+        title="Hosts",
+        hosts=found,
+        unsupported=None,
+        actions=HOST_ACTIONS,
+        traffic=traffic,
+        no_images=no_images,
+        image_rows=image_rows,
+        systems=[os_.id for os_ in page.ctx.catalog_data.operating_systems],
+        timeout=timeout,
+    )
 
 
 async def host_action(page: Page) -> Response:
