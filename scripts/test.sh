@@ -7,7 +7,8 @@
 # 2. makes .venv and installs vpsshop with its test extras, pinned by constraints.txt;
 # 3. makes sure PostgreSQL answers on 127.0.0.1:5432 with a database `test` (installs and starts
 #    one when none answers);
-# 4. runs pytest. The tests start the other peers (chain nodes, libvirtd, anvil) themselves.
+# 4. runs pytest (the whole suite in two processes side by side: see run_lanes). The tests start the
+#    other peers (chain nodes, libvirtd, anvil) themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -124,14 +125,93 @@ ensure_postgres() {
     fi
 }
 
+# The whole suite (no arguments) runs in two pytest processes side by side, one per core: the files
+# below, which spend their time waiting on QEMU guests under TCG and on private libvirtd hosts, and
+# everything else. The second lane has a PostgreSQL database of its own (the first one's name with
+# "_lane2"), and the system libvirtd both lanes share is started before either (and stopped after both
+# when it was started here), so neither lane's session starts or stops it under the other.
+# VPSSHOP_TEST_LANES=1 runs one process; any pytest argument runs exactly what it asks, in one.
+SECOND_LANE=(
+    tests/test_real_guest.py
+    tests/test_real_guest_firewall.py
+    tests/test_real_guest_migrate.py
+    tests/test_real_guest_traffic.py
+    tests/test_migrate.py
+    tests/test_images.py
+    tests/test_console_hosts.py
+)
+
+second_lane_url() {  # the first lane's database URL with "_lane2" after the name; created when missing
+    .venv/bin/python - "${VPSSHOP_TEST_PG_URL:-postgresql+psycopg://postgres@127.0.0.1:5432/test}" <<'PY'
+import sys
+
+import sqlalchemy as sa
+
+url = sa.make_url(sys.argv[1])
+lane = url.set(database=f"{url.database}_lane2")
+engine = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+with engine.connect() as conn:
+    if not conn.scalar(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": lane.database}):
+        conn.execute(sa.text(f'CREATE DATABASE "{lane.database}"'))
+engine.dispose()
+print(lane.render_as_string(hide_password=False))
+PY
+}
+
+start_libvirtd() {  # prints the PIDs of the daemons started here (none when libvirtd already answers)
+    .venv/bin/python - <<'PY'
+import sys
+
+sys.path.insert(0, "tests")
+import libvirt
+import libvirt_peer
+
+libvirt.registerErrorHandler(lambda _c, _e: None, None)
+print(" ".join(str(pid) for pid in libvirt_peer.system_libvirtd()))
+PY
+}
+
+run_lanes() {
+    local lane2_url started ignores=() status1 status2 log2 pid2 f
+    lane2_url=$(second_lane_url) || return 1
+    started=$(start_libvirtd) || return 1
+    for f in "${SECOND_LANE[@]}"; do ignores+=("--ignore=$f"); done
+    log2=$(mktemp /tmp/vpsshop-lane2-XXXXXX.log)
+    log "running the test suite in two lanes (lane 2: ${SECOND_LANE[*]}; its output follows lane 1's)"
+    VPSSHOP_TEST_PG_URL=$lane2_url .venv/bin/python -m pytest --durations=15 "${SECOND_LANE[@]}" >"$log2" 2>&1 &
+    pid2=$!
+    trap 'kill "$pid2" 2>/dev/null' EXIT  # the run cut short (a timeout, ^C) takes lane 2 with it
+    .venv/bin/python -m pytest --durations=25 "${ignores[@]}"
+    status1=$?
+    wait "$pid2"
+    status2=$?
+    trap - EXIT
+    log "lane 2 (${SECOND_LANE[*]}), exit status $status2"
+    cat "$log2"
+    rm -f "$log2"
+    # shellcheck disable=SC2086
+    [ -z "$started" ] || kill $started 2>/dev/null || true
+    log "lane 1 exit status $status1, lane 2 exit status $status2"
+    for status in $status1 $status2; do
+        [ "$status" = 5 ] && { echo "no tests were collected" >&2; return 1; }
+        [ "$status" = 0 ] || return "$status"
+    done
+    return 0
+}
+
 install_apt
 install_npm
 install_python
 ensure_postgres
-log "running the test suite"
 set +e
-.venv/bin/python -m pytest "$@"
-status=$?
+if [ $# -eq 0 ] && [ "${VPSSHOP_TEST_LANES:-2}" = 2 ]; then
+    run_lanes
+    status=$?
+else
+    log "running the test suite"
+    .venv/bin/python -m pytest "$@"
+    status=$?
+    [ $status = 5 ] && { echo "no tests were collected" >&2; status=1; }
+fi
 set -e
-[ $status = 5 ] && { echo "no tests were collected" >&2; exit 1; }
 exit $status

@@ -295,7 +295,7 @@ def test_up_walk_down() -> None:
         assert results["order"] == 201 and results["active"] == "active"
         assert re.search(r"ipv6 (2001:db8:214|fd42:214:\d+)::100,", walk.stdout), walk.stdout  # its IPv6 address
         assert results["credentials"] == 200 and results["renew"] == 200
-        assert results["resize"] == "terrier", walk.stdout  # charged what its quote said, the job done
+        assert results["resize"] == "terrier", walk.stdout  # charged no more than its quote said, the job done
         assert "balance 75.0 USD" in walk.stdout  # 25 USDC + 25 in LTC + 25 in XMR, each credited once
         assert "balance 67.02 USD" in walk.stdout  # two cycles of pup (3.99) charged
         assert results["metrics"] > 0, walk.stdout

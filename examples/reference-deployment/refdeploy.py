@@ -119,6 +119,11 @@ def wait(what: str, probe: Any, seconds: float = 120) -> Any:
     raise SystemExit(f"{what} did not come up within {seconds:.0f} s ({last})")
 
 
+def _not_above(charged: Any, quoted: Any) -> bool:
+    """A charge is what its quote said, or less when paid time went by in between (never more)."""
+    return charged is not None and quoted is not None and Decimal(str(charged)) <= Decimal(str(quoted))
+
+
 def post_json(url: str, body: dict[str, Any], auth: tuple[str, str] | None = None, timeout: float = 120) -> Any:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     if auth:
@@ -1298,8 +1303,9 @@ class Walk:
             time.sleep(1)
         self.ok(
             "resize",
-            server["plan"] if settled and charged == quote.get("price_usd") else None,
-            f"{resized.status_code}, charged {charged} USD (the quote said {quote.get('price_usd')}), plan "
+            server["plan"] if settled and _not_above(charged, quote.get("price_usd")) else None,
+            f"{resized.status_code}, charged {charged} USD (the quote said {quote.get('price_usd')}: never "
+            f"more), plan "
             f"{server['plan']}, power {server.get('power')}; balance {self.balance()} USD",
         )
         if s["real_guest"]:

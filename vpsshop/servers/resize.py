@@ -73,7 +73,8 @@ class ResizeQuoteOut(BaseModel):
     plan: str = Field(description="The plan the server would move to.")
     price_usd: UsdAmount = Field(
         description="What resizing now charges: the new plan's price less the old one's for the paid time left, "
-        "prorated to the second (0 when the new plan costs less)."
+        "prorated to the second and rounded down to the cent (0 when the new plan costs less). A resize made "
+        "later charges this or less, never more."
     )
     period_price_usd: UsdAmount = Field(description="The new plan's price of one billing cycle: what renewals bill.")
     old_period_price_usd: UsdAmount = Field(description="The server's price of one billing cycle now.")
@@ -88,7 +89,10 @@ class ResizeOut(BaseModel):
     """Response of ``POST /servers/{id}/resize``."""
 
     server: ServerOut
-    charged_usd: UsdAmount = Field(description="What this resize charged from the balance (equal to the quote's).")
+    charged_usd: UsdAmount = Field(
+        description="What this resize charged from the balance: the quote's price, or less when paid time "
+        "went by since the quote."
+    )
     job_id: int = Field(description="The queued resize job.")
     status: Literal["queued"] = "queued"
 
@@ -104,7 +108,10 @@ class ResizeTerms:
 
 def resize_terms(ctx: AppContext, server: Server, plan_id: str, now: datetime) -> ResizeTerms:
     """The one pricing rule of resizes, shared by the quote and the resize: the paid time left (whole
-    seconds, ``now`` rounded down to the second) at the new plan's price less at the old price.
+    seconds, ``now`` rounded down to the second) at the new plan's price less at the old price, rounded
+    down to the cent. Whole cents are what a customer reads, and they keep a quote's price for hours: the
+    difference shrinks by about a cent every few hours, and time only ever makes it smaller, so a resize
+    never charges more than the quote read before it.
 
     :raises BadRequest: invalid_plan. :raises Conflict: server_not_active, same_plan, disk_would_shrink.
     """
@@ -136,7 +143,7 @@ def resize_terms(ctx: AppContext, server: Server, plan_id: str, now: datetime) -
     difference = unused_micros(server, at, period_price) - unused_micros(server, at)
     expires = server.expires_at if server.expires_at.tzinfo else server.expires_at.replace(tzinfo=at.tzinfo)
     left = max(0, int((expires - at).total_seconds()))
-    return ResizeTerms(new, max(0, difference), period_price, left)
+    return ResizeTerms(new, max(0, difference) // MICROS_PER_CENT * MICROS_PER_CENT, period_price, left)
 
 
 def _quote(terms: ResizeTerms, server: Server, balance: int) -> ResizeQuoteOut:
