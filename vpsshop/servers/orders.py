@@ -565,10 +565,7 @@ async def _paid_order(
         description=ORDER_DESCRIPTION,
         purpose=f"order:{key}",
     )
-    try:
-        done = await to_thread.run_sync(lambda: _place(ctx, customer, data, key, count=False))
-    except ApiError as exc:
-        raise purchases.failed_after_payment(exc, paid, "the order") from None
+    done = await purchases.fulfil(paid, "the order", lambda: _place(ctx, customer, data, key, count=False))
     return Ordered(done.order, done.replayed, paid.settled)
 
 

@@ -20,7 +20,7 @@ from vpsshop import idempotency, limits
 from vpsshop.accounts import read_summary
 from vpsshop.actors import Customer
 from vpsshop.context import AppContext
-from vpsshop.errors import ApiError, BadRequest, Conflict
+from vpsshop.errors import BadRequest, Conflict
 from vpsshop.inputs import Input, JsonInt
 from vpsshop.ledger import InsufficientBalance
 from vpsshop.models import Server
@@ -243,12 +243,11 @@ async def _paid_renewal(
         description=RENEWAL_DESCRIPTION,
         purpose=purpose,
     )
-    try:
-        out, replayed = await to_thread.run_sync(
-            lambda: _renew(ctx, account_id, server_id, data.periods, key=key, digest=digest, paid_by=paid.record_id)
-        )
-    except ApiError as exc:
-        raise purchases.failed_after_payment(exc, paid, "the renewal") from None
+    out, replayed = await purchases.fulfil(
+        paid,
+        "the renewal",
+        lambda: _renew(ctx, account_id, server_id, data.periods, key=key, digest=digest, paid_by=paid.record_id),
+    )
     return Renewed(out, replayed, paid.settled)
 
 

@@ -29,7 +29,7 @@ from vpsshop.accounts import read_summary
 from vpsshop.actors import Customer
 from vpsshop.catalog import Plan, price_cents
 from vpsshop.context import AppContext
-from vpsshop.errors import ApiError, BadRequest, Conflict
+from vpsshop.errors import BadRequest, Conflict
 from vpsshop.hypervisor import CAPABILITY_RESIZE
 from vpsshop.inputs import Input
 from vpsshop.ledger import InsufficientBalance
@@ -257,10 +257,9 @@ async def _paid_resize(
         description=RESIZE_DESCRIPTION,
         purpose=purpose,
     )
-    try:
-        out = await to_thread.run_sync(lambda: _resize(ctx, account_id, server_id, data, paid_by=paid.record_id))
-    except ApiError as exc:
-        raise purchases.failed_after_payment(exc, paid, "the resize") from None
+    out = await purchases.fulfil(
+        paid, "the resize", lambda: _resize(ctx, account_id, server_id, data, paid_by=paid.record_id)
+    )
     return Resized(out, False, paid.settled)
 
 

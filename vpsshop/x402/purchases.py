@@ -23,8 +23,9 @@ makes the order or the renewal, in that order:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from anyio import to_thread
 from sqlmodel import Session, col, select
@@ -37,6 +38,8 @@ from vpsshop.money import MICROS_PER_USD, micros_to_usd
 from vpsshop.payments.models import Topup, X402Record
 from vpsshop.x402 import messages, settlement
 from vpsshop.x402.offers import PaidButFailed, SettledPayment, ShortBalance, SignedPayment, offer_in
+
+T = TypeVar("T")
 
 ORDER_DESCRIPTION = "Pays what the balance lacks for this server order; the order is placed with the paid re-send."
 RENEWAL_DESCRIPTION = "Pays what the balance lacks for renewing this server; it is renewed with the paid re-send."
@@ -265,6 +268,17 @@ async def settle_for(
     record = await to_thread.run_sync(recorded, ctx, coin, payment)
     assert record is not None and record.id is not None
     return Paid(coin, topup, settled, record.id, signed.version)
+
+
+async def fulfil(paid: Paid, what: str, run: Callable[[], T]) -> T:
+    """Make the purchase ``paid`` (:func:`settle_for`) paid for: ``run()`` in a worker thread. When it
+    refuses (an :class:`ApiError`), the answer is that error with the payment
+    (:func:`failed_after_payment`; ``what`` names the purchase): the money stays credited to the balance.
+    """
+    try:
+        return await to_thread.run_sync(run)
+    except ApiError as exc:
+        raise failed_after_payment(exc, paid, what) from None
 
 
 def _order_amount(ctx: AppContext, coin: X402Coin, payment: X402Payment, price_micros: int, balance_micros: int) -> int:
