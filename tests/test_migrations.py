@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -134,3 +135,42 @@ def test_power_migration_0013_derives_the_power_of_existing_servers(vpsshop_data
         assert power == {1: None, 2: "running", 3: "stopped", 4: "stopped", 5: None}
     finally:
         db.dispose()
+
+
+def test_a_database_that_goes_away_between_the_wait_and_the_migration_is_waited_for_again(
+    vpsshop_database_url, monkeypatch, caplog
+):
+    """Start-up waits for the database and then migrates; PostgreSQL shutting down between the two (the
+    drill's worker met it) is waited for again within the same budget, not a crash. The error is a
+    real one: a connection to a port nothing listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    gone = Database(f"postgresql+psycopg://postgres@127.0.0.1:{closed}/none")
+    db = Database(vpsshop_database_url)
+    real = Database.migrate
+    calls = []
+
+    def going_away_once(self: Database) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            with gone.engine.connect():  # raises OperationalError: connection refused
+                pass
+        real(self)
+
+    monkeypatch.setattr(Database, "migrate", going_away_once)
+    try:
+        with caplog.at_level("WARNING", logger="vpsshop"):
+            db.migrate_when_it_answers(30)
+        assert len(calls) == 2
+        assert "the database went away while migrating" in caplog.text
+        with db.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM accounts")).scalar() is not None
+        with pytest.raises(sa.exc.OperationalError):  # no budget left: the error, as before
+            calls.clear()
+            db.migrate_when_it_answers(0)
+    finally:
+        db.engine.dispose()
+        gone.engine.dispose()

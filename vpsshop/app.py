@@ -222,8 +222,7 @@ async def start_services(ctx: AppContext, *, background: bool, check: bool = Tru
     the background tasks."""
     if check:
         await preflight(ctx)
-    await asyncio.to_thread(ctx.db.wait_until_it_answers, ctx.settings.server.database_wait_seconds)
-    ctx.db.migrate()
+    await asyncio.to_thread(ctx.db.migrate_when_it_answers, ctx.settings.server.database_wait_seconds)
     for result in ctx.pm.hook.vpsshop_startup(ctx=ctx):
         if inspect.isawaitable(result):
             await result

@@ -78,8 +78,7 @@ async def _start_checks(ctx: AppContext) -> tuple[list[str], list[tuple[str, str
 
     try:
         problems = await preflight(ctx)
-        await asyncio.to_thread(ctx.db.wait_until_it_answers, ctx.settings.server.database_wait_seconds)
-        ctx.db.migrate()
+        await asyncio.to_thread(ctx.db.migrate_when_it_answers, ctx.settings.server.database_wait_seconds)
         rows = []
         if ctx.settings.sandbox:
             for item, ready in await component_readiness(ctx):

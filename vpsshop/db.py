@@ -167,6 +167,24 @@ class Database:
                 time.sleep(min(delay, max(left, 0.1)))
                 delay = min(delay * 2, 5.0)
 
+    def migrate_when_it_answers(self, seconds: float) -> None:
+        """:meth:`wait_until_it_answers`, then :meth:`migrate`, within one budget of ``seconds``: a
+        database that goes away between the two (PostgreSQL shutting down just as the service starts)
+        is waited for again, not a crash. A migration is one transaction, so a cut one is run again.
+
+        :raises StartupError: no answer within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.wait_until_it_answers(max(0.0, deadline - time.monotonic()))
+            try:
+                self.migrate()
+                return
+            except Exception as exc:
+                why = unavailable(exc)
+                if why is None or time.monotonic() >= deadline:
+                    raise
+                logging.getLogger("vpsshop").warning("the database went away while migrating (%s); waiting again", why)
+
     def migrate(self) -> None:
         """Bring the schema to the newest migration. Safe to call from several processes at once."""
         from alembic import command
