@@ -184,12 +184,13 @@ run_lanes() {
     log "running the test suite in two lanes (lane 2: ${SECOND_LANE[*]}; its output follows lane 1's)"
     VPSSHOP_TEST_PG_URL=$lane2_url .venv/bin/python -m pytest --durations=15 "${SECOND_LANE[@]}" >"$log2" 2>&1 &
     pid2=$!
-    trap 'kill "$pid2" 2>/dev/null' EXIT  # the run cut short (a timeout, ^C) takes lane 2 with it
+    trap 'kill "$pid2" 2>/dev/null' EXIT                       # the run cut short (a timeout, ^C)
+    trap 'kill "$pid2" 2>/dev/null; exit 130' INT TERM          # takes lane 2 with it
     .venv/bin/python -m pytest --durations=25 "${ignores[@]}"
     status1=$?
     wait "$pid2"
     status2=$?
-    trap - EXIT
+    trap - EXIT INT TERM
     log "lane 2 (${SECOND_LANE[*]}), exit status $status2"
     cat "$log2"
     rm -f "$log2"

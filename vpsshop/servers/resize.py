@@ -109,9 +109,9 @@ class ResizeTerms:
 def resize_terms(ctx: AppContext, server: Server, plan_id: str, now: datetime) -> ResizeTerms:
     """The one pricing rule of resizes, shared by the quote and the resize: the paid time left (whole
     seconds, ``now`` rounded down to the second) at the new plan's price less at the old price, rounded
-    down to the cent. Whole cents are what a customer reads, and they keep a quote's price for hours: the
-    difference shrinks by about a cent every few hours, and time only ever makes it smaller, so a resize
-    never charges more than the quote read before it.
+    down to the cent. Whole cents are what a customer reads, and they keep a quote's price for a while (a
+    difference of 8 USD a month shrinks by a cent an hour), and time only ever makes it smaller, so a
+    resize never charges more than the quote read before it.
 
     :raises BadRequest: invalid_plan. :raises Conflict: server_not_active, same_plan, disk_would_shrink.
     """
