@@ -272,13 +272,14 @@ async def settle_for(
 
 async def fulfil(paid: Paid, what: str, run: Callable[[], T]) -> T:
     """Make the purchase ``paid`` (:func:`settle_for`) paid for: ``run()`` in a worker thread. When it
-    refuses (an :class:`ApiError`), the answer is that error with the payment
-    (:func:`failed_after_payment`; ``what`` names the purchase): the money stays credited to the balance.
+    refuses (an :class:`ApiError`), the answer is that error, same status and code, plus ``payment``
+    (top-up ref, USD credited, transaction; ``what`` names the purchase in the message): the money stays
+    credited to the balance, and the settlement is reported.
     """
     try:
         return await to_thread.run_sync(run)
     except ApiError as exc:
-        raise failed_after_payment(exc, paid, what) from None
+        raise PaidButFailed(exc, paid.settled, paid.summary(), what) from None
 
 
 def _order_amount(ctx: AppContext, coin: X402Coin, payment: X402Payment, price_micros: int, balance_micros: int) -> int:
@@ -339,12 +340,6 @@ def release_held(ctx: AppContext, account_id: int, purpose: str, code: str) -> N
         record = settlement.held_record(session, account_id, purpose)
         if record is not None:
             settlement.release(ctx, session, record, code)
-
-
-def failed_after_payment(exc: ApiError, paid: Paid, what: str) -> PaidButFailed:
-    """The error of an order or renewal that failed after its payment was credited: same status and
-    code, plus ``payment`` (top-up ref, USD credited, transaction); the settlement is reported."""
-    return PaidButFailed(exc, paid.settled, paid.summary(), what)
 
 
 def mark_done(session: Session, record_id: int) -> None:
